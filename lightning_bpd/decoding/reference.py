@@ -1,0 +1,61 @@
+"""The slow, obviously correct blockwise parallel decoder: the oracle for the fast one. Torch only.
+
+Section 3 of the paper taken literally, one row at a time, no padding, no KV cache: predict k
+tokens with p_1..p_k at the end of the prefix; verify them by running the whole extended prefix
+through the model and computing every head at every position (the naive k*k projections); accept
+the longest prefix the criterion allows. Two full model passes per iteration.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lightning_bpd.decoding.blockwise import resolve_k
+from lightning_bpd.decoding.criteria import Criterion, Exact
+from lightning_bpd.decoding.greedy import strip_padding
+from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
+
+
+@torch.no_grad()
+def blockwise_decode_reference(
+    model: BlockwiseModel,
+    src: Tensor,
+    criterion: Criterion | None = None,
+    max_len: int = 256,
+    k: int | None = None,
+) -> DecodeResult:
+    """Same contract and results as :func:`~lightning_bpd.decoding.blockwise.blockwise_decode`."""
+    criterion = criterion if criterion is not None else Exact()
+    check_decode_args(model, src, max_len)
+    k = resolve_k(model, k)
+    criterion.validate(k)
+    rows, blocks = [], []
+    for row_src in strip_padding(src, model.pad_id):
+        context = model.encode(row_src)
+        out: list[int] = []
+        row_blocks: list[int] = []
+        while len(out) < max_len and (not out or out[-1] != model.eos_id):
+            prefix = [model.bos_id, *out]
+            # Predict: every head at the last prefix position.
+            h = model.decode_full(torch.tensor([prefix], device=src.device), context)  # (1, T, D)
+            proposals = criterion.propose(model.logits_heads(h[:, -1], range(k)))  # (1, k)
+            # Verify: the extended prefix, all heads everywhere, then keep p_1 after each proposal.
+            extended = torch.tensor([prefix + proposals[0].tolist()], device=src.device)
+            h = model.decode_full(extended, context)  # (1, T + k, D)
+            all_heads = model.logits_heads(h, range(k))  # (1, T + k, k, V)
+            verify = all_heads[:, len(prefix) : len(prefix) + k - 1, 0]  # (1, k - 1, V)
+            n = int(criterion.accept(proposals, verify)[0])
+            # Accept: up to n tokens, stopping after EOS and at max_len.
+            block = proposals[0, :n].tolist()
+            if model.eos_id in block:
+                block = block[: block.index(model.eos_id) + 1]
+            block = block[: max_len - len(out)]
+            out.extend(block)
+            row_blocks.append(len(block))
+        rows.append(out)
+        blocks.append(row_blocks)
+    lengths = torch.tensor([len(r) for r in rows], device=src.device)
+    iterations = torch.tensor([len(b) for b in blocks], device=src.device)
+    calls = 2 * int(iterations.sum())
+    return DecodeResult(pack_rows(rows, model.pad_id, src.device), lengths, iterations, calls, blocks)

@@ -1,0 +1,64 @@
+"""Bookkeeping for batched decode loops whose rows accept different numbers of tokens. Torch only."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lightning_bpd.decoding.protocol import DecodeResult
+
+
+class RowBook:
+    """Bookkeeping of a batched decode loop whose rows finish at different times.
+
+    Holds the output buffer of every original row and maps the live (compacted) batch rows back to
+    them. Rows that finish are dropped from the live batch so no work is spent on them.
+    """
+
+    def __init__(self, batch_size: int, max_len: int, spare: int, pad_id: int, device: torch.device) -> None:
+        self.max_len = max_len
+        self.tokens = torch.full((batch_size, max_len + spare), pad_id, dtype=torch.long, device=device)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.iterations = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.blocks = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
+        self.live = torch.arange(batch_size, device=device)  # original index of each live row
+        self.step = 0
+
+    def commit(self, block: Tensor, n: Tensor, eos_id: int | None) -> tuple[Tensor, Tensor]:
+        """Append the first ``n`` (b,) tokens of ``block`` (b, T) to the live rows.
+
+        The block is cut after an EOS and at ``max_len``. Returns the numbers kept (b,) and a mask
+        of rows that are now finished (b,).
+        """
+        arange = torch.arange(block.shape[1], device=block.device)
+        if eos_id is not None:
+            is_eos = (block == eos_id) & (arange < n[:, None])
+            first_eos = torch.where(is_eos, arange, block.shape[1]).min(dim=1).values  # (b,)
+            n = torch.minimum(n, first_eos + 1)
+        else:
+            is_eos = torch.zeros_like(block, dtype=torch.bool)
+        start = self.lengths[self.live]
+        n = torch.minimum(n, self.max_len - start)
+        keep = arange < n[:, None]  # (b, T)
+        pos = start[:, None] + arange  # (b, T)
+        rows = self.live[:, None].expand_as(pos)
+        self.tokens[rows[keep], pos[keep]] = block[keep]
+        self.lengths[self.live] = start + n
+        self.iterations[self.live] += 1
+        self.blocks[self.live, self.step] = n
+        self.step += 1
+        done = (is_eos & keep).any(dim=1) | (start + n >= self.max_len)
+        return n, done
+
+    def drop_finished(self, done: Tensor) -> Tensor | None:
+        """Forget finished live rows; return the live positions to keep, or None if all are kept."""
+        if not bool(done.any()):
+            return None
+        keep = (~done).nonzero().squeeze(1)
+        self.live = self.live[keep]
+        return keep
+
+    def result(self, model_calls: int) -> DecodeResult:
+        width = max(1, int(self.lengths.max()))
+        blocks = [row[:n].tolist() for row, n in zip(self.blocks, self.iterations.tolist())]
+        return DecodeResult(self.tokens[:, :width].clone(), self.lengths, self.iterations, model_calls, blocks)

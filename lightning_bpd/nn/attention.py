@@ -1,0 +1,108 @@
+"""Multi-head attention with explicit masks: encoder self-attention, cross-attention, and decoder
+self-attention that is causal, optionally local (a window of the last ``window`` positions), and
+takes T >= 1 new queries against a per-row KV cache.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lightning_bpd.nn.kv_cache import KVCache
+
+
+def causal_mask(q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Tensor:
+    """Boolean mask (B, 1, T, S): query at ``q_pos`` (B, T) may see key at ``k_pos`` (S,).
+
+    A key is visible when it is not in the future and, with a ``window``, when it is one of the
+    ``window`` most recent positions (the query's own position included).
+    """
+    q = q_pos[:, None, :, None]  # (B, 1, T, 1)
+    k = k_pos[None, None, None, :]  # (1, 1, 1, S)
+    mask = k <= q
+    if window is not None:
+        mask = mask & (k > q - window)
+    return mask
+
+
+def padding_mask(key_valid: Tensor) -> Tensor:
+    """Boolean mask (B, 1, 1, S) from ``key_valid`` (B, S), True for real (non-pad) keys."""
+    return key_valid[:, None, None, :]
+
+
+class MultiHeadAttention(nn.Module):
+    """Scaled dot-product attention over ``n_heads`` heads with separate Q, K, V, O projections."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.o_proj = nn.Linear(d_model, d_model)
+
+    def split(self, x: Tensor) -> Tensor:
+        """(B, T, D) -> (B, T, H, Dh)."""
+        return x.view(*x.shape[:2], self.n_heads, self.head_dim)
+
+    def query(self, x: Tensor) -> Tensor:
+        return self.split(self.q_proj(x))  # (B, T, H, Dh)
+
+    def key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return self.split(self.k_proj(x)), self.split(self.v_proj(x))  # (B, S, H, Dh) each
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """q (B, T, H, Dh), k/v (B, S, H, Dh), mask broadcastable to (B, H, T, S) -> (B, T, D)."""
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+        )  # (B, H, T, Dh)
+        out = out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)  # (B, T, D)
+        return self.o_proj(out)
+
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor) -> Tensor:
+        """Uncached attention of ``x`` (B, T, D) over ``memory`` (B, S, D)."""
+        k, v = self.key_value(memory)
+        return self.attend(self.query(x), k, v, mask)
+
+
+def attend_cached(
+    attn: MultiHeadAttention,
+    x: Tensor,
+    positions: Tensor,
+    cache: KVCache,
+    layer: int,
+    span: tuple[int, int],
+    mask: Tensor,
+) -> Tensor:
+    """Decoder self-attention of T new tokens ``x`` (B, T, D) at ``positions`` (B, T).
+
+    Writes their keys/values into ``cache`` at those positions, then attends over the cached
+    positions ``span = (start, stop)`` under ``mask`` (B, 1, T, stop - start). The decoder computes
+    span and mask once per step for all layers (see :func:`cached_span`).
+    """
+    q = attn.query(x)
+    k_new, v_new = attn.key_value(x)
+    cache.write(layer, positions, k_new, v_new)
+    k, v = cache.view(layer, stop=span[1], start=span[0])  # (B, S', H, Dh)
+    return attn.attend(q, k, v, mask)
+
+
+def cached_span(positions: Tensor, window: int | None) -> tuple[tuple[int, int], Tensor]:
+    """The cache span that queries at ``positions`` (B, T) can see, and its mask (B, 1, T, S').
+
+    Only the span that some query can see is read, so a local window keeps the cost bounded on
+    long outputs.
+    """
+    stop = int(positions.max()) + 1
+    start = 0 if window is None else max(0, int(positions.min()) - window + 1)
+    k_pos = torch.arange(start, stop, device=positions.device)
+    return (start, stop), causal_mask(positions, k_pos, window)

@@ -1,0 +1,81 @@
+"""A preallocated decoder self-attention KV cache with a length per batch row.
+
+Rows of a batch advance at different speeds under blockwise parallel decoding (each row accepts
+its own number of proposed tokens), so every row keeps its own length. Appending T >= 1 tokens
+writes them at ``lengths[b] .. lengths[b] + T - 1`` of row b; rejecting proposals is a crop that
+only moves ``lengths`` back (stale entries past a row's length are never attended to, because
+attention masks every key position greater than the query position).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class KVCache:
+    """K/V buffers for every decoder layer, laid out ``[L, B, S, H, Dh]``, plus ``lengths`` (B,)."""
+
+    def __init__(
+        self,
+        n_layers: int,
+        batch_size: int,
+        capacity: int,
+        n_heads: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        shape = (n_layers, batch_size, capacity, n_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, S, H, Dh)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, S, H, Dh)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    def positions(self, n_new: int) -> Tensor:
+        """Absolute positions (B, T) that the next ``n_new`` tokens of each row will take."""
+        return self.lengths[:, None] + torch.arange(n_new, device=self.lengths.device)
+
+    def check_room(self, n_new: int) -> None:
+        """Raise if some row cannot take ``n_new`` more tokens."""
+        longest = int(self.lengths.max()) + n_new
+        if longest > self.capacity:
+            raise RuntimeError(f"KV cache overflow: a row needs {longest} positions, capacity is {self.capacity}")
+
+    def write(self, layer: int, positions: Tensor, k: Tensor, v: Tensor) -> None:
+        """Store new keys/values ``(B, T, H, Dh)`` of ``layer`` at ``positions`` (B, T)."""
+        rows = torch.arange(positions.shape[0], device=positions.device)[:, None]  # (B, 1)
+        self.k[layer, rows, positions] = k
+        self.v[layer, rows, positions] = v
+
+    def view(self, layer: int, stop: int, start: int = 0) -> tuple[Tensor, Tensor]:
+        """Keys and values of ``layer`` for positions ``start .. stop - 1``: (B, S', H, Dh) each."""
+        return self.k[layer, :, start:stop], self.v[layer, :, start:stop]
+
+    def advance(self, n_new: int) -> None:
+        """Commit ``n_new`` written positions in every row (after all layers wrote them)."""
+        self.lengths += n_new
+
+    def crop(self, lengths: Tensor) -> None:
+        """Cut every row back to ``lengths`` (B,); a row can never grow through a crop."""
+        if lengths.shape != self.lengths.shape:
+            raise ValueError(f"crop lengths must have shape {tuple(self.lengths.shape)}, got {tuple(lengths.shape)}")
+        if bool((lengths > self.lengths).any()) or bool((lengths < 0).any()):
+            raise ValueError("crop lengths must lie in [0, current length] for every row")
+        self.lengths = lengths.to(self.lengths)
+
+    def select(self, rows: Tensor) -> None:
+        """Keep only batch ``rows`` (a 1-D index tensor), in that order (for finished rows and beams)."""
+        self.k = self.k.index_select(1, rows)
+        self.v = self.v.index_select(1, rows)
+        self.lengths = self.lengths.index_select(0, rows)

@@ -1,0 +1,71 @@
+"""The blockwise training loss (section 6): head i predicts the target i - 1 positions further on.
+
+With decoder inputs ``[BOS, y_1, .., y_{T-1}]`` and targets ``[y_1, .., y_T]`` the decoder output
+at position t feeds head i (1-based), which is trained on target ``y_{t+i}``, i.e. the target
+shifted left by i - 1. Positions past the end and padding are ignored. ``mode="random"`` trains one
+head drawn uniformly per minibatch (the paper's choice, and the cheapest: only that head's
+vocabulary projection is computed); ``mode="mean"`` averages all k sub-losses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+LOSS_MODES = ("random", "mean")
+
+
+@dataclass
+class BlockwiseLoss:
+    """``loss`` to optimize, and per-head (1-based) loss and token accuracy for logging."""
+
+    loss: Tensor
+    head_loss: dict[int, Tensor]
+    head_acc: dict[int, Tensor]
+
+
+def choose_heads(k: int, mode: str, generator: torch.Generator | None = None, skip: Sequence[int] = ()) -> list[int]:
+    """0-based heads to train this minibatch; ``skip`` lists heads with nothing to train."""
+    if mode not in LOSS_MODES:
+        raise ValueError(f"loss mode must be one of {LOSS_MODES}, got {mode!r}")
+    heads = [i for i in range(k) if i not in set(skip)]
+    if not heads:
+        raise ValueError("no trainable head: every head is skipped (a frozen base with k = 1?)")
+    if mode == "mean":
+        return heads
+    return [heads[int(torch.randint(len(heads), (1,), generator=generator))]]
+
+
+def shifted_targets(targets: Tensor, shift: int, pad_id: int) -> Tensor:
+    """``targets`` (B, T) moved left by ``shift`` positions, padded with ``pad_id`` at the end."""
+    if shift == 0:
+        return targets
+    out = torch.full_like(targets, pad_id)
+    if shift < targets.shape[1]:
+        out[:, : targets.shape[1] - shift] = targets[:, shift:]
+    return out
+
+
+def blockwise_loss(logits: Tensor, targets: Tensor, heads: Sequence[int], pad_id: int) -> BlockwiseLoss:
+    """Cross-entropy of ``logits`` (B, T, h, V) for the 0-based ``heads`` against ``targets`` (B, T).
+
+    The returned loss is the mean over the listed heads of each head's token-averaged loss.
+    """
+    if logits.shape[2] != len(heads):
+        raise ValueError(f"logits have {logits.shape[2]} heads but {len(heads)} head indices were given")
+    losses, head_loss, head_acc = [], {}, {}
+    for j, i in enumerate(heads):
+        tgt = shifted_targets(targets, i, pad_id)  # (B, T)
+        mask = tgt != pad_id
+        lg = logits[:, :, j].float()  # (B, T, V)
+        loss = F.cross_entropy(lg.flatten(0, 1), tgt.flatten(), ignore_index=pad_id, reduction="sum")
+        count = mask.sum().clamp(min=1)
+        loss = loss / count
+        losses.append(loss)
+        head_loss[i + 1] = loss.detach()
+        head_acc[i + 1] = ((lg.argmax(-1) == tgt) & mask).sum() / count
+    return BlockwiseLoss(torch.stack(losses).mean(), head_loss, head_acc)

@@ -1,0 +1,134 @@
+"""The encoder-decoder Transformer with a blockwise head: the one model class of both tasks.
+
+Translation maps source subwords to target subwords; super-resolution maps 8x8x3 intensity tokens
+to 32x32x3 intensity tokens with a local decoder window and image positions. Decoding talks to it
+through the small protocol in :mod:`lightning_bpd.decoding.protocol`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor, nn
+
+from lightning_bpd.nn.blockwise_head import BlockwiseHead
+from lightning_bpd.nn.kv_cache import KVCache
+from lightning_bpd.nn.positions import build_positions
+from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
+
+
+@dataclass
+class ModelConfig:
+    """Shape of a :class:`BlockwiseTransformer`. ``head_hidden`` defaults to ``d_ff``."""
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    d_model: int = 256
+    n_heads: int = 4
+    n_encoder_layers: int = 3
+    n_decoder_layers: int = 3
+    d_ff: int = 1024
+    dropout: float = 0.1
+    k: int = 1
+    head_hidden: int | None = None
+    identity_first: bool = False
+    share_embeddings: bool = False
+    src_positions: str = "sinusoidal"
+    tgt_positions: str = "sinusoidal"
+    src_image_shape: tuple[int, int, int] | None = None
+    tgt_image_shape: tuple[int, int, int] | None = None
+    window: int | None = None
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int | None = 2
+
+    def __post_init__(self) -> None:
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("n_encoder_layers", "n_decoder_layers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError("share_embeddings needs src_vocab_size == tgt_vocab_size")
+        for name in ("src_image_shape", "tgt_image_shape"):
+            if getattr(self, name) is not None:
+                setattr(self, name, tuple(getattr(self, name)))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class BlockwiseTransformer(nn.Module):
+    """Encoder + decoder + :class:`BlockwiseHead`, with the vocabulary projection tied to the target
+    embedding. Embeddings are N(0, d^-1/2) and scaled by sqrt(d) on input."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.k, self.pad_id, self.bos_id, self.eos_id = c.k, c.pad_id, c.bos_id, c.eos_id
+        self.tgt_embed = nn.Embedding(c.tgt_vocab_size, c.d_model)
+        self.src_embed = self.tgt_embed if c.share_embeddings else nn.Embedding(c.src_vocab_size, c.d_model)
+        for emb in [self.tgt_embed] if c.share_embeddings else [self.tgt_embed, self.src_embed]:
+            nn.init.normal_(emb.weight, std=c.d_model**-0.5)
+        self.src_pos = build_positions(c.src_positions, c.d_model, c.src_image_shape)
+        self.tgt_pos = build_positions(c.tgt_positions, c.d_model, c.tgt_image_shape)
+        self.encoder = Encoder(c.n_encoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout)
+        self.decoder = Decoder(c.n_decoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.window)
+        self.head = BlockwiseHead(
+            c.d_model, c.head_hidden or c.d_ff, c.k, identity_first=c.identity_first, dropout=c.dropout
+        )
+        self.drop = nn.Dropout(c.dropout)
+        self.scale = math.sqrt(c.d_model)
+
+    # ---- encoder -------------------------------------------------------------------------------
+    def encode(self, src: Tensor) -> EncoderContext:
+        """Source tokens (B, S), padded with ``pad_id`` -> context, computed once per source."""
+        if src.dim() != 2 or src.shape[1] == 0:
+            raise ValueError(f"src must be a non-empty (batch, length) tensor of token ids, got shape {tuple(src.shape)}")
+        src_valid = src != self.pad_id  # (B, S)
+        if not bool(src_valid.any(dim=1).all()):
+            raise ValueError("src: every row needs at least one non-pad token (got an empty source)")
+        pos = torch.arange(src.shape[1], device=src.device).expand_as(src)
+        x = self.drop(self.src_embed(src) * self.scale + self.src_pos(pos).to(self.src_embed.weight.dtype))
+        memory = self.encoder(x, src_valid)  # (B, S, D)
+        return EncoderContext(memory, src_valid, self.decoder.cross_kv(memory))
+
+    # ---- decoder -------------------------------------------------------------------------------
+    def embed_tgt(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        x = self.tgt_embed(tokens) * self.scale + self.tgt_pos(positions).to(self.tgt_embed.weight.dtype)
+        return self.drop(x)  # (B, T, D)
+
+    def decode_full(self, tgt_in: Tensor, context: EncoderContext) -> Tensor:
+        """Uncached decoder over whole prefixes (B, T) starting with BOS -> hidden (B, T, D)."""
+        pos = torch.arange(tgt_in.shape[1], device=tgt_in.device).expand_as(tgt_in)
+        return self.decoder(self.embed_tgt(tgt_in, pos), context)
+
+    def decode_step(self, tokens: Tensor, context: EncoderContext, cache: KVCache) -> Tensor:
+        """T >= 1 new decoder inputs per row (B, T) after what ``cache`` holds -> hidden (B, T, D)."""
+        return self.decoder.step(self.embed_tgt(tokens, cache.positions(tokens.shape[1])), context, cache)
+
+    def new_cache(self, batch_size: int, capacity: int) -> KVCache:
+        w = self.tgt_embed.weight
+        return self.decoder.new_cache(batch_size, capacity, dtype=w.dtype, device=w.device)
+
+    # ---- heads ---------------------------------------------------------------------------------
+    def project(self, h: Tensor) -> Tensor:
+        """Vocabulary projection (tied to the target embedding): (..., D) -> (..., V)."""
+        return nn.functional.linear(h, self.tgt_embed.weight)
+
+    def logits_first(self, h: Tensor) -> Tensor:
+        """p_1 logits, the scoring model: (..., D) -> (..., V)."""
+        return self.project(self.head.first(h))
+
+    def logits_heads(self, h: Tensor, heads: list[int] | range | None = None) -> Tensor:
+        """Logits of the listed heads (all k by default): (..., D) -> (..., len(heads), V)."""
+        return self.project(self.head.select(h, range(self.k) if heads is None else heads))
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced decoder hidden states (B, T, D); heads are applied by the caller."""
+        return self.decode_full(tgt_in, self.encode(src))

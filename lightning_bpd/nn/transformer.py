@@ -1,0 +1,142 @@
+"""Pre-LN encoder and decoder stacks that return hidden states (no embeddings, heads or sampling).
+
+The decoder runs two ways that must agree: :meth:`Decoder.forward` over a whole target prefix
+(training, and the slow reference for decoding), and :meth:`Decoder.step`, which takes T >= 1 new
+tokens per row against a :class:`~lightning_bpd.nn.kv_cache.KVCache` (greedy steps, and the
+verify pass of blockwise decoding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from lightning_bpd.nn.attention import MultiHeadAttention, attend_cached, cached_span, causal_mask, padding_mask
+from lightning_bpd.nn.kv_cache import KVCache
+
+
+@dataclass
+class EncoderContext:
+    """What the decoder needs from one encoded source batch; computed once per source.
+
+    memory: (B, S, D); src_valid: (B, S) True for real tokens; cross_kv: per decoder layer, the
+    cross-attention keys and values (B, S, H, Dh).
+    """
+
+    memory: Tensor
+    src_valid: Tensor
+    cross_kv: list[tuple[Tensor, Tensor]]
+
+    @property
+    def batch_size(self) -> int:
+        return self.memory.shape[0]
+
+    def select(self, rows: Tensor) -> EncoderContext:
+        """The context of batch ``rows`` only (1-D index tensor)."""
+        return EncoderContext(
+            memory=self.memory.index_select(0, rows),
+            src_valid=self.src_valid.index_select(0, rows),
+            cross_kv=[(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross_kv],
+        )
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.ff = FeedForward(d_model, d_ff, dropout)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        h = self.norm1(x)
+        x = x + self.drop(self.attn(h, h, mask))
+        return x + self.drop(self.ff(self.norm2(x)))
+
+
+class Encoder(nn.Module):
+    """(B, S, D) embedded source, (B, S) validity -> (B, S, D) memory."""
+
+    def __init__(self, n_layers: int, d_model: int, n_heads: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(d_model, n_heads, d_ff, dropout) for _ in range(n_layers))
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, x: Tensor, src_valid: Tensor) -> Tensor:
+        mask = padding_mask(src_valid)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.ff = FeedForward(d_model, d_ff, dropout)
+        self.drop = nn.Dropout(dropout)
+
+    def cross_and_ff(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], cross_mask: Tensor) -> Tensor:
+        q = self.cross_attn.query(self.norm2(x))
+        x = x + self.drop(self.cross_attn.attend(q, *cross_kv, cross_mask))
+        return x + self.drop(self.ff(self.norm3(x)))
+
+
+class Decoder(nn.Module):
+    """Embedded target inputs (B, T, D) + encoder context -> hidden states (B, T, D)."""
+
+    def __init__(
+        self, n_layers: int, d_model: int, n_heads: int, d_ff: int, dropout: float, window: int | None = None
+    ) -> None:
+        super().__init__()
+        if window is not None and window < 1:
+            raise ValueError(f"window must be >= 1 (or None for full attention), got {window}")
+        self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, dropout) for _ in range(n_layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.window = window
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+
+    def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Cross-attention keys/values of every layer, computed once per source."""
+        return [layer.cross_attn.key_value(memory) for layer in self.layers]
+
+    def forward(self, x: Tensor, context: EncoderContext) -> Tensor:
+        """Uncached pass over whole prefixes ``x`` (B, T, D) at positions 0..T-1."""
+        pos = torch.arange(x.shape[1], device=x.device)
+        self_mask = causal_mask(pos.expand(x.shape[0], -1), pos, self.window)  # (B, 1, T, T)
+        cross_mask = padding_mask(context.src_valid)
+        for layer, kv in zip(self.layers, context.cross_kv):
+            h = layer.norm1(x)
+            x = x + layer.drop(layer.self_attn(h, h, self_mask))
+            x = layer.cross_and_ff(x, kv, cross_mask)
+        return self.norm(x)
+
+    def step(self, x: Tensor, context: EncoderContext, cache: KVCache) -> Tensor:
+        """Cached pass over T new inputs per row ``x`` (B, T, D); appends them to ``cache``."""
+        n_new = x.shape[1]
+        cache.check_room(n_new)
+        positions = cache.positions(n_new)  # (B, T)
+        span, self_mask = cached_span(positions, self.window)
+        cross_mask = padding_mask(context.src_valid)
+        for i, (layer, kv) in enumerate(zip(self.layers, context.cross_kv)):
+            x = x + layer.drop(attend_cached(layer.self_attn, layer.norm1(x), positions, cache, i, span, self_mask))
+            x = layer.cross_and_ff(x, kv, cross_mask)
+        cache.advance(n_new)
+        return self.norm(x)
+
+    def new_cache(self, batch_size: int, capacity: int, *, dtype: torch.dtype, device: torch.device) -> KVCache:
+        return KVCache(len(self.layers), batch_size, capacity, self.n_heads, self.head_dim, dtype=dtype, device=device)

@@ -1,0 +1,46 @@
+"""Warm-starting a blockwise model from a base model's weights (the paper's two-stage recipe)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from torch import Tensor, nn
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint does not fit the model it is loaded into."""
+
+
+def load_base_weights(model: nn.Module, state: Mapping[str, Tensor], *, strict_head: bool = False) -> list[str]:
+    """Copy every non-head parameter of ``state`` into ``model``; return the keys left as initialized.
+
+    Raises :class:`CheckpointMismatchError` naming every key whose shape differs, and every
+    non-head key the model expects but the checkpoint lacks (or has but the model does not).
+    Head weights are copied only when their shapes match (a base k=1 has none; a checkpoint of
+    another k is skipped unless ``strict_head``).
+    """
+    own = model.state_dict()
+    mismatched = [
+        f"{key}: checkpoint {tuple(value.shape)} vs model {tuple(own[key].shape)}"
+        for key, value in state.items()
+        if key in own and own[key].shape != value.shape and (strict_head or not key.startswith("head."))
+    ]
+    missing = [key for key in own if key not in state and not key.startswith("head.")]
+    unexpected = [key for key in state if key not in own and not key.startswith("head.")]
+    if mismatched or missing or unexpected:
+        lines = [f"shape mismatch {m}" for m in mismatched[:10]]
+        lines += [f"missing from checkpoint: {key}" for key in missing[:10]]
+        lines += [f"not in model: {key}" for key in unexpected[:10]]
+        raise CheckpointMismatchError(
+            "checkpoint does not fit this model (check d_model, layers, heads, vocabulary size):\n  "
+            + "\n  ".join(lines)
+        )
+    loadable = {key: value for key, value in state.items() if key in own and own[key].shape == value.shape}
+    model.load_state_dict(loadable, strict=False)
+    return [key for key in own if key not in loadable]
+
+
+def freeze_base(model: nn.Module) -> None:
+    """Freeze everything but the blockwise head's own layer (``head.*``)."""
+    for name, param in model.named_parameters():
+        param.requires_grad_(name.startswith("head."))

@@ -1,0 +1,34 @@
+import pytest
+import torch
+
+from lightning_bpd.nn.kv_cache import KVCache
+
+
+def test_write_per_row_positions_then_crop_and_select():
+    cache = KVCache(n_layers=2, batch_size=3, capacity=8, n_heads=1, head_dim=1)
+    cache.lengths = torch.tensor([0, 2, 5])
+    pos = cache.positions(2)
+    assert pos.tolist() == [[0, 1], [2, 3], [5, 6]]
+    kv = torch.arange(6, dtype=torch.float32).view(3, 2, 1, 1) + 1
+    cache.write(1, pos, kv, -kv)
+    cache.advance(2)
+    assert cache.lengths.tolist() == [2, 4, 7]
+    assert cache.k[1, 1, 2:4, 0, 0].tolist() == [3.0, 4.0]
+    assert cache.v[1, 2, 5:7, 0, 0].tolist() == [-5.0, -6.0]
+    assert cache.k[0].abs().sum() == 0  # other layers untouched
+    cache.crop(torch.tensor([1, 4, 5]))
+    assert cache.lengths.tolist() == [1, 4, 5]
+    cache.select(torch.tensor([2, 0]))
+    assert cache.lengths.tolist() == [5, 1]
+    assert cache.k[1, 0, 5:7, 0, 0].tolist() == [5.0, 6.0]
+
+
+def test_crop_cannot_grow_and_overflow_is_reported():
+    cache = KVCache(1, 2, 4, 1, 1)
+    cache.advance(3)
+    with pytest.raises(ValueError, match="current length"):
+        cache.crop(torch.tensor([4, 1]))
+    with pytest.raises(RuntimeError, match="overflow"):
+        cache.check_room(2)
+    with pytest.raises(ValueError, match="capacity"):
+        KVCache(1, 1, 0, 1, 1)

@@ -1,0 +1,47 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightning_bpd.nn.loss import blockwise_loss, choose_heads, shifted_targets
+
+PAD = 0
+
+
+def test_shifted_targets():
+    t = torch.tensor([[5, 6, 7, 2], [8, 2, 0, 0]])
+    assert shifted_targets(t, 0, PAD).tolist() == t.tolist()
+    assert shifted_targets(t, 1, PAD).tolist() == [[6, 7, 2, 0], [2, 0, 0, 0]]
+    assert shifted_targets(t, 5, PAD).tolist() == [[0] * 4, [0] * 4]
+
+
+def test_each_head_is_trained_on_the_target_shifted_by_its_offset():
+    torch.manual_seed(0)
+    targets = torch.tensor([[5, 6, 7, 2], [8, 2, 0, 0]])
+    logits = torch.randn(2, 4, 3, 10)
+    out = blockwise_loss(logits, targets, [0, 1, 2], PAD)
+    for i in range(3):
+        tgt = shifted_targets(targets, i, PAD)
+        expected = F.cross_entropy(logits[:, :, i].reshape(-1, 10), tgt.reshape(-1), ignore_index=PAD)
+        torch.testing.assert_close(out.head_loss[i + 1], expected)
+    torch.testing.assert_close(out.loss, torch.stack([out.head_loss[i] for i in (1, 2, 3)]).mean())
+
+
+def test_accuracy_and_padding_ignored():
+    targets = torch.tensor([[5, 6, 0]])
+    logits = torch.full((1, 3, 1, 10), -5.0)
+    logits[0, 0, 0, 5] = 5.0  # right
+    logits[0, 1, 0, 3] = 5.0  # wrong
+    logits[0, 2, 0, 9] = 5.0  # on padding: ignored
+    out = blockwise_loss(logits, targets, [0], PAD)
+    assert out.head_acc[1].item() == pytest.approx(0.5)
+
+
+def test_choose_heads_random_is_uniform_and_mean_is_all():
+    g = torch.Generator().manual_seed(0)
+    picks = [choose_heads(4, "random", g)[0] for _ in range(4000)]
+    counts = torch.bincount(torch.tensor(picks), minlength=4).float() / 4000
+    assert torch.all((counts - 0.25).abs() < 0.03)
+    assert choose_heads(4, "mean") == [0, 1, 2, 3]
+    assert all(choose_heads(3, "random", g, skip=[0])[0] in (1, 2) for _ in range(50))
+    with pytest.raises(ValueError, match="loss mode"):
+        choose_heads(4, "max")

@@ -1,0 +1,76 @@
+"""The cached decoder must give the logits of the uncached reference pass."""
+
+import pytest
+import torch
+
+from tests.models import random_model, random_sources
+
+
+def full_logits(model, src, tgt_in):
+    return model.logits_heads(model.decode_full(tgt_in, model.encode(src)))  # (B, T, k, V)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("chunks", [[1] * 9, [1, 4, 2, 2], [9]])
+def test_cached_steps_match_full_pass(window, chunks):
+    model = random_model(k=4, window=window)
+    src = random_sources(3)
+    tgt_in = torch.randint(3, 16, (3, 9))
+    tgt_in[:, 0] = model.bos_id
+    ref = full_logits(model, src, tgt_in)
+    context = model.encode(src)
+    cache = model.new_cache(3, capacity=16)
+    outs, start = [], 0
+    for size in chunks:
+        outs.append(model.logits_heads(model.decode_step(tgt_in[:, start : start + size], context, cache)))
+        start += size
+    torch.testing.assert_close(torch.cat(outs, dim=1), ref, rtol=0, atol=1e-10)
+
+
+def test_ragged_rows_and_crop_match_full_pass():
+    """Rows at different lengths, with rejected (cropped) tokens overwritten, equal the reference."""
+    model = random_model(k=2)
+    src = random_sources(2)
+    seq = torch.randint(3, 16, (2, 8))
+    seq[:, 0] = model.bos_id
+    context = model.encode(src)
+    cache = model.new_cache(2, capacity=16)
+    model.decode_step(seq[:, :3], context, cache)
+    junk = torch.randint(3, 16, (2, 4))
+    model.decode_step(junk, context, cache)  # speculative tokens ...
+    cache.crop(torch.tensor([3, 4]))  # ... row 0 rejects all, row 1 keeps the first one
+    junk_row1 = junk[1, 0].item()
+    h = model.decode_step(torch.stack([seq[0, 3:5], torch.tensor([seq[1, 3].item(), seq[1, 4].item()])]), context, cache)
+    ref0 = model.decode_full(seq[:1, :5], context.select(torch.tensor([0])))[:, 3:5]
+    prefix1 = torch.cat([seq[1, :3], torch.tensor([junk_row1]), seq[1, 3:5]])[None]
+    ref1 = model.decode_full(prefix1, context.select(torch.tensor([1])))[:, 4:6]
+    torch.testing.assert_close(h[:1], ref0, rtol=0, atol=1e-10)
+    torch.testing.assert_close(h[1:], ref1, rtol=0, atol=1e-10)
+
+
+def test_local_window_ignores_tokens_outside_it():
+    model = random_model(k=1, window=3)
+    src = random_sources(1)
+    a = torch.tensor([[1, 5, 6, 7, 8, 9, 10, 11, 12, 13]])
+    b = a.clone()
+    b[0, 1] = 14
+    ha = model.decode_full(a, model.encode(src))
+    hb = model.decode_full(b, model.encode(src))
+    # 2 layers of window 3: position p sees back to p - 4, so positions >= 6 cannot see position 1
+    torch.testing.assert_close(ha[:, 6:], hb[:, 6:], rtol=0, atol=0)
+    assert not torch.allclose(ha[:, 5], hb[:, 5])
+
+
+def test_padding_in_source_does_not_change_outputs():
+    model = random_model(k=1)
+    src = torch.tensor([[5, 6, 7, 0, 0]])
+    tgt_in = torch.tensor([[1, 4, 9]])
+    torch.testing.assert_close(
+        full_logits(model, src, tgt_in), full_logits(model, src[:, :3], tgt_in), rtol=0, atol=1e-10
+    )
+
+
+def test_empty_source_is_refused():
+    model = random_model(k=1)
+    with pytest.raises(ValueError, match="empty source"):
+        model.encode(torch.tensor([[4, 5], [0, 0]]))

@@ -1,0 +1,31 @@
+import pytest
+import torch
+
+from lightning_bpd.decoding import blockwise_decode, greedy_decode
+from lightning_bpd.nn.warm_start import CheckpointMismatchError, freeze_base, load_base_weights
+from tests.models import random_model, random_sources
+
+
+def test_frozen_identity_first_model_decodes_exactly_like_its_base():
+    base = random_model(k=1, seed=3)
+    block = random_model(k=4, seed=9, identity_first=True)
+    left = load_base_weights(block, base.state_dict())
+    assert left and all(key.startswith("head.") for key in left)
+    freeze_base(block)
+    assert {n for n, p in block.named_parameters() if p.requires_grad} == {n for n, _ in block.head.named_parameters(prefix="head")}
+    src = random_sources(6)
+    base.eos_id = block.eos_id = 5
+    want = greedy_decode(base, src, 20)
+    got = blockwise_decode(block, src, max_len=20)
+    assert torch.equal(want.tokens, got.tokens)
+
+
+def test_mismatched_checkpoint_names_the_keys():
+    base = random_model(k=1, d_model=32)
+    other = random_model(k=2, d_model=16, n_heads=4, d_ff=32)
+    with pytest.raises(CheckpointMismatchError, match=r"tgt_embed.weight: checkpoint \(16, 32\) vs model \(16, 16\)"):
+        load_base_weights(other, base.state_dict())
+    state = base.state_dict()
+    del state["decoder.norm.weight"]
+    with pytest.raises(CheckpointMismatchError, match="missing from checkpoint: decoder.norm.weight"):
+        load_base_weights(random_model(k=2), state)
