@@ -5,7 +5,8 @@
 Builds a small untrained model (d_model 256, 3+3 layers, ff 1024, vocab 8k), decodes a fixed
 number of tokens with EOS disabled, and reports seconds per greedy step and per blockwise
 iteration (median over repeats, methods alternated). An untrained model accepts few proposals,
-which does not change what one iteration costs: one decoder call on k tokens, p_1 at k-1
+(the heads are randomized so nearly every iteration accepts one token), which does not change
+what one iteration costs: one decoder call on k tokens, p_1 at k-1
 positions, all k heads at one position per row, and the bookkeeping.
 """
 
@@ -22,12 +23,14 @@ from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
 
 
-def build(k: int, vocab: int, identity_first: bool) -> BlockwiseTransformer:
+def build(k: int, vocab: int, identity_first: bool, head_hidden: int | None = None) -> BlockwiseTransformer:
     torch.manual_seed(0)
     cfg = ModelConfig(vocab, vocab, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024,
-                      dropout=0.0, k=k, identity_first=identity_first)
+                      dropout=0.0, k=k, identity_first=identity_first, head_hidden=head_hidden)
     model = BlockwiseTransformer(cfg).eval()
     model.eos_id = None  # decode exactly max_len tokens
+    if k > 1:  # untrained heads that disagree with p_1: one accepted token per iteration, as in the worst case
+        torch.nn.init.normal_(model.head.out.weight, std=1.0)
     return model
 
 
@@ -46,6 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--tokens", type=int, default=64, help="tokens decoded per run")
+    p.add_argument("--head-hidden", type=int, default=None, help="d_hidden of the head (default: d_ff = 1024)")
     p.add_argument("--src-len", type=int, default=20)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -55,8 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     src = torch.randint(4, args.vocab, (args.batch, args.src_len))
     base = build(1, args.vocab, identity_first=False)
-    block = {flag: build(args.k, args.vocab, identity_first=flag) for flag in (True, False)}
-    iters = blockwise_decode(block[True], src, Exact(), args.tokens).iterations.max().item()
+    block = {flag: build(args.k, args.vocab, flag, args.head_hidden) for flag in (True, False)}
     runs = {
         "greedy_base_step": (lambda: greedy_decode(base, src, args.tokens), args.tokens),
         "greedy_blockwise_model_step": (lambda: greedy_decode(block[False], src, args.tokens), args.tokens),
@@ -72,7 +75,8 @@ def main(argv: list[str] | None = None) -> dict:
             times[name] += per_unit_seconds(fn, units, 1)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     result = {"k": args.k, "batch": args.batch, "vocab": args.vocab, "threads": torch.get_num_threads(),
-              "seconds": med, "iterations_per_run": iters}
+              "head_hidden": args.head_hidden or 1024, "seconds": med,
+              "units_per_run": {name: units for name, (_, units) in runs.items()}}
     base_step = med["greedy_base_step"]
     for name, sec in med.items():
         print(f"{name:40s} {sec * 1e3:8.3f} ms   {sec / base_step:5.2f}x greedy base step")

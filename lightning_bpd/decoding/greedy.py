@@ -6,29 +6,43 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
-from lightning_bpd.decoding.row_book import RowBook
 
 
 @torch.no_grad()
 def greedy_decode(model: BlockwiseModel, src: Tensor, max_len: int) -> DecodeResult:
-    """Batched greedy decoding of p_1 with the KV cache: one decoder call of one token per step."""
+    """Batched greedy decoding of p_1 with the KV cache: one decoder call of one token per step.
+
+    Finished rows leave the batch; the per-step bookkeeping is one write and one EOS check, so
+    this stays a fair (no wasted work) baseline for blockwise decoding.
+    """
     check_decode_args(model, src, max_len)
+    batch, device = src.shape[0], src.device
     context = model.encode(src)
-    cache = model.new_cache(src.shape[0], capacity=1 + max_len)
-    book = RowBook(src.shape[0], max_len, 1, model.pad_id, src.device)
-    inputs = torch.full((src.shape[0], 1), model.bos_id, dtype=torch.long, device=src.device)
-    calls = 0
-    while book.live.numel() > 0:
+    cache = model.new_cache(batch, capacity=1 + max_len)
+    tokens = torch.full((batch, max_len), model.pad_id, dtype=torch.long, device=device)
+    lengths = torch.full((batch,), max_len, dtype=torch.long, device=device)
+    live = torch.arange(batch, device=device)  # original index of each live row
+    inputs = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=device)
+    steps = 0
+    for step in range(max_len):
         h = model.decode_step(inputs, context, cache)[:, -1]  # (b, D)
-        calls += 1
+        steps += 1
         nxt = model.logits_first(h).argmax(dim=-1)  # (b,)
-        _, done = book.commit(nxt[:, None], torch.ones_like(nxt), model.eos_id)
-        keep = book.drop_finished(done)
-        if keep is not None:
-            context, nxt = context.select(keep), nxt[keep]
-            cache.select(keep)
+        tokens[live, step] = nxt
+        if model.eos_id is not None:
+            done = nxt == model.eos_id
+            if bool(done.any()):
+                lengths[live[done]] = step + 1
+                keep = (~done).nonzero().squeeze(1)
+                if keep.numel() == 0:
+                    break
+                live, nxt, context = live[keep], nxt[keep], context.select(keep)
+                cache.select(keep)
         inputs = nxt[:, None]
-    return book.result(calls)
+    width = max(1, int(lengths.max()))
+    tokens = tokens[:, :width].masked_fill(torch.arange(width, device=device) >= lengths[:, None], model.pad_id)
+    blocks = [[1] * n for n in lengths.tolist()]
+    return DecodeResult(tokens, lengths, lengths.clone(), steps, blocks)
 
 
 def strip_padding(src: Tensor, pad_id: int) -> list[Tensor]:

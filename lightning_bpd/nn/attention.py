@@ -34,27 +34,37 @@ def padding_mask(key_valid: Tensor) -> Tensor:
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over ``n_heads`` heads with separate Q, K, V, O projections."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, *, self_attention: bool = True) -> None:
         super().__init__()
         if d_model % n_heads != 0:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
+        self.self_attention = self_attention
+        if self_attention:  # one fused projection for Q, K and V of the same input
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        else:  # queries from the decoder, keys and values from the encoder memory (computed once)
+            self.q_proj = nn.Linear(d_model, d_model)
+            self.kv_proj = nn.Linear(d_model, 2 * d_model)
         self.o_proj = nn.Linear(d_model, d_model)
 
     def split(self, x: Tensor) -> Tensor:
-        """(B, T, D) -> (B, T, H, Dh)."""
-        return x.view(*x.shape[:2], self.n_heads, self.head_dim)
+        """(B, T, n * D) -> (B, T, n * H, Dh)."""
+        return x.view(*x.shape[:2], -1, self.head_dim)
+
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention: Q, K, V of ``x`` (B, T, D), each (B, T, H, Dh)."""
+        return self.split(self.qkv_proj(x)).chunk(3, dim=2)
 
     def query(self, x: Tensor) -> Tensor:
-        return self.split(self.q_proj(x))  # (B, T, H, Dh)
+        """Cross-attention queries (B, T, H, Dh)."""
+        return self.split(self.q_proj(x))
 
-    def key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        return self.split(self.k_proj(x)), self.split(self.v_proj(x))  # (B, S, H, Dh) each
+    def key_value(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention keys and values of ``memory`` (B, S, D), each (B, S, H, Dh)."""
+        k, v = self.split(self.kv_proj(memory)).chunk(2, dim=2)
+        return k, v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         """q (B, T, H, Dh), k/v (B, S, H, Dh), mask broadcastable to (B, H, T, S) -> (B, T, D)."""
@@ -68,10 +78,9 @@ class MultiHeadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)  # (B, T, D)
         return self.o_proj(out)
 
-    def forward(self, x: Tensor, memory: Tensor, mask: Tensor) -> Tensor:
-        """Uncached attention of ``x`` (B, T, D) over ``memory`` (B, S, D)."""
-        k, v = self.key_value(memory)
-        return self.attend(self.query(x), k, v, mask)
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """Uncached self-attention of ``x`` (B, T, D) under ``mask``."""
+        return self.attend(*self.qkv(x), mask)
 
 
 def attend_cached(
@@ -89,8 +98,7 @@ def attend_cached(
     positions ``span = (start, stop)`` under ``mask`` (B, 1, T, stop - start). The decoder computes
     span and mask once per step for all layers (see :func:`cached_span`).
     """
-    q = attn.query(x)
-    k_new, v_new = attn.key_value(x)
+    q, k_new, v_new = attn.qkv(x)
     cache.write(layer, positions, k_new, v_new)
     k, v = cache.view(layer, stop=span[1], start=span[0])  # (B, S', H, Dh)
     return attn.attend(q, k, v, mask)

@@ -50,10 +50,13 @@ def shifted_targets(targets: Tensor, shift: int, pad_id: int) -> Tensor:
     return out
 
 
-def blockwise_loss(logits: Tensor, targets: Tensor, heads: Sequence[int], pad_id: int) -> BlockwiseLoss:
+def blockwise_loss(
+    logits: Tensor, targets: Tensor, heads: Sequence[int], pad_id: int, label_smoothing: float = 0.0
+) -> BlockwiseLoss:
     """Cross-entropy of ``logits`` (B, T, h, V) for the 0-based ``heads`` against ``targets`` (B, T).
 
-    The returned loss is the mean over the listed heads of each head's token-averaged loss.
+    The returned loss is the mean over the listed heads of each head's token-averaged loss
+    (with ``label_smoothing``; the logged per-head loss is the same smoothed quantity).
     """
     if logits.shape[2] != len(heads):
         raise ValueError(f"logits have {logits.shape[2]} heads but {len(heads)} head indices were given")
@@ -62,7 +65,9 @@ def blockwise_loss(logits: Tensor, targets: Tensor, heads: Sequence[int], pad_id
         tgt = shifted_targets(targets, i, pad_id)  # (B, T)
         mask = tgt != pad_id
         lg = logits[:, :, j].float()  # (B, T, V)
-        loss = F.cross_entropy(lg.flatten(0, 1), tgt.flatten(), ignore_index=pad_id, reduction="sum")
+        loss = F.cross_entropy(
+            lg.flatten(0, 1), tgt.flatten(), ignore_index=pad_id, reduction="sum", label_smoothing=label_smoothing
+        )
         count = mask.sum().clamp(min=1)
         loss = loss / count
         losses.append(loss)

@@ -61,7 +61,7 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         h = self.norm1(x)
-        x = x + self.drop(self.attn(h, h, mask))
+        x = x + self.drop(self.attn(h, mask))
         return x + self.drop(self.ff(self.norm2(x)))
 
 
@@ -85,7 +85,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, self_attention=False)
         self.ff = FeedForward(d_model, d_ff, dropout)
         self.drop = nn.Dropout(dropout)
 
@@ -121,7 +121,7 @@ class Decoder(nn.Module):
         cross_mask = padding_mask(context.src_valid)
         for layer, kv in zip(self.layers, context.cross_kv):
             h = layer.norm1(x)
-            x = x + layer.drop(layer.self_attn(h, h, self_mask))
+            x = x + layer.drop(layer.self_attn(h, self_mask))
             x = layer.cross_and_ff(x, kv, cross_mask)
         return self.norm(x)
 

@@ -1,0 +1,6 @@
+"""English->German translation task."""
+
+from lightning_bpd.tasks.translation.datamodule import TranslationDataModule
+from lightning_bpd.tasks.translation.module import TranslationModule
+
+__all__ = ["TranslationDataModule", "TranslationModule"]

@@ -1,0 +1,199 @@
+"""Validation/test decoding: greedy against blockwise decoding under several acceptance rules.
+
+Shared by both tasks. On a fixed subset of the validation set (every example for ``validate`` and
+``test``) it decodes greedily and blockwise with each criterion, in the same run and on the same
+inputs, and logs per method: the task's quality metrics (BLEU, PSNR, ...), the mean accepted block
+size, model calls, seconds, wall-clock speedup over greedy, and for exact acceptance the share of
+outputs identical to greedy. A sample table (with the accepted blocks of every iteration, as in
+section 7.4 of the paper) goes to W&B when the logger is a WandbLogger.
+
+The task's LightningModule provides the hooks of :class:`DecodeEvalTask`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.loggers import WandbLogger
+from torch import Tensor
+
+from lightning_bpd.decoding import Criterion, DecodeResult, blockwise_decode, greedy_decode
+
+logger = logging.getLogger("lightning_bpd")
+
+
+@dataclass
+class EvalBatch:
+    """One batch of evaluation inputs: ``src`` (B, S), the decode length limit, and what the task
+    needs to score and show the outputs (references, raw sources, dataset indices)."""
+
+    src: Tensor
+    max_len: int
+    references: list[Any]
+    sources: list[Any]
+    indices: list[int] = field(default_factory=list)
+
+
+class DecodeEvalTask(Protocol):
+    model: Any
+
+    def decode_eval_batches(self, stage: str, limit: int | None, batch_size: int) -> list[EvalBatch]: ...
+
+    def make_criterion(self, spec: str) -> Criterion: ...
+
+    def decode_eval_metrics(self, outputs: list[list[int]], batches: list[EvalBatch]) -> dict[str, float]: ...
+
+    def decode_eval_samples(
+        self, outputs: dict[str, list[list[int]]], blocks: dict[str, list[list[int]]], batches: list[EvalBatch], n: int
+    ) -> tuple[list[str], list[list[Any]]]: ...
+
+
+@dataclass
+class MethodRun:
+    """All outputs of one decoding method over the evaluation batches."""
+
+    outputs: list[list[int]] = field(default_factory=list)
+    blocks: list[list[int]] = field(default_factory=list)
+    tokens: int = 0
+    iterations: int = 0
+    model_calls: int = 0
+    seconds: float = 0.0
+
+    def add(self, result: DecodeResult, seconds: float) -> None:
+        self.outputs += result.sequences()
+        self.blocks += result.block_sizes
+        self.tokens += int(result.lengths.sum())
+        self.iterations += int(result.iterations.sum())
+        self.model_calls += result.model_calls
+        self.seconds += seconds
+
+    @property
+    def mean_accepted_block_size(self) -> float:
+        return self.tokens / max(1, self.iterations)
+
+
+def timed(fn, device: torch.device) -> tuple[Any, float]:
+    """Run ``fn`` and return its result and wall-clock seconds (CUDA synchronized)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, time.perf_counter() - start
+
+
+def run_decode_eval(
+    task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[str], k: int | None = None
+) -> tuple[dict[str, float], dict[str, MethodRun]]:
+    """Decode every batch greedily and with each criterion (alternating per batch); return the
+    metrics ``{"greedy/bleu": ..., "exact/mean_accepted_block_size": ...}`` and the raw runs."""
+    model = task.model
+    device = batches[0].src.device if batches else torch.device("cpu")
+    rules = {spec: task.make_criterion(spec) for spec in criteria}
+    runs = {"greedy": MethodRun(), **{spec: MethodRun() for spec in criteria}}
+    for batch in batches:
+        result, sec = timed(lambda: greedy_decode(model, batch.src, batch.max_len), device)
+        runs["greedy"].add(result, sec)
+        for spec, rule in rules.items():
+            result, sec = timed(lambda: blockwise_decode(model, batch.src, rule, batch.max_len, k=k), device)
+            runs[spec].add(result, sec)
+    metrics: dict[str, float] = {}
+    greedy = runs["greedy"]
+    for name, run in runs.items():
+        for key, value in task.decode_eval_metrics(run.outputs, batches).items():
+            metrics[f"{name}/{key}"] = value
+        metrics[f"{name}/mean_accepted_block_size"] = run.mean_accepted_block_size
+        metrics[f"{name}/model_calls"] = float(run.model_calls)
+        metrics[f"{name}/seconds"] = run.seconds
+        metrics[f"{name}/speedup"] = greedy.seconds / max(run.seconds, 1e-9)
+        if name != "greedy":
+            same = sum(a == b for a, b in zip(run.outputs, greedy.outputs))
+            metrics[f"{name}/matches_greedy"] = same / max(1, len(greedy.outputs))
+    metrics["examples"] = float(len(greedy.outputs))
+    return metrics, runs
+
+
+def format_summary(metrics: dict[str, float], methods: list[str], quality_key: str) -> str:
+    """A small text table of the decode metrics, one line per method."""
+    lines = [f"{'method':10s} {quality_key:>8s} {'block':>6s} {'calls':>7s} {'seconds':>8s} {'speedup':>7s}"]
+    for m in methods:
+        lines.append(
+            f"{m:10s} {metrics.get(f'{m}/{quality_key}', float('nan')):8.2f} "
+            f"{metrics[f'{m}/mean_accepted_block_size']:6.2f} {metrics[f'{m}/model_calls']:7.0f} "
+            f"{metrics[f'{m}/seconds']:8.2f} {metrics[f'{m}/speedup']:7.2f}"
+        )
+    return "\n".join(lines)
+
+
+class DecodeEval(pl.Callback):
+    """Greedy vs blockwise decoding at the end of validation (a fixed subset while fitting, the
+    whole split under ``validate``) and of testing.
+
+    Args:
+        criteria: acceptance rules, e.g. ``[exact, top2, top3]`` or ``[exact, eps0, eps1, eps2]``.
+        subset: number of validation examples decoded while fitting (the first ones, fixed).
+        batch_size: decoding batch size (1 is the paper's latency setting).
+        every_n_epochs: run while fitting every this many validation epochs.
+        num_samples: rows of the logged sample table.
+        quality_key: the task metric shown in the console summary.
+    """
+
+    def __init__(
+        self,
+        criteria: list[str] | None = None,
+        subset: int = 64,
+        batch_size: int = 1,
+        every_n_epochs: int = 1,
+        num_samples: int = 8,
+        quality_key: str = "bleu",
+    ) -> None:
+        super().__init__()
+        if subset < 1 or batch_size < 1 or every_n_epochs < 1 or num_samples < 0:
+            raise ValueError("DecodeEval: subset, batch_size and every_n_epochs must be >= 1, num_samples >= 0")
+        self.criteria = list(criteria) if criteria is not None else ["exact", "top2", "top3"]
+        self.subset, self.batch_size, self.every_n_epochs = subset, batch_size, every_n_epochs
+        self.num_samples, self.quality_key = num_samples, quality_key
+        self.last_metrics: dict[str, float] = {}
+        self.validations = 0
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        fitting = trainer.state.fn == "fit"
+        self.validations += 1
+        if fitting and (self.validations - 1) % self.every_n_epochs:
+            return
+        self.evaluate(trainer, pl_module, "val", self.subset if fitting else None)
+
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.evaluate(trainer, pl_module, "test", None)
+
+    def evaluate(self, trainer: pl.Trainer, pl_module: Any, stage: str, limit: int | None) -> None:
+        for spec in self.criteria:  # fail on a bad criterion before spending time decoding
+            pl_module.make_criterion(spec)
+        batches = pl_module.decode_eval_batches(stage, limit, self.batch_size)
+        metrics, runs = run_decode_eval(pl_module, batches, self.criteria)
+        self.last_metrics = metrics
+        for key, value in metrics.items():
+            pl_module.log(f"{stage}/{key}", value, rank_zero_only=True)
+        if trainer.is_global_zero:
+            print(f"\n[{stage} decode, {int(metrics['examples'])} examples, k={pl_module.model.k}]")
+            print(format_summary(metrics, ["greedy", *self.criteria], self.quality_key), flush=True)
+            self.log_samples(trainer, pl_module, stage, runs, batches)
+
+    def log_samples(self, trainer: pl.Trainer, pl_module: Any, stage: str, runs: dict[str, MethodRun],
+                    batches: list[EvalBatch]) -> None:
+        if self.num_samples == 0:
+            return
+        outputs = {name: run.outputs for name, run in runs.items()}
+        blocks = {name: run.blocks for name, run in runs.items()}
+        columns, rows = pl_module.decode_eval_samples(outputs, blocks, batches, self.num_samples)
+        for lg in trainer.loggers:
+            if isinstance(lg, WandbLogger):
+                lg.log_table(key=f"{stage}/samples", columns=columns, data=rows)

@@ -1,0 +1,128 @@
+"""Command line: ``python -m lightning_bpd <command>``.
+
+``fit``, ``validate`` and ``test`` are a LightningCLI (``parser_mode="omegaconf"``) whose model and
+data are chosen by ``class_path`` in the YAML config, so both tasks share one entry point; with no
+``--config`` the translation default (conf/translation/default.yaml) is used. Every run gets a
+folder ``runs/<name>/`` with its resolved ``config.yaml`` beside its checkpoints and W&B files.
+``decode`` is a plain function (see :mod:`lightning_bpd.decode`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import Namespace
+from pytorch_lightning.cli import LightningCLI, SaveConfigCallback
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO_ROOT / "conf"
+DEFAULT_CONFIG = CONF_DIR / "translation" / "default.yaml"
+
+COMMANDS = {
+    "fit": "train a model (default: translation on the built-in synthetic data)",
+    "validate": "evaluate a checkpoint on the whole validation split (--ckpt_path)",
+    "test": "evaluate a checkpoint on the test split (--ckpt_path)",
+    "decode": "translate a file or stdin with a checkpoint, k and a criterion",
+}
+
+USAGE = "usage: python -m lightning_bpd {" + ",".join(COMMANDS) + "} [options]\n\n" + "\n".join(
+    f"  {name:9s} {text}" for name, text in COMMANDS.items()
+) + (
+    "\n\nExamples:\n"
+    "  python -m lightning_bpd fit\n"
+    "  python -m lightning_bpd fit --config conf/translation/multi30k_base.yaml --trainer.max_steps=1000\n"
+    "  python -m lightning_bpd fit --config conf/translation/multi30k_k8_finetune.yaml "
+    "--model.init_args.init_from=runs/base/last.ckpt\n"
+    "  python -m lightning_bpd validate --config runs/<name>/config.yaml --ckpt_path runs/<name>/last.ckpt\n"
+    "  python -m lightning_bpd decode --ckpt runs/<name>/last.ckpt --k 8 --criterion exact < input.en\n"
+    "\n'python -m lightning_bpd <command> --help' lists every option of a command.\n"
+)
+
+
+def import_object(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def to_plain(value: Any) -> Any:
+    """Namespaces (from jsonargparse) -> dicts, recursively."""
+    if isinstance(value, Namespace):
+        return {k: to_plain(v) for k, v in vars(value).items()}
+    if isinstance(value, list):
+        return [to_plain(v) for v in value]
+    return value
+
+
+class RunFolderConfig(SaveConfigCallback):
+    """Saves the resolved config as ``config.yaml`` in the run folder (beside the checkpoints)."""
+
+
+class BPDCLI(LightningCLI):
+    """LightningCLI with a run folder per run and the vocabulary size filled in from the data."""
+
+    def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001
+        parser.add_argument("--run_dir", type=str | None, default=None,
+                            help="folder of this run (default: runs/<task>-<date>-<time>)")
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        task = cfg.model.class_path.rsplit(".", 1)[-1].removesuffix("Module").lower()
+        run_dir = cfg.run_dir or str(Path("runs") / f"{task}-{time.strftime('%Y%m%d-%H%M%S')}")
+        cfg.run_dir = run_dir
+        if cfg.trainer.default_root_dir is None:
+            cfg.trainer.default_root_dir = run_dir
+        loggers = cfg.trainer.logger if isinstance(cfg.trainer.logger, list) else [cfg.trainer.logger]
+        for lg in loggers:
+            if isinstance(lg, Namespace) and lg.class_path.endswith("WandbLogger"):
+                lg.init_args.save_dir = run_dir
+                if getattr(lg.init_args, "offline", False):
+                    os.environ.setdefault("WANDB_MODE", "offline")
+        for cb in cfg.trainer.callbacks or []:
+            if isinstance(cb, Namespace) and cb.class_path.endswith("ModelCheckpoint") and cb.init_args.dirpath is None:
+                cb.init_args.dirpath = run_dir
+        init_args = cfg.model.init_args
+        if "vocab_size" in init_args and init_args.vocab_size is None:
+            data_cls = import_object(cfg.data.class_path)
+            init_args.vocab_size = data_cls(**to_plain(cfg.data.init_args)).vocab_size
+
+
+def run_lightning(argv: list[str]) -> None:
+    """fit / validate / test through the LightningCLI."""
+    command, rest = argv[0], argv[1:]
+    if not any(a == "--config" or a.startswith("--config=") or a in ("-h", "--help") for a in rest):
+        if not DEFAULT_CONFIG.is_file():
+            sys.exit(f"no --config given and the default {DEFAULT_CONFIG} is missing: pass --config <file.yaml>")
+        rest = ["--config", str(DEFAULT_CONFIG), *rest]
+    sys.argv = sys.argv[:1]  # the arguments go through `args`
+    BPDCLI(
+        model_class=None,
+        datamodule_class=None,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        save_config_callback=RunFolderConfig,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"parser_mode": "omegaconf"},
+        args=[command, *rest],
+        auto_configure_optimizers=False,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    command, rest = argv[0], argv[1:]
+    if command in ("fit", "validate", "test"):
+        run_lightning([command, *rest])
+    elif command == "decode":
+        from lightning_bpd.decode import main as decode_main
+
+        decode_main(rest)
+    else:
+        sys.exit(f"unknown command {command!r}\n\n{USAGE}")

@@ -1,0 +1,129 @@
+"""What both tasks' LightningModules share: the model, the blockwise loss, the two-stage recipe.
+
+Stage 1 trains the base (``k: 1``). Stage 2 sets ``init_from`` to a stage-1 checkpoint, ``k`` in
+2..16, ``freeze_base`` (train only the head) or not (fine-tune everything), and ``loss_mode``
+``random`` (one head per minibatch, the paper's choice) or ``mean``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+
+from lightning_bpd.nn.loss import LOSS_MODES, blockwise_loss, choose_heads
+from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
+from lightning_bpd.nn.warm_start import CheckpointMismatchError, freeze_base as freeze_base_params, load_base_weights
+
+logger = logging.getLogger("lightning_bpd")
+
+MAX_K = 16
+
+
+class BlockwiseModule(pl.LightningModule):
+    """A :class:`BlockwiseTransformer` trained with the blockwise loss (task-independent part)."""
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        loss_mode: str = "random",
+        freeze_base: bool = False,
+        init_from: str | None = None,
+        lr: float = 1e-3,
+        warmup_steps: int = 1000,
+        label_smoothing: float = 0.1,
+        weight_decay: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if not 1 <= model_config.k <= MAX_K:
+            raise ValueError(f"model.k must lie in [1, {MAX_K}] (1 = the base model), got {model_config.k}")
+        if loss_mode not in LOSS_MODES:
+            raise ValueError(f"model.loss_mode must be one of {LOSS_MODES}, got {loss_mode!r}")
+        if freeze_base and init_from is None:
+            raise ValueError("model.freeze_base needs model.init_from: a trained base checkpoint to freeze")
+        if freeze_base and model_config.k == 1:
+            raise ValueError("model.freeze_base with k=1 leaves nothing to train: set model.k >= 2")
+        if lr <= 0 or warmup_steps < 0 or not 0 <= label_smoothing < 1:
+            raise ValueError("model.lr must be > 0, model.warmup_steps >= 0 and model.label_smoothing in [0, 1)")
+        self.model = BlockwiseTransformer(model_config)
+        self.loss_mode, self.freeze, self.init_from = loss_mode, freeze_base, init_from
+        self.lr, self.warmup_steps = lr, warmup_steps
+        self.label_smoothing, self.weight_decay, self.seed = label_smoothing, weight_decay, seed
+        if freeze_base:
+            freeze_base_params(self.model)
+
+    # ---- two-stage recipe -------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.init_from is not None:
+            self.warm_start(self.init_from)
+
+    def warm_start(self, path: str) -> None:
+        """Load the base weights of a checkpoint (any k) into this model; the head keeps its init."""
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"model.init_from: no checkpoint at {path!r} (train a base with k: 1 first)")
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        state = ckpt.get("state_dict", ckpt)
+        state = {key.removeprefix("model."): value for key, value in state.items()}
+        try:
+            fresh = load_base_weights(self.model, state)
+        except CheckpointMismatchError as err:
+            raise CheckpointMismatchError(f"model.init_from={path}: {err}") from None
+        logger.info("warm start from %s; left as initialized: %d tensors of the head", path, len(fresh))
+
+    # ---- training ---------------------------------------------------------------------------------
+    def trainable_heads_skip(self) -> list[int]:
+        """Heads with nothing to train (p_1 bypassing the head while the base is frozen)."""
+        return [i for i in range(self.model.k) if self.freeze and self.model.head.head_is_identity(i)]
+
+    def blockwise_step(self, src: Tensor, tgt: Tensor, heads: list[int]):
+        """Teacher-forced blockwise loss of ``heads`` for src (B, S), tgt (B, T) ending in EOS."""
+        bos = torch.full_like(tgt[:, :1], self.model.bos_id)
+        tgt_in = torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, T)
+        hidden = self.model(src, tgt_in)  # (B, T, D)
+        logits = self.model.logits_heads(hidden, heads)  # (B, T, h, V)
+        return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.global_step)
+        heads = choose_heads(self.model.k, self.loss_mode, g, skip=self.trainable_heads_skip())
+        out = self.blockwise_step(batch["src"], batch["tgt"], heads)
+        n = batch["src"].shape[0]
+        self.log("train/loss", out.loss, prog_bar=True, batch_size=n)
+        for i in out.head_loss:
+            self.log(f"train/head{i}_loss", out.head_loss[i], batch_size=n)
+            self.log(f"train/head{i}_acc", out.head_acc[i], batch_size=n)
+        self.log("train/tokens", (batch["tgt"] != self.model.pad_id).sum().float(), reduce_fx="sum", batch_size=n)
+        return out.loss
+
+    def eval_step(self, batch: dict[str, Tensor], prefix: str) -> None:
+        out = self.blockwise_step(batch["src"], batch["tgt"], list(range(self.model.k)))
+        n = batch["src"].shape[0]
+        self.log(f"{prefix}/loss", out.head_loss[1], prog_bar=True, batch_size=n, sync_dist=True)
+        for i in out.head_loss:
+            self.log(f"{prefix}/head{i}_loss", out.head_loss[i], batch_size=n, sync_dist=True)
+            self.log(f"{prefix}/head{i}_acc", out.head_acc[i], batch_size=n, sync_dist=True)
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self.eval_step(batch, "val")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self.eval_step(batch, "test")
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=self.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=self.weight_decay)
+        warmup = max(1, self.warmup_steps)
+
+        def inverse_sqrt(step: int) -> float:  # linear warm-up, then 1 / sqrt(step) decay (Vaswani et al.)
+            step = step + 1
+            return min(step / warmup, math.sqrt(warmup / step))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+

@@ -1,0 +1,183 @@
+"""English->German translation with a blockwise Transformer: the LightningModule.
+
+Model shape and the two-stage recipe are flat arguments so the CLI can override them
+(``--model.k=8 --model.freeze_base=true --model.init_from=base.ckpt``). The SentencePiece model
+is stored inside every checkpoint; :func:`lightning_bpd.load_model` restores both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sacrebleu
+import torch
+from torch import Tensor
+
+from lightning_bpd.callbacks.decode_eval import EvalBatch
+from lightning_bpd.decoding import Criterion, parse_criterion
+from lightning_bpd.nn.model import ModelConfig
+from lightning_bpd.tasks.blockwise_module import BlockwiseModule
+from lightning_bpd.tasks.translation.datamodule_utils import collate_pairs
+from lightning_bpd.tasks.translation.tokenizer import Tokenizer
+
+
+class TranslationModule(BlockwiseModule):
+    """Blockwise Transformer for translation.
+
+    Args:
+        vocab_size: joint vocabulary size (linked from the data module's tokenizer).
+        d_model, n_heads, n_encoder_layers, n_decoder_layers, d_ff, dropout: Transformer shape.
+        k: number of heads (1 = base model, up to 16).
+        head_hidden: d_hidden of the blockwise head (its hidden layer has k * head_hidden units);
+            defaults to d_ff as in the paper.
+        identity_first: p_1 bypasses the head layer (a frozen base then decodes exactly as before).
+        loss_mode: ``random`` (one head per minibatch) or ``mean``.
+        freeze_base: train only the head (needs ``init_from``).
+        init_from: checkpoint whose non-head weights initialize this model.
+        lr, warmup_steps, label_smoothing, weight_decay: optimization (inverse-sqrt schedule).
+        max_len_a, max_len_b: decoding stops after ``a * source_length + b`` tokens.
+        seed: seed of the per-minibatch head choice.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 8000,
+        d_model: int = 256,
+        n_heads: int = 4,
+        n_encoder_layers: int = 3,
+        n_decoder_layers: int = 3,
+        d_ff: int = 1024,
+        dropout: float = 0.1,
+        k: int = 1,
+        head_hidden: int | None = None,
+        identity_first: bool = False,
+        loss_mode: str = "random",
+        freeze_base: bool = False,
+        init_from: str | None = None,
+        lr: float = 1e-3,
+        warmup_steps: int = 1000,
+        label_smoothing: float = 0.1,
+        weight_decay: float = 0.0,
+        max_len_a: float = 1.5,
+        max_len_b: int = 10,
+        seed: int = 0,
+    ) -> None:
+        config = ModelConfig(
+            src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=d_model, n_heads=n_heads,
+            n_encoder_layers=n_encoder_layers, n_decoder_layers=n_decoder_layers, d_ff=d_ff, dropout=dropout, k=k,
+            head_hidden=head_hidden, identity_first=identity_first, share_embeddings=True,
+        )
+        super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
+                         seed)
+        self.save_hyperparameters()
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self._tokenizer: Tokenizer | None = None
+
+    # ---- tokenizer ---------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The data module's tokenizer while training, else the one stored in the checkpoint."""
+        if self._tokenizer is None:
+            dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+            if dm is None or not hasattr(dm, "tokenizer"):
+                raise RuntimeError("no tokenizer: attach a TranslationDataModule or load a checkpoint")
+            self._tokenizer = dm.tokenizer
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tok: Tokenizer) -> None:
+        self._tokenizer = tok
+
+    def on_fit_start(self) -> None:
+        if self.tokenizer.vocab_size != self.model.config.tgt_vocab_size:
+            raise ValueError(
+                f"tokenizer has {self.tokenizer.vocab_size} pieces but the model was built for "
+                f"{self.model.config.tgt_vocab_size}: use the tokenizer the base checkpoint was trained with "
+                "(data.tokenizer_path) or the same data.vocab_size"
+            )
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["tokenizer_proto"] = self.tokenizer.to_bytes()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "tokenizer_proto" in checkpoint:
+            self._tokenizer = Tokenizer.from_bytes(checkpoint["tokenizer_proto"])
+
+    # ---- decoding helpers --------------------------------------------------------------------------
+    def max_decode_len(self, src: Tensor) -> int:
+        longest = int((src != self.model.pad_id).sum(dim=1).max())
+        return max(1, int(self.max_len_a * longest + self.max_len_b))
+
+    def encode_sources(self, sentences: list[str]) -> Tensor:
+        """Raw sentences -> (B, S) source tensor (with EOS, padded) on the model's device."""
+        ids = self.tokenizer.encode_batch(sentences)
+        batch = collate_pairs([(s, [], i) for i, s in enumerate(ids)], self.model.pad_id, self.model.eos_id)
+        return batch["src"].to(self.device)
+
+    def detokenize(self, outputs: list[list[int]]) -> list[str]:
+        return [self.tokenizer.decode(ids) for ids in outputs]
+
+    # ---- DecodeEval hooks --------------------------------------------------------------------------
+    def make_criterion(self, spec: str) -> Criterion:
+        return parse_criterion(spec)
+
+    def decode_eval_batches(self, stage: str, limit: int | None, batch_size: int) -> list[EvalBatch]:
+        dm = self.trainer.datamodule
+        sources, references, _ = dm.eval_examples(stage, limit)
+        batches = []
+        for start in range(0, len(sources), batch_size):
+            src = self.encode_sources(sources[start : start + batch_size])
+            batches.append(EvalBatch(src, self.max_decode_len(src), references[start : start + batch_size],
+                                     sources[start : start + batch_size], list(range(start, start + src.shape[0]))))
+        return batches
+
+    def decode_eval_metrics(self, outputs: list[list[int]], batches: list[EvalBatch]) -> dict[str, float]:
+        refs = [ref for b in batches for ref in b.references]
+        bleu = sacrebleu.BLEU()
+        score = bleu.corpus_score(self.detokenize(outputs), [refs])
+        self.bleu_signature = str(bleu.get_signature())
+        return {"bleu": score.score}
+
+    def render_blocks(self, ids: list[int], blocks: list[int]) -> str:
+        """Subword pieces with a bar between the blocks accepted at each iteration."""
+        parts, start = [], 0
+        for size in blocks:
+            pieces = [self.tokenizer.id_to_piece(i) for i in ids[start : start + size] if i != self.model.eos_id]
+            parts.append("".join(pieces).replace("\u2581", " ").strip())
+            start += size
+        return " | ".join(p for p in parts if p)
+
+    def decode_eval_samples(self, outputs: dict[str, list[list[int]]], blocks: dict[str, list[list[int]]],
+                            batches: list[EvalBatch], n: int) -> tuple[list[str], list[list[Any]]]:
+        sources = [s for b in batches for s in b.sources]
+        refs = [r for b in batches for r in b.references]
+        methods = [m for m in outputs if m != "greedy"]
+        columns = ["source", "reference", "greedy"] + [f"{m}" for m in methods] + [f"{m}_blocks" for m in methods]
+        rows = []
+        for i in range(min(n, len(sources))):
+            row = [sources[i], refs[i], self.tokenizer.decode(outputs["greedy"][i])]
+            row += [self.tokenizer.decode(outputs[m][i]) for m in methods]
+            row += [self.render_blocks(outputs[m][i], blocks[m][i]) for m in methods]
+            rows.append(row)
+        return columns, rows
+
+
+def translate(module: TranslationModule, sentences: list[str], criterion: Criterion | None, k: int | None = None,
+              batch_size: int = 32) -> tuple[list[str], dict[str, float]]:
+    """Translate raw sentences (greedy when ``criterion`` is None); returns texts and decode stats."""
+    from lightning_bpd.decoding import blockwise_decode, greedy_decode
+
+    texts, tokens, iterations = [], 0, 0
+    with torch.no_grad():
+        for start in range(0, len(sentences), batch_size):
+            src = module.encode_sources(sentences[start : start + batch_size])
+            max_len = module.max_decode_len(src)
+            if criterion is None:
+                result = greedy_decode(module.model, src, max_len)
+            else:
+                result = blockwise_decode(module.model, src, criterion, max_len, k=k)
+            texts += module.detokenize(result.sequences())
+            tokens += int(result.lengths.sum())
+            iterations += int(result.iterations.sum())
+    return texts, {"sentences": len(sentences), "tokens": tokens, "iterations": iterations,
+                   "mean_accepted_block_size": tokens / max(1, iterations)}
