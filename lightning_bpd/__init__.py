@@ -1,0 +1,17 @@
+"""lightning_bpd: blockwise parallel decoding (Stern, Shazeer and Uszkoreit, NeurIPS 2018) in PyTorch Lightning.
+
+The model and decoding core (:mod:`lightning_bpd.nn`, :mod:`lightning_bpd.decoding`) import torch only;
+the tasks (:mod:`lightning_bpd.tasks`) wrap them in LightningModules.
+"""
+
+__version__ = "0.1.0"
+
+
+def load_model(path, device="cpu"):  # noqa: ANN001, ANN201 (lazy import keeps `import lightning_bpd` light)
+    """The task module of a checkpoint, in eval mode; see :func:`lightning_bpd.checkpoints.load_model`."""
+    from lightning_bpd.checkpoints import load_model as _load
+
+    return _load(path, device)
+
+
+__all__ = ["load_model"]

@@ -19,6 +19,13 @@ from typing import Any
 from jsonargparse import Namespace
 from pytorch_lightning.cli import LightningCLI, SaveConfigCallback
 
+from lightning_bpd.callbacks.decode_eval import DecodeEval
+from lightning_bpd.nn.warm_start import CheckpointMismatchError
+from lightning_bpd.tasks.translation.text_files import DataError
+
+# Errors that mean "the input is wrong", reported as one line instead of a traceback.
+USER_ERRORS = (DataError, CheckpointMismatchError, FileNotFoundError, ValueError)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 DEFAULT_CONFIG = CONF_DIR / "translation" / "default.yaml"
@@ -68,6 +75,7 @@ class BPDCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001
         parser.add_argument("--run_dir", type=str | None, default=None,
                             help="folder of this run (default: runs/<task>-<date>-<time>)")
+        parser.add_lightning_class_args(DecodeEval, "decode_eval")
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
@@ -91,7 +99,23 @@ class BPDCLI(LightningCLI):
             init_args.vocab_size = data_cls(**to_plain(cfg.data.init_args)).vocab_size
 
 
-def run_lightning(argv: list[str]) -> None:
+    def finish_loggers(self) -> None:
+        """Close the W&B run so its offline file is complete (and a next run in this process is new)."""
+        for lg in self.trainer.loggers:
+            if type(lg).__name__ == "WandbLogger" and lg._experiment is not None:
+                lg.experiment.finish()
+
+    def after_fit(self) -> None:
+        self.finish_loggers()
+
+    def after_validate(self) -> None:
+        self.finish_loggers()
+
+    def after_test(self) -> None:
+        self.finish_loggers()
+
+
+def run_lightning(argv: list[str]) -> BPDCLI:
     """fit / validate / test through the LightningCLI."""
     command, rest = argv[0], argv[1:]
     if not any(a == "--config" or a.startswith("--config=") or a in ("-h", "--help") for a in rest):
@@ -99,7 +123,7 @@ def run_lightning(argv: list[str]) -> None:
             sys.exit(f"no --config given and the default {DEFAULT_CONFIG} is missing: pass --config <file.yaml>")
         rest = ["--config", str(DEFAULT_CONFIG), *rest]
     sys.argv = sys.argv[:1]  # the arguments go through `args`
-    BPDCLI(
+    return BPDCLI(
         model_class=None,
         datamodule_class=None,
         subclass_mode_model=True,
@@ -112,17 +136,23 @@ def run_lightning(argv: list[str]) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> BPDCLI | None:
+    """Run a command; bad input ends with one ``error: ...`` line (LIGHTNING_BPD_DEBUG=1 shows the traceback)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
-        return
+        return None
     command, rest = argv[0], argv[1:]
-    if command in ("fit", "validate", "test"):
-        run_lightning([command, *rest])
-    elif command == "decode":
-        from lightning_bpd.decode import main as decode_main
-
-        decode_main(rest)
-    else:
+    if command not in COMMANDS:
         sys.exit(f"unknown command {command!r}\n\n{USAGE}")
+    try:
+        if command == "decode":
+            from lightning_bpd.decode import main as decode_main
+
+            decode_main(rest)
+            return None
+        return run_lightning([command, *rest])
+    except USER_ERRORS as err:
+        if os.environ.get("LIGHTNING_BPD_DEBUG"):
+            raise
+        sys.exit(f"error: {err}")

@@ -182,9 +182,14 @@ class DecodeEval(pl.Callback):
         self.last_metrics = metrics
         for key, value in metrics.items():
             pl_module.log(f"{stage}/{key}", value, rank_zero_only=True)
+        signature = getattr(pl_module, "quality_signature", None)
         if trainer.is_global_zero:
             print(f"\n[{stage} decode, {int(metrics['examples'])} examples, k={pl_module.model.k}]")
             print(format_summary(metrics, ["greedy", *self.criteria], self.quality_key), flush=True)
+            if signature:
+                print(f"{self.quality_key} signature: {signature}", flush=True)
+                for lg in trainer.loggers:
+                    lg.log_hyperparams({f"{self.quality_key}_signature": signature})
             self.log_samples(trainer, pl_module, stage, runs, batches)
 
     def log_samples(self, trainer: pl.Trainer, pl_module: Any, stage: str, runs: dict[str, MethodRun],

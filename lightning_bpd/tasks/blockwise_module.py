@@ -76,6 +76,10 @@ class BlockwiseModule(pl.LightningModule):
             raise CheckpointMismatchError(f"model.init_from={path}: {err}") from None
         logger.info("warm start from %s; left as initialized: %d tensors of the head", path, len(fresh))
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        cls = type(self)
+        checkpoint["lightning_bpd_class"] = f"{cls.__module__}.{cls.__qualname__}"
+
     # ---- training ---------------------------------------------------------------------------------
     def trainable_heads_skip(self) -> list[int]:
         """Heads with nothing to train (p_1 bypassing the head while the base is frozen)."""

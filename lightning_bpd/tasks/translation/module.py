@@ -97,6 +97,7 @@ class TranslationModule(BlockwiseModule):
             )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
         checkpoint["tokenizer_proto"] = self.tokenizer.to_bytes()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -135,7 +136,7 @@ class TranslationModule(BlockwiseModule):
         refs = [ref for b in batches for ref in b.references]
         bleu = sacrebleu.BLEU()
         score = bleu.corpus_score(self.detokenize(outputs), [refs])
-        self.bleu_signature = str(bleu.get_signature())
+        self.quality_signature = str(bleu.get_signature())
         return {"bleu": score.score}
 
     def render_blocks(self, ids: list[int], blocks: list[int]) -> str:

@@ -1,0 +1,31 @@
+"""Loading trained models: ``lightning_bpd.load_model(path)``."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> pl.LightningModule:
+    """The task module of a checkpoint written by ``python -m lightning_bpd fit``, in eval mode.
+
+    ``module.model`` is the :class:`~lightning_bpd.nn.model.BlockwiseTransformer` that the decoding
+    functions take; a translation module also carries its ``tokenizer``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {str(path)!r}: give the path of a .ckpt file from a fit run")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # noqa: BLE001 (a corrupt or foreign file: say so once)
+        raise ValueError(f"{path} is not a readable PyTorch checkpoint ({type(err).__name__}: {err})") from None
+    class_path = ckpt.get("lightning_bpd_class") if isinstance(ckpt, dict) else None
+    if class_path is None:
+        raise ValueError(f"{path} was not written by lightning_bpd (no 'lightning_bpd_class' entry)")
+    module_name, _, name = class_path.rpartition(".")
+    cls = getattr(importlib.import_module(module_name), name)
+    module = cls.load_from_checkpoint(path, map_location=device)
+    return module.eval()

@@ -1,0 +1,150 @@
+"""End to end: `python -m lightning_bpd fit` on tiny synthetic data, W&B offline read-back, resume,
+decode and load_model, and the one-line errors for bad input."""
+
+from __future__ import annotations
+
+import gzip
+import sys
+
+import pytest
+import torch
+
+from lightning_bpd.cli import main
+from tests.wandb_reader import find_run_file, history
+
+TINY = [
+    "--model.init_args.d_model=32", "--model.init_args.n_heads=2", "--model.init_args.d_ff=64",
+    "--model.init_args.n_encoder_layers=1", "--model.init_args.n_decoder_layers=1",
+    "--model.init_args.head_hidden=16", "--model.init_args.warmup_steps=2",
+    "--data.init_args.vocab_size=120", "--data.init_args.max_tokens=600",
+    "--data.init_args.synthetic_sizes={train: 300, val: 12, test: 12}",
+    "--trainer.val_check_interval=3", "--trainer.log_every_n_steps=1",
+    "--decode_eval.subset=6", "--decode_eval.num_samples=2",
+]
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """A 6-step k=3 run (resumed from step 3) in a temporary working directory."""
+    root = tmp_path_factory.mktemp("fit")
+    mp = pytest.MonkeyPatch()
+    mp.chdir(root)
+    mp.setenv("WANDB_MODE", "offline")
+    mp.setenv("WANDB_SILENT", "true")
+    first = main(["fit", *TINY, "--model.init_args.k=3", "--trainer.max_steps=3", "--run_dir=runs/a"])
+    cli = main(["fit", *TINY, "--model.init_args.k=3", "--trainer.max_steps=6", "--run_dir=runs/b",
+                "--ckpt_path=runs/a/last.ckpt"])
+    yield root, first, cli
+    mp.undo()
+
+
+def test_fit_saves_config_and_checkpoints_and_resumes(fitted):
+    root, first, cli = fitted
+    assert first.trainer.global_step == 3
+    assert cli.trainer.global_step == 6  # continued from step 3, not restarted
+    for run in ("a", "b"):
+        assert (root / "runs" / run / "config.yaml").is_file()
+        assert (root / "runs" / run / "last.ckpt").is_file()
+    saved = (root / "runs/b/config.yaml").read_text()
+    assert "vocab_size: 1" in saved or "vocab_size: 9" in saved or "vocab_size:" in saved
+    assert "k: 3" in saved
+
+
+def test_wandb_offline_run_has_the_callback_values(fitted):
+    root, _, cli = fitted
+    callback = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "DecodeEval")
+    expected = callback.last_metrics
+    assert expected["examples"] == 6
+    rows = history(find_run_file(root / "runs/b"))
+    logged = [r for r in rows if "val/exact/mean_accepted_block_size" in r][-1]
+    for key in ("greedy/bleu", "exact/bleu", "exact/mean_accepted_block_size", "top2/mean_accepted_block_size",
+                "exact/speedup", "exact/matches_greedy"):
+        assert logged[f"val/{key}"] == pytest.approx(expected[key], rel=1e-6, abs=1e-6)
+    assert logged["val/exact/matches_greedy"] == 1.0  # exact acceptance reproduces greedy
+    assert any("train/head1_loss" in r or "train/head2_loss" in r for r in rows)
+
+
+def test_decode_command_and_load_model(fitted, capsys):
+    root, _, _ = fitted
+    ckpt = root / "runs/b/last.ckpt"
+    src = root / "input.en.gz"
+    with gzip.open(src, "wt") as f:
+        f.write("The teacher reads a book.\nThe dog sleeps.\n\n")
+    outs = {}
+    for criterion in ("greedy", "exact", "top2"):
+        out = root / f"out.{criterion}.de"
+        main(["decode", "--ckpt", str(ckpt), "--input", str(src), "--output", str(out), "--criterion", criterion])
+        outs[criterion] = out.read_text().split("\n")[:-1]
+        assert len(outs[criterion]) == 3
+    assert outs["exact"] == outs["greedy"]
+    assert "mean_accepted_block_size=" in capsys.readouterr().err
+    import lightning_bpd
+
+    module = lightning_bpd.load_model(ckpt)
+    assert module.model.k == 3 and module.tokenizer.vocab_size == module.model.config.tgt_vocab_size
+
+
+def test_unknown_config_key_is_one_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["fit", "--model.init_args.not_a_key=1"])
+    assert "not_a_key" in capsys.readouterr().err
+
+
+def test_misaligned_files_and_missing_folder_fail_with_one_message(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d/train.en").write_text("a\nb\nc\n")
+    (tmp_path / "d/train.de").write_text("x\ny\n")
+    with pytest.raises(SystemExit) as err:
+        main(["fit", "--data.init_args.root=d", "--trainer.max_steps=1"])
+    message = str(err.value)
+    assert message.startswith("error:") and "train.en" in message and "3 lines" in message and "2 lines" in message
+    with pytest.raises(SystemExit) as err:
+        main(["fit", "--data.init_args.root=nowhere", "--trainer.max_steps=1"])
+    assert "Expected layout" in str(err.value)
+
+
+def test_k_out_of_range_and_bad_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as err:
+        main(["fit", "--model.init_args.k=17", "--trainer.max_steps=1", *TINY])
+    assert "model.k must lie in [1, 16]" in str(err.value)
+    with pytest.raises(SystemExit) as err:
+        main(["decode", "--ckpt", "missing.ckpt"])
+    assert "no checkpoint at" in str(err.value)
+
+
+def test_init_from_a_checkpoint_of_another_shape(fitted, tmp_path):
+    from lightning_bpd.nn.warm_start import CheckpointMismatchError
+    from lightning_bpd.tasks.translation import TranslationModule
+
+    root, _, _ = fitted
+    other = TranslationModule(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1,
+                              k=2, init_from=str(root / "runs/b/last.ckpt"))
+    with pytest.raises(CheckpointMismatchError, match=r"tgt_embed.weight: checkpoint \(\d+, 32\) vs model \(50, 16\)"):
+        other.warm_start(str(root / "runs/b/last.ckpt"))
+
+
+def test_frozen_stage_two_trains_only_the_head(fitted):
+    from lightning_bpd.tasks.translation import TranslationModule
+
+    root, _, cli = fitted
+    vocab = cli.model.model.config.tgt_vocab_size
+    module = TranslationModule(vocab_size=vocab, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
+                               n_decoder_layers=1, head_hidden=16, k=4, identity_first=True, freeze_base=True,
+                               init_from=str(root / "runs/b/last.ckpt"))
+    module.warm_start(module.init_from)
+    trainable = {n for n, p in module.named_parameters() if p.requires_grad}
+    assert trainable and all(n.startswith("model.head.") for n in trainable)
+    assert module.trainable_heads_skip() == [0]
+    base = cli.model.model.eval()
+    src = torch.randint(4, vocab, (3, 5))
+    from lightning_bpd.decoding import blockwise_decode, greedy_decode
+
+    assert torch.equal(blockwise_decode(module.model.eval(), src, max_len=10).tokens,
+                       greedy_decode(base, src, 10).tokens)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -1,0 +1,63 @@
+"""Read a W&B offline run file (``run-*.wandb``) back: a LevelDB-log of protobuf ``Record``s."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from wandb.proto import wandb_internal_pb2 as pb
+
+BLOCK = 32768
+HEADER = 7  # checksum (4), length (2), type (1)
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def read_records(path: str | Path) -> list[pb.Record]:
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
+    pos, records, pending = 7, [], b""
+    while pos + HEADER <= len(data):
+        room = BLOCK - pos % BLOCK
+        if room < HEADER:  # block trailer padding
+            pos += room
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
+        chunk = data[pos + HEADER : pos + HEADER + length]
+        pos += HEADER + length
+        if kind == 0 and length == 0:
+            break
+        if kind == FULL:
+            pending = chunk
+        elif kind == FIRST:
+            pending = chunk
+            continue
+        elif kind == MIDDLE:
+            pending += chunk
+            continue
+        elif kind == LAST:
+            pending += chunk
+        rec = pb.Record()
+        rec.ParseFromString(pending)
+        records.append(rec)
+        pending = b""
+    return records
+
+
+def history(path: str | Path) -> list[dict]:
+    """Every logged history row as {key: value}."""
+    rows = []
+    for rec in read_records(path):
+        if rec.WhichOneof("record_type") == "history":
+            row = {}
+            for item in rec.history.item:
+                key = item.key or "/".join(item.nested_key)
+                row[key] = json.loads(item.value_json)
+            rows.append(row)
+    return rows
+
+
+def find_run_file(root: str | Path) -> Path:
+    files = sorted(Path(root).rglob("offline-run-*/run-*.wandb"))
+    assert files, f"no W&B offline run file under {root}"
+    return files[-1]
