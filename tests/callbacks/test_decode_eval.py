@@ -1,0 +1,48 @@
+import pytest
+
+from lightning_bpd.callbacks.decode_eval import DecodeEval, EvalBatch, format_summary, run_decode_eval
+from lightning_bpd.decoding import parse_criterion
+from tests.models import EOS, StubModel, stub_sources
+
+
+class StubTask:
+    """A DecodeEval task over the stub model: the 'quality' is the share of exact-match outputs."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def make_criterion(self, spec):
+        return parse_criterion(spec)
+
+    def decode_eval_batches(self, stage, limit, batch_size):
+        refs = self.model.targets
+        return [EvalBatch(stub_sources(len(refs)), 30, refs, ["src"] * len(refs), list(range(len(refs))))]
+
+    def decode_eval_metrics(self, outputs, batches):
+        refs = [r for b in batches for r in b.references]
+        return {"acc": sum(o == r for o, r in zip(outputs, refs)) / len(refs)}
+
+
+def test_metrics_per_method():
+    targets = [[5, 6, 7, 8, 9, 10, 11, EOS], [12, 13, EOS]]
+    # heads 3 and 4 (i >= 2) propose the runner-up: exact accepts 2 per iteration, top2 accepts 4
+    model = StubModel(targets, k=4, right=lambda i, t: i < 2, wrong=lambda tok: 3 + (tok - 3 + 1) % 200)
+    task = StubTask(model)
+    metrics, runs = run_decode_eval(task, task.decode_eval_batches("val", None, 8), ["exact", "top2"])
+    assert metrics["examples"] == 2
+    assert metrics["greedy/acc"] == 1.0 and metrics["exact/acc"] == 1.0
+    assert metrics["exact/matches_greedy"] == 1.0
+    assert metrics["exact/mean_accepted_block_size"] == pytest.approx(11 / 6)  # blocks [2,2,2,2] and [2,1]
+    assert runs["exact"].blocks == [[2, 2, 2, 2], [2, 1]]
+    assert metrics["top2/mean_accepted_block_size"] > metrics["exact/mean_accepted_block_size"]
+    assert metrics["top2/matches_greedy"] < 1.0  # runner-ups were accepted
+    assert metrics["greedy/model_calls"] == 8 and metrics["exact/model_calls"] == 5
+    assert metrics["greedy/speedup"] == 1.0
+    assert metrics["exact/speedup"] == pytest.approx(metrics["greedy/seconds"] / metrics["exact/seconds"])
+    table = format_summary(metrics, ["greedy", "exact", "top2"], "acc")
+    assert table.splitlines()[2].split()[:3] == ["exact", "1.00", "1.83"]
+
+
+def test_invalid_callback_settings():
+    with pytest.raises(ValueError, match="subset"):
+        DecodeEval(subset=0)
