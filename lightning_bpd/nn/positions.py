@@ -13,19 +13,25 @@ from torch import Tensor, nn
 
 
 class SinusoidalPositions(nn.Module):
-    """Fixed sin/cos embeddings of Vaswani et al. (2017), computed for any position."""
+    """Fixed sin/cos embeddings of Vaswani et al. (2017), for any position (a table grown on demand)."""
 
     def __init__(self, d_model: int) -> None:
         super().__init__()
         if d_model % 2 != 0:
             raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}")
-        freqs = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
-        self.register_buffer("freqs", freqs, persistent=False)  # (D/2,)
+        self.d_model = d_model
+        self.register_buffer("table", self.make_table(512), persistent=False)  # (P, D) float64
+
+    def make_table(self, n: int) -> Tensor:
+        freqs = torch.exp(torch.arange(0, self.d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / self.d_model))
+        angles = torch.arange(n, dtype=torch.float64)[:, None] * freqs  # (P, D/2)
+        return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # (P, D)
 
     def forward(self, positions: Tensor) -> Tensor:
-        angles = positions.to(torch.float64)[..., None] * self.freqs  # (B, T, D/2)
-        emb = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # (B, T, D)
-        return emb  # float64; the model casts it to its own dtype
+        needed = int(positions.max()) + 1 if positions.numel() else 1
+        if needed > self.table.shape[0]:
+            self.table = self.make_table(max(needed, 2 * self.table.shape[0])).to(self.table.device)
+        return self.table[positions]  # (B, T, D) float64; the model casts it to its own dtype
 
 
 class ImagePositions(nn.Module):
