@@ -7,7 +7,7 @@ the tasks (:mod:`lightning_bpd.tasks`) wrap them in LightningModules.
 __version__ = "0.1.0"
 
 
-def load_model(path, device="cpu"):  # noqa: ANN001, ANN201 (lazy import keeps `import lightning_bpd` light)
+def load_model(path, device="cpu"):
     """The task module of a checkpoint, in eval mode; see :func:`lightning_bpd.checkpoints.load_model`."""
     from lightning_bpd.checkpoints import load_model as _load
 

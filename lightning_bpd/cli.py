@@ -72,7 +72,7 @@ class RunFolderConfig(SaveConfigCallback):
 class BPDCLI(LightningCLI):
     """LightningCLI with a run folder per run and the vocabulary size filled in from the data."""
 
-    def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001
+    def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--run_dir", type=str | None, default=None,
                             help="folder of this run (default: runs/<task>-<date>-<time>)")
         parser.add_lightning_class_args(DecodeEval, "decode_eval")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_bpd.cli import CONF_DIR, BPDCLI
+from lightning_bpd.cli import BPDCLI, CONF_DIR
 
 CONFIGS = sorted(p for p in CONF_DIR.rglob("*.yaml") if "sweeps" not in p.parts)
 

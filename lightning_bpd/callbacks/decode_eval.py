@@ -12,9 +12,11 @@ The task's LightningModule provides the hooks of :class:`DecodeEvalTask`.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import pytorch_lightning as pl
@@ -46,7 +48,11 @@ class DecodeEvalTask(Protocol):
 
     def make_criterion(self, spec: str) -> Criterion: ...
 
-    def decode_eval_metrics(self, outputs: list[list[int]], batches: list[EvalBatch]) -> dict[str, float]: ...
+    def decode_eval_metrics(
+        self, outputs: list[list[int]], batches: list[EvalBatch], greedy: list[list[int]] | None
+    ) -> dict[str, float]:
+        """Quality of ``outputs`` against the references (and against greedy's outputs, when given)."""
+        ...
 
     def decode_eval_samples(
         self, outputs: dict[str, list[list[int]]], blocks: dict[str, list[list[int]]], batches: list[EvalBatch], n: int
@@ -77,12 +83,12 @@ class MethodRun:
         return self.tokens / max(1, self.iterations)
 
 
-def timed(fn, device: torch.device) -> tuple[Any, float]:
-    """Run ``fn`` and return its result and wall-clock seconds (CUDA synchronized)."""
+def timed(device: torch.device, fn, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """Run ``fn(*args, **kwargs)``; return its result and wall-clock seconds (CUDA synchronized)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    out = fn()
+    out = fn(*args, **kwargs)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return out, time.perf_counter() - start
@@ -98,15 +104,16 @@ def run_decode_eval(
     rules = {spec: task.make_criterion(spec) for spec in criteria}
     runs = {"greedy": MethodRun(), **{spec: MethodRun() for spec in criteria}}
     for batch in batches:
-        result, sec = timed(lambda: greedy_decode(model, batch.src, batch.max_len), device)
+        result, sec = timed(device, greedy_decode, model, batch.src, batch.max_len)
         runs["greedy"].add(result, sec)
         for spec, rule in rules.items():
-            result, sec = timed(lambda: blockwise_decode(model, batch.src, rule, batch.max_len, k=k), device)
+            result, sec = timed(device, blockwise_decode, model, batch.src, rule, batch.max_len, k=k)
             runs[spec].add(result, sec)
     metrics: dict[str, float] = {}
     greedy = runs["greedy"]
     for name, run in runs.items():
-        for key, value in task.decode_eval_metrics(run.outputs, batches).items():
+        reference = None if name == "greedy" else greedy.outputs
+        for key, value in task.decode_eval_metrics(run.outputs, batches, reference).items():
             metrics[f"{name}/{key}"] = value
         metrics[f"{name}/mean_accepted_block_size"] = run.mean_accepted_block_size
         metrics[f"{name}/model_calls"] = float(run.model_calls)
@@ -190,7 +197,19 @@ class DecodeEval(pl.Callback):
                 print(f"{self.quality_key} signature: {signature}", flush=True)
                 for lg in trainer.loggers:
                     lg.log_hyperparams({f"{self.quality_key}_signature": signature})
+            self.save_json(trainer, pl_module, stage, metrics, signature)
             self.log_samples(trainer, pl_module, stage, runs, batches)
+
+    def save_json(self, trainer: pl.Trainer, pl_module: Any, stage: str, metrics: dict[str, float],
+                  signature: str | None) -> None:
+        """Write the metrics to ``<run dir>/decode_<stage>[_step<N>].json`` (rank 0)."""
+        folder = Path(trainer.log_dir or trainer.default_root_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        suffix = f"_step{trainer.global_step}" if trainer.state.fn == "fit" else ""
+        record = {"stage": stage, "fn": str(trainer.state.fn), "global_step": trainer.global_step,
+                  "k": pl_module.model.k, "criteria": self.criteria, "batch_size": self.batch_size,
+                  "signature": signature, "metrics": metrics}
+        (folder / f"decode_{stage}{suffix}.json").write_text(json.dumps(record, indent=2))
 
     def log_samples(self, trainer: pl.Trainer, pl_module: Any, stage: str, runs: dict[str, MethodRun],
                     batches: list[EvalBatch]) -> None:

@@ -82,6 +82,12 @@ class MultiHeadAttention(nn.Module):
         """Uncached self-attention of ``x`` (B, T, D) under ``mask``."""
         return self.attend(*self.qkv(x), mask)
 
+    def forward_local(self, x: Tensor, window: int) -> Tensor:
+        """Uncached causal sliding-window self-attention of ``x`` (B, T, D) in O(T * window)."""
+        q, k, v = self.qkv(x)
+        out = local_attention(q, k, v, window, self.dropout if self.training else 0.0)
+        return self.o_proj(out.reshape(x.shape))
+
 
 def attend_cached(
     attn: MultiHeadAttention,
@@ -114,3 +120,31 @@ def cached_span(positions: Tensor, window: int | None) -> tuple[tuple[int, int],
     start = 0 if window is None else max(0, int(positions.min()) - window + 1)
     k_pos = torch.arange(start, stop, device=positions.device)
     return (start, stop), causal_mask(positions, k_pos, window)
+
+
+def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, dropout_p: float = 0.0) -> Tensor:
+    """Causal sliding-window attention over whole sequences in O(T * window), not O(T^2).
+
+    q, k, v: (B, T, H, Dh) -> (B, T, H, Dh). Query t sees keys t - window + 1 .. t, exactly as
+    ``causal_mask(..., window)``; the sequence is cut into blocks of ``window`` queries, each of which
+    only needs its own block and the previous one as keys (2 * window).
+    """
+    b, t, h, d = q.shape
+    w = window
+    nb = -(-t // w)
+    pad = nb * w - t
+
+    def blocks(x: Tensor) -> Tensor:  # (B, T, H, Dh) -> (B, nb, H, w, Dh)
+        x = F.pad(x, (0, 0, 0, 0, 0, pad))
+        return x.view(b, nb, w, h, d).transpose(2, 3)
+
+    qb, kb, vb = blocks(q), blocks(k), blocks(v)
+    prev = lambda x: F.pad(x, (0, 0, 0, 0, 0, 0, 1, 0))[:, :-1]
+    k2 = torch.cat([prev(kb), kb], dim=3)  # (B, nb, H, 2w, Dh)
+    v2 = torch.cat([prev(vb), vb], dim=3)
+    a = torch.arange(w, device=q.device)[:, None]
+    c = torch.arange(2 * w, device=q.device)[None, :]
+    mask = ((c > a) & (c <= w + a)).expand(nb, w, 2 * w).clone()  # key (i-1)*w + c for query i*w + a
+    mask[0, :, :w] = False  # nothing before the first block
+    out = F.scaled_dot_product_attention(qb, k2, v2, attn_mask=mask[None, :, None], dropout_p=dropout_p)
+    return out.transpose(2, 3).reshape(b, nb * w, h, d)[:, :t]  # (B, T, H, Dh)

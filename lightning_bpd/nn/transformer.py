@@ -114,14 +114,23 @@ class Decoder(nn.Module):
         """Cross-attention keys/values of every layer, computed once per source."""
         return [layer.cross_attn.key_value(memory) for layer in self.layers]
 
-    def forward(self, x: Tensor, context: EncoderContext) -> Tensor:
-        """Uncached pass over whole prefixes ``x`` (B, T, D) at positions 0..T-1."""
-        pos = torch.arange(x.shape[1], device=x.device)
-        self_mask = causal_mask(pos.expand(x.shape[0], -1), pos, self.window)  # (B, 1, T, T)
+    def forward(self, x: Tensor, context: EncoderContext, blocked: bool | None = None) -> Tensor:
+        """Uncached pass over whole prefixes ``x`` (B, T, D) at positions 0..T-1.
+
+        With a local window and T > 2 * window the sliding-window attention is computed block by
+        block in O(T * window) (``blocked``, the default then); otherwise with a full (T, T) mask.
+        """
+        t = x.shape[1]
+        if blocked is None:
+            blocked = self.window is not None and t > 2 * self.window
+        if not blocked:
+            pos = torch.arange(t, device=x.device)
+            self_mask = causal_mask(pos.expand(x.shape[0], -1), pos, self.window)  # (B, 1, T, T)
         cross_mask = padding_mask(context.src_valid)
         for layer, kv in zip(self.layers, context.cross_kv):
             h = layer.norm1(x)
-            x = x + layer.drop(layer.self_attn(h, self_mask))
+            attn = layer.self_attn.forward_local(h, self.window) if blocked else layer.self_attn(h, self_mask)
+            x = x + layer.drop(attn)
             x = layer.cross_and_ff(x, kv, cross_mask)
         return self.norm(x)
 

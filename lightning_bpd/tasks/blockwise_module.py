@@ -18,7 +18,8 @@ from torch import Tensor
 
 from lightning_bpd.nn.loss import LOSS_MODES, blockwise_loss, choose_heads
 from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
-from lightning_bpd.nn.warm_start import CheckpointMismatchError, freeze_base as freeze_base_params, load_base_weights
+from lightning_bpd.nn.warm_start import CheckpointMismatchError, load_base_weights
+from lightning_bpd.nn.warm_start import freeze_base as freeze_base_params
 
 logger = logging.getLogger("lightning_bpd")
 

@@ -74,3 +74,15 @@ def test_empty_source_is_refused():
     model = random_model(k=1)
     with pytest.raises(ValueError, match="empty source"):
         model.encode(torch.tensor([[4, 5], [0, 0]]))
+
+
+@pytest.mark.parametrize("t, window", [(40, 8), (37, 8), (17, 8), (9, 4)])
+def test_blocked_local_attention_equals_the_full_mask(t, window):
+    model = random_model(k=1, window=window)
+    src = random_sources(2)
+    tgt_in = torch.randint(3, 16, (2, t))
+    context = model.encode(src)
+    x = model.embed_tgt(tgt_in, torch.arange(t).expand(2, -1))
+    full = model.decoder(x, context, blocked=False)
+    blocked = model.decoder(x, context, blocked=True)
+    torch.testing.assert_close(blocked, full, rtol=0, atol=1e-10)

@@ -132,7 +132,9 @@ class TranslationModule(BlockwiseModule):
                                      sources[start : start + batch_size], list(range(start, start + src.shape[0]))))
         return batches
 
-    def decode_eval_metrics(self, outputs: list[list[int]], batches: list[EvalBatch]) -> dict[str, float]:
+    def decode_eval_metrics(
+        self, outputs: list[list[int]], batches: list[EvalBatch], greedy: list[list[int]] | None = None
+    ) -> dict[str, float]:
         refs = [ref for b in batches for ref in b.references]
         bleu = sacrebleu.BLEU()
         score = bleu.corpus_score(self.detokenize(outputs), [refs])
