@@ -35,6 +35,7 @@ COMMANDS = {
     "validate": "evaluate a checkpoint on the whole validation split (--ckpt_path)",
     "test": "evaluate a checkpoint on the test split (--ckpt_path)",
     "decode": "translate a file or stdin with a checkpoint, k and a criterion",
+    "bench": "time greedy against blockwise decoding of a checkpoint (table and JSON)",
 }
 
 USAGE = "usage: python -m lightning_bpd {" + ",".join(COMMANDS) + "} [options]\n\n" + "\n".join(
@@ -47,6 +48,7 @@ USAGE = "usage: python -m lightning_bpd {" + ",".join(COMMANDS) + "} [options]\n
     "--model.init_args.init_from=runs/base/last.ckpt\n"
     "  python -m lightning_bpd validate --config runs/<name>/config.yaml --ckpt_path runs/<name>/last.ckpt\n"
     "  python -m lightning_bpd decode --ckpt runs/<name>/last.ckpt --k 8 --criterion exact < input.en\n"
+    "  python -m lightning_bpd bench --ckpt runs/<name>/last.ckpt --input input.en --batch-sizes 1 32\n"
     "\n'python -m lightning_bpd <command> --help' lists every option of a command.\n"
 )
 
@@ -150,6 +152,11 @@ def main(argv: list[str] | None = None) -> BPDCLI | None:
             from lightning_bpd.decode import main as decode_main
 
             decode_main(rest)
+            return None
+        if command == "bench":
+            from lightning_bpd.bench import main as bench_main
+
+            bench_main(rest)
             return None
         return run_lightning([command, *rest])
     except USER_ERRORS as err:

@@ -1,0 +1,149 @@
+"""``python -m lightning_bpd bench``: wall-clock greedy vs blockwise decoding of a checkpoint.
+
+For every batch size, the inputs are cut into batches and every batch is decoded by each method in
+turn (greedy first, then each criterion), so slow drifts of the machine hit all methods alike.
+Prints a table and writes JSON: seconds per input (median and interquartile range over batches),
+tokens per second, iterations, model calls, mean accepted block size, speedup over greedy, the
+efficiency (speedup / mean accepted block size: 1.0 would be a verify pass as cheap as a greedy
+step) and, for exact acceptance, whether every output equals greedy's.
+
+    python -m lightning_bpd bench --ckpt runs/m30k-k8-finetune/last.ckpt --input src.en \\
+        --criteria exact top2 --batch-sizes 1 32 --inputs 100 --json results/bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from lightning_bpd.callbacks.decode_eval import timed
+from lightning_bpd.checkpoints import load_model
+from lightning_bpd.decoding import blockwise_decode, greedy_decode
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lightning_bpd bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", required=True, help="checkpoint of a translation or super-resolution run")
+    p.add_argument("--input", default=None, help="translation: source sentences, one per line (.gz allowed)")
+    p.add_argument("--images", default=None,
+                   help="super-resolution: CelebA folder (default: synthetic faces); the val split is used")
+    p.add_argument("--criteria", nargs="+", default=["exact", "top2"])
+    p.add_argument("--k", type=int, default=None, help="heads to use (default: all)")
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
+    p.add_argument("--inputs", type=int, default=100, help="number of inputs decoded per batch size")
+    p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--json", default=None, help="write the results here")
+    return p
+
+
+def load_inputs(module, args: argparse.Namespace) -> list[torch.Tensor]:
+    """The inputs as a list of single-row source tensors (1, S)."""
+    if hasattr(module, "tokenizer"):
+        if args.input is None:
+            raise ValueError("a translation checkpoint needs --input (source sentences, one per line)")
+        from lightning_bpd.tasks.translation.text_files import read_lines
+
+        lines = [s for s in read_lines(args.input) if s.strip()][: args.inputs]
+        return [module.encode_sources([s]) for s in lines]
+    from lightning_bpd.tasks.superres.pixels import image_to_tokens
+    from lightning_bpd.tasks.superres.synthetic_faces import synthetic_split
+
+    if args.images is None:
+        low, _ = synthetic_split("val", args.inputs, 0, "runs/cache")
+    else:
+        from lightning_bpd.tasks.superres.celeba import load_split
+
+        low, _, _ = load_split(args.images, "val", "runs/cache", args.inputs)
+    return [image_to_tokens(img)[None].to(module.device) for img in low]
+
+
+def batched(rows: list[torch.Tensor], size: int, pad_id: int) -> list[torch.Tensor]:
+    out = []
+    for start in range(0, len(rows), size):
+        chunk = rows[start : start + size]
+        width = max(r.shape[1] for r in chunk)
+        out.append(torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=pad_id) for r in chunk]))
+    return out
+
+
+def max_len_of(module, src: torch.Tensor) -> int:
+    return module.max_decode_len(src) if hasattr(module, "max_decode_len") else 3072
+
+
+def bench_batch_size(module, inputs: list[torch.Tensor], batch_size: int, criteria: list[str], k: int | None,
+                     warmup: int) -> dict:
+    model, device = module.model, module.device
+    rules = {spec: module.make_criterion(spec) for spec in criteria}
+    batches = batched(inputs, batch_size, model.pad_id)
+    for src in batches[:warmup]:
+        greedy_decode(model, src, max_len_of(module, src))
+        for rule in rules.values():
+            blockwise_decode(model, src, rule, max_len_of(module, src), k=k)
+    names = ["greedy", *criteria]
+    per_input = {n: [] for n in names}
+    totals = {n: {"seconds": 0.0, "tokens": 0, "iterations": 0, "model_calls": 0} for n in names}
+    same = {n: True for n in criteria}
+    for src in batches:
+        max_len = max_len_of(module, src)
+        runs = {"greedy": timed(device, greedy_decode, model, src, max_len)}
+        for spec, rule in rules.items():
+            runs[spec] = timed(device, blockwise_decode, model, src, rule, max_len, k=k)
+        for name, (result, sec) in runs.items():
+            per_input[name].append(sec / src.shape[0])
+            t = totals[name]
+            t["seconds"] += sec
+            t["tokens"] += int(result.lengths.sum())
+            t["iterations"] += int(result.iterations.sum())
+            t["model_calls"] += result.model_calls
+            if name != "greedy":
+                same[name] &= result.sequences() == runs["greedy"][0].sequences()
+    report = {}
+    for name in names:
+        t, secs = totals[name], sorted(per_input[name])
+        q = statistics.quantiles(secs, n=4) if len(secs) > 1 else [secs[0]] * 3
+        block = t["tokens"] / max(1, t["iterations"])
+        speedup = totals["greedy"]["seconds"] / max(t["seconds"], 1e-9)
+        report[name] = {
+            "seconds_per_input_median": statistics.median(secs), "seconds_per_input_iqr": [q[0], q[2]],
+            "tokens_per_second": t["tokens"] / max(t["seconds"], 1e-9), "iterations": t["iterations"],
+            "model_calls": t["model_calls"], "mean_accepted_block_size": block, "speedup": speedup,
+            "efficiency": speedup / block,
+        }
+        if name != "greedy":
+            report[name]["equals_greedy"] = same[name]
+    return report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    if any(b < 1 for b in args.batch_sizes) or args.inputs < 1:
+        sys.exit("bench: --batch-sizes and --inputs must be >= 1")
+    try:
+        module = load_model(args.ckpt, args.device)
+        for spec in args.criteria:
+            module.make_criterion(spec)
+        inputs = load_inputs(module, args)
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"bench: {err}")
+    result = {"ckpt": args.ckpt, "k": args.k or module.model.k, "device": str(module.device),
+              "threads": torch.get_num_threads(), "inputs": len(inputs), "batch_sizes": {}}
+    print(f"{'batch':>5s} {'method':8s} {'s/input':>9s} {'tok/s':>8s} {'block':>6s} {'calls':>6s} "
+          f"{'speedup':>7s} {'effic.':>6s} {'=greedy':>7s}")
+    for bs in args.batch_sizes:
+        report = bench_batch_size(module, inputs, bs, args.criteria, args.k, args.warmup)
+        result["batch_sizes"][str(bs)] = report
+        for name, r in report.items():
+            print(f"{bs:5d} {name:8s} {r['seconds_per_input_median']:9.4f} {r['tokens_per_second']:8.1f} "
+                  f"{r['mean_accepted_block_size']:6.2f} {r['model_calls']:6d} {r['speedup']:7.2f} "
+                  f"{r['efficiency']:6.2f} {str(r.get('equals_greedy', '')):>7s}", flush=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
