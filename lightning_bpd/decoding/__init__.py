@@ -1,5 +1,6 @@
-"""Task-agnostic decoding core (torch only): greedy, blockwise parallel decoding and their references."""
+"""Task-agnostic decoding core (torch only): greedy, blockwise parallel decoding, beam search and their references."""
 
+from lightning_bpd.decoding.beam import BeamResult, beam_search, beam_search_reference
 from lightning_bpd.decoding.blockwise import blockwise_decode
 from lightning_bpd.decoding.criteria import Criterion, Distance, Exact, MinBlock, TopK, parse_criterion
 from lightning_bpd.decoding.greedy import greedy_decode, greedy_decode_reference
@@ -7,12 +8,15 @@ from lightning_bpd.decoding.protocol import DecodeResult
 from lightning_bpd.decoding.reference import blockwise_decode_reference
 
 __all__ = [
+    "BeamResult",
     "Criterion",
     "DecodeResult",
     "Distance",
     "Exact",
     "MinBlock",
     "TopK",
+    "beam_search",
+    "beam_search_reference",
     "blockwise_decode",
     "blockwise_decode_reference",
     "greedy_decode",

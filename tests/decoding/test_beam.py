@@ -4,9 +4,23 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import greedy_decode
-from lightning_bpd.decoding.beam import beam_search, beam_search_reference, length_penalty
+from lightning_bpd.decoding.beam import beam_search, beam_search_reference
 from lightning_bpd.nn.kv_cache import KVCache
 from tests.models import BOS, EOS, PAD, StubContext, pick_eos, random_model, random_sources
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny float64 models: intra-op threads only add overhead (100x on a busy 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def lp(length: int, alpha: float) -> float:
+    """The length penalty of Wu et al. (2016), written out independently of the module."""
+    return ((5 + length) / 6) ** alpha
 
 
 class BigramStub:
@@ -53,6 +67,40 @@ class BigramStub:
         return sum(float(logp[prev, tok]) for prev, tok in zip([BOS, *seq], seq))
 
 
+class Sharpened:
+    """Wraps a random model (whose p_1 is nearly uniform) with logits scaled by ``scale``, so beam
+    search finds hypotheses of many lengths; records the batch size of every cached decoder call."""
+
+    def __init__(self, model, scale: float) -> None:
+        self.model, self.scale, self.batch_sizes = model, scale, []
+        self.k, self.pad_id, self.bos_id, self.eos_id = model.k, model.pad_id, model.bos_id, model.eos_id
+
+    def encode(self, src):
+        return self.model.encode(src)
+
+    def new_cache(self, batch_size, capacity):
+        return self.model.new_cache(batch_size, capacity)
+
+    def decode_step(self, tokens, context, cache):
+        self.batch_sizes.append(tokens.shape[0])
+        return self.model.decode_step(tokens, context, cache)
+
+    def decode_full(self, tgt_in, context):
+        return self.model.decode_full(tgt_in, context)
+
+    def logits_first(self, h):
+        return self.model.logits_first(h) * self.scale
+
+    def logits_heads(self, h, heads=None):
+        return self.model.logits_heads(h, heads) * self.scale
+
+
+def sharpened(seed: int, src, max_len: int, scale: float = 20.0) -> Sharpened:
+    model = random_model(k=1, seed=seed)
+    pick_eos(model, src, max_len)
+    return Sharpened(model, scale)
+
+
 def assert_same(fast, slow, tol=1e-9):
     assert fast.sequences() == slow.sequences()
     assert torch.equal(fast.tokens, slow.tokens)
@@ -61,11 +109,11 @@ def assert_same(fast, slow, tol=1e-9):
 
 
 # ---- 1. beam 1 is greedy --------------------------------------------------------------------------
+@pytest.mark.parametrize("scale", [1.0, 20.0])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_beam_one_without_length_penalty_equals_greedy(seed):
-    model = random_model(k=1, seed=seed)
+def test_beam_one_without_length_penalty_equals_greedy(seed, scale):
     src = random_sources(6, seed=seed)
-    pick_eos(model, src, 16)
+    model = sharpened(seed, src, 16, scale)
     greedy = greedy_decode(model, src, 16)
     beam = beam_search(model, src, 16, beam_size=1, alpha=0.0)
     assert len(set(greedy.lengths.tolist())) > 1  # rows end at different times
@@ -89,19 +137,21 @@ def test_beam_one_without_eos_equals_greedy_for_any_alpha():
 @pytest.mark.parametrize("beam_size", [2, 4])
 @pytest.mark.parametrize("seed,alpha", [(0, 0.6), (1, 0.0), (2, 1.2)])
 def test_fast_beam_equals_reference(seed, alpha, beam_size):
-    model = random_model(k=1, seed=seed)
-    src = random_sources(5, seed=seed + 10)
-    pick_eos(model, src, 14)
+    src = random_sources(6, seed=seed + 10)
+    model = sharpened(seed, src, 14)
     fast = beam_search(model, src, 14, beam_size=beam_size, alpha=alpha)
     slow = beam_search_reference(model, src, 14, beam_size=beam_size, alpha=alpha)
     assert_same(fast, slow)
+    assert len(set(fast.lengths.tolist())) >= 2  # rows end at different times, some at max_len
+    assert model.batch_sizes[0] == 6 * beam_size and min(model.batch_sizes) < model.batch_sizes[0]  # sources left
     # the returned score is the normalized log-probability of the returned sequence
     for row, (seq, score) in enumerate(zip(fast.sequences(), fast.scores.tolist())):
         tgt_in = torch.tensor([[BOS, *seq[:-1]]])
         src_row = src[row : row + 1, : int((src[row] != PAD).sum())]
-        logp = torch.log_softmax(model.logits_first(model.decode_full(tgt_in, model.encode(src_row))), -1)[0]
+        with torch.no_grad():
+            logp = torch.log_softmax(model.logits_first(model.decode_full(tgt_in, model.encode(src_row))), -1)[0]
         raw = float(logp[torch.arange(len(seq)), torch.tensor(seq)].sum())
-        assert score == pytest.approx(raw / length_penalty(len(seq), alpha), abs=1e-9)
+        assert score == pytest.approx(raw / lp(len(seq), alpha), abs=1e-9)
 
 
 def test_fast_beam_equals_reference_without_eos_and_with_window():
@@ -130,9 +180,8 @@ def test_beam_beats_greedy_on_a_garden_path():
     assert greedy.sequences() == [[3, 5, EOS]] * 2
     beam = beam_search(model, src, 6, beam_size=2, alpha=0.6)
     assert beam.sequences() == [[4, 8, EOS]] * 2
-    lp = length_penalty(3, 0.6)
-    assert beam.scores.tolist() == pytest.approx([math.log(0.4 * 0.95) / lp] * 2, abs=1e-6)
-    assert float(beam.scores[0]) > model.log_prob([3, 5, EOS]) / lp
+    assert beam.scores.tolist() == pytest.approx([math.log(0.4 * 0.95) / lp(3, 0.6)] * 2, abs=1e-6)
+    assert float(beam.scores[0]) > model.log_prob([3, 5, EOS]) / lp(3, 0.6)
     assert beam.model_calls == 3  # stopped by the bound, not by max_len
     assert_same(beam, beam_search_reference(model, src, 6, beam_size=2, alpha=0.6))
 
@@ -146,9 +195,9 @@ def test_length_penalty_flips_the_winner_where_the_formula_says(alpha):
     short, long = [EOS], [3, 4, 5, EOS]
     raw_short, raw_long = model.log_prob(short), model.log_prob(long)
     assert raw_short > raw_long
-    crossover = math.log(raw_long / raw_short) / math.log(length_penalty(4, 1.0))  # about 0.38
+    crossover = math.log(raw_long / raw_short) / math.log(lp(4, 1.0))  # about 0.38
     assert 0.3 < crossover < 0.5
-    norm_short, norm_long = raw_short / length_penalty(1, alpha), raw_long / length_penalty(4, alpha)
+    norm_short, norm_long = raw_short / lp(1, alpha), raw_long / lp(4, alpha)
     expected = short if norm_short > norm_long else long
     assert (expected is short) == (alpha < crossover)
     src = torch.tensor([[5]])
@@ -156,6 +205,23 @@ def test_length_penalty_flips_the_winner_where_the_formula_says(alpha):
     assert out.sequences() == [expected]
     assert float(out.scores[0]) == pytest.approx(max(norm_short, norm_long), abs=1e-9)
     assert_same(out, beam_search_reference(model, src, 8, beam_size=2, alpha=alpha))
+
+
+def test_stopping_bound_uses_lp_of_max_len():
+    # After step 2 the finished set {[3, EOS], [EOS]} is full and the alive [4, 5] has raw log 0.25:
+    # log(0.25) / lp(2) is below the worst finished score, but log(0.25) / lp(max_len) is not, and
+    # indeed its near-certain continuation [4, 5, 6, 7, 8, EOS] wins once normalized (alpha = 2).
+    table = {BOS: {EOS: 0.4, 3: 0.35, 4: 0.25}, 3: {EOS: 1.0}, 4: {5: 1.0}, 5: {6: 1.0}, 6: {7: 1.0},
+             7: {8: 1.0}, 8: {EOS: 1.0}}
+    model = BigramStub(table)
+    alpha, src = 2.0, torch.tensor([[5]])
+    worst = min(math.log(0.4) / lp(1, alpha), math.log(0.35) / lp(2, alpha))
+    assert math.log(0.25) / lp(2, alpha) < worst < math.log(0.25) / lp(8, alpha)
+    out = beam_search(model, src, 8, beam_size=2, alpha=alpha)
+    assert out.sequences() == [[4, 5, 6, 7, 8, EOS]] and out.model_calls == 6
+    assert float(out.scores[0]) == pytest.approx(math.log(0.25) / lp(6, alpha), abs=1e-9)
+    assert_same(out, beam_search_reference(model, src, 8, beam_size=2, alpha=alpha))
+    assert beam_search(model, src, 8, beam_size=2, alpha=0.0).sequences() == [[EOS]]
 
 
 def test_hypotheses_at_max_len_count_as_finished():
