@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
         for name, r in report.items():
             print(f"{bs:5d} {name:8s} {r['seconds_per_input_median']:9.4f} {r['tokens_per_second']:8.1f} "
                   f"{r['mean_accepted_block_size']:6.2f} {r['model_calls']:6d} {r['speedup']:7.2f} "
-                  f"{r['efficiency']:6.2f} {str(r.get('equals_greedy', '')):>7s}", flush=True)
+                  f"{r['efficiency']:6.2f} {r.get('equals_greedy', '')!s:>7s}", flush=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

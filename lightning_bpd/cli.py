@@ -36,6 +36,16 @@ COMMANDS = {
     "test": "evaluate a checkpoint on the test split (--ckpt_path)",
     "decode": "translate a file or stdin with a checkpoint, k and a criterion",
     "bench": "time greedy against blockwise decoding of a checkpoint (table and JSON)",
+    "distill": "beam-decode a training corpus with a teacher (sequence-level distillation), sharded, resumable",
+    "human-eval": "export side-by-side image pairs for raters (export) and score their answers (analyze)",
+}
+
+# Commands that are plain functions: ``main(argv)`` of these modules.
+PLAIN_COMMANDS = {
+    "decode": "lightning_bpd.decode",
+    "bench": "lightning_bpd.bench",
+    "distill": "lightning_bpd.distill",
+    "human-eval": "lightning_bpd.human_eval",
 }
 
 USAGE = "usage: python -m lightning_bpd {" + ",".join(COMMANDS) + "} [options]\n\n" + "\n".join(
@@ -49,6 +59,7 @@ USAGE = "usage: python -m lightning_bpd {" + ",".join(COMMANDS) + "} [options]\n
     "  python -m lightning_bpd validate --config runs/<name>/config.yaml --ckpt_path runs/<name>/last.ckpt\n"
     "  python -m lightning_bpd decode --ckpt runs/<name>/last.ckpt --k 8 --criterion exact < input.en\n"
     "  python -m lightning_bpd bench --ckpt runs/<name>/last.ckpt --input input.en --batch-sizes 1 32\n"
+    "  python -m lightning_bpd distill --ckpt runs/<name>/last.ckpt --data-root <corpus> --out runs/distill/<name>\n"
     "\n'python -m lightning_bpd <command> --help' lists every option of a command.\n"
 )
 
@@ -148,15 +159,8 @@ def main(argv: list[str] | None = None) -> BPDCLI | None:
     if command not in COMMANDS:
         sys.exit(f"unknown command {command!r}\n\n{USAGE}")
     try:
-        if command == "decode":
-            from lightning_bpd.decode import main as decode_main
-
-            decode_main(rest)
-            return None
-        if command == "bench":
-            from lightning_bpd.bench import main as bench_main
-
-            bench_main(rest)
+        if command in PLAIN_COMMANDS:
+            importlib.import_module(PLAIN_COMMANDS[command]).main(rest)
             return None
         return run_lightning([command, *rest])
     except USER_ERRORS as err:

@@ -10,10 +10,15 @@ Only p_1 is projected at the k-1 verified positions and all k heads at one posit
 
 One iteration, in the words of the algorithm::
 
-    hidden   = model.decode_step(proposals, context, cache)      # verify pass, (b, k, D)
-    accepted = criterion.accept(proposals, p_1 at hidden[:, :-1])
-    commit(proposals[:, :accepted]);  cache.crop(...)
-    proposals = criterion.propose(p_1..p_k at hidden[accepted - 1])
+    hidden  = model.decode_step(block.tokens, context, cache)   # verify pass, (b, k, D)
+    verdict = criterion.judge(block, p_1 at hidden[:, :-1])     # accepted sizes (+ carried tokens)
+    commit(block.tokens[:, :accepted]);  cache.crop(...)
+    block   = criterion.draft(p_1..p_k at hidden[accepted - 1], verdict.next_first)
+
+For the deterministic rules ``judge``/``draft`` are ``accept``/``propose`` and ``next_first`` is
+None. :class:`~lightning_bpd.decoding.criteria.SpeculativeSampling` draws the block from the
+heads and, when it rejects a token, returns the replacement drawn from the residual distribution
+as ``next_first``: that token opens the row's next block in place of a fresh p_1 sample.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.criteria import Criterion, Exact
+from lightning_bpd.decoding.criteria import Block, Criterion, Exact
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args
 from lightning_bpd.decoding.row_book import RowBook
 
@@ -35,9 +40,12 @@ def resolve_k(model: BlockwiseModel, k: int | None) -> int:
     return k
 
 
-def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int) -> Tensor:
-    """Next proposals (b, k) from the hidden state (b, D) of each row's last accepted position."""
-    return criterion.propose(model.logits_heads(h, range(k)))  # logits (b, k, V)
+def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None = None) -> Block:
+    """Next block (b, k) from the hidden state (b, D) of each row's last accepted position.
+
+    ``first`` (b,), where >= 0, is a token carried over from the last verdict: it replaces p_1's proposal.
+    """
+    return criterion.draft(model.logits_heads(h, range(k)), first)  # logits (b, k, V)
 
 
 @torch.no_grad()
@@ -58,18 +66,20 @@ def blockwise_decode(
     check_decode_args(model, src, max_len)
     k = resolve_k(model, k)
     criterion.validate(k)
+    criterion.reset(src.device)
     batch = src.shape[0]
     context = model.encode(src)
     cache = model.new_cache(batch, capacity=1 + max_len + k)
     book = RowBook(batch, max_len, k, model.pad_id, src.device)
     bos = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=src.device)
-    proposals = propose(model, criterion, model.decode_step(bos, context, cache)[:, -1], k)  # (B, k)
+    block = propose(model, criterion, model.decode_step(bos, context, cache)[:, -1], k)  # tokens (B, k)
     calls = 1
     while book.live.numel() > 0:
-        hidden = model.decode_step(proposals, context, cache)  # (b, k, D)
+        hidden = model.decode_step(block.tokens, context, cache)  # (b, k, D)
         calls += 1
-        accepted = criterion.accept(proposals, model.logits_first(hidden[:, :-1]))  # (b,)
-        _, done = book.commit(proposals, accepted, model.eos_id)
+        verdict = criterion.judge(block, model.logits_first(hidden[:, :-1]))
+        accepted, first = verdict.accepted, verdict.next_first  # (b,), (b,) or None
+        _, done = book.commit(block.tokens, accepted, model.eos_id)
         cache.crop(cache.lengths - k + accepted)  # keep BOS and every committed token
         last = hidden[torch.arange(hidden.shape[0], device=src.device), accepted - 1]  # (b, D)
         keep = book.drop_finished(done)
@@ -77,6 +87,7 @@ def blockwise_decode(
             if keep.numel() == 0:
                 break
             context, last = context.select(keep), last[keep]
+            first = first[keep] if first is not None else None
             cache.select(keep)
-        proposals = propose(model, criterion, last, k)
+        block = propose(model, criterion, last, k, first)
     return book.result(calls)

@@ -84,6 +84,25 @@ def test_decode_command_and_load_model(fitted, capsys):
     assert module.model.k == 3 and module.tokenizer.vocab_size == module.model.config.tgt_vocab_size
 
 
+def test_bench_command_writes_json(fitted, capsys):
+    import json
+
+    root, _, _ = fitted
+    src = root / "bench.en"
+    src.write_text("The teacher reads a book.\nThe dog sleeps.\nA man runs.\nThe woman sings.\n")
+    out = root / "bench.json"
+    main(["bench", "--ckpt", str(root / "runs/b/last.ckpt"), "--input", str(src), "--criteria", "exact", "top2",
+          "--batch-sizes", "1", "2", "--inputs", "4", "--warmup", "1", "--json", str(out)])
+    result = json.loads(out.read_text())
+    for bs in ("1", "2"):
+        r = result["batch_sizes"][bs]
+        assert set(r) == {"greedy", "exact", "top2"}
+        assert r["exact"]["equals_greedy"] is True
+        assert r["exact"]["efficiency"] == pytest.approx(r["exact"]["speedup"] / r["exact"]["mean_accepted_block_size"])
+        assert r["greedy"]["speedup"] == 1.0
+    assert "speedup" in capsys.readouterr().out
+
+
 def test_unknown_config_key_is_one_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit):
@@ -148,3 +167,24 @@ def test_frozen_stage_two_trains_only_the_head(fitted):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_distill_is_resumable_and_aligned(fitted, tmp_path):
+    root, _, _ = fitted
+    data = root / "runs/cache/synthetic-seed0"
+    out = tmp_path / "distilled"
+    args = ["distill", "--ckpt", str(root / "runs/b/last.ckpt"), "--data-root", str(data), "--out", str(out),
+            "--prefix", "test", "--beam", "2", "--shard-size", "5", "--batch-size", "4"]
+    main(args)
+    src_lines = (data / "test.en").read_text().splitlines()
+    first = (out / "test.de").read_text().splitlines()
+    assert (out / "test.en").read_text().splitlines() == src_lines
+    assert len(first) == len(src_lines) == 12
+    # kill halfway: drop one shard and the merged file; the rerun redoes only that shard
+    (out / "shards/test.00001.de").unlink()
+    (out / "test.de").unlink()
+    kept = (out / "shards/test.00000.de").stat().st_mtime_ns
+    main(args)
+    assert (out / "shards/test.00000.de").stat().st_mtime_ns == kept
+    assert (out / "test.de").read_text().splitlines() == first
+    assert (out / "val.en").is_file() and (out / "val.de").is_file()

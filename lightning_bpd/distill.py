@@ -1,0 +1,144 @@
+"""``python -m lightning_bpd distill``: sequence-level knowledge distillation (section 6.2).
+
+A teacher checkpoint beam-decodes the source side of a training corpus; the result is a data folder
+that ``fit`` trains on directly (``--data.init_args.root=<out>``): ``<out>/<prefix>.<src>`` (the
+source lines, unchanged) and ``<out>/<prefix>.<tgt>`` (the teacher's translations), one line per
+source line, in order, plus copies of the gold validation and test files.
+
+The work is cut into shards of ``--shard-size`` lines written atomically to ``<out>/shards/``; a
+run that is killed and started again skips the finished shards. With ``--devices N`` (or under
+``torchrun``) every rank decodes its own shards (shard i goes to rank i % N) on its own device.
+
+    python -m lightning_bpd distill --ckpt runs/m30k-base/last.ckpt \\
+        --data-root ../shared/data/translation/multi30k --out runs/distill/multi30k
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from lightning_bpd.checkpoints import load_model
+from lightning_bpd.decoding import beam_search, greedy_decode
+from lightning_bpd.tasks.translation.text_files import read_lines, resolve_split_files
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lightning_bpd distill", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", required=True, help="teacher checkpoint (a translation run)")
+    p.add_argument("--data-root", required=True, help="folder of the gold corpus")
+    p.add_argument("--out", required=True, help="output data folder")
+    p.add_argument("--prefix", default="train", help="split to distill (default: train)")
+    p.add_argument("--copy", nargs="*", default=["val", "test", "test_2016_flickr"],
+                   help="gold splits copied unchanged when present")
+    p.add_argument("--src-lang", default="en")
+    p.add_argument("--tgt-lang", default="de")
+    p.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty ((5 + len) / 6) ** alpha")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--shard-size", type=int, default=1000)
+    p.add_argument("--devices", type=int, default=1, help="processes, one device each (CUDA when available)")
+    return p
+
+
+def shard_path(out: Path, prefix: str, lang: str, i: int) -> Path:
+    return out / "shards" / f"{prefix}.{i:05d}.{lang}"
+
+
+def translate_lines(module, lines: list[str], beam: int, alpha: float, batch_size: int) -> list[str]:
+    """Beam-decode ``lines`` (empty lines stay empty)."""
+    out = [""] * len(lines)
+    todo = [i for i, s in enumerate(lines) if s.strip()]
+    for start in range(0, len(todo), batch_size):
+        idx = todo[start : start + batch_size]
+        src = module.encode_sources([lines[i] for i in idx])
+        max_len = module.max_decode_len(src)
+        with torch.no_grad():
+            if beam == 1:
+                result = greedy_decode(module.model, src, max_len)
+            else:
+                result = beam_search(module.model, src, max_len, beam_size=beam, alpha=alpha)
+        for i, text in zip(idx, module.detokenize(result.sequences())):
+            out[i] = text.replace("\n", " ")
+    return out
+
+
+def run_rank(rank: int, world: int, args: argparse.Namespace, lines: list[str]) -> None:
+    """Decode every unfinished shard i with i % world == rank."""
+    device = f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and world > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    module = load_model(args.ckpt, device)
+    out = Path(args.out)
+    n_shards = -(-len(lines) // args.shard_size)
+    mine = [i for i in range(n_shards) if i % world == rank]
+    todo = [i for i in mine if not shard_path(out, args.prefix, args.tgt_lang, i).is_file()]
+    done_lines = sum(min(args.shard_size, len(lines) - i * args.shard_size) for i in mine if i not in todo)
+    total = sum(min(args.shard_size, len(lines) - i * args.shard_size) for i in mine)
+    bar = tqdm(total=total, initial=done_lines, unit="sent", desc=f"distill rank {rank}", position=rank,
+               disable=None)
+    for i in todo:
+        chunk = lines[i * args.shard_size : (i + 1) * args.shard_size]
+        texts = translate_lines(module, chunk, args.beam, args.alpha, args.batch_size)
+        path = shard_path(out, args.prefix, args.tgt_lang, i)
+        tmp = path.with_suffix(path.suffix + f".tmp{rank}")
+        tmp.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+        os.replace(tmp, path)  # a shard exists only when it is complete
+        bar.update(len(chunk))
+    bar.close()
+
+
+def merge(args: argparse.Namespace, lines: list[str], src_path: Path) -> None:
+    out = Path(args.out)
+    n_shards = -(-len(lines) // args.shard_size)
+    targets: list[str] = []
+    for i in range(n_shards):
+        shard = read_lines(shard_path(out, args.prefix, args.tgt_lang, i))
+        expected = min(args.shard_size, len(lines) - i * args.shard_size)
+        if len(shard) != expected:
+            raise ValueError(f"shard {i} has {len(shard)} lines, expected {expected}: delete it and run again")
+        targets += shard
+    (out / f"{args.prefix}.{args.src_lang}").write_text("".join(s + "\n" for s in lines), encoding="utf-8")
+    (out / f"{args.prefix}.{args.tgt_lang}").write_text("".join(t + "\n" for t in targets), encoding="utf-8")
+    for split in args.copy:
+        try:
+            pair = resolve_split_files(args.data_root, split, args.src_lang, args.tgt_lang)
+        except FileNotFoundError:
+            continue
+        for path in pair:
+            shutil.copyfile(path, out / path.name)
+    print(f"distilled {len(lines)} lines of {src_path} into {out}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if min(args.beam, args.batch_size, args.shard_size, args.devices) < 1 or args.alpha < 0:
+        sys.exit("distill: --beam, --batch-size, --shard-size and --devices must be >= 1, --alpha >= 0")
+    try:
+        src_path, _ = resolve_split_files(args.data_root, args.prefix, args.src_lang, args.tgt_lang)
+        lines = [line.strip() for line in read_lines(src_path)]
+        load_model(args.ckpt)  # fail early on a bad checkpoint, before spawning anything
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"distill: {err}")
+    (Path(args.out) / "shards").mkdir(parents=True, exist_ok=True)
+    world = int(os.environ.get("WORLD_SIZE", args.devices))
+    if "WORLD_SIZE" in os.environ:  # torchrun: this process is one rank; rank 0 merges after a barrier file check
+        run_rank(int(os.environ.get("RANK", "0")), world, args, lines)
+        if int(os.environ.get("RANK", "0")) != 0:
+            return
+    elif world > 1:
+        torch.multiprocessing.spawn(run_rank, args=(world, args, lines), nprocs=world, join=True)
+    else:
+        run_rank(0, 1, args, lines)
+    missing = [i for i in range(-(-len(lines) // args.shard_size))
+               if not shard_path(Path(args.out), args.prefix, args.tgt_lang, i).is_file()]
+    if missing:
+        sys.exit(f"distill: shards {missing[:10]} are not finished yet (other ranks still running?): run again")
+    merge(args, lines, src_path)
