@@ -26,6 +26,11 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from lightning_bpd.decoding import blockwise_decode, greedy_decode, parse_criterion
+from lightning_bpd.decoding.blockwise import resolve_k
+from lightning_bpd.tasks.superres import SuperResolutionModule
+from lightning_bpd.tasks.superres.pixels import image_to_tokens, intensity_values
+
 MAX_LEN = 3072  # 32 * 32 * 3 intensities
 INPUT_SCALE, OUTPUT_SCALE = 16, 4  # 8x8 and 32x32 -> 128x128
 SIDES = ("left", "right")
@@ -34,7 +39,7 @@ KEY_COLUMNS = ("pair_id", "left_method", "right_method")
 RESPONSE_COLUMNS = ("pair_id", "choice")
 MAX_LISTED = 20  # bad rows named in one error message
 
-Method = tuple[str, Any, int | None, str]  # (name, SuperResolutionModule, k or None for all heads, criterion)
+Method = tuple[str, SuperResolutionModule, int | None, str]  # (name, module, k or None for all heads, criterion)
 
 
 class HumanEvalError(ValueError):
@@ -42,14 +47,11 @@ class HumanEvalError(ValueError):
 
 
 # ---- export ---------------------------------------------------------------------------------------
-def decode_method(module: Any, spec: tuple[int | None, str], inputs: Tensor, batch_size: int = 16) -> Tensor:
+def decode_method(module: SuperResolutionModule, spec: tuple[int | None, str], inputs: Tensor, batch_size: int = 16) -> Tensor:
     """Super-resolve uint8 inputs ``(N, 8, 8, 3)`` with ``spec = (k, criterion)`` -> uint8 ``(N, 32, 32, 3)``.
 
     ``criterion`` is ``greedy`` or a spec of ``module.make_criterion``; ``k=None`` uses all heads.
     """
-    from lightning_bpd.decoding import blockwise_decode, greedy_decode
-    from lightning_bpd.tasks.superres.pixels import image_to_tokens
-
     k, criterion = spec
     rule = None if criterion == "greedy" else module.make_criterion(criterion)
     images = []
@@ -114,8 +116,6 @@ def export(methods: list[Method], low: Tensor, out_dir: str | Path, seed: int, i
         pages.append({"id": pid, "input": uris["input"], "left": uris["a"], "right": uris["b"]})
     write_csv(out / "sheet.csv", SHEET_COLUMNS, sheet)
     write_csv(out / "key.csv", KEY_COLUMNS, key)
-    from lightning_bpd.decoding.blockwise import resolve_k
-
     described = {"pairs": low.shape[0], "seed": seed, "max_len": MAX_LEN, **(info or {})}
     for j, (name, module, k, criterion) in enumerate(methods):
         heads = None if criterion == "greedy" else resolve_k(module.model, k)
@@ -154,39 +154,33 @@ enlargement that looks more like a real photograph. When done, download your ans
 <button id="download">Download responses.csv</button></div>
 <div id="pairs"></div>
 <script>
-const PAIRS = __PAIRS__;
-const choices = {};
-function count() { document.getElementById("count").textContent = Object.keys(choices).length; }
-function card(p) {
-  const div = document.createElement("div"); div.className = "pair"; div.id = "pair-" + p.id;
-  div.innerHTML = '<b>Pair ' + p.id + '</b><div class="row">'
-    + '<figure><img src="' + p.input + '" alt="input"><figcaption>input</figcaption></figure>'
-    + '<figure><img src="' + p.left + '" alt="left"><br><button data-side="left">left is more realistic</button></figure>'
-    + '<figure><img src="' + p.right + '" alt="right"><br><button data-side="right">right is more realistic</button>'
-    + '</figure></div>';
-  div.querySelectorAll("button").forEach(function (b) {
-    b.onclick = function () {
-      choices[p.id] = b.dataset.side;
-      div.querySelectorAll("button").forEach(function (o) { o.className = o === b ? "on" : ""; });
-      count();
-    };
-  });
-  return div;
+const PAIRS = __PAIRS__, choices = {};
+function fig(src, side, label) {
+  return '<figure><img src="' + src + '" alt="' + side + '"><br>' + (side === "input" ? label
+    : '<button data-side="' + side + '">' + label + '</button>') + '</figure>';
 }
-function download() {
+PAIRS.forEach(function (p) {
+  const div = document.createElement("div"); div.className = "pair";
+  div.innerHTML = "<b>Pair " + p.id + '</b><div class="row">' + fig(p.input, "input", "input")
+    + fig(p.left, "left", "left is more realistic") + fig(p.right, "right", "right is more realistic") + "</div>";
+  div.querySelectorAll("button").forEach(function (b) { b.onclick = function () {
+    choices[p.id] = b.dataset.side;
+    div.querySelectorAll("button").forEach(function (o) { o.className = o === b ? "on" : ""; });
+    document.getElementById("count").textContent = Object.keys(choices).length;
+  }; });
+  document.getElementById("pairs").appendChild(div);
+});
+document.getElementById("total").textContent = PAIRS.length;
+document.getElementById("download").onclick = function () {
   const lines = ["pair_id,choice"];
   PAIRS.forEach(function (p) { if (choices[p.id]) lines.push(p.id + "," + choices[p.id]); });
   const missing = PAIRS.length - (lines.length - 1);
   if (missing > 0 && !confirm(missing + " pair(s) are unanswered. Download anyway?")) return;
-  const blob = new Blob([lines.join("\\n") + "\\n"], {type: "text/csv"});
   const a = document.createElement("a");
-  a.href = URL.createObjectURL(blob); a.download = "responses.csv";
-  document.body.appendChild(a); a.click(); a.remove();
+  a.href = URL.createObjectURL(new Blob([lines.join("\\n") + "\\n"], {type: "text/csv"}));
+  a.download = "responses.csv"; document.body.appendChild(a); a.click(); a.remove();
   setTimeout(function () { URL.revokeObjectURL(a.href); }, 1000);
-}
-PAIRS.forEach(function (p) { document.getElementById("pairs").appendChild(card(p)); });
-document.getElementById("total").textContent = PAIRS.length;
-document.getElementById("download").onclick = download;
+};
 </script></body></html>
 """
 
@@ -203,11 +197,11 @@ def norm_id(pid: str) -> str:
     return str(int(pid)) if pid.isdigit() else pid
 
 
-def read_table(path: str | Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
-    """Rows of a CSV file with the given columns as ``(row number, row)``; the header is row 1."""
+def read_table(path: str | Path, columns: tuple[str, ...], what: str) -> list[tuple[int, dict[str, str]]]:
+    """Rows of the CSV ``what`` file with the given columns as ``(row number, row)``; the header is row 1."""
     path = Path(path)
     if not path.is_file():
-        raise HumanEvalError(f"no such file: {path}")
+        raise HumanEvalError(f"{what} file not found: {path}")
     with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
         header = [h.strip() for h in reader.fieldnames or []]
@@ -237,7 +231,7 @@ def analyze(responses: list[str], key_path: str, bootstrap: int = 10000, seed: i
     if bootstrap < 1:
         raise HumanEvalError(f"--bootstrap must be >= 1, got {bootstrap}")
     key: dict[str, tuple[str, str]] = {}
-    for row_no, row in read_table(key_path, KEY_COLUMNS):
+    for row_no, row in read_table(key_path, KEY_COLUMNS, "key"):
         if not (row["pair_id"] and row["left_method"] and row["right_method"]):
             raise HumanEvalError(f"{key_path} row {row_no}: empty field in {row}")
         if norm_id(row["pair_id"]) in key:
@@ -250,7 +244,7 @@ def analyze(responses: list[str], key_path: str, bootstrap: int = 10000, seed: i
     m2 = names[1] if names[0] == m1 else names[0]
     votes, pairs, bad = [], set(), []
     for path in responses:
-        for row_no, row in read_table(path, RESPONSE_COLUMNS):
+        for row_no, row in read_table(path, RESPONSE_COLUMNS, "responses"):
             pid, choice = norm_id(row["pair_id"]), row["choice"].lower()
             problems = ([f"pair_id {row['pair_id']!r} is not in the key"] if pid not in key else []) + (
                 [f"choice {row['choice']!r} is not left or right"] if choice not in SIDES else [])
@@ -286,9 +280,6 @@ def print_report(r: dict[str, Any]) -> None:
 # ---- command line ---------------------------------------------------------------------------------
 def parse_method(text: str) -> tuple[str, int | None, str]:
     """``CKPT:K:CRITERION`` (K may be empty) -> ``(ckpt, k, criterion)``; the criterion is checked here."""
-    from lightning_bpd.decoding import parse_criterion
-    from lightning_bpd.tasks.superres.pixels import intensity_values
-
     parts = text.rsplit(":", 2)
     if len(parts) != 3 or not parts[0] or not parts[2]:
         raise HumanEvalError(f"method {text!r}: expected CKPT:K:CRITERION, e.g. last.ckpt:8:eps2 or last.ckpt::greedy")
@@ -302,8 +293,6 @@ def parse_method(text: str) -> tuple[str, int | None, str]:
 
 def run_export(args: argparse.Namespace) -> None:
     from lightning_bpd.checkpoints import load_model
-    from lightning_bpd.decoding.blockwise import resolve_k
-    from lightning_bpd.tasks.superres import SuperResolutionModule
 
     if args.n < 1:
         raise HumanEvalError(f"--n must be >= 1, got {args.n}")
