@@ -208,8 +208,6 @@ class SpeculativeSampling(Criterion):
     decode (a fresh random seed when None), or from ``generator`` when one is given (never reseeded).
     """
 
-    stochastic = True
-
     def __init__(self, temperature: float = 1.0, top_p: float = 1.0, seed: int | None = 0,
                  generator: torch.Generator | None = None) -> None:
         check_sampling_args(temperature, top_p)
@@ -217,6 +215,7 @@ class SpeculativeSampling(Criterion):
         self.given = generator
         self.generator = generator
         self.greedy = Exact() if temperature == 0 else None
+        self.stochastic = self.greedy is None
 
     def reset(self, device: torch.device | str = "cpu") -> None:
         if self.given is None:
@@ -255,7 +254,7 @@ class SpeculativeSampling(Criterion):
         q = block.probs[:, 1:]  # (B, k-1, V): q_2..q_k
         ok = accept_draws(block.tokens[:, 1:], p, q, g)  # (B, k-1)
         accepted = accepted + ok.long().cumprod(dim=-1).sum(dim=-1)
-        rejected = (accepted < k).nonzero().squeeze(1)  # (r,) rows that rejected token accepted + 1
+        rejected = (accepted < k).nonzero().squeeze(1)  # (r,) rows that rejected a draft token
         if rejected.numel() > 0:
             j = accepted[rejected] - 1  # (r,): index into p, q of the rejected token
             next_first[rejected] = sample(residual(p[rejected, j], q[rejected, j]), g)

@@ -1,0 +1,231 @@
+"""Lossless speculative sampling: whole output sequences follow ancestral sampling from p_1 exactly.
+
+The statistical tests use a 6-token vocabulary and outputs of at most 4 tokens, so the exact
+probability of every output sequence can be enumerated. A few thousand samples (one batched decode
+of copies of one source, at a fixed seed) are compared with it by a chi-square test; sequences
+expected fewer than 5 times are pooled into one bin. A test fails when p < 0.001.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode, greedy_decode_reference
+from lightning_bpd.decoding.criteria import Block, MinBlock, SpeculativeSampling, parse_criterion
+from lightning_bpd.decoding.sampling import (
+    accept_draws,
+    ancestral_sample,
+    new_generator,
+    probabilities,
+    residual,
+    sample,
+    top_p_filter,
+)
+from tests.models import EOS, random_model, random_sources
+
+VOCAB, MAX_LEN, K = 6, 4, 3
+SRC = torch.tensor([[3, 4, 5, 3]])
+P_MIN = 1e-3
+N_SAMPLES = 5000
+
+
+class Scaled:
+    """A model whose logits (p_1 and every head) are multiplied by ``scale``: sharper or flatter."""
+
+    def __init__(self, model, scale: float) -> None:
+        self.model, self.scale = model, scale
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+    def logits_first(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.logits_first(h) * self.scale
+
+    def logits_heads(self, h: torch.Tensor, heads=None) -> torch.Tensor:
+        return self.model.logits_heads(h, heads) * self.scale
+
+
+def tiny_model(seed: int = 2, scale: float = 10.0, head_scale: float = 50.0, k: int = K) -> Scaled:
+    """A random 6-token float64 model whose heads 2..k disagree with p_1 often (EOS = token 2)."""
+    model = random_model(k=k, vocab=VOCAB, seed=seed)
+    model.eos_id = EOS
+    if k > 1:
+        with torch.no_grad():
+            model.head.out.weight.mul_(head_scale)  # random heads: q_i far from p_1
+    return Scaled(model, scale)
+
+
+@torch.no_grad()
+def sequence_probabilities(model, src: torch.Tensor, max_len: int, temperature: float, top_p: float) -> dict:
+    """Exact probability of every output of ancestral sampling from p_1 (tuple of tokens -> probability)."""
+    context = model.encode(src)  # src (1, S)
+    out: dict[tuple[int, ...], float] = {}
+    frontier: dict[tuple[int, ...], float] = {(): 1.0}
+    for depth in range(max_len):
+        prefixes = list(frontier)
+        tgt = torch.tensor([[model.bos_id, *p] for p in prefixes])  # (n, depth + 1)
+        rows = torch.zeros(len(prefixes), dtype=torch.long)
+        h = model.decode_full(tgt, context.select(rows))[:, -1]  # (n, D)
+        dist = probabilities(model.logits_first(h), temperature, top_p)  # (n, V)
+        nxt: dict[tuple[int, ...], float] = {}
+        for prefix, probs in zip(prefixes, dist.tolist()):
+            for tok, p in enumerate(probs):
+                if p > 0:
+                    seq = (*prefix, tok)
+                    target = out if tok == model.eos_id or depth + 1 == max_len else nxt
+                    target[seq] = frontier[prefix] * p
+        frontier = nxt
+    return out
+
+
+def chi_square_p_value(samples: list[list[int]], exact: dict, min_expected: float = 5.0) -> tuple[float, int]:
+    """p-value of the chi-square goodness-of-fit test of ``samples`` against ``exact``; also the bin count."""
+    n = len(samples)
+    counts = Counter(tuple(s) for s in samples)
+    assert set(counts) <= set(exact), f"impossible sequences sampled: {set(counts) - set(exact)}"
+    observed, expected, pooled_o, pooled_e = [], [], 0.0, 0.0
+    for seq, p in exact.items():
+        if n * p >= min_expected:
+            observed.append(counts[seq])
+            expected.append(n * p)
+        else:
+            pooled_o, pooled_e = pooled_o + counts[seq], pooled_e + n * p
+    if pooled_e > 0:
+        observed.append(pooled_o)
+        expected.append(pooled_e)
+    o, e = torch.tensor(observed, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
+    stat = float(((o - e) ** 2 / e).sum())
+    df = len(observed) - 1
+    half = torch.tensor([df / 2, stat / 2], dtype=torch.float64)
+    return float(torch.special.gammaincc(half[0], half[1])), len(observed)
+
+
+def copies(n: int) -> torch.Tensor:
+    return SRC.expand(n, -1).contiguous()
+
+
+# ---- the distribution helpers -------------------------------------------------------------------
+
+
+def test_top_p_keeps_the_smallest_set_reaching_top_p():
+    probs = torch.tensor([[0.1, 0.5, 0.3, 0.1]])
+    assert torch.allclose(top_p_filter(probs, 0.8), torch.tensor([[0.0, 0.625, 0.375, 0.0]]))
+    assert torch.allclose(top_p_filter(probs, 0.81), torch.tensor([[1 / 9, 5 / 9, 3 / 9, 0.0]]))  # tie: lower id
+    assert torch.equal(top_p_filter(probs, 0.01), torch.tensor([[0.0, 1.0, 0.0, 0.0]]))  # always one token
+    assert torch.equal(top_p_filter(probs, 1.0), probs)
+
+
+def test_temperature_zero_is_one_hot_and_temperature_sharpens():
+    logits = torch.tensor([1.0, 3.0, 2.0])
+    assert probabilities(logits, 0.0).tolist() == [0.0, 1.0, 0.0]
+    assert probabilities(logits, 0.5)[1] > probabilities(logits, 1.0)[1]
+    assert torch.allclose(probabilities(logits, 2.0), torch.softmax(logits / 2, dim=-1))
+
+
+def test_residual_and_acceptance_reconstruct_p():
+    # P(output = x) = q(x) min(1, p/q) + P(reject) * residual(x) = p(x), checked in closed form
+    p, q = torch.tensor([0.5, 0.3, 0.2, 0.0]), torch.tensor([0.1, 0.6, 0.1, 0.2])
+    keep = torch.minimum(q, p)
+    assert torch.allclose(keep + (1 - keep.sum()) * residual(p, q), p)
+    assert torch.equal(residual(p, p), p)  # nothing to reject: falls back to p
+    tokens = torch.tensor([[0, 1, 2, 3]])
+    ok = accept_draws(tokens, p.expand(1, 4, 4), q.expand(1, 4, 4), new_generator(0))
+    assert ok[0, 0] and ok[0, 2] and not ok[0, 3]  # p >= q always accepts, p = 0 never
+    assert sample(torch.tensor([[0.0, 0.0, 1.0]]), new_generator(1)).tolist() == [2]
+
+
+@pytest.mark.parametrize("kwargs, message", [({"temperature": -1.0}, "temperature must be"),
+                                             ({"top_p": 0.0}, r"top_p must lie in \(0, 1\]"),
+                                             ({"top_p": 1.5}, r"top_p must lie in \(0, 1\]")])
+def test_invalid_sampling_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SpeculativeSampling(**kwargs)
+
+
+def test_sampling_is_not_a_min_block_inner_rule_and_parses():
+    with pytest.raises(ValueError, match="deterministic inner rule"):
+        MinBlock(2, SpeculativeSampling()).validate(3)
+    rule = parse_criterion("sample_t0.7_p0.9")
+    assert isinstance(rule, SpeculativeSampling) and (rule.temperature, rule.top_p) == (0.7, 0.9)
+    assert parse_criterion(rule.name).name == rule.name == "sample_t0.7_p0.9"
+    with pytest.raises(ValueError, match="unknown criterion"):
+        parse_criterion("sample_x2")
+
+
+def test_judge_carries_the_residual_token_after_a_rejection():
+    # q_2 puts all its mass on token 0, where p has none: token 2 is always rejected and the
+    # carried token is drawn from p itself (the residual of a disjoint q)
+    rule = SpeculativeSampling()
+    rule.reset()
+    q = torch.tensor([[[0.2, 0.8, 0.0], [1.0, 0.0, 0.0]]])  # (1, 2, 3)
+    verdict = rule.judge(Block(torch.tensor([[1, 0]]), q), torch.tensor([[[-1e9, 0.0, -1e9]]]))
+    assert verdict.accepted.tolist() == [1] and verdict.next_first.tolist() == [1]
+    q = torch.tensor([[[0.2, 0.8, 0.0], [0.0, 1.0, 0.0]]])  # q_2 = p: always accepted
+    verdict = rule.judge(Block(torch.tensor([[1, 1]]), q), torch.tensor([[[-1e9, 0.0, -1e9]]]))
+    assert verdict.accepted.tolist() == [2] and verdict.next_first.tolist() == [-1]
+
+
+# ---- the reference sampler ----------------------------------------------------------------------
+
+
+def test_ancestral_sample_at_temperature_zero_is_greedy():
+    model = random_model(k=2, seed=3)
+    src = random_sources(4, seed=3)
+    out = ancestral_sample(model, src, 12, temperature=0.0, generator=new_generator(0))
+    assert torch.equal(out.tokens, greedy_decode_reference(model, src, 12).tokens)
+
+
+def test_ancestral_sample_follows_the_enumerated_distribution():
+    model = tiny_model(scale=14.0, k=1)
+    exact = sequence_probabilities(model, SRC, 3, 1.0, 1.0)
+    samples = ancestral_sample(model, copies(400), 3, generator=new_generator(0)).sequences()
+    p_value, _ = chi_square_p_value(samples, exact)
+    assert p_value > P_MIN
+
+
+# ---- speculative sampling with the blockwise heads ----------------------------------------------
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 1.0), (1.0, 0.8)])
+def test_speculative_samples_follow_ancestral_sampling(temperature, top_p):
+    model = tiny_model()
+    exact = sequence_probabilities(model, SRC, MAX_LEN, temperature, top_p)
+    out = blockwise_decode(model, copies(N_SAMPLES), SpeculativeSampling(temperature, top_p, seed=0), MAX_LEN)
+    p_value, bins = chi_square_p_value(out.sequences(), exact)
+    assert bins >= 20  # enough distinct outputs for the test to have power
+    assert p_value > P_MIN, f"chi-square p = {p_value:.2e} over {bins} bins"
+    blocks = [s for row in out.block_sizes for s in row]
+    assert 1 in blocks and max(blocks) == K  # some rejections, some full blocks
+
+
+def test_temperature_zero_equals_greedy():
+    model = random_model(k=4, seed=2)
+    src = random_sources(8, seed=2)
+    model.eos_id = 5
+    out = blockwise_decode(model, src, SpeculativeSampling(temperature=0.0), 20)
+    ref = blockwise_decode(model, src, Exact(), 20)
+    assert torch.equal(out.tokens, greedy_decode(model, src, 20).tokens)
+    assert out.block_sizes == ref.block_sizes
+
+
+def test_seeds_reproduce():
+    model = tiny_model(scale=4.0)
+    src = random_sources(64, vocab=VOCAB, seed=4)
+    rule = SpeculativeSampling(seed=7)
+    first = blockwise_decode(model, src, rule, 8)
+    again = blockwise_decode(model, src, rule, 8)  # the rule reseeds at every decode
+    other = blockwise_decode(model, src, SpeculativeSampling(seed=8), 8)
+    assert torch.equal(first.tokens, again.tokens) and first.block_sizes == again.block_sizes
+    assert not torch.equal(first.tokens, other.tokens)
+
+
+def test_a_given_generator_is_used_and_not_reseeded():
+    model = tiny_model(scale=4.0)
+    src = random_sources(64, vocab=VOCAB, seed=4)
+    rule = SpeculativeSampling(generator=new_generator(7))
+    first, second = blockwise_decode(model, src, rule, 8), blockwise_decode(model, src, rule, 8)
+    assert torch.equal(first.tokens, blockwise_decode(model, src, SpeculativeSampling(seed=7), 8).tokens)
+    assert not torch.equal(first.tokens, second.tokens)
