@@ -13,13 +13,13 @@ from lightning_bpd.nn.kv_cache import KVCache
 
 
 def causal_mask(q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Tensor:
-    """Boolean mask (B, 1, T, S): query at ``q_pos`` (B, T) may see key at ``k_pos`` (S,).
+    """Boolean mask (B, 1, T, S): query at ``q_pos`` (B, T) may see key at ``k_pos`` (S,) or (B, S).
 
     A key is visible when it is not in the future and, with a ``window``, when it is one of the
     ``window`` most recent positions (the query's own position included).
     """
     q = q_pos[:, None, :, None]  # (B, 1, T, 1)
-    k = k_pos[None, None, None, :]  # (1, 1, 1, S)
+    k = k_pos[None, None, None, :] if k_pos.dim() == 1 else k_pos[:, None, None, :]  # (1 or B, 1, 1, S)
     mask = k <= q
     if window is not None:
         mask = mask & (k > q - window)
@@ -110,12 +110,15 @@ def attend_cached(
     return attn.attend(q, k, v, mask)
 
 
-def cached_span(positions: Tensor, window: int | None) -> tuple[tuple[int, int], Tensor]:
-    """The cache span that queries at ``positions`` (B, T) can see, and its mask (B, 1, T, S').
+def cached_span(positions: Tensor, window: int | None, cache: KVCache) -> tuple[tuple[int, int], Tensor]:
+    """The cache slots that queries at ``positions`` (B, T) can see, and their mask (B, 1, T, S').
 
     Only the span that some query can see is read, so a local window keeps the cost bounded on
-    long outputs.
+    long outputs; with a ring cache every slot is read and masked by the position it holds.
     """
+    if cache.ring:
+        k_pos = cache.slot_positions(positions[:, -1])  # (B, R)
+        return (0, cache.ring), causal_mask(positions, k_pos, window) & (k_pos >= 0)[:, None, None, :]
     stop = int(positions.max()) + 1
     start = 0 if window is None else max(0, int(positions.min()) - window + 1)
     k_pos = torch.arange(start, stop, device=positions.device)

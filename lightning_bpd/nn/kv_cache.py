@@ -1,7 +1,13 @@
 """A preallocated decoder self-attention KV cache with a length per batch row.
 
 Rows of a batch advance at different speeds under blockwise parallel decoding (each row accepts
-its own number of proposed tokens), so every row keeps its own length. Appending T >= 1 tokens
+its own number of proposed tokens), so every row keeps its own length.
+
+With ``ring=R`` (for local attention of window w) the buffers hold only R slots and position p lives
+in slot p % R. That is enough when R >= w + T_max, T_max being the most tokens one call writes:
+every position a query can see (its last w) is still in place, and the positions a crop rejected
+lie inside the range the next call rewrites (a blockwise call writes k tokens after the committed
+prefix, and at most k - 1 were rejected). Appending T >= 1 tokens
 writes them at ``lengths[b] .. lengths[b] + T - 1`` of row b; rejecting proposals is a crop that
 only moves ``lengths`` back (stale entries past a row's length are never attended to, because
 attention masks every key position greater than the query position).
@@ -24,19 +30,26 @@ class KVCache:
         n_heads: int,
         head_dim: int,
         *,
+        ring: int | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
-        shape = (n_layers, batch_size, capacity, n_heads, head_dim)
+        if ring is not None and ring < 1:
+            raise ValueError(f"ring must be >= 1 (or None), got {ring}")
+        self.max_positions = capacity  # absolute positions a row may reach
+        self.ring = ring if ring is not None and ring < capacity else None
+        slots = self.ring or capacity
+        shape = (n_layers, batch_size, slots, n_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, S, H, Dh)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, S, H, Dh)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[2]
+        """Absolute positions a row may reach (the slots are fewer with a ring)."""
+        return self.max_positions
 
     @property
     def batch_size(self) -> int:
@@ -55,8 +68,15 @@ class KVCache:
     def write(self, layer: int, positions: Tensor, k: Tensor, v: Tensor) -> None:
         """Store new keys/values ``(B, T, H, Dh)`` of ``layer`` at ``positions`` (B, T)."""
         rows = torch.arange(positions.shape[0], device=positions.device)[:, None]  # (B, 1)
-        self.k[layer, rows, positions] = k
-        self.v[layer, rows, positions] = v
+        slots = positions % self.ring if self.ring else positions
+        self.k[layer, rows, slots] = k
+        self.v[layer, rows, slots] = v
+
+    def slot_positions(self, newest: Tensor) -> Tensor:
+        """Ring mode: the absolute position (B, R) held by each slot when ``newest`` (B,) is the
+        highest position written; negative for slots not written yet."""
+        slots = torch.arange(self.ring, device=newest.device)
+        return newest[:, None] - (newest[:, None] - slots) % self.ring
 
     def view(self, layer: int, stop: int, start: int = 0) -> tuple[Tensor, Tensor]:
         """Keys and values of ``layer`` for positions ``start .. stop - 1``: (B, S', H, Dh) each."""

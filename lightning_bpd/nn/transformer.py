@@ -17,6 +17,10 @@ from lightning_bpd.nn.attention import MultiHeadAttention, attend_cached, cached
 from lightning_bpd.nn.kv_cache import KVCache
 
 
+# Slots a ring cache keeps beyond the window: the most tokens one cached call may write (k <= 16).
+RING_MARGIN = 32
+
+
 @dataclass
 class EncoderContext:
     """What the decoder needs from one encoded source batch; computed once per source.
@@ -138,8 +142,10 @@ class Decoder(nn.Module):
         """Cached pass over T new inputs per row ``x`` (B, T, D); appends them to ``cache``."""
         n_new = x.shape[1]
         cache.check_room(n_new)
+        if cache.ring and n_new > RING_MARGIN:
+            raise ValueError(f"a ring KV cache takes at most {RING_MARGIN} new tokens per call, got {n_new}")
         positions = cache.positions(n_new)  # (B, T)
-        span, self_mask = cached_span(positions, self.window)
+        span, self_mask = cached_span(positions, self.window, cache)
         cross_mask = padding_mask(context.src_valid)
         for i, (layer, kv) in enumerate(zip(self.layers, context.cross_kv)):
             x = x + layer.drop(attend_cached(layer.self_attn, layer.norm1(x), positions, cache, i, span, self_mask))
@@ -148,4 +154,7 @@ class Decoder(nn.Module):
         return self.norm(x)
 
     def new_cache(self, batch_size: int, capacity: int, *, dtype: torch.dtype, device: torch.device) -> KVCache:
-        return KVCache(len(self.layers), batch_size, capacity, self.n_heads, self.head_dim, dtype=dtype, device=device)
+        """A cache for ``capacity`` positions; with a local window, a ring of window + RING_MARGIN slots."""
+        ring = self.window + RING_MARGIN if self.window is not None else None
+        return KVCache(len(self.layers), batch_size, capacity, self.n_heads, self.head_dim, ring=ring, dtype=dtype,
+                       device=device)

@@ -32,3 +32,13 @@ def test_crop_cannot_grow_and_overflow_is_reported():
         cache.check_room(2)
     with pytest.raises(ValueError, match="capacity"):
         KVCache(1, 1, 0, 1, 1)
+
+
+def test_ring_cache_maps_positions_to_slots():
+    cache = KVCache(1, 2, capacity=100, n_heads=1, head_dim=1, ring=5)
+    assert cache.k.shape[2] == 5 and cache.capacity == 100
+    cache.lengths = torch.tensor([6, 2])
+    pos = cache.positions(2)  # [[6, 7], [2, 3]]
+    cache.write(0, pos, torch.tensor([[[[6.0]], [[7.0]]], [[[2.0]], [[3.0]]]]), torch.zeros(2, 2, 1, 1))
+    assert cache.k[0, 0, :, 0, 0].tolist()[1:3] == [6.0, 7.0]
+    assert cache.slot_positions(pos[:, -1]).tolist() == [[5, 6, 7, 3, 4], [0, 1, 2, 3, -1]]

@@ -86,3 +86,27 @@ def test_blocked_local_attention_equals_the_full_mask(t, window):
     full = model.decoder(x, context, blocked=False)
     blocked = model.decoder(x, context, blocked=True)
     torch.testing.assert_close(blocked, full, rtol=0, atol=1e-10)
+
+
+def test_ring_cache_with_crops_matches_the_full_pass():
+    """A window-3 decoder keeps a ring of 3 + margin slots; 80 positions wrap it several times."""
+    from lightning_bpd.nn.transformer import RING_MARGIN
+
+    model = random_model(k=1, window=3)
+    src = random_sources(2)
+    seq = torch.randint(3, 16, (2, 80))
+    seq[:, 0] = model.bos_id
+    context = model.encode(src)
+    cache = model.new_cache(2, capacity=100)
+    assert cache.ring == 3 + RING_MARGIN
+    outs, start = [], 0
+    g = torch.Generator().manual_seed(0)
+    while start < 80:
+        size = min(int(torch.randint(1, 8, (1,), generator=g)), 80 - start)
+        junk = torch.randint(3, 16, (2, 5), generator=g)
+        model.decode_step(junk, context, cache)  # speculative tokens, then all rejected
+        cache.crop(cache.lengths - 5)
+        outs.append(model.decode_step(seq[:, start : start + size], context, cache))
+        start += size
+    ref = model.decode_full(seq, context)
+    torch.testing.assert_close(torch.cat(outs, dim=1), ref, rtol=0, atol=1e-10)
