@@ -16,7 +16,6 @@ from torch import Tensor, nn
 from lightning_bpd.nn.attention import MultiHeadAttention, attend_cached, cached_span, causal_mask, padding_mask
 from lightning_bpd.nn.kv_cache import KVCache
 
-
 # Slots a ring cache keeps beyond the window: the most tokens one cached call may write (k <= 16).
 RING_MARGIN = 32
 
