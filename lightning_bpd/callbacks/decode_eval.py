@@ -207,6 +207,7 @@ class DecodeEval(pl.Callback):
         folder.mkdir(parents=True, exist_ok=True)
         suffix = f"_step{trainer.global_step}" if trainer.state.fn == "fit" else ""
         record = {"stage": stage, "fn": str(trainer.state.fn), "global_step": trainer.global_step,
+                  "ckpt_path": str(trainer.ckpt_path) if trainer.ckpt_path else None,
                   "k": pl_module.model.k, "criteria": self.criteria, "batch_size": self.batch_size,
                   "signature": signature, "metrics": metrics}
         (folder / f"decode_{stage}{suffix}.json").write_text(json.dumps(record, indent=2))
