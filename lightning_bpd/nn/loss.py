@@ -51,22 +51,32 @@ def shifted_targets(targets: Tensor, shift: int, pad_id: int) -> Tensor:
 
 
 def blockwise_loss(
-    logits: Tensor, targets: Tensor, heads: Sequence[int], pad_id: int, label_smoothing: float = 0.0
+    logits: Tensor,
+    targets: Tensor,
+    heads: Sequence[int],
+    pad_id: int,
+    label_smoothing: float = 0.0,
+    positions: Tensor | None = None,
 ) -> BlockwiseLoss:
     """Cross-entropy of ``logits`` (B, T, h, V) for the 0-based ``heads`` against ``targets`` (B, T).
 
-    The returned loss is the mean over the listed heads of each head's token-averaged loss
-    (with ``label_smoothing``; the logged per-head loss is the same smoothed quantity).
+    With ``positions`` (B, T) bool, ``logits`` are (N, h, V) for just the N selected positions (a
+    random subset of positions gives an unbiased estimate of the loss at a fraction of the cost of
+    the vocabulary projections). The returned loss is the mean over the listed heads of each head's
+    token-averaged loss (with ``label_smoothing``; the logged per-head loss is the same quantity).
     """
-    if logits.shape[2] != len(heads):
-        raise ValueError(f"logits have {logits.shape[2]} heads but {len(heads)} head indices were given")
+    if logits.shape[-2] != len(heads):
+        raise ValueError(f"logits have {logits.shape[-2]} heads but {len(heads)} head indices were given")
     losses, head_loss, head_acc = [], {}, {}
     for j, i in enumerate(heads):
         tgt = shifted_targets(targets, i, pad_id)  # (B, T)
+        if positions is not None:
+            tgt = tgt[positions]  # (N,)
         mask = tgt != pad_id
-        lg = logits[:, :, j].float()  # (B, T, V)
+        lg = logits[..., j, :].float()  # (B, T, V) or (N, V)
         loss = F.cross_entropy(
-            lg.flatten(0, 1), tgt.flatten(), ignore_index=pad_id, reduction="sum", label_smoothing=label_smoothing
+            lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1), ignore_index=pad_id, reduction="sum",
+            label_smoothing=label_smoothing,
         )
         count = mask.sum().clamp(min=1)
         loss = loss / count

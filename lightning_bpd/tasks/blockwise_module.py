@@ -40,8 +40,12 @@ class BlockwiseModule(pl.LightningModule):
         label_smoothing: float = 0.1,
         weight_decay: float = 0.0,
         seed: int = 0,
+        loss_fraction: float = 1.0,
     ) -> None:
         super().__init__()
+        if not 0.0 < loss_fraction <= 1.0:
+            raise ValueError(f"model.loss_fraction must lie in (0, 1], got {loss_fraction}")
+        self.loss_fraction = loss_fraction
         if not 1 <= model_config.k <= MAX_K:
             raise ValueError(f"model.k must lie in [1, {MAX_K}] (1 = the base model), got {model_config.k}")
         if loss_mode not in LOSS_MODES:
@@ -86,18 +90,27 @@ class BlockwiseModule(pl.LightningModule):
         """Heads with nothing to train (p_1 bypassing the head while the base is frozen)."""
         return [i for i in range(self.model.k) if self.freeze and self.model.head.head_is_identity(i)]
 
-    def blockwise_step(self, src: Tensor, tgt: Tensor, heads: list[int]):
-        """Teacher-forced blockwise loss of ``heads`` for src (B, S), tgt (B, T) ending in EOS."""
+    def blockwise_step(self, src: Tensor, tgt: Tensor, heads: list[int], fraction: float = 1.0,
+                       generator: torch.Generator | None = None):
+        """Teacher-forced blockwise loss of ``heads`` for src (B, S), tgt (B, T) ending in EOS.
+
+        ``fraction`` < 1 evaluates the heads at a random subset of the target positions.
+        """
         bos = torch.full_like(tgt[:, :1], self.model.bos_id)
         tgt_in = torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, T)
         hidden = self.model(src, tgt_in)  # (B, T, D)
-        logits = self.model.logits_heads(hidden, heads)  # (B, T, h, V)
-        return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing)
+        if fraction >= 1.0:
+            logits = self.model.logits_heads(hidden, heads)  # (B, T, h, V)
+            return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing)
+        draw = torch.rand(tgt.shape, generator=generator).to(tgt.device)
+        positions = (draw < fraction) & (tgt != self.model.pad_id)  # (B, T)
+        logits = self.model.logits_heads(hidden[positions], heads)  # (N, h, V)
+        return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing, positions)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.global_step)
         heads = choose_heads(self.model.k, self.loss_mode, g, skip=self.trainable_heads_skip())
-        out = self.blockwise_step(batch["src"], batch["tgt"], heads)
+        out = self.blockwise_step(batch["src"], batch["tgt"], heads, self.loss_fraction, g)
         n = batch["src"].shape[0]
         self.log("train/loss", out.loss, prog_bar=True, batch_size=n)
         for i in out.head_loss:

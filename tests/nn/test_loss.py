@@ -45,3 +45,16 @@ def test_choose_heads_random_is_uniform_and_mean_is_all():
     assert all(choose_heads(3, "random", g, skip=[0])[0] in (1, 2) for _ in range(50))
     with pytest.raises(ValueError, match="loss mode"):
         choose_heads(4, "max")
+
+
+def test_loss_at_selected_positions_equals_the_masked_full_loss():
+    torch.manual_seed(1)
+    targets = torch.tensor([[5, 6, 7, 2], [8, 2, 0, 0]])
+    logits = torch.randn(2, 4, 2, 10)
+    positions = torch.tensor([[True, False, True, True], [True, True, False, False]])
+    sel = blockwise_loss(logits[positions], targets, [0, 1], PAD, positions=positions)
+    for i in (0, 1):
+        tgt = shifted_targets(targets, i, PAD).clone()
+        tgt[~positions] = PAD
+        expected = F.cross_entropy(logits[:, :, i].reshape(-1, 10), tgt.reshape(-1), ignore_index=PAD)
+        torch.testing.assert_close(sel.head_loss[i + 1], expected)

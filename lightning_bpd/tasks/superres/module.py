@@ -39,6 +39,7 @@ class SuperResolutionModule(BlockwiseModule):
         k, head_hidden, identity_first, loss_mode, freeze_base, init_from: the blockwise recipe
             (see :class:`~lightning_bpd.tasks.translation.TranslationModule`).
         lr, warmup_steps, label_smoothing, weight_decay, seed: optimization.
+        loss_fraction: share of target positions at which the training loss is evaluated (1.0 = all).
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class SuperResolutionModule(BlockwiseModule):
         label_smoothing: float = 0.0,
         weight_decay: float = 0.0,
         seed: int = 0,
+        loss_fraction: float = 1.0,
     ) -> None:
         config = ModelConfig(
             src_vocab_size=VOCAB_SIZE, tgt_vocab_size=VOCAB_SIZE, d_model=d_model, n_heads=n_heads,
@@ -70,7 +72,7 @@ class SuperResolutionModule(BlockwiseModule):
             bos_id=BOS_ID, eos_id=None,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
-                         seed)
+                         seed, loss_fraction)
         self.save_hyperparameters()
         self.values = intensity_values()
 

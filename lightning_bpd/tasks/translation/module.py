@@ -37,6 +37,8 @@ class TranslationModule(BlockwiseModule):
         lr, warmup_steps, label_smoothing, weight_decay: optimization (inverse-sqrt schedule).
         max_len_a, max_len_b: decoding stops after ``a * source_length + b`` tokens.
         seed: seed of the per-minibatch head choice.
+        loss_fraction: share of target positions at which the training loss is evaluated (1.0 = all,
+            the paper; less trades gradient noise for cheaper vocabulary projections on CPU).
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class TranslationModule(BlockwiseModule):
         max_len_a: float = 1.5,
         max_len_b: int = 10,
         seed: int = 0,
+        loss_fraction: float = 1.0,
     ) -> None:
         config = ModelConfig(
             src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=d_model, n_heads=n_heads,
@@ -68,7 +71,7 @@ class TranslationModule(BlockwiseModule):
             head_hidden=head_hidden, identity_first=identity_first, share_embeddings=True,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
-                         seed)
+                         seed, loss_fraction)
         self.save_hyperparameters()
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self._tokenizer: Tokenizer | None = None
