@@ -119,6 +119,10 @@ class BPDCLI(LightningCLI):
                 lg.experiment.finish()
 
     def after_fit(self) -> None:
+        # Lightning refreshes last.ckpt only when a top-k checkpoint is written; the steps after the
+        # last validation (a max_time stop) would be lost. Always leave the final state here.
+        cfg = self.config[self.subcommand]
+        self.trainer.save_checkpoint(str(Path(cfg.run_dir) / "last.ckpt"))
         self.finish_loggers()
 
     def after_validate(self) -> None:

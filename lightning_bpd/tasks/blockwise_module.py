@@ -122,7 +122,9 @@ class BlockwiseModule(pl.LightningModule):
     def eval_step(self, batch: dict[str, Tensor], prefix: str) -> None:
         out = self.blockwise_step(batch["src"], batch["tgt"], list(range(self.model.k)))
         n = batch["src"].shape[0]
-        self.log(f"{prefix}/loss", out.head_loss[1], prog_bar=True, batch_size=n, sync_dist=True)
+        # val/loss: the mean over all k heads (what improves in every stage, so checkpoints follow it);
+        # head1_loss is the scoring model p_1 alone.
+        self.log(f"{prefix}/loss", out.loss, prog_bar=True, batch_size=n, sync_dist=True)
         for i in out.head_loss:
             self.log(f"{prefix}/head{i}_loss", out.head_loss[i], batch_size=n, sync_dist=True)
             self.log(f"{prefix}/head{i}_acc", out.head_acc[i], batch_size=n, sync_dist=True)
