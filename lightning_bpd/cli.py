@@ -100,7 +100,8 @@ class BPDCLI(LightningCLI):
         loggers = cfg.trainer.logger if isinstance(cfg.trainer.logger, list) else [cfg.trainer.logger]
         for lg in loggers:
             if isinstance(lg, Namespace) and lg.class_path.endswith("WandbLogger"):
-                lg.init_args.save_dir = run_dir
+                # absolute: the W&B service of a process keeps the working directory of its first run
+                lg.init_args.save_dir = str(Path(run_dir).resolve())
                 if getattr(lg.init_args, "offline", False):
                     os.environ.setdefault("WANDB_MODE", "offline")
         for cb in cfg.trainer.callbacks or []:
