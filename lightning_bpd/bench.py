@@ -73,25 +73,21 @@ def batched(rows: list[torch.Tensor], size: int, pad_id: int) -> list[torch.Tens
     return out
 
 
-def max_len_of(module, src: torch.Tensor) -> int:
-    return module.max_decode_len(src) if hasattr(module, "max_decode_len") else 3072
-
-
 def bench_batch_size(module, inputs: list[torch.Tensor], batch_size: int, criteria: list[str], k: int | None,
                      warmup: int) -> dict:
     model, device = module.model, module.device
     rules = {spec: module.make_criterion(spec) for spec in criteria}
     batches = batched(inputs, batch_size, model.pad_id)
     for src in batches[:warmup]:
-        greedy_decode(model, src, max_len_of(module, src))
+        greedy_decode(model, src, module.max_decode_len(src))
         for rule in rules.values():
-            blockwise_decode(model, src, rule, max_len_of(module, src), k=k)
+            blockwise_decode(model, src, rule, module.max_decode_len(src), k=k)
     names = ["greedy", *criteria]
     per_input = {n: [] for n in names}
     totals = {n: {"seconds": 0.0, "tokens": 0, "iterations": 0, "model_calls": 0} for n in names}
     same = {n: True for n in criteria}
     for src in batches:
-        max_len = max_len_of(module, src)
+        max_len = module.max_decode_len(src)
         runs = {"greedy": timed(device, greedy_decode, model, src, max_len)}
         for spec, rule in rules.items():
             runs[spec] = timed(device, blockwise_decode, model, src, rule, max_len, k=k)

@@ -29,9 +29,10 @@ from torch import Tensor
 from lightning_bpd.decoding import blockwise_decode, greedy_decode, parse_criterion
 from lightning_bpd.decoding.blockwise import resolve_k
 from lightning_bpd.tasks.superres import SuperResolutionModule
+from lightning_bpd.tasks.superres.module import TARGET_LEN
 from lightning_bpd.tasks.superres.pixels import image_to_tokens, intensity_values
 
-MAX_LEN = 3072  # 32 * 32 * 3 intensities
+MAX_LEN = TARGET_LEN  # 32 * 32 * 3 intensities
 INPUT_SCALE, OUTPUT_SCALE = 16, 4  # 8x8 and 32x32 -> 128x128
 SIDES = ("left", "right")
 SHEET_COLUMNS = ("pair_id", "input_url", "left_url", "right_url")

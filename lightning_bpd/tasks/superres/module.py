@@ -77,6 +77,10 @@ class SuperResolutionModule(BlockwiseModule):
         self.values = intensity_values()
 
     # ---- DecodeEval hooks --------------------------------------------------------------------------
+    def max_decode_len(self, src: torch.Tensor) -> int:
+        """Every image has exactly 3,072 target intensities."""
+        return TARGET_LEN
+
     def make_criterion(self, spec: str) -> Criterion:
         return parse_criterion(spec, values=self.values)
 
@@ -86,7 +90,7 @@ class SuperResolutionModule(BlockwiseModule):
         for start in range(0, low.shape[0], batch_size):
             lo, hi = low[start : start + batch_size], high[start : start + batch_size]
             src = image_to_tokens(lo).to(self.device)  # (B, 192)
-            batches.append(EvalBatch(src, TARGET_LEN, list(hi), list(lo), list(range(start, start + lo.shape[0]))))
+            batches.append(EvalBatch(src, self.max_decode_len(src), list(hi), list(lo), list(range(start, start + lo.shape[0]))))
         return batches
 
     @staticmethod
