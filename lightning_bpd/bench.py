@@ -1,14 +1,21 @@
 """``python -m lightning_bpd bench``: wall-clock greedy vs blockwise decoding of a checkpoint.
 
 For every batch size, the inputs are cut into batches and every batch is decoded by each method in
-turn (greedy first, then each criterion), so slow drifts of the machine hit all methods alike.
+turn (the baselines first, then each method), so slow drifts of the machine hit all methods alike.
 Prints a table and writes JSON: seconds per input (median and interquartile range over batches),
-tokens per second, iterations, model calls, mean accepted block size, speedup over greedy, the
-efficiency (speedup / mean accepted block size: 1.0 would be a verify pass as cheap as a greedy
-step) and, for exact acceptance, whether every output equals greedy's.
+tokens per second, iterations, model calls, mean accepted block size, speedup over the method's
+baseline, the efficiency (speedup / mean accepted block size: 1.0 would be a verify pass as cheap as
+a greedy step) and, for deterministic rules, whether every output equals greedy's.
+
+Methods (``--criteria``): a criterion (exact, top2, eps2, ...) decodes blockwise with the model's
+heads, against greedy; ``sample_t0.7[_p0.9]`` is lossless speculative sampling with the heads,
+against cached ancestral sampling at the same temperature and top-p (``ancestral_t0.7``, added
+automatically); ``draft:<criterion>`` lets the ``--draft`` checkpoint propose instead of the heads.
 
     python -m lightning_bpd bench --ckpt runs/m30k-k8-finetune/last.ckpt --input src.en \\
         --criteria exact top2 --batch-sizes 1 32 --inputs 100 --json results/bench.json
+    python -m lightning_bpd bench --ckpt runs/m30k-k8-frozen/last.ckpt --draft runs/m30k-draft/last.ckpt \\
+        --input src.en --criteria exact draft:exact sample_t1 draft:sample_t1 --batch-sizes 1
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import torch
 
 from lightning_bpd.callbacks.decode_eval import timed
 from lightning_bpd.checkpoints import load_model
-from lightning_bpd.decoding import blockwise_decode, greedy_decode
+from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,8 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", default=None, help="translation: source sentences, one per line (.gz allowed)")
     p.add_argument("--images", default=None,
                    help="super-resolution: CelebA folder (default: synthetic faces); the val split is used")
-    p.add_argument("--criteria", nargs="+", default=["exact", "top2"])
-    p.add_argument("--k", type=int, default=None, help="heads to use (default: all)")
+    p.add_argument("--criteria", nargs="+", default=["exact", "top2"],
+                   help="methods: exact, topN, epsX, minL[_rule], sample_tX[_pY], draft:<any of these>")
+    p.add_argument("--k", type=int, default=None,
+                   help="heads to use (default: all); with a draft, the block size (default: the model's k, >= 2)")
+    p.add_argument("--draft", default=None, help="checkpoint of a draft model (same vocabulary) for draft:<rule>")
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
     p.add_argument("--inputs", type=int, default=100, help="number of inputs decoded per batch size")
     p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
@@ -73,24 +83,29 @@ def batched(rows: list[torch.Tensor], size: int, pad_id: int) -> list[torch.Tens
     return out
 
 
-def bench_batch_size(module, inputs: list[torch.Tensor], batch_size: int, criteria: list[str], k: int | None,
-                     warmup: int) -> dict:
+def build_methods(module, specs: list[str], k: int | None, draft) -> tuple[list[str], dict[str, DecodeMethod]]:
+    """The methods to time, baselines first: ``(order, methods)``."""
+    def make(spec: str) -> DecodeMethod:
+        return make_method(spec, module.make_criterion, module.model, k, draft)
+
+    methods = {spec: make(spec) for spec in specs}
+    return with_baselines(specs, methods, make), methods
+
+
+def bench_batch_size(module, inputs: list[torch.Tensor], batch_size: int, order: list[str],
+                     methods: dict[str, DecodeMethod], warmup: int) -> dict:
     model, device = module.model, module.device
-    rules = {spec: module.make_criterion(spec) for spec in criteria}
     batches = batched(inputs, batch_size, model.pad_id)
     for src in batches[:warmup]:
-        greedy_decode(model, src, module.max_decode_len(src))
-        for rule in rules.values():
-            blockwise_decode(model, src, rule, module.max_decode_len(src), k=k)
-    names = ["greedy", *criteria]
-    per_input = {n: [] for n in names}
-    totals = {n: {"seconds": 0.0, "tokens": 0, "iterations": 0, "model_calls": 0} for n in names}
-    same = {n: True for n in criteria}
+        for name in order:
+            methods[name](model, src, module.max_decode_len(src))
+    per_input = {n: [] for n in order}
+    totals = {n: {"seconds": 0.0, "tokens": 0, "iterations": 0, "model_calls": 0} for n in order}
+    same = {n: True for n in order}
+    blocks: dict[str, list[list[int]]] = {n: [] for n in order}
     for src in batches:
         max_len = module.max_decode_len(src)
-        runs = {"greedy": timed(device, greedy_decode, model, src, max_len)}
-        for spec, rule in rules.items():
-            runs[spec] = timed(device, blockwise_decode, model, src, rule, max_len, k=k)
+        runs = {name: timed(device, methods[name], model, src, max_len) for name in order}
         for name, (result, sec) in runs.items():
             per_input[name].append(sec / src.shape[0])
             t = totals[name]
@@ -98,23 +113,34 @@ def bench_batch_size(module, inputs: list[torch.Tensor], batch_size: int, criter
             t["tokens"] += int(result.lengths.sum())
             t["iterations"] += int(result.iterations.sum())
             t["model_calls"] += result.model_calls
-            if name != "greedy":
+            blocks[name] += result.block_sizes
+            if "greedy" in runs and name != "greedy":
                 same[name] &= result.sequences() == runs["greedy"][0].sequences()
     report = {}
-    for name in names:
-        t, secs = totals[name], sorted(per_input[name])
+    for name in order:
+        method, t, secs = methods[name], totals[name], sorted(per_input[name])
         q = statistics.quantiles(secs, n=4) if len(secs) > 1 else [secs[0]] * 3
         block = t["tokens"] / max(1, t["iterations"])
-        speedup = totals["greedy"]["seconds"] / max(t["seconds"], 1e-9)
+        speedup = totals[method.baseline]["seconds"] / max(t["seconds"], 1e-9)
         report[name] = {
+            "baseline": method.baseline, "block_size": method.block_size(model),
             "seconds_per_input_median": statistics.median(secs), "seconds_per_input_iqr": [q[0], q[2]],
             "tokens_per_second": t["tokens"] / max(t["seconds"], 1e-9), "iterations": t["iterations"],
             "model_calls": t["model_calls"], "mean_accepted_block_size": block, "speedup": speedup,
             "efficiency": speedup / block,
         }
-        if name != "greedy":
+        if not method.is_baseline and method.is_sampling:
+            report[name]["acceptance_rate"] = acceptance_rate(blocks[name], method.block_size(model))
+        elif not method.is_baseline and "greedy" in totals:
             report[name]["equals_greedy"] = same[name]
     return report
+
+
+def last_column(r: dict) -> str:
+    """``True``/``False`` (outputs equal greedy's) or the acceptance rate of a sampling method."""
+    if "acceptance_rate" in r:
+        return f"{r['acceptance_rate']:.3f}"
+    return str(r.get("equals_greedy", ""))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -123,22 +149,22 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit("bench: --batch-sizes and --inputs must be >= 1")
     try:
         module = load_model(args.ckpt, args.device)
-        for spec in args.criteria:
-            module.make_criterion(spec)
+        draft = load_model(args.draft, args.device).model if args.draft else None
+        order, methods = build_methods(module, args.criteria, args.k, draft)
         inputs = load_inputs(module, args)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"bench: {err}")
-    result = {"ckpt": args.ckpt, "k": args.k or module.model.k, "device": str(module.device),
+    result = {"ckpt": args.ckpt, "draft": args.draft, "k": args.k or module.model.k, "device": str(module.device),
               "threads": torch.get_num_threads(), "inputs": len(inputs), "batch_sizes": {}}
-    print(f"{'batch':>5s} {'method':8s} {'s/input':>9s} {'tok/s':>8s} {'block':>6s} {'calls':>6s} "
-          f"{'speedup':>7s} {'effic.':>6s} {'=greedy':>7s}")
+    print(f"{'batch':>5s} {'method':18s} {'s/input':>9s} {'tok/s':>8s} {'block':>6s} {'calls':>6s} "
+          f"{'speedup':>7s} {'effic.':>6s} {'=greedy/accept':>14s}")
     for bs in args.batch_sizes:
-        report = bench_batch_size(module, inputs, bs, args.criteria, args.k, args.warmup)
+        report = bench_batch_size(module, inputs, bs, order, methods, args.warmup)
         result["batch_sizes"][str(bs)] = report
         for name, r in report.items():
-            print(f"{bs:5d} {name:8s} {r['seconds_per_input_median']:9.4f} {r['tokens_per_second']:8.1f} "
+            print(f"{bs:5d} {name:18s} {r['seconds_per_input_median']:9.4f} {r['tokens_per_second']:8.1f} "
                   f"{r['mean_accepted_block_size']:6.2f} {r['model_calls']:6d} {r['speedup']:7.2f} "
-                  f"{r['efficiency']:6.2f} {r.get('equals_greedy', '')!s:>7s}", flush=True)
+                  f"{r['efficiency']:6.2f} {last_column(r):>14s}", flush=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

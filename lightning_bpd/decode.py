@@ -1,7 +1,11 @@
 """``python -m lightning_bpd decode``: translate a file (or stdin) with a checkpoint.
 
 One output line per input line; a stats line (sentences, iterations, mean accepted block size,
-seconds) goes to stderr.
+seconds) goes to stderr. ``--criterion`` picks the method: ``greedy``; blockwise with the model's
+heads (``exact``, ``top2``, ``min2_top3``, ...); lossless speculative sampling with the heads
+(``sample_t0.7_p0.9``) or plain ancestral sampling (``ancestral_t0.7_p0.9``); or any rule with a
+separate draft model proposing (``draft:exact``, ``draft:sample_t1`` with ``--draft CKPT``).
+Sampling is seeded (``--seed``) and reproducible.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import time
 import torch
 
 from lightning_bpd.checkpoints import load_model
-from lightning_bpd.decoding import parse_criterion
+from lightning_bpd.decoding import Criterion, parse_criterion
+from lightning_bpd.decoding.criteria import SpeculativeSampling
+from lightning_bpd.decoding.methods import make_method
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,11 +29,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", default="-", help="text file, one sentence per line (.gz allowed); - for stdin")
     p.add_argument("--output", default="-", help="where to write the translations; - for stdout")
     p.add_argument("--criterion", default="exact",
-                   help="greedy, exact, topN (top2), epsX, minL or minL_<rule> (default: exact)")
-    p.add_argument("--k", type=int, default=None, help="heads to use (default: all of the model's)")
+                   help="greedy, exact, topN (top2), minL[_<rule>], sample_tX[_pY], ancestral_tX[_pY], "
+                        "or draft:<rule> (default: exact)")
+    p.add_argument("--k", type=int, default=None,
+                   help="heads to use (default: all of the model's); with a draft, the block size (default: the model's k, >= 2)")
+    p.add_argument("--draft", default=None, help="checkpoint of a draft model with the same vocabulary (for draft:<rule>)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of sampling methods")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return p
+
+
+def seeded(criterion: Criterion, seed: int) -> Criterion:
+    """``criterion`` with its random seed set (sampling rules only)."""
+    if isinstance(criterion, SpeculativeSampling):
+        criterion.seed = seed
+    return criterion
 
 
 def read_input(path: str) -> list[str]:
@@ -43,21 +60,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.batch_size < 1:
         sys.exit("decode: --batch-size must be >= 1")
     try:
-        criterion = None if args.criterion == "greedy" else parse_criterion(args.criterion)
         module = load_model(args.ckpt, args.device)
         if not hasattr(module, "tokenizer"):
             raise ValueError(f"{args.ckpt} is not a translation checkpoint")
-        if criterion is not None:
-            from lightning_bpd.decoding.blockwise import resolve_k
-
-            criterion.validate(resolve_k(module.model, args.k))
+        draft = load_model(args.draft, args.device).model if args.draft else None
+        method = make_method(args.criterion, lambda spec: seeded(parse_criterion(spec), args.seed),
+                             module.model, args.k, draft)
+        method.seed = args.seed
         sentences = read_input(args.input)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"decode: {err}")
     from lightning_bpd.tasks.translation.module import translate
 
     start = time.perf_counter()
-    texts, stats = translate(module, sentences, criterion, k=args.k, batch_size=args.batch_size)
+    texts, stats = translate(module, sentences, method, batch_size=args.batch_size)
     seconds = time.perf_counter() - start
     out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
     try:

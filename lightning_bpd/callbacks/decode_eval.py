@@ -24,7 +24,8 @@ import torch
 from pytorch_lightning.loggers import WandbLogger
 from torch import Tensor
 
-from lightning_bpd.decoding import Criterion, DecodeResult, blockwise_decode, greedy_decode
+from lightning_bpd.decoding import Criterion, DecodeResult
+from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 
 logger = logging.getLogger("lightning_bpd")
 
@@ -97,29 +98,43 @@ def timed(device: torch.device, fn, *args: Any, **kwargs: Any) -> tuple[Any, flo
 def run_decode_eval(
     task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[str], k: int | None = None
 ) -> tuple[dict[str, float], dict[str, MethodRun]]:
-    """Decode every batch greedily and with each criterion (alternating per batch); return the
-    metrics ``{"greedy/bleu": ..., "exact/mean_accepted_block_size": ...}`` and the raw runs."""
+    """Decode every batch with each method and its baseline (alternating per batch); return the metrics
+    ``{"greedy/bleu": ..., "exact/mean_accepted_block_size": ...}`` and the raw runs.
+
+    ``criteria`` are method specs (:mod:`lightning_bpd.decoding.methods`): deterministic rules run
+    against ``greedy``, ``sample_t..`` rules against cached ancestral sampling at the same settings
+    (``ancestral_t.._p..``), which is added and logged as well. Sampling methods also log their
+    ``acceptance_rate``: the share of proposed tokens 2..k accepted (:func:`acceptance_rate`).
+    """
     model = task.model
     device = batches[0].src.device if batches else torch.device("cpu")
-    rules = {spec: task.make_criterion(spec) for spec in criteria}
-    runs = {"greedy": MethodRun(), **{spec: MethodRun() for spec in criteria}}
+
+    def make(spec: str) -> DecodeMethod:
+        return make_method(spec, task.make_criterion, model, k)
+
+    methods = {"greedy": make("greedy"), **{spec: make(spec) for spec in criteria}}
+    order = with_baselines(["greedy", *criteria], methods, make)
+    runs = {name: MethodRun() for name in order}
     for batch in batches:
-        result, sec = timed(device, greedy_decode, model, batch.src, batch.max_len)
-        runs["greedy"].add(result, sec)
-        for spec, rule in rules.items():
-            result, sec = timed(device, blockwise_decode, model, batch.src, rule, batch.max_len, k=k)
-            runs[spec].add(result, sec)
+        for name in order:
+            result, sec = timed(device, methods[name], model, batch.src, batch.max_len)
+            runs[name].add(result, sec)
     metrics: dict[str, float] = {}
     greedy = runs["greedy"]
-    for name, run in runs.items():
+    for name in order:
+        run, method = runs[name], methods[name]
         reference = None if name == "greedy" else greedy.outputs
         for key, value in task.decode_eval_metrics(run.outputs, batches, reference).items():
             metrics[f"{name}/{key}"] = value
         metrics[f"{name}/mean_accepted_block_size"] = run.mean_accepted_block_size
         metrics[f"{name}/model_calls"] = float(run.model_calls)
         metrics[f"{name}/seconds"] = run.seconds
-        metrics[f"{name}/speedup"] = greedy.seconds / max(run.seconds, 1e-9)
-        if name != "greedy":
+        metrics[f"{name}/speedup"] = runs[method.baseline].seconds / max(run.seconds, 1e-9)
+        if method.is_baseline:
+            continue
+        if method.is_sampling:
+            metrics[f"{name}/acceptance_rate"] = acceptance_rate(run.blocks, method.block_size(model))
+        else:
             same = sum(a == b for a, b in zip(run.outputs, greedy.outputs))
             metrics[f"{name}/matches_greedy"] = same / max(1, len(greedy.outputs))
     metrics["examples"] = float(len(greedy.outputs))
@@ -128,10 +143,10 @@ def run_decode_eval(
 
 def format_summary(metrics: dict[str, float], methods: list[str], quality_key: str) -> str:
     """A small text table of the decode metrics, one line per method."""
-    lines = [f"{'method':10s} {quality_key:>8s} {'block':>6s} {'calls':>7s} {'seconds':>8s} {'speedup':>7s}"]
+    lines = [f"{'method':18s} {quality_key:>8s} {'block':>6s} {'calls':>7s} {'seconds':>8s} {'speedup':>7s}"]
     for m in methods:
         lines.append(
-            f"{m:10s} {metrics.get(f'{m}/{quality_key}', float('nan')):8.2f} "
+            f"{m:18s} {metrics.get(f'{m}/{quality_key}', float('nan')):8.2f} "
             f"{metrics[f'{m}/mean_accepted_block_size']:6.2f} {metrics[f'{m}/model_calls']:7.0f} "
             f"{metrics[f'{m}/seconds']:8.2f} {metrics[f'{m}/speedup']:7.2f}"
         )
@@ -143,7 +158,9 @@ class DecodeEval(pl.Callback):
     whole split under ``validate``) and of testing.
 
     Args:
-        criteria: acceptance rules, e.g. ``[exact, top2, top3]`` or ``[exact, eps0, eps1, eps2]``.
+        criteria: acceptance rules, e.g. ``[exact, top2, top3]``, ``[exact, eps0, eps1, eps2]`` or
+            ``[exact, sample_t1, sample_t0.7]`` (speculative sampling, timed against ancestral sampling
+            and logged with its acceptance rate).
         subset: number of validation examples decoded while fitting (the first ones, fixed).
         batch_size: decoding batch size (1 is the paper's latency setting).
         every_n_epochs: run while fitting every this many validation epochs.
@@ -183,7 +200,7 @@ class DecodeEval(pl.Callback):
 
     def evaluate(self, trainer: pl.Trainer, pl_module: Any, stage: str, limit: int | None) -> None:
         for spec in self.criteria:  # fail on a bad criterion before spending time decoding
-            pl_module.make_criterion(spec)
+            make_method(spec, pl_module.make_criterion, pl_module.model)
         batches = pl_module.decode_eval_batches(stage, limit, self.batch_size)
         metrics, runs = run_decode_eval(pl_module, batches, self.criteria)
         self.last_metrics = metrics
@@ -192,7 +209,7 @@ class DecodeEval(pl.Callback):
         signature = getattr(pl_module, "quality_signature", None)
         if trainer.is_global_zero:
             print(f"\n[{stage} decode, {int(metrics['examples'])} examples, k={pl_module.model.k}]")
-            print(format_summary(metrics, ["greedy", *self.criteria], self.quality_key), flush=True)
+            print(format_summary(metrics, list(runs), self.quality_key), flush=True)
             if signature:
                 print(f"{self.quality_key} signature: {signature}", flush=True)
                 for lg in trainer.loggers:

@@ -120,3 +120,48 @@ def ancestral_sample(
     lengths = torch.tensor([len(r) for r in rows], device=src.device)
     blocks = [[1] * len(r) for r in rows]
     return DecodeResult(pack_rows(rows, model.pad_id, src.device), lengths, lengths.clone(), int(lengths.sum()), blocks)
+
+
+@torch.no_grad()
+def sample_decode(
+    model: BlockwiseModel,
+    src: Tensor,
+    max_len: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> DecodeResult:
+    """Ancestral sampling from p_1 with the KV cache: the fast baseline of speculative sampling.
+
+    The sampling twin of :func:`~lightning_bpd.decoding.greedy.greedy_decode` (one decoder call of one
+    token per step, finished rows leave the batch). With one row it draws the same random numbers as
+    :func:`ancestral_sample`, so the two agree token for token at a fixed seed.
+    """
+    check_decode_args(model, src, max_len)
+    check_sampling_args(temperature, top_p)
+    batch, device = src.shape[0], src.device
+    context = model.encode(src)
+    cache = model.new_cache(batch, capacity=1 + max_len)
+    tokens = torch.full((batch, max_len), model.pad_id, dtype=torch.long, device=device)
+    lengths = torch.full((batch,), max_len, dtype=torch.long, device=device)
+    live = torch.arange(batch, device=device)  # original index of each live row
+    inputs = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=device)
+    steps = 0
+    for step in range(max_len):
+        logits = model.logits_first(model.decode_step(inputs, context, cache)[:, -1])  # (b, V)
+        steps += 1
+        nxt = sample(probabilities(logits, temperature, top_p), generator)  # (b,)
+        tokens[live, step] = nxt
+        if model.eos_id is not None:
+            done = nxt == model.eos_id
+            if bool(done.any()):
+                lengths[live[done]] = step + 1
+                keep = (~done).nonzero().squeeze(1)
+                if keep.numel() == 0:
+                    break
+                live, nxt, context = live[keep], nxt[keep], context.select(keep)
+                cache.select(keep)
+        inputs = nxt[:, None]
+    width = max(1, int(lengths.max()))
+    tokens = tokens[:, :width].masked_fill(torch.arange(width, device=device) >= lengths[:, None], model.pad_id)
+    return DecodeResult(tokens, lengths, lengths.clone(), steps, [[1] * n for n in lengths.tolist()])

@@ -2,7 +2,7 @@ import pytest
 
 from lightning_bpd.callbacks.decode_eval import DecodeEval, EvalBatch, format_summary, run_decode_eval
 from lightning_bpd.decoding import parse_criterion
-from tests.models import EOS, StubModel, stub_sources
+from tests.models import EOS, StubModel, random_model, random_sources, stub_sources
 
 
 class StubTask:
@@ -46,3 +46,31 @@ def test_metrics_per_method():
 def test_invalid_callback_settings():
     with pytest.raises(ValueError, match="subset"):
         DecodeEval(subset=0)
+
+
+class RandomTask(StubTask):
+    """The same hooks over a random float64 model (real distributions, so sampling has something to do)."""
+
+    def decode_eval_batches(self, stage, limit, batch_size):
+        src = random_sources(6, seed=1)
+        return [EvalBatch(src, 10, [[]] * 6, ["src"] * 6, list(range(6)))]
+
+
+def test_sampling_methods_run_against_ancestral_sampling_and_log_acceptance():
+    model = random_model(k=4, seed=1)
+    task = RandomTask(model)
+    metrics, runs = run_decode_eval(task, task.decode_eval_batches("val", None, 6), ["sample_t0.7", "sample_t0"])
+    assert list(runs) == ["greedy", "ancestral_t0.7_p1", "sample_t0.7", "sample_t0"]
+    inner = [b for row in runs["sample_t0.7"].blocks for b in row[:-1]]  # each row's last block may be cut by EOS
+    assert inner and metrics["sample_t0.7/acceptance_rate"] == pytest.approx(sum(b - 1 for b in inner) / (3 * len(inner)))
+    assert metrics["sample_t0.7/speedup"] == pytest.approx(
+        metrics["ancestral_t0.7_p1/seconds"] / metrics["sample_t0.7/seconds"])
+    assert "sample_t0.7/matches_greedy" not in metrics
+    assert metrics["sample_t0/matches_greedy"] == 1.0  # temperature 0 is greedy, timed against greedy
+    assert metrics["sample_t0/speedup"] == pytest.approx(metrics["greedy/seconds"] / metrics["sample_t0/seconds"])
+
+
+def test_unknown_method_is_rejected_before_decoding():
+    task = RandomTask(random_model(k=2, seed=1))
+    with pytest.raises(ValueError, match="draft"):
+        run_decode_eval(task, task.decode_eval_batches("val", None, 6), ["draft:exact"])

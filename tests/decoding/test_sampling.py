@@ -22,6 +22,7 @@ from lightning_bpd.decoding.sampling import (
     probabilities,
     residual,
     sample,
+    sample_decode,
     top_p_filter,
 )
 from tests.models import EOS, random_model, random_sources
@@ -184,6 +185,31 @@ def test_ancestral_sample_follows_the_enumerated_distribution():
     samples = ancestral_sample(model, copies(400), 3, generator=new_generator(0)).sequences()
     p_value, _ = chi_square_p_value(samples, exact)
     assert p_value > P_MIN
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_cached_sampler_equals_the_reference_row_by_row(temperature, top_p):
+    model = tiny_model(scale=3.0, k=1)
+    for row in random_sources(4, vocab=VOCAB, seed=5):
+        src = row[row != model.pad_id][None]
+        fast = sample_decode(model, src, 8, temperature, top_p, generator=new_generator(11))
+        slow = ancestral_sample(model, src, 8, temperature, top_p, generator=new_generator(11))
+        assert torch.equal(fast.tokens, slow.tokens) and torch.equal(fast.lengths, slow.lengths)
+
+
+def test_cached_sampler_follows_the_enumerated_distribution_in_a_batch():
+    model = tiny_model(scale=14.0, k=1)
+    exact = sequence_probabilities(model, SRC, 3, 0.7, 1.0)
+    samples = sample_decode(model, copies(N_SAMPLES), 3, 0.7, generator=new_generator(0)).sequences()
+    p_value, bins = chi_square_p_value(samples, exact)
+    assert bins >= 10 and p_value > P_MIN, f"chi-square p = {p_value:.2e} over {bins} bins"
+
+
+def test_cached_sampler_at_temperature_zero_is_greedy():
+    model = random_model(k=1, seed=3)
+    model.eos_id = 5
+    src = random_sources(6, seed=3)
+    assert torch.equal(sample_decode(model, src, 12, 0.0).tokens, greedy_decode(model, src, 12).tokens)
 
 
 # ---- speculative sampling with the blockwise heads ----------------------------------------------

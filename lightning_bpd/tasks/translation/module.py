@@ -7,6 +7,7 @@ is stored inside every checkpoint; :func:`lightning_bpd.load_model` restores bot
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import sacrebleu
@@ -168,20 +169,19 @@ class TranslationModule(BlockwiseModule):
         return columns, rows
 
 
-def translate(module: TranslationModule, sentences: list[str], criterion: Criterion | None, k: int | None = None,
+def translate(module: TranslationModule, sentences: list[str], method: Callable | None = None,
               batch_size: int = 32) -> tuple[list[str], dict[str, float]]:
-    """Translate raw sentences (greedy when ``criterion`` is None); returns texts and decode stats."""
-    from lightning_bpd.decoding import blockwise_decode, greedy_decode
+    """Translate raw sentences with ``method`` (a :class:`~lightning_bpd.decoding.methods.DecodeMethod`
+    or any ``fn(model, src, max_len) -> DecodeResult``; greedy when None); returns texts and decode stats."""
+    from lightning_bpd.decoding import greedy_decode
 
+    method = method if method is not None else greedy_decode
     texts, tokens, iterations = [], 0, 0
     with torch.no_grad():
         for start in range(0, len(sentences), batch_size):
             src = module.encode_sources(sentences[start : start + batch_size])
             max_len = module.max_decode_len(src)
-            if criterion is None:
-                result = greedy_decode(module.model, src, max_len)
-            else:
-                result = blockwise_decode(module.model, src, criterion, max_len, k=k)
+            result = method(module.model, src, max_len)
             texts += module.detokenize(result.sequences())
             tokens += int(result.lengths.sum())
             iterations += int(result.iterations.sum())

@@ -188,3 +188,38 @@ def test_distill_is_resumable_and_aligned(fitted, tmp_path):
     assert (out / "shards/test.00000.de").stat().st_mtime_ns == kept
     assert (out / "test.de").read_text().splitlines() == first
     assert (out / "val.en").is_file() and (out / "val.de").is_file()
+
+
+def test_decode_and_bench_with_sampling_and_a_draft(fitted, capsys):
+    import json
+
+    root, _, _ = fitted
+    ckpt = str(root / "runs/b/last.ckpt")
+    src = root / "sample.en"
+    src.write_text("The teacher reads a book.\nThe dog sleeps.\nA man runs.\n")
+
+    def decode(*extra):
+        out = root / "sample.out"
+        main(["decode", "--ckpt", ckpt, "--input", str(src), "--output", str(out), *extra])
+        return out.read_text().split("\n")[:-1]
+
+    greedy = decode("--criterion", "greedy")
+    # the model drafting for itself, exact acceptance: greedy's output, every block full
+    assert decode("--criterion", "draft:exact", "--draft", ckpt, "--k", "4") == greedy
+    assert "mean_accepted_block_size=" in capsys.readouterr().err
+    first = decode("--criterion", "sample_t1", "--seed", "3")
+    assert decode("--criterion", "sample_t1", "--seed", "3") == first and len(first) == 3
+    assert len(decode("--criterion", "ancestral_t0.7")) == 3
+    with pytest.raises(SystemExit, match="needs a draft model"):
+        decode("--criterion", "draft:exact")
+
+    out = root / "bench_sampling.json"
+    main(["bench", "--ckpt", ckpt, "--draft", ckpt, "--input", str(src), "--criteria", "exact", "draft:exact",
+          "sample_t1", "draft:sample_t1", "--k", "3", "--batch-sizes", "1", "--inputs", "3", "--warmup", "0",
+          "--json", str(out)])
+    r = json.loads(out.read_text())["batch_sizes"]["1"]
+    assert list(r) == ["greedy", "ancestral_t1_p1", "exact", "draft:exact", "sample_t1", "draft:sample_t1"]
+    assert r["draft:exact"]["equals_greedy"] is True
+    assert r["draft:sample_t1"]["acceptance_rate"] == pytest.approx(1.0)  # a draft identical to the target
+    assert r["sample_t1"]["baseline"] == "ancestral_t1_p1" and "equals_greedy" not in r["sample_t1"]
+    assert 0.0 <= r["sample_t1"]["acceptance_rate"] <= 1.0

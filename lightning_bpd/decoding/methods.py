@@ -1,0 +1,158 @@
+"""Decoding methods by name, for the command line and the validation callback. Torch only.
+
+A method spec is one of:
+
+- ``greedy``: cached greedy decoding of p_1 (the baseline of every deterministic rule);
+- ``ancestral``, ``ancestral_t0.7``, ``ancestral_t0.7_p0.9``: cached ancestral sampling from p_1
+  (the baseline of speculative sampling with the same temperature and top-p);
+- a criterion (``exact``, ``top2``, ``eps2``, ``min2_top3``, ``sample_t0.7``, ...): blockwise
+  decoding, the model's own heads proposing;
+- ``draft:<criterion>``: a separate draft model proposes, the model verifies
+  (:func:`~lightning_bpd.decoding.draft.draft_decode`).
+
+Every blockwise method has a baseline (:attr:`DecodeMethod.baseline`): what it must reproduce
+(exact acceptance) or whose distribution it keeps (sampling), and what its speedup is measured against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from lightning_bpd.decoding.blockwise import blockwise_decode, resolve_k
+from lightning_bpd.decoding.criteria import Criterion, SpeculativeSampling
+from lightning_bpd.decoding.draft import check_draft_args, draft_decode
+from lightning_bpd.decoding.greedy import greedy_decode
+from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult
+from lightning_bpd.decoding.sampling import check_sampling_args, new_generator, sample_decode
+
+DRAFT_PREFIX = "draft:"
+
+
+def parse_ancestral(spec: str) -> tuple[float, float]:
+    """``ancestral[_tX][_pY]`` -> (temperature, top_p)."""
+    options = {"t": 1.0, "p": 1.0}
+    seen: set[str] = set()
+    for part in spec.split("_")[1:]:
+        if part[:1] not in options or part[0] in seen:
+            raise ValueError(f"bad ancestral sampling option {part!r} in {spec!r} (use ancestral_t0.7_p0.9)")
+        try:
+            options[part[0]] = float(part[1:])
+        except ValueError:
+            raise ValueError(f"bad ancestral sampling option {part!r} in {spec!r} (use ancestral_t0.7_p0.9)") from None
+        seen.add(part[0])
+    check_sampling_args(options["t"], options["p"])
+    return options["t"], options["p"]
+
+
+def ancestral_name(criterion: SpeculativeSampling) -> str:
+    return f"ancestral_t{criterion.temperature:g}_p{criterion.top_p:g}"
+
+
+@dataclass
+class DecodeMethod:
+    """One named way to decode. Call it like a decode function: ``method(model, src, max_len)``."""
+
+    spec: str
+    criterion: Criterion | None = None  # None: a baseline (greedy or ancestral sampling)
+    k: int | None = None
+    draft: BlockwiseModel | None = None
+    temperature: float | None = None  # ancestral sampling only
+    top_p: float = 1.0
+    seed: int | None = 0
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.criterion is None
+
+    @property
+    def is_sampling(self) -> bool:
+        """Random outputs (temperature > 0): compared by distribution, not token for token."""
+        if self.criterion is None:
+            return self.temperature is not None and self.temperature > 0
+        return isinstance(self.criterion, SpeculativeSampling) and self.criterion.stochastic
+
+    @property
+    def baseline(self) -> str:
+        """Spec of the method this one is compared with: ``greedy`` or ``ancestral_t.._p..``."""
+        if self.criterion is None:
+            return self.spec
+        if isinstance(self.criterion, SpeculativeSampling) and self.criterion.stochastic:
+            return ancestral_name(self.criterion)
+        return "greedy"
+
+    def block_size(self, model: BlockwiseModel) -> int:
+        """Tokens proposed per model call: the heads used, or the draft's block size."""
+        if self.criterion is None:
+            return 1
+        if self.draft is not None:
+            return int(self.k)  # type: ignore[arg-type]
+        return resolve_k(model, self.k)
+
+    def __call__(self, model: BlockwiseModel, src: Tensor, max_len: int) -> DecodeResult:
+        if self.criterion is None:
+            if self.temperature is None:
+                return greedy_decode(model, src, max_len)
+            generator = new_generator(self.seed, src.device)
+            return sample_decode(model, src, max_len, self.temperature, self.top_p, generator)
+        if self.draft is not None:
+            return draft_decode(model, self.draft, src, self.criterion, max_len, k=int(self.k))  # type: ignore[arg-type]
+        return blockwise_decode(model, src, self.criterion, max_len, k=self.k)
+
+
+def make_method(
+    spec: str,
+    make_criterion: Callable[[str], Criterion],
+    model: BlockwiseModel,
+    k: int | None = None,
+    draft: BlockwiseModel | None = None,
+) -> DecodeMethod:
+    """Build (and check) the method named ``spec`` for ``model``; raise ValueError saying what to fix.
+
+    ``make_criterion`` turns a criterion name into a rule (tasks add their intensity values for eps).
+    ``k`` is the number of heads used (default: all) or, for a draft, the block size (default: the
+    model's k, at least 2).
+    """
+    s = spec.strip()
+    if s == "greedy":
+        return DecodeMethod(s)
+    if s == "ancestral" or s.startswith("ancestral_"):
+        temperature, top_p = parse_ancestral(s)
+        return DecodeMethod(s, temperature=temperature, top_p=top_p)
+    if s.startswith(DRAFT_PREFIX):
+        if draft is None:
+            raise ValueError(f"method {spec!r} needs a draft model (give --draft CKPT)")
+        block = k if k is not None else max(2, model.k)
+        check_draft_args(model, draft, block)
+        criterion = make_criterion(s[len(DRAFT_PREFIX):])
+        criterion.validate(block)
+        return DecodeMethod(s, criterion, block, draft)
+    criterion = make_criterion(s)
+    criterion.validate(resolve_k(model, k))
+    return DecodeMethod(s, criterion, k)
+
+
+def acceptance_rate(block_sizes: list[list[int]], k: int) -> float:
+    """Share of proposed tokens 2..k that were accepted: sum(block - 1) / sum(k - 1).
+
+    Each row's last block is left out, since EOS or the length limit may cut it short whatever the
+    verdict (a draft identical to the model scores exactly 1). NaN when no row has two blocks.
+    """
+    inner = [b for row in block_sizes for b in row[:-1]]
+    if k < 2 or not inner:
+        return float("nan") if not inner else 1.0
+    return sum(b - 1 for b in inner) / (len(inner) * (k - 1))
+
+
+def with_baselines(specs: list[str], methods: dict[str, DecodeMethod], make: Callable[[str], DecodeMethod]) -> list[str]:
+    """``specs`` with the baseline of each method put in front (once each), building the missing ones."""
+    order: list[str] = []
+    for spec in specs:
+        base = methods[spec].baseline
+        if base not in methods:
+            methods[base] = make(base)
+        if base not in order:
+            order.append(base)
+    return order + [s for s in specs if s not in order]
