@@ -10,6 +10,7 @@ folder ``runs/<name>/`` with its resolved ``config.yaml`` beside its checkpoints
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 import time
@@ -82,6 +83,9 @@ class RunFolderConfig(SaveConfigCallback):
     """Saves the resolved config as ``config.yaml`` in the run folder (beside the checkpoints)."""
 
 
+RUN_DIR_ENV = "LIGHTNING_BPD_RUN_DIR"
+
+
 class BPDCLI(LightningCLI):
     """LightningCLI with a run folder per run and the vocabulary size filled in from the data."""
 
@@ -93,8 +97,12 @@ class BPDCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         task = cfg.model.class_path.rsplit(".", 1)[-1].removesuffix("Module").lower()
-        run_dir = cfg.run_dir or str(Path("runs") / f"{task}-{time.strftime('%Y%m%d-%H%M%S')}")
+        # DDP re-runs this command in each extra process: they inherit the run folder rank 0 chose
+        ddp_child = int(os.environ.get("LOCAL_RANK", "0") or 0) > 0
+        run_dir = cfg.run_dir or (os.environ.get(RUN_DIR_ENV) if ddp_child else None) or str(
+            Path("runs") / f"{task}-{time.strftime('%Y%m%d-%H%M%S')}")
         cfg.run_dir = run_dir
+        os.environ[RUN_DIR_ENV] = run_dir
         if cfg.trainer.default_root_dir is None:
             cfg.trainer.default_root_dir = run_dir
         loggers = cfg.trainer.logger if isinstance(cfg.trainer.logger, list) else [cfg.trainer.logger]
@@ -104,6 +112,16 @@ class BPDCLI(LightningCLI):
                 lg.init_args.save_dir = str(Path(run_dir).resolve())
                 if getattr(lg.init_args, "offline", False):
                     os.environ.setdefault("WANDB_MODE", "offline")
+        ckpt_path = cfg.get("ckpt_path")
+        if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry") and not Path(ckpt_path).is_file():
+            # fail before DDP starts its other processes, which would wait for this one forever
+            raise FileNotFoundError(f"--ckpt_path {ckpt_path} does not exist")
+        if cfg.trainer.logger in (False, []) and cfg.trainer.callbacks:
+            kept = [cb for cb in cfg.trainer.callbacks
+                    if not (isinstance(cb, Namespace) and cb.class_path.endswith("LearningRateMonitor"))]
+            if len(kept) < len(cfg.trainer.callbacks):
+                logging.getLogger("lightning_bpd").warning("no logger: the LearningRateMonitor callback is left out")
+                cfg.trainer.callbacks = kept
         for cb in cfg.trainer.callbacks or []:
             if isinstance(cb, Namespace) and cb.class_path.endswith("ModelCheckpoint") and cb.init_args.dirpath is None:
                 cb.init_args.dirpath = run_dir
@@ -140,7 +158,8 @@ def run_lightning(argv: list[str]) -> BPDCLI:
         if not DEFAULT_CONFIG.is_file():
             sys.exit(f"no --config given and the default {DEFAULT_CONFIG} is missing: pass --config <file.yaml>")
         rest = ["--config", str(DEFAULT_CONFIG), *rest]
-    sys.argv = sys.argv[:1]  # the arguments go through `args`
+    # LightningCLI parses sys.argv, and DDP re-runs the command line in sys.argv once per extra process
+    sys.argv = [sys.argv[0], command, *rest]
     return BPDCLI(
         model_class=None,
         datamodule_class=None,
@@ -149,7 +168,6 @@ def run_lightning(argv: list[str]) -> BPDCLI:
         save_config_callback=RunFolderConfig,
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"parser_mode": "omegaconf"},
-        args=[command, *rest],
         auto_configure_optimizers=False,
     )
 

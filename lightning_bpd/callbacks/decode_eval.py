@@ -72,16 +72,36 @@ class MethodRun:
     seconds: float = 0.0
 
     def add(self, result: DecodeResult, seconds: float) -> None:
-        self.outputs += result.sequences()
-        self.blocks += result.block_sizes
-        self.tokens += int(result.lengths.sum())
-        self.iterations += int(result.iterations.sum())
-        self.model_calls += result.model_calls
-        self.seconds += seconds
+        self.merge(BatchRun.of(result, seconds))
+
+    def merge(self, part: BatchRun) -> None:
+        self.outputs += part.outputs
+        self.blocks += part.blocks
+        self.tokens += part.tokens
+        self.iterations += part.iterations
+        self.model_calls += part.model_calls
+        self.seconds += part.seconds
 
     @property
     def mean_accepted_block_size(self) -> float:
         return self.tokens / max(1, self.iterations)
+
+
+@dataclass
+class BatchRun:
+    """One method on one batch: plain Python values, so ranks can gather them."""
+
+    outputs: list[list[int]]
+    blocks: list[list[int]]
+    tokens: int
+    iterations: int
+    model_calls: int
+    seconds: float
+
+    @classmethod
+    def of(cls, result: DecodeResult, seconds: float) -> BatchRun:
+        return cls(result.sequences(), [list(b) for b in result.block_sizes], int(result.lengths.sum()),
+                   int(result.iterations.sum()), int(result.model_calls), float(seconds))
 
 
 def timed(device: torch.device, fn, *args: Any, **kwargs: Any) -> tuple[Any, float]:
@@ -95,30 +115,51 @@ def timed(device: torch.device, fn, *args: Any, **kwargs: Any) -> tuple[Any, flo
     return out, time.perf_counter() - start
 
 
-def run_decode_eval(
-    task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[str], k: int | None = None
-) -> tuple[dict[str, float], dict[str, MethodRun]]:
-    """Decode every batch with each method and its baseline (alternating per batch); return the metrics
-    ``{"greedy/bleu": ..., "exact/mean_accepted_block_size": ...}`` and the raw runs.
-
-    ``criteria`` are method specs (:mod:`lightning_bpd.decoding.methods`): deterministic rules run
-    against ``greedy``, ``sample_t..`` rules against cached ancestral sampling at the same settings
-    (``ancestral_t.._p..``), which is added and logged as well. Sampling methods also log their
-    ``acceptance_rate``: the share of proposed tokens 2..k accepted (:func:`acceptance_rate`).
-    """
-    model = task.model
-    device = batches[0].src.device if batches else torch.device("cpu")
+def build_methods(task: DecodeEvalTask, criteria: list[str], k: int | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
+    """The methods of ``criteria`` with their baselines (greedy always), baselines first: ``(order, methods)``."""
 
     def make(spec: str) -> DecodeMethod:
-        return make_method(spec, task.make_criterion, model, k)
+        return make_method(spec, task.make_criterion, task.model, k)
 
     methods = {"greedy": make("greedy"), **{spec: make(spec) for spec in criteria}}
-    order = with_baselines(["greedy", *criteria], methods, make)
-    runs = {name: MethodRun() for name in order}
-    for batch in batches:
+    return with_baselines(["greedy", *criteria], methods, make), methods
+
+
+Shard = dict[int, dict[str, BatchRun]]  # batch index -> method -> its run on that batch
+
+
+def decode_shard(task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[str], k: int | None = None,
+                 rank: int = 0, world_size: int = 1) -> Shard:
+    """Decode batches ``rank, rank + world_size, ...`` with every method (alternating per batch)."""
+    order, methods = build_methods(task, criteria, k)
+    shard: Shard = {}
+    for index in range(rank, len(batches), world_size):
+        batch = batches[index]
+        device = batch.src.device
+        shard[index] = {}
         for name in order:
-            result, sec = timed(device, methods[name], model, batch.src, batch.max_len)
-            runs[name].add(result, sec)
+            result, sec = timed(device, methods[name], task.model, batch.src, batch.max_len)
+            shard[index][name] = BatchRun.of(result, sec)
+    return shard
+
+
+def summarize(task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[str], shards: list[Shard],
+              k: int | None = None) -> tuple[dict[str, float], dict[str, MethodRun]]:
+    """Metrics over every batch of ``batches``, each taken exactly once from the shards that decoded it."""
+    order, methods = build_methods(task, criteria, k)
+    merged: Shard = {}
+    for shard in shards:
+        for index, parts in shard.items():
+            if index in merged:
+                raise RuntimeError(f"decode eval: batch {index} was decoded by two ranks")
+            merged[index] = parts
+    missing = sorted(set(range(len(batches))) - set(merged))
+    if missing:
+        raise RuntimeError(f"decode eval: no rank decoded batches {missing[:5]}")
+    runs = {name: MethodRun() for name in order}
+    for index in range(len(batches)):
+        for name in order:
+            runs[name].merge(merged[index][name])
     metrics: dict[str, float] = {}
     greedy = runs["greedy"]
     for name in order:
@@ -133,12 +174,26 @@ def run_decode_eval(
         if method.is_baseline:
             continue
         if method.is_sampling:
-            metrics[f"{name}/acceptance_rate"] = acceptance_rate(run.blocks, method.block_size(model))
+            metrics[f"{name}/acceptance_rate"] = acceptance_rate(run.blocks, method.block_size(task.model))
         else:
             same = sum(a == b for a, b in zip(run.outputs, greedy.outputs))
             metrics[f"{name}/matches_greedy"] = same / max(1, len(greedy.outputs))
     metrics["examples"] = float(len(greedy.outputs))
     return metrics, runs
+
+
+def run_decode_eval(
+    task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[str], k: int | None = None
+) -> tuple[dict[str, float], dict[str, MethodRun]]:
+    """Decode every batch with each method and its baseline (alternating per batch); return the metrics
+    ``{"greedy/bleu": ..., "exact/mean_accepted_block_size": ...}`` and the raw runs.
+
+    ``criteria`` are method specs (:mod:`lightning_bpd.decoding.methods`): deterministic rules run
+    against ``greedy``, ``sample_t..`` rules against cached ancestral sampling at the same settings
+    (``ancestral_t.._p..``), which is added and logged as well. Sampling methods also log their
+    ``acceptance_rate``: the share of proposed tokens 2..k accepted (:func:`acceptance_rate`).
+    """
+    return summarize(task, batches, criteria, [decode_shard(task, batches, criteria, k)], k)
 
 
 def format_summary(metrics: dict[str, float], methods: list[str], quality_key: str) -> str:
@@ -153,9 +208,22 @@ def format_summary(metrics: dict[str, float], methods: list[str], quality_key: s
     return "\n".join(lines)
 
 
+def gather_shards(shard: Shard, world_size: int) -> list[Shard]:
+    """Every rank's shard, on every rank (``torch.distributed.all_gather_object``; gloo or NCCL)."""
+    if world_size == 1 or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [shard]
+    shards: list[Any] = [None] * world_size
+    torch.distributed.all_gather_object(shards, shard)
+    return shards
+
+
 class DecodeEval(pl.Callback):
     """Greedy vs blockwise decoding at the end of validation (a fixed subset while fitting, the
     whole split under ``validate``) and of testing.
+
+    Under DDP every rank decodes every ``world_size``-th batch of the same list, and rank 0 gathers
+    them: every example counts exactly once (no sampler padding), and only rank 0 logs, saves and
+    shows samples.
 
     Args:
         criteria: acceptance rules, e.g. ``[exact, top2, top3]``, ``[exact, eps0, eps1, eps2]`` or
@@ -199,28 +267,32 @@ class DecodeEval(pl.Callback):
         self.evaluate(trainer, pl_module, "test", None)
 
     def evaluate(self, trainer: pl.Trainer, pl_module: Any, stage: str, limit: int | None) -> None:
-        for spec in self.criteria:  # fail on a bad criterion before spending time decoding
-            make_method(spec, pl_module.make_criterion, pl_module.model)
+        """Decode (each rank its share of the batches), gather on rank 0, log and save there."""
+        build_methods(pl_module, self.criteria)  # fail on a bad method before spending time decoding
         batches = pl_module.decode_eval_batches(stage, limit, self.batch_size)
-        metrics, runs = run_decode_eval(pl_module, batches, self.criteria)
+        world, rank = trainer.world_size, trainer.global_rank
+        shard = decode_shard(pl_module, batches, self.criteria, rank=rank, world_size=world)
+        shards = gather_shards(shard, world)
+        folder = Path(trainer.log_dir or trainer.default_root_dir)  # a collective under DDP: every rank asks
+        if not trainer.is_global_zero:
+            return
+        metrics, runs = summarize(pl_module, batches, self.criteria, shards)
         self.last_metrics = metrics
         for key, value in metrics.items():
             pl_module.log(f"{stage}/{key}", value, rank_zero_only=True)
         signature = getattr(pl_module, "quality_signature", None)
-        if trainer.is_global_zero:
-            print(f"\n[{stage} decode, {int(metrics['examples'])} examples, k={pl_module.model.k}]")
-            print(format_summary(metrics, list(runs), self.quality_key), flush=True)
-            if signature:
-                print(f"{self.quality_key} signature: {signature}", flush=True)
-                for lg in trainer.loggers:
-                    lg.log_hyperparams({f"{self.quality_key}_signature": signature})
-            self.save_json(trainer, pl_module, stage, metrics, signature)
-            self.log_samples(trainer, pl_module, stage, runs, batches)
+        print(f"\n[{stage} decode, {int(metrics['examples'])} examples, k={pl_module.model.k}, {world} process(es)]")
+        print(format_summary(metrics, list(runs), self.quality_key), flush=True)
+        if signature:
+            print(f"{self.quality_key} signature: {signature}", flush=True)
+            for lg in trainer.loggers:
+                lg.log_hyperparams({f"{self.quality_key}_signature": signature})
+        self.save_json(folder, trainer, pl_module, stage, metrics, signature)
+        self.log_samples(trainer, pl_module, stage, runs, batches)
 
-    def save_json(self, trainer: pl.Trainer, pl_module: Any, stage: str, metrics: dict[str, float],
+    def save_json(self, folder: Path, trainer: pl.Trainer, pl_module: Any, stage: str, metrics: dict[str, float],
                   signature: str | None) -> None:
         """Write the metrics to ``<run dir>/decode_<stage>[_step<N>].json`` (rank 0)."""
-        folder = Path(trainer.log_dir or trainer.default_root_dir)
         folder.mkdir(parents=True, exist_ok=True)
         suffix = f"_step{trainer.global_step}" if trainer.state.fn == "fit" else ""
         record = {"stage": stage, "fn": str(trainer.state.fn), "global_step": trainer.global_step,

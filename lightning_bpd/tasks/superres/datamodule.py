@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_bpd.tasks.eval_sampler import UnrepeatedSampler
 from lightning_bpd.tasks.superres.celeba import load_split
 from lightning_bpd.tasks.superres.pixels import image_to_tokens
 from lightning_bpd.tasks.superres.synthetic_faces import synthetic_split
@@ -96,8 +97,12 @@ class SuperResolutionDataModule(pl.LightningDataModule):
             self.dataset(split)
 
     def loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(self.dataset(split), batch_size=self.batch_size if shuffle else self.eval_batch_size,
-                          shuffle=shuffle, collate_fn=collate_images, num_workers=self.num_workers,
+        """Training: shuffled (Lightning adds a DistributedSampler under DDP). Evaluation: every example
+        exactly once over all ranks (:class:`UnrepeatedSampler`)."""
+        ds = self.dataset(split)
+        sampler = None if shuffle else UnrepeatedSampler(len(ds))
+        return DataLoader(ds, batch_size=self.batch_size if shuffle else self.eval_batch_size,
+                          shuffle=shuffle, sampler=sampler, collate_fn=collate_images, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0, drop_last=shuffle)
 
     def train_dataloader(self) -> DataLoader:

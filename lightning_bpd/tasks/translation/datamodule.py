@@ -165,7 +165,7 @@ class TranslationDataModule(pl.LightningDataModule):
         ds = self.dataset(split)
         sampler = TokenBatchSampler(
             ds.src_lengths, ds.tgt_lengths, self.max_tokens if shuffle else self.eval_max_tokens,
-            shuffle=shuffle, seed=self.seed, drop_uneven=False,
+            shuffle=shuffle, seed=self.seed, drop_uneven=False, split_examples=not shuffle,
         )
         return DataLoader(
             ds, batch_sampler=sampler, collate_fn=collate_pairs, num_workers=self.num_workers,

@@ -115,6 +115,10 @@ class TokenBatchSampler(Sampler[list[int]]):
     same number of batches and every example is seen (a few twice; de-duplicate eval with ``index``);
     ``drop_uneven=True`` drops the trailing ``len % R`` batches instead (nothing duplicated, a few examples skipped
     that epoch). ``num_replicas``/``rank`` default to the initialised ``torch.distributed`` group, else 1/0.
+
+    ``split_examples=True`` (for evaluation) splits examples instead of batches: rank ``r`` takes examples
+    ``r, r + R, ...`` of the cost-sorted order and packs its own batches, so every example is seen exactly
+    once (no padding, nothing dropped) and ranks get nearly equal work; batch counts may differ by rank.
     """
 
     def __init__(
@@ -129,6 +133,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         drop_uneven: bool = False,
         max_batch_size: int | None = None,
         sort_by_length: bool = True,
+        split_examples: bool = False,
     ) -> None:
         src_len = torch.as_tensor(src_lengths, dtype=torch.long).reshape(-1)
         tgt_len = torch.as_tensor(tgt_lengths, dtype=torch.long).reshape(-1)
@@ -155,8 +160,12 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.rank = int(rank)
         self.drop_uneven = drop_uneven
         self.sort_by_length = sort_by_length
+        self.split_examples = split_examples
         self.epoch = 0
         self.costs = torch.maximum(src_len, tgt_len) + 1
+        if split_examples and self.num_replicas > 1 and self.costs.numel() < self.num_replicas:
+            raise ValueError(f"{self.costs.numel()} example(s) cannot be split over {self.num_replicas} processes: "
+                             "use fewer devices or a larger evaluation set")
 
         self._cache: tuple[int, list[list[int]]] | None = None
         oversize = int((self.costs > self.max_tokens).sum())
@@ -200,6 +209,8 @@ class TokenBatchSampler(Sampler[list[int]]):
             order = perm[torch.sort(self.costs[perm], stable=True).indices]
         else:
             order = torch.randperm(n, generator=gen) if self.shuffle else torch.arange(n)
+        if self.split_examples:
+            order = order[self.rank :: self.num_replicas]  # this rank's examples only
         flat = order.tolist()
         batches: list[list[int]] = []
         start = 0
@@ -213,12 +224,17 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     def _num_batches_total(self) -> int:
         n, r = len(self._all_batches()), self.num_replicas
+        if self.split_examples:
+            return n
         if n % r == 0:
             return n
         return (n // r) * r if self.drop_uneven else (n // r + 1) * r
 
     def __iter__(self) -> Iterator[list[int]]:
         batches = self._all_batches()
+        if self.split_examples:
+            yield from batches
+            return
         total = self._num_batches_total()
         if total > len(batches):
             extra = total - len(batches)
@@ -228,4 +244,6 @@ class TokenBatchSampler(Sampler[list[int]]):
         yield from batches[self.rank : total : self.num_replicas]
 
     def __len__(self) -> int:
+        if self.split_examples:
+            return len(self._all_batches())
         return self._num_batches_total() // self.num_replicas

@@ -140,10 +140,11 @@ class TranslationModule(BlockwiseModule):
         self, outputs: list[list[int]], batches: list[EvalBatch], greedy: list[list[int]] | None = None
     ) -> dict[str, float]:
         refs = [ref for b in batches for ref in b.references]
+        hyps = self.detokenize(outputs)
         bleu = sacrebleu.BLEU()
-        score = bleu.corpus_score(self.detokenize(outputs), [refs])
+        score = bleu.corpus_score(hyps, [refs])
         self.quality_signature = str(bleu.get_signature())
-        return {"bleu": score.score}
+        return {"bleu": score.score, "chrf": sacrebleu.CHRF().corpus_score(hyps, [refs]).score}
 
     def render_blocks(self, ids: list[int], blocks: list[int]) -> str:
         """Subword pieces with a bar between the blocks accepted at each iteration."""

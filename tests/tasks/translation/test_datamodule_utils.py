@@ -161,3 +161,31 @@ def test_sampler_validation() -> None:
         TokenBatchSampler([1, 2], [1], max_tokens=10)
     with pytest.raises(ValueError):
         TokenBatchSampler([1], [1], max_tokens=10, num_replicas=2, rank=2)
+
+
+@pytest.mark.parametrize("num_replicas", [2, 3])
+def test_sampler_split_examples_sees_each_example_exactly_once(num_replicas: int) -> None:
+    src, tgt = _pairs(101)
+    lens = ([len(s) for s in src], [len(t) for t in tgt])
+    ranks = [
+        TokenBatchSampler(*lens, max_tokens=80, shuffle=False, num_replicas=num_replicas, rank=r, split_examples=True)
+        for r in range(num_replicas)
+    ]
+    flat = [i for s in ranks for b in s for i in b]
+    assert sorted(flat) == list(range(101))  # no repeats, nothing dropped
+    assert all(len(s) == len(list(s)) for s in ranks)
+    sizes = [sum(len(b) for b in s) for s in ranks]
+    assert max(sizes) - min(sizes) <= 1  # nearly equal work
+    costs = [max(len(a), len(b)) + 1 for a, b in zip(src, tgt)]
+    assert all(max(costs[i] for i in b) * len(b) <= 80 for s in ranks for b in s)
+    with pytest.raises(ValueError, match="cannot be split over 3 processes"):
+        TokenBatchSampler([1, 2], [1, 2], max_tokens=10, num_replicas=3, rank=0, split_examples=True)
+
+
+def test_unrepeated_sampler_splits_in_order() -> None:
+    from lightning_bpd.tasks.eval_sampler import UnrepeatedSampler
+
+    sampler = UnrepeatedSampler(7)  # no process group: one rank sees everything
+    assert list(sampler) == list(range(7)) and len(sampler) == 7
+    sampler.num_replicas, sampler.rank = 3, 2
+    assert list(sampler) == [2, 5] and len(sampler) == 2
