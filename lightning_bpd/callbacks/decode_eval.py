@@ -289,6 +289,10 @@ class DecodeEval(pl.Callback):
                 lg.log_hyperparams({f"{self.quality_key}_signature": signature})
         self.save_json(folder, trainer, pl_module, stage, metrics, signature)
         self.log_samples(trainer, pl_module, stage, runs, batches)
+        if self.num_samples and hasattr(pl_module, "save_samples"):  # e.g. an image grid beside the JSON
+            suffix = f"_step{trainer.global_step}" if trainer.state.fn == "fit" else ""
+            pl_module.save_samples(folder / f"samples_{stage}{suffix}.png",
+                                   {name: run.outputs for name, run in runs.items()}, batches, self.num_samples)
 
     def save_json(self, folder: Path, trainer: pl.Trainer, pl_module: Any, stage: str, metrics: dict[str, float],
                   signature: str | None) -> None:

@@ -8,6 +8,7 @@ positions and row / column / channel position embeddings. Acceptance by distance
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -114,6 +115,18 @@ class SuperResolutionModule(BlockwiseModule):
             metrics["psnr_vs_greedy"] = float("inf") if same else float(peak_signal_noise_ratio(pred, ref, data_range=255.0))
             metrics["ssim_vs_greedy"] = float(structural_similarity_index_measure(pred, ref, data_range=255.0))
         return metrics
+
+    def save_samples(self, path: Path, outputs: dict[str, list[list[int]]], batches: list[EvalBatch], n: int) -> None:
+        """A PNG grid, one row per image: input (nearest-upsampled), each method's output, ground truth."""
+        from torchvision.utils import save_image
+
+        lows = torch.stack([s for b in batches for s in b.sources][:n])  # (n, 8, 8, 3) uint8
+        highs = torch.stack([r for b in batches for r in b.references][:n])  # (n, 32, 32, 3) uint8
+        up = lows.repeat_interleave(4, 1).repeat_interleave(4, 2).permute(0, 3, 1, 2).float()  # (n, 3, 32, 32)
+        columns = [up] + [self.to_images(outputs[m][:n]) for m in outputs] + [highs.permute(0, 3, 1, 2).float()]
+        grid = torch.stack(columns, dim=1).flatten(0, 1) / 255.0  # (n * columns, 3, 32, 32), row-major
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_image(grid, str(path), nrow=len(columns), padding=2, pad_value=1.0)
 
     def decode_eval_samples(self, outputs: dict[str, list[list[int]]], blocks: dict[str, list[list[int]]],
                             batches: list[EvalBatch], n: int) -> tuple[list[str], list[list[Any]]]:

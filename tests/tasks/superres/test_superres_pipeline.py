@@ -39,6 +39,10 @@ def test_superres_fit_logs_per_eps_acceptance(tmp_path, monkeypatch):
     logged = [r for r in history(find_run_file(tmp_path / "runs/sr")) if "val/eps8/mean_accepted_block_size" in r][-1]
     assert logged["val/eps8/mean_accepted_block_size"] == pytest.approx(m["eps8/mean_accepted_block_size"], rel=1e-6)
     assert logged["val/greedy/psnr"] == pytest.approx(m["greedy/psnr"], rel=1e-5)
+    from PIL import Image
+
+    grid = Image.open(tmp_path / "runs/sr/samples_val_step2.png")  # 1 image: input, greedy, exact, eps8, truth
+    assert grid.size == (2 + 5 * 34, 2 + 34)
 
 
 def test_image_transformer_cached_decoding_matches_the_full_pass():

@@ -1,0 +1,167 @@
+"""The measured results in ``results/``: load them, tabulate them (README) and feed the notebook's plots.
+
+Every record is a JSON file with a ``label`` (what was measured) and the ``command`` that made it,
+beside the data of one of three kinds:
+
+- ``decode``: a ``decode_<stage>.json`` of the :class:`~lightning_bpd.callbacks.decode_eval.DecodeEval`
+  callback (``metrics`` holds ``<method>/bleu`` or ``<method>/psnr``, ``<method>/mean_accepted_block_size``, ...);
+- ``bench``: the JSON of ``python -m lightning_bpd bench`` (``batch_sizes`` -> method -> timings);
+- ``step_cost``: the JSON of ``python -m lightning_bpd.benchmarks.step_cost``.
+
+``python -m lightning_bpd.results add RUN/decode_test.json results/x.json --label L --command C`` files a
+run's record with its provenance; ``python -m lightning_bpd.results table [results]`` prints the
+Markdown tables of the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+QUALITY_KEYS = ("bleu", "psnr")
+
+
+@dataclass
+class Record:
+    path: Path
+    kind: str  # decode | bench | step_cost
+    label: str
+    command: str
+    data: dict[str, Any]
+
+
+def kind_of(data: dict[str, Any]) -> str | None:
+    if "metrics" in data:
+        return "decode"
+    if "batch_sizes" in data:
+        return "bench"
+    if "ratio_vs_greedy_base_step" in data:
+        return "step_cost"
+    return None
+
+
+def load(folder: str | Path) -> list[Record]:
+    """Every result record under ``folder`` (recursively, sorted by path); other JSON files are skipped."""
+    records = []
+    for path in sorted(Path(folder).rglob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON: {err}") from None
+        kind = kind_of(data) if isinstance(data, dict) else None
+        if kind is None:
+            continue
+        records.append(Record(path, kind, data.get("label", path.stem), data.get("command", ""), data))
+    return records
+
+
+def methods_of(metrics: dict[str, float]) -> list[str]:
+    """Method names in a decode record, in logged order."""
+    return [key.rsplit("/", 1)[0] for key in metrics if key.endswith("/mean_accepted_block_size")]
+
+
+def quality_rows(records: list[Record]) -> list[dict[str, Any]]:
+    """One row per (decode record, method): quality (BLEU or PSNR), mean accepted block size, speedup."""
+    rows = []
+    for rec in records:
+        if rec.kind != "decode":
+            continue
+        m = rec.data["metrics"]
+        for method in methods_of(m):
+            key = next((q for q in QUALITY_KEYS if f"{method}/{q}" in m), None)
+            rows.append({
+                "label": rec.label, "stage": rec.data.get("stage", ""), "k": rec.data.get("k"), "method": method,
+                "metric": key or "", "quality": m.get(f"{method}/{key}", math.nan) if key else math.nan,
+                "block": m[f"{method}/mean_accepted_block_size"], "speedup": m.get(f"{method}/speedup", math.nan),
+                "matches_greedy": m.get(f"{method}/matches_greedy"), "examples": m.get("examples"),
+                "command": rec.command,
+            })
+    return rows
+
+
+def speed_rows(records: list[Record]) -> list[dict[str, Any]]:
+    """One row per (bench record, batch size, method): speedup, mean accepted block size, efficiency."""
+    rows = []
+    for rec in records:
+        if rec.kind != "bench":
+            continue
+        for batch, methods in rec.data["batch_sizes"].items():
+            for method, r in methods.items():
+                rows.append({
+                    "label": rec.label, "batch": int(batch), "method": method, "k": rec.data.get("k"),
+                    "threads": rec.data.get("threads"), "baseline": r.get("baseline", "greedy"),
+                    "block": r["mean_accepted_block_size"], "speedup": r["speedup"], "efficiency": r["efficiency"],
+                    "seconds_per_input": r["seconds_per_input_median"], "equals_greedy": r.get("equals_greedy"),
+                    "acceptance_rate": r.get("acceptance_rate"), "command": rec.command,
+                })
+    return rows
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_tables(records: list[Record]) -> str:
+    """The README's result tables: quality and accepted block size, then wall-clock speed."""
+    lines = ["| run | stage | method | quality | mean accepted block size | = greedy |",
+             "|---|---|---|---:|---:|---:|"]
+    for r in quality_rows(records):
+        quality = f"{r['metric'].upper()} {fmt(r['quality'])}" if r["metric"] else ""
+        lines.append(f"| {r['label']} | {r['stage']} | {r['method']} | {quality} | {fmt(r['block'])} "
+                     f"| {fmt(r['matches_greedy'])} |")
+    lines += ["", "| run | batch | method | s/input | mean accepted block size | speedup | efficiency | = greedy / acceptance |",
+              "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for r in speed_rows(records):
+        if r["method"] == r["baseline"]:
+            continue
+        last = fmt(r["acceptance_rate"], 3) if r["acceptance_rate"] is not None else fmt(r["equals_greedy"])
+        lines.append(f"| {r['label']} | {r['batch']} | {r['method']} (vs {r['baseline']}) | "
+                     f"{fmt(r['seconds_per_input'], 4)} | {fmt(r['block'])} | {fmt(r['speedup'])} | "
+                     f"{fmt(r['efficiency'])} | {last} |")
+    return "\n".join(lines)
+
+
+def add(source: str | Path, dest: str | Path, label: str, command: str) -> Path:
+    """Copy a run's JSON record to ``dest`` with its ``label`` and ``command``."""
+    data = json.loads(Path(source).read_text())
+    if kind_of(data) is None:
+        raise ValueError(f"{source} is not a decode, bench or step_cost record")
+    data = {"label": label, "command": command, **{k: v for k, v in data.items() if k not in ("label", "command")}}
+    Path(dest).parent.mkdir(parents=True, exist_ok=True)
+    Path(dest).write_text(json.dumps(data, indent=2) + "\n")
+    return Path(dest)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m lightning_bpd.results", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("table", help="print the Markdown result tables")
+    t.add_argument("folder", nargs="?", default="results")
+    a = sub.add_parser("add", help="file a run's JSON with its label and command")
+    a.add_argument("source")
+    a.add_argument("dest")
+    a.add_argument("--label", required=True)
+    a.add_argument("--command", required=True)
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "table":
+            print(markdown_tables(load(args.folder)))
+        else:
+            print(add(args.source, args.dest, args.label, args.command))
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"results: {err}") from None
+
+
+if __name__ == "__main__":
+    main()
