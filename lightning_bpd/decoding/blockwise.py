@@ -5,8 +5,11 @@ is ONE decoder call on the k proposed tokens of each row. That call both verifie
 (p_1 at each proposed position) and, at the last accepted position, yields the next k proposals
 (p_1..p_k), so n tokens cost one call. Rejected positions are cropped from the KV cache.
 
-Only p_1 is projected at the k-1 verified positions and all k heads at one position per row: about
-2k vocabulary projections per iteration instead of the naive k*k.
+Only p_1 is projected at the verified positions and the heads at one position per row, not the
+naive k*k. For rules made of per-position prefix checks (exact, top-n, eps) the verification is
+lazy: position j is projected only for rows whose checks 2..j passed, and p_1 at a row's first
+failure gives the first token of its next block, so an iteration that accepts n < k tokens costs
+n + (k - 1) projections per row instead of 2k - 1 (:func:`verify_lazily`, :func:`propose_after`).
 
 One iteration, in the words of the algorithm::
 
@@ -48,6 +51,50 @@ def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, firs
     return criterion.draft(model.logits_heads(h, range(k)), first)  # logits (b, k, V)
 
 
+def verify_lazily(model: BlockwiseModel, criterion: Criterion, tokens: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor]:
+    """Check a block position by position, projecting p_1 only where the verdict is still open.
+
+    tokens (b, k), hidden (b, k, D) from the verify pass. Token j+1 is checked against p_1 at
+    ``hidden[:, j]`` for the rows whose tokens 2..j all passed; a row stops at its first failure,
+    and the argmax of p_1 there, the token greedy decoding emits next, becomes the first token of
+    its next block (p_1 was computed there anyway, and head 1 is p_1). Same verdict as checking all
+    k-1 positions at once (:meth:`Criterion.accept`), with about (accepted size) projections per row
+    instead of k-1. Returns accepted (b,) in [1, k] and next_first (b,), -1 where all k were accepted.
+    """
+    b, k = tokens.shape
+    accepted = torch.ones(b, dtype=torch.long, device=tokens.device)  # (b,)
+    next_first = torch.full((b,), -1, dtype=torch.long, device=tokens.device)  # (b,)
+    open_rows = None  # None: every row (avoids indexing while all rows are still open)
+    for j in range(k - 1):
+        h = hidden[:, j] if open_rows is None else hidden[open_rows, j]  # (a, D)
+        logits = model.logits_first(h)[:, None]  # (a, 1, V)
+        proposal = tokens[:, j + 1 : j + 2] if open_rows is None else tokens[open_rows, j + 1 : j + 2]  # (a, 1)
+        ok = criterion.matches(proposal, logits)[:, 0]  # (a,)
+        rows = torch.arange(b, device=tokens.device) if open_rows is None else open_rows
+        if bool(ok.all()):
+            accepted[rows] += 1
+            open_rows = rows
+            continue
+        failed = ~ok
+        next_first[rows[failed]] = logits[failed, 0].argmax(dim=-1)
+        open_rows = rows[ok]
+        accepted[open_rows] += 1
+        if open_rows.numel() == 0:
+            break
+    return accepted, next_first
+
+
+def propose_after(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor) -> Block:
+    """Next block (b, k) where ``first`` (b,) already holds token 1 of most rows (-1: none yet).
+
+    When every row has its token 1, only heads 2..k are projected.
+    """
+    if k > 1 and bool((first >= 0).all()):
+        rest = criterion.draft(model.logits_heads(h, range(1, k)))  # tokens (b, k-1)
+        return Block(torch.cat([first[:, None], rest.tokens], dim=1))
+    return propose(model, criterion, h, k, first)
+
+
 @torch.no_grad()
 def blockwise_decode(
     model: BlockwiseModel,
@@ -74,11 +121,15 @@ def blockwise_decode(
     bos = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=src.device)
     block = propose(model, criterion, model.decode_step(bos, context, cache)[:, -1], k)  # tokens (B, k)
     calls = 1
+    lazy = criterion.prefix_checks and not criterion.stochastic
     while book.live.numel() > 0:
         hidden = model.decode_step(block.tokens, context, cache)  # (b, k, D)
         calls += 1
-        verdict = criterion.judge(block, model.logits_first(hidden[:, :-1]))
-        accepted, first = verdict.accepted, verdict.next_first  # (b,), (b,) or None
+        if lazy:
+            accepted, first = verify_lazily(model, criterion, block.tokens, hidden)  # (b,), (b,)
+        else:
+            verdict = criterion.judge(block, model.logits_first(hidden[:, :-1]))
+            accepted, first = verdict.accepted, verdict.next_first  # (b,), (b,) or None
         _, done = book.commit(block.tokens, accepted, model.eos_id)
         cache.crop(cache.lengths - k + accepted)  # keep BOS and every committed token
         last = hidden[torch.arange(hidden.shape[0], device=src.device), accepted - 1]  # (b, D)
@@ -89,5 +140,5 @@ def blockwise_decode(
             context, last = context.select(keep), last[keep]
             first = first[keep] if first is not None else None
             cache.select(keep)
-        block = propose(model, criterion, last, k, first)
+        block = propose_after(model, criterion, last, k, first) if lazy else propose(model, criterion, last, k, first)
     return book.result(calls)

@@ -75,6 +75,10 @@ class Criterion(ABC):
     """Decides how many of the k proposed tokens each row accepts."""
 
     stochastic: bool = False  # whether draft/judge draw random numbers (then accept/matches are unusable)
+    # whether the verdict is the longest prefix of independent per-position checks (``matches``) with
+    # y_1 always the argmax of p_1: the decoder may then check positions one at a time and stop at the
+    # first failure (see ``lightning_bpd.decoding.blockwise.verify_lazily``)
+    prefix_checks: bool = False
 
     def validate(self, k: int) -> None:
         """Raise ValueError if this rule cannot run with block size ``k``."""
@@ -111,6 +115,8 @@ class Criterion(ABC):
 class Exact(Criterion):
     """Accept while the proposal equals the argmax of p_1: the output equals greedy decoding."""
 
+    prefix_checks = True
+
     def matches(self, proposals: Tensor, verify_logits: Tensor) -> Tensor:
         return proposals == verify_logits.argmax(dim=-1)
 
@@ -121,6 +127,8 @@ class Exact(Criterion):
 
 class TopK(Criterion):
     """Accept while the proposal is among the ``n`` highest-scoring tokens of p_1 (section 5.1)."""
+
+    prefix_checks = True
 
     def __init__(self, n: int) -> None:
         if not isinstance(n, int) or n < 1:
@@ -144,6 +152,8 @@ class Distance(Criterion):
     token's value is its id. Give special tokens a value far from every other (or NaN) so they
     are only ever accepted on an exact match.
     """
+
+    prefix_checks = True
 
     def __init__(self, eps: float, values: Tensor | None = None) -> None:
         if eps < 0:

@@ -11,6 +11,7 @@ from lightning_bpd.decoding import (
     blockwise_decode,
     blockwise_decode_reference,
     greedy_decode,
+    parse_criterion,
 )
 from tests.models import EOS, StubModel, pick_eos, random_model, random_sources, stub_sources
 
@@ -160,3 +161,23 @@ def test_invalid_arguments(kwargs, message):
 def test_empty_source_is_refused():
     with pytest.raises(ValueError, match="empty source"):
         blockwise_decode(random_model(k=2), torch.tensor([[0, 0]]), max_len=5)
+
+
+@pytest.mark.parametrize("rule", ["exact", "top2", "eps3"])
+def test_lazy_verification_gives_the_full_verdict(rule):
+    from lightning_bpd.decoding.blockwise import verify_lazily
+
+    model = random_model(k=4, seed=5)
+    criterion = parse_criterion(rule)
+    src = random_sources(16, seed=5)
+    hidden = model.decode_full(torch.randint(3, 16, (16, 5)), model.encode(src))  # (16, 5, D)
+    logits = model.logits_first(hidden[:, :-1])  # (16, 4, V)
+    tokens = torch.cat([torch.full((16, 1), 7), logits.argmax(-1)], dim=1)  # (16, 5): token j+1 = argmax at j
+    flip = torch.rand(16, 5, generator=torch.Generator().manual_seed(0)) < 0.3
+    tokens = torch.where(flip, (tokens + 8) % 16, tokens)  # some checks fail (8 apart: outside eps 3 too)
+    accepted, next_first = verify_lazily(model, criterion, tokens, hidden)
+    assert torch.equal(accepted, criterion.accept(tokens, logits))
+    assert 1 in accepted.tolist() and 5 in accepted.tolist() and len(set(accepted.tolist())) >= 3
+    for row, n in enumerate(accepted.tolist()):  # next block opens with greedy's token after the accepted prefix
+        expected = -1 if n == 5 else int(logits[row, n - 1].argmax())
+        assert int(next_first[row]) == expected
