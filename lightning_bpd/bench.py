@@ -42,8 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="super-resolution: CelebA folder (default: synthetic faces); the val split is used")
     p.add_argument("--criteria", nargs="+", default=["exact", "top2"],
                    help="methods: exact, topN, epsX, minL[_rule], sample_tX[_pY], draft:<any of these>")
-    p.add_argument("--k", type=int, default=None,
-                   help="heads to use (default: all); with a draft, the block size (default: the model's k, >= 2)")
+    p.add_argument("--k", type=int, nargs="+", default=None,
+                   help="heads to use (default: all); with a draft, the block size (default: the model's k, >= 2). "
+                        "Several values run every method at each k, named <method>@k<k>, against one baseline")
     p.add_argument("--draft", default=None, help="checkpoint of a draft model (same vocabulary) for draft:<rule>")
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
     p.add_argument("--inputs", type=int, default=100, help="number of inputs decoded per batch size")
@@ -83,13 +84,18 @@ def batched(rows: list[torch.Tensor], size: int, pad_id: int) -> list[torch.Tens
     return out
 
 
-def build_methods(module, specs: list[str], k: int | None, draft) -> tuple[list[str], dict[str, DecodeMethod]]:
-    """The methods to time, baselines first: ``(order, methods)``."""
-    def make(spec: str) -> DecodeMethod:
+def build_methods(module, specs: list[str], ks: list[int] | None, draft) -> tuple[list[str], dict[str, DecodeMethod]]:
+    """The methods to time, baselines first: ``(order, methods)``. With several ``ks`` every method
+    runs at each k and is named ``<spec>@k<k>``."""
+    def make(spec: str, k: int | None = None) -> DecodeMethod:
         return make_method(spec, module.make_criterion, module.model, k, draft)
 
-    methods = {spec: make(spec) for spec in specs}
-    return with_baselines(specs, methods, make), methods
+    if ks is None or len(ks) == 1:
+        k = ks[0] if ks else None
+        methods = {spec: make(spec, k) for spec in specs}
+    else:
+        methods = {f"{spec}@k{k}": make(spec, k) for k in ks for spec in specs}
+    return with_baselines(list(methods), methods, make), methods
 
 
 def bench_batch_size(module, inputs: list[torch.Tensor], batch_size: int, order: list[str],
@@ -154,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
         inputs = load_inputs(module, args)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"bench: {err}")
-    result = {"ckpt": args.ckpt, "draft": args.draft, "k": args.k or module.model.k, "device": str(module.device),
+    result = {"ckpt": args.ckpt, "draft": args.draft, "k": (args.k[0] if len(args.k) == 1 else args.k) if args.k else module.model.k, "device": str(module.device),
               "threads": torch.get_num_threads(), "inputs": len(inputs), "batch_sizes": {}}
     print(f"{'batch':>5s} {'method':18s} {'s/input':>9s} {'tok/s':>8s} {'block':>6s} {'calls':>6s} "
           f"{'speedup':>7s} {'effic.':>6s} {'=greedy/accept':>14s}")

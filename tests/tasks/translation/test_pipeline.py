@@ -223,3 +223,19 @@ def test_decode_and_bench_with_sampling_and_a_draft(fitted, capsys):
     assert r["draft:sample_t1"]["acceptance_rate"] == pytest.approx(1.0)  # a draft identical to the target
     assert r["sample_t1"]["baseline"] == "ancestral_t1_p1" and "equals_greedy" not in r["sample_t1"]
     assert 0.0 <= r["sample_t1"]["acceptance_rate"] <= 1.0
+
+
+def test_bench_runs_each_method_at_several_k(fitted):
+    import json
+
+    root, _, _ = fitted
+    src = root / "bench_ks.en"
+    src.write_text("The teacher reads a book.\nThe dog sleeps.\n")
+    out = root / "bench_ks.json"
+    main(["bench", "--ckpt", str(root / "runs/b/last.ckpt"), "--input", str(src), "--criteria", "exact",
+          "--k", "1", "3", "--batch-sizes", "2", "--inputs", "2", "--warmup", "0", "--json", str(out)])
+    result = json.loads(out.read_text())
+    r = result["batch_sizes"]["2"]
+    assert list(r) == ["greedy", "exact@k1", "exact@k3"] and result["k"] == [1, 3]
+    assert r["exact@k1"]["mean_accepted_block_size"] == 1.0 and r["exact@k1"]["block_size"] == 1
+    assert r["exact@k3"]["block_size"] == 3 and r["exact@k3"]["equals_greedy"] is True
