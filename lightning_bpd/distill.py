@@ -19,6 +19,7 @@ import argparse
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -84,6 +85,7 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, lines: list[str]) 
     total = sum(min(args.shard_size, len(lines) - i * args.shard_size) for i in mine)
     bar = tqdm(total=total, initial=done_lines, unit="sent", desc=f"distill rank {rank}", position=rank,
                disable=None)
+    start, decoded = time.perf_counter(), 0
     for i in todo:
         chunk = lines[i * args.shard_size : (i + 1) * args.shard_size]
         texts = translate_lines(module, chunk, args.beam, args.alpha, args.batch_size)
@@ -92,7 +94,12 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, lines: list[str]) 
         tmp.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
         os.replace(tmp, path)  # a shard exists only when it is complete
         bar.update(len(chunk))
+        decoded += len(chunk)
     bar.close()
+    if decoded:
+        seconds = time.perf_counter() - start
+        print(f"rank {rank}: decoded {decoded} sentences in {seconds:.1f} s ({decoded / seconds:.2f} sentences/s, "
+              f"beam {args.beam}, {torch.get_num_threads()} thread(s) on {device})", file=sys.stderr)
 
 
 def merge(args: argparse.Namespace, lines: list[str], src_path: Path) -> None:
