@@ -1,0 +1,111 @@
+"""Where the decoding time goes: greedy vs blockwise, split by model call (issue: speed).
+
+    python -m lightning_bpd.benchmarks.where_time_goes --ckpt runs/m30k-k8-frozen/last.ckpt \\
+        --input src.en --inputs 30 --k 4 8 --criterion exact [--json out.json]
+
+Decodes the same inputs one at a time (batch 1) with cached greedy decoding and with blockwise
+decoding at each k, through a proxy of the model that times every call: ``encode``, the decoder
+(``decode_step``: one token for greedy, the k-token verify pass for blockwise), the p_1 projections
+(``logits_first``: greedy's next token, blockwise's verification) and the head projections
+(``logits_heads``: the proposals). The rest of the wall-clock time is the decode loop itself
+(argmax, acceptance, output bookkeeping, KV-cache crop). Reports milliseconds per step (greedy) or
+per iteration (blockwise), and each part's share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_bpd.decoding import blockwise_decode, greedy_decode
+
+TIMED = ("encode", "decode_step", "logits_first", "logits_heads")
+
+
+class TimedModel:
+    """Forwards everything to ``model``; accumulates the wall-clock seconds of the timed methods."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.model, name)
+        if name not in TIMED:
+            return attr
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            out = attr(*args, **kwargs)
+            self.seconds[name] += time.perf_counter() - start
+            self.calls[name] += 1
+            return out
+
+        return timed
+
+
+def profile(module: Any, inputs: list[torch.Tensor], k: int | None, criterion: str | None) -> dict[str, Any]:
+    """Time one method over ``inputs`` (greedy when ``criterion`` is None)."""
+    proxy = TimedModel(module.model)
+    rule = module.make_criterion(criterion) if criterion else None
+    start, steps = time.perf_counter(), 0
+    for src in inputs:
+        max_len = module.max_decode_len(src)
+        result = greedy_decode(proxy, src, max_len) if rule is None else blockwise_decode(proxy, src, rule, max_len, k=k)
+        steps += int(result.iterations.sum())
+    total = time.perf_counter() - start
+    parts = {name: proxy.seconds[name] for name in TIMED}
+    parts["loop"] = total - sum(parts.values())
+    return {"seconds": total, "steps": steps, "ms_per_step": 1e3 * total / steps,
+            "ms_per_step_by_part": {n: 1e3 * s / steps for n, s in parts.items()},
+            "share": {n: s / total for n, s in parts.items()}, "calls": dict(proxy.calls)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="python -m lightning_bpd.benchmarks.where_time_goes", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--input", default=None, help="translation: source sentences (.gz allowed)")
+    p.add_argument("--images", default=None, help="super-resolution: CelebA folder (default: synthetic faces)")
+    p.add_argument("--inputs", type=int, default=30)
+    p.add_argument("--k", type=int, nargs="+", default=None, help="block sizes (default: the model's k)")
+    p.add_argument("--criterion", default="exact")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from lightning_bpd.bench import load_inputs
+    from lightning_bpd.checkpoints import load_model
+
+    try:
+        module = load_model(args.ckpt, "cpu")
+        inputs = load_inputs(module, args)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"where_time_goes: {err}") from None
+    ks = args.k or [module.model.k]
+    profile(module, inputs[:2], ks[0], args.criterion)  # warm-up
+    report: dict[str, Any] = {"ckpt": args.ckpt, "inputs": len(inputs), "threads": torch.get_num_threads(),
+                              "criterion": args.criterion, "methods": {"greedy": profile(module, inputs, None, None)}}
+    for k in ks:
+        report["methods"][f"{args.criterion}@k{k}"] = profile(module, inputs, k, args.criterion)
+    greedy_ms = report["methods"]["greedy"]["ms_per_step"]
+    print(f"{'method':12s} {'ms/step':>8s} {'x greedy':>8s}  " + " ".join(f"{n:>13s}" for n in (*TIMED, "loop")))
+    for name, r in report["methods"].items():
+        parts = " ".join(f"{r['ms_per_step_by_part'][n]:7.2f} ({r['share'][n]:3.0%})" for n in (*TIMED, "loop"))
+        print(f"{name:12s} {r['ms_per_step']:8.2f} {r['ms_per_step'] / greedy_ms:8.2f}  {parts}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
