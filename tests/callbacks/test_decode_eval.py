@@ -74,3 +74,22 @@ def test_unknown_method_is_rejected_before_decoding():
     task = RandomTask(random_model(k=2, seed=1))
     with pytest.raises(ValueError, match="draft"):
         run_decode_eval(task, task.decode_eval_batches("val", None, 6), ["draft:exact"])
+
+
+def test_shards_of_two_ranks_give_the_single_process_metrics():
+    from lightning_bpd.callbacks.decode_eval import decode_shard, summarize
+
+    task = RandomTask(random_model(k=3, seed=4))
+    batches = [EvalBatch(random_sources(2, seed=s), 10, [[]] * 2, ["src"] * 2, [2 * s, 2 * s + 1]) for s in range(5)]
+    single, _ = run_decode_eval(task, batches, ["exact", "top2"])
+    shards = [decode_shard(task, batches, ["exact", "top2"], rank=r, world_size=2) for r in range(2)]
+    assert sorted(shards[0]) == [0, 2, 4] and sorted(shards[1]) == [1, 3]
+    merged, runs = summarize(task, batches, ["exact", "top2"], shards)
+    timing = ("seconds", "speedup")
+    assert {k: v for k, v in merged.items() if not k.endswith(timing)} == \
+        {k: v for k, v in single.items() if not k.endswith(timing)}
+    assert merged["examples"] == 10
+    with pytest.raises(RuntimeError, match="decoded by two ranks"):
+        summarize(task, batches, ["exact"], [shards[0], shards[0]])
+    with pytest.raises(RuntimeError, match="no rank decoded batches"):
+        summarize(task, batches, ["exact"], [shards[0]])
