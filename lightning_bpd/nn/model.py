@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
+from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.positions import build_positions
@@ -119,7 +120,7 @@ class BlockwiseTransformer(nn.Module):
     # ---- heads ---------------------------------------------------------------------------------
     def project(self, h: Tensor) -> Tensor:
         """Vocabulary projection (tied to the target embedding): (..., D) -> (..., V)."""
-        return nn.functional.linear(h, self.tgt_embed.weight)
+        return linear(h, self.tgt_embed.weight)
 
     def logits_first(self, h: Tensor) -> Tensor:
         """p_1 logits, the scoring model: (..., D) -> (..., V)."""
