@@ -10,7 +10,8 @@ beside the data of one of three kinds:
 
 ``python -m lightning_bpd.results add RUN/decode_test.json results/x.json --label L --command C`` files a
 run's record with its provenance; ``python -m lightning_bpd.results table [results]`` prints the
-Markdown tables of the README.
+Markdown tables, and ``python -m lightning_bpd.results readme`` writes them into README.md between
+its markers.
 """
 
 from __future__ import annotations
@@ -142,12 +143,33 @@ def add(source: str | Path, dest: str | Path, label: str, command: str) -> Path:
     return Path(dest)
 
 
+BEGIN, END = "<!-- results:begin (python -m lightning_bpd.results readme) -->", "<!-- results:end -->"
+
+
+def readme_block(text: str) -> str:
+    """The generated tables between the README's markers."""
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"the README has no {BEGIN} ... {END} block")
+    return text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip("\n")
+
+
+def update_readme(readme: str | Path, folder: str | Path) -> None:
+    """Rewrite the README's generated block from the records in ``folder``."""
+    text = Path(readme).read_text()
+    readme_block(text)  # both markers present
+    head, tail = text[: text.index(BEGIN) + len(BEGIN)], text[text.index(END) :]
+    Path(readme).write_text(f"{head}\n{markdown_tables(load(folder))}\n{tail}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd.results", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("table", help="print the Markdown result tables")
     t.add_argument("folder", nargs="?", default="results")
+    r = sub.add_parser("readme", help="rewrite the README's generated result tables")
+    r.add_argument("readme", nargs="?", default="README.md")
+    r.add_argument("--folder", default="results")
     a = sub.add_parser("add", help="file a run's JSON with its label and command")
     a.add_argument("source")
     a.add_argument("dest")
@@ -157,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.cmd == "table":
             print(markdown_tables(load(args.folder)))
+        elif args.cmd == "readme":
+            update_readme(args.readme, args.folder)
         else:
             print(add(args.source, args.dest, args.label, args.command))
     except (ValueError, FileNotFoundError) as err:

@@ -68,3 +68,25 @@ def test_notebook_executes_and_draws(tmp_path, monkeypatch):
     text = "".join(o.get("text", "") for o in outputs)
     assert "3 records" in text and "1 sample grid(s)" in text
     assert any("toy bench" in o.get("data", {}).get("text/markdown", "") for o in outputs)
+
+
+def test_readme_tables_are_generated_from_the_repository_results():
+    from lightning_bpd.results import readme_block
+
+    root = NOTEBOOK.parents[1]
+    block = readme_block((root / "README.md").read_text())
+    assert block == markdown_tables(load(root / "results")), \
+        "README out of date: run `python -m lightning_bpd.results readme`"
+
+
+def test_update_readme_rewrites_only_the_marked_block(tmp_path):
+    from lightning_bpd.results import BEGIN, END, readme_block, update_readme
+
+    write_results(tmp_path / "results")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\nintro\n\n{BEGIN}\n{END}\n\nafter\n")
+    update_readme(readme, tmp_path / "results")
+    update_readme(readme, tmp_path / "results")  # idempotent
+    text = readme.read_text()
+    assert text.startswith("# Title\n\nintro\n\n") and text.endswith(f"{END}\n\nafter\n")
+    assert readme_block(text) == markdown_tables(load(tmp_path / "results"))
