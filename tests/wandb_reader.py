@@ -61,3 +61,16 @@ def find_run_file(root: str | Path) -> Path:
     files = sorted(Path(root).rglob("offline-run-*/run-*.wandb"))
     assert files, f"no W&B offline run file under {root}"
     return files[-1]
+
+
+def rows_with(root: str | Path, key: str, timeout: float = 60.0) -> list[dict]:
+    """The history rows of the run under ``root`` that hold ``key``, waiting up to ``timeout`` seconds
+    for W&B's writer process to flush them (it can lag behind ``finish()`` on a loaded machine)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = [r for r in history(find_run_file(root)) if key in r]
+        if rows or time.monotonic() > deadline:
+            return rows
+        time.sleep(1.0)

@@ -10,7 +10,7 @@ import torch
 from lightning_bpd.cli import main
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
 from lightning_bpd.tasks.superres import SuperResolutionModule
-from tests.wandb_reader import find_run_file, history
+from tests.wandb_reader import rows_with
 
 TINY = [
     "--config", "conf/superres/default.yaml",
@@ -36,7 +36,9 @@ def test_superres_fit_logs_per_eps_acceptance(tmp_path, monkeypatch):
     assert m["exact/matches_greedy"] == 1.0 and math.isinf(m["exact/psnr_vs_greedy"])
     assert m["eps8/mean_accepted_block_size"] >= m["exact/mean_accepted_block_size"] >= 1.0
     assert m["greedy/model_calls"] == 3072
-    logged = [r for r in history(find_run_file(tmp_path / "runs/sr")) if "val/eps8/mean_accepted_block_size" in r][-1]
+    rows = rows_with(tmp_path / "runs/sr", "val/eps8/mean_accepted_block_size")
+    assert rows, "the decode metrics never reached the W&B run file"
+    logged = rows[-1]
     assert logged["val/eps8/mean_accepted_block_size"] == pytest.approx(m["eps8/mean_accepted_block_size"], rel=1e-6)
     assert logged["val/greedy/psnr"] == pytest.approx(m["greedy/psnr"], rel=1e-5)
     from PIL import Image

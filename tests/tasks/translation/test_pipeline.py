@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightning_bpd.cli import main
-from tests.wandb_reader import find_run_file, history
+from tests.wandb_reader import find_run_file, history, rows_with
 
 TINY = [
     "--model.init_args.d_model=32", "--model.init_args.n_heads=2", "--model.init_args.d_ff=64",
@@ -55,6 +55,7 @@ def test_wandb_offline_run_has_the_callback_values(fitted):
     callback = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "DecodeEval")
     expected = callback.last_metrics
     assert expected["examples"] == 6
+    rows_with(root / "runs/b", "val/exact/mean_accepted_block_size")  # wait for W&B's writer
     rows = history(find_run_file(root / "runs/b"))
     logged = [r for r in rows if "val/exact/mean_accepted_block_size" in r][-1]
     for key in ("greedy/bleu", "exact/bleu", "exact/mean_accepted_block_size", "top2/mean_accepted_block_size",
