@@ -17,8 +17,7 @@ import time
 import torch
 
 from lightning_bpd.checkpoints import load_model
-from lightning_bpd.decoding import Criterion, parse_criterion
-from lightning_bpd.decoding.criteria import SpeculativeSampling
+from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.methods import make_method
 
 
@@ -40,13 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def seeded(criterion: Criterion, seed: int) -> Criterion:
-    """``criterion`` with its random seed set (sampling rules only)."""
-    if isinstance(criterion, SpeculativeSampling):
-        criterion.seed = seed
-    return criterion
-
-
 def read_input(path: str) -> list[str]:
     if path == "-":
         return [line.rstrip("\n") for line in sys.stdin]
@@ -64,9 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         if not hasattr(module, "tokenizer"):
             raise ValueError(f"{args.ckpt} is not a translation checkpoint")
         draft = load_model(args.draft, args.device).model if args.draft else None
-        method = make_method(args.criterion, lambda spec: seeded(parse_criterion(spec), args.seed),
-                             module.model, args.k, draft)
-        method.seed = args.seed
+        method = make_method(args.criterion, parse_criterion, module.model, args.k, draft, seed=args.seed)
         sentences = read_input(args.input)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"decode: {err}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -16,6 +18,15 @@ def greedy_decode(model: BlockwiseModel, src: Tensor, max_len: int) -> DecodeRes
     this stays a fair (no wasted work) baseline for blockwise decoding.
     """
     check_decode_args(model, src, max_len)
+    return token_by_token(model, src, max_len, lambda logits: logits.argmax(dim=-1))
+
+
+def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int, pick: Callable[[Tensor], Tensor]) -> DecodeResult:
+    """The cached one-token-per-step loop: ``pick`` turns p_1 logits (b, V) into the next tokens (b,).
+
+    Shared by greedy decoding (argmax) and ancestral sampling (a draw). Rows stop after EOS or at
+    ``max_len`` and leave the batch.
+    """
     batch, device = src.shape[0], src.device
     context = model.encode(src)
     cache = model.new_cache(batch, capacity=1 + max_len)
@@ -27,7 +38,7 @@ def greedy_decode(model: BlockwiseModel, src: Tensor, max_len: int) -> DecodeRes
     for step in range(max_len):
         h = model.decode_step(inputs, context, cache)[:, -1]  # (b, D)
         steps += 1
-        nxt = model.logits_first(h).argmax(dim=-1)  # (b,)
+        nxt = pick(model.logits_first(h))  # (b,)
         tokens[live, step] = nxt
         if model.eos_id is not None:
             done = nxt == model.eos_id

@@ -108,30 +108,39 @@ def make_method(
     model: BlockwiseModel,
     k: int | None = None,
     draft: BlockwiseModel | None = None,
+    seed: int | None = 0,
 ) -> DecodeMethod:
     """Build (and check) the method named ``spec`` for ``model``; raise ValueError saying what to fix.
 
     ``make_criterion`` turns a criterion name into a rule (tasks add their intensity values for eps).
     ``k`` is the number of heads used (default: all) or, for a draft, the block size (default: the
-    model's k, at least 2).
+    model's k, at least 2). ``seed`` seeds the random numbers of sampling methods (reseeded at
+    every decode call).
     """
     s = spec.strip()
     if s == "greedy":
         return DecodeMethod(s)
     if s == "ancestral" or s.startswith("ancestral_"):
         temperature, top_p = parse_ancestral(s)
-        return DecodeMethod(s, temperature=temperature, top_p=top_p)
+        return DecodeMethod(s, temperature=temperature, top_p=top_p, seed=seed)
     if s.startswith(DRAFT_PREFIX):
         if draft is None:
             raise ValueError(f"method {spec!r} needs a draft model (give --draft CKPT)")
         block = k if k is not None else max(2, model.k)
         check_draft_args(model, draft, block)
-        criterion = make_criterion(s[len(DRAFT_PREFIX):])
+        criterion = seeded(make_criterion(s[len(DRAFT_PREFIX):]), seed)
         criterion.validate(block)
-        return DecodeMethod(s, criterion, block, draft)
-    criterion = make_criterion(s)
+        return DecodeMethod(s, criterion, block, draft, seed=seed)
+    criterion = seeded(make_criterion(s), seed)
     criterion.validate(resolve_k(model, k))
-    return DecodeMethod(s, criterion, k)
+    return DecodeMethod(s, criterion, k, seed=seed)
+
+
+def seeded(criterion: Criterion, seed: int | None) -> Criterion:
+    """``criterion`` with its random seed set (sampling rules; the others draw no random numbers)."""
+    if isinstance(criterion, SpeculativeSampling):
+        criterion.seed = seed
+    return criterion
 
 
 def acceptance_rate(block_sizes: list[list[int]], k: int) -> float:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.greedy import strip_padding
+from lightning_bpd.decoding.greedy import strip_padding, token_by_token
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
 
 
@@ -139,29 +139,4 @@ def sample_decode(
     """
     check_decode_args(model, src, max_len)
     check_sampling_args(temperature, top_p)
-    batch, device = src.shape[0], src.device
-    context = model.encode(src)
-    cache = model.new_cache(batch, capacity=1 + max_len)
-    tokens = torch.full((batch, max_len), model.pad_id, dtype=torch.long, device=device)
-    lengths = torch.full((batch,), max_len, dtype=torch.long, device=device)
-    live = torch.arange(batch, device=device)  # original index of each live row
-    inputs = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=device)
-    steps = 0
-    for step in range(max_len):
-        logits = model.logits_first(model.decode_step(inputs, context, cache)[:, -1])  # (b, V)
-        steps += 1
-        nxt = sample(probabilities(logits, temperature, top_p), generator)  # (b,)
-        tokens[live, step] = nxt
-        if model.eos_id is not None:
-            done = nxt == model.eos_id
-            if bool(done.any()):
-                lengths[live[done]] = step + 1
-                keep = (~done).nonzero().squeeze(1)
-                if keep.numel() == 0:
-                    break
-                live, nxt, context = live[keep], nxt[keep], context.select(keep)
-                cache.select(keep)
-        inputs = nxt[:, None]
-    width = max(1, int(lengths.max()))
-    tokens = tokens[:, :width].masked_fill(torch.arange(width, device=device) >= lengths[:, None], model.pad_id)
-    return DecodeResult(tokens, lengths, lengths.clone(), steps, [[1] * n for n in lengths.tolist()])
+    return token_by_token(model, src, max_len, lambda logits: sample(probabilities(logits, temperature, top_p), generator))

@@ -13,6 +13,8 @@ from itertools import chain
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from lightning_bpd.tasks.eval_sampler import process_group
+
 __all__ = ["TokenBatchSampler", "TokenPairDataset", "collate_pairs"]
 
 logger = logging.getLogger("lightning_bpd")
@@ -144,11 +146,9 @@ class TokenBatchSampler(Sampler[list[int]]):
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
         if num_replicas is None or rank is None:
-            dist_ok = torch.distributed.is_available() and torch.distributed.is_initialized()
-            if num_replicas is None:
-                num_replicas = torch.distributed.get_world_size() if dist_ok else 1
-            if rank is None:
-                rank = torch.distributed.get_rank() if dist_ok else 0
+            world, group_rank = process_group()
+            num_replicas = world if num_replicas is None else num_replicas
+            rank = group_rank if rank is None else rank
         if num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ValueError(f"invalid rank {rank} for num_replicas={num_replicas}")
 
