@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
+from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.positions import build_positions
 from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext

@@ -84,7 +84,7 @@ def test_shards_of_two_ranks_give_the_single_process_metrics():
     single, _ = run_decode_eval(task, batches, ["exact", "top2"])
     shards = [decode_shard(task, batches, ["exact", "top2"], rank=r, world_size=2) for r in range(2)]
     assert sorted(shards[0]) == [0, 2, 4] and sorted(shards[1]) == [1, 3]
-    merged, runs = summarize(task, batches, ["exact", "top2"], shards)
+    merged, _ = summarize(task, batches, ["exact", "top2"], shards)
     timing = ("seconds", "speedup")
     assert {k: v for k, v in merged.items() if not k.endswith(timing)} == \
         {k: v for k, v in single.items() if not k.endswith(timing)}

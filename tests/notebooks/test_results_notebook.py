@@ -11,7 +11,7 @@ import torch
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-from lightning_bpd.results import load, markdown_tables  # noqa: E402
+from lightning_bpd.results import load, markdown_tables
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "results.ipynb"
 
