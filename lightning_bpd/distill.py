@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -53,8 +54,9 @@ def shard_path(out: Path, prefix: str, lang: str, i: int) -> Path:
     return out / "shards" / f"{prefix}.{i:05d}.{lang}"
 
 
-def translate_lines(module, lines: list[str], beam: int, alpha: float, batch_size: int) -> list[str]:
-    """Beam-decode ``lines`` (empty lines stay empty)."""
+def translate_lines(module, lines: list[str], beam: int, alpha: float, batch_size: int,
+                    progress: Callable[[int], object] | None = None) -> list[str]:
+    """Beam-decode ``lines`` (empty lines stay empty); ``progress(n)`` after each batch of n lines."""
     out = [""] * len(lines)
     todo = [i for i, s in enumerate(lines) if s.strip()]
     for start in range(0, len(todo), batch_size):
@@ -68,6 +70,8 @@ def translate_lines(module, lines: list[str], beam: int, alpha: float, batch_siz
                 result = beam_search(module.model, src, max_len, beam_size=beam, alpha=alpha)
         for i, text in zip(idx, module.detokenize(result.sequences())):
             out[i] = text.replace("\n", " ")
+        if progress is not None:
+            progress(len(idx))
     return out
 
 
@@ -88,13 +92,17 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, lines: list[str]) 
     start, decoded = time.perf_counter(), 0
     for i in todo:
         chunk = lines[i * args.shard_size : (i + 1) * args.shard_size]
-        texts = translate_lines(module, chunk, args.beam, args.alpha, args.batch_size)
+        texts = translate_lines(module, chunk, args.beam, args.alpha, args.batch_size, bar.update)
+        bar.update(len(chunk) - sum(1 for line in chunk if line.strip()))  # empty lines: not decoded
         path = shard_path(out, args.prefix, args.tgt_lang, i)
         tmp = path.with_suffix(path.suffix + f".tmp{rank}")
         tmp.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
         os.replace(tmp, path)  # a shard exists only when it is complete
-        bar.update(len(chunk))
         decoded += len(chunk)
+        if bar.disable:  # no terminal (a log file): one line per shard instead of the bar
+            seconds = time.perf_counter() - start
+            print(f"rank {rank}: shard {i} done, {done_lines + decoded}/{total} sentences, "
+                  f"{decoded / seconds:.2f} sentences/s", file=sys.stderr, flush=True)
     bar.close()
     if decoded:
         seconds = time.perf_counter() - start

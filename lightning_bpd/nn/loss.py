@@ -5,6 +5,11 @@ at position t feeds head i (1-based), which is trained on target ``y_{t+i}``, i.
 shifted left by i - 1. Positions past the end and padding are ignored. ``mode="random"`` trains one
 head drawn uniformly per minibatch (the paper's choice, and the cheapest: only that head's
 vocabulary projection is computed); ``mode="mean"`` averages all k sub-losses.
+
+``head1_weight`` w > 0 (not in the paper) keeps the scoring model's loss in every minibatch while
+the base is fine-tuned: head 1 is always trained and the loss is ``w * L_1 + (1 - w) * mean of the
+other chosen sub-losses`` (random mode then draws one of heads 2..k). It trades some acceptance for
+less drift of p_1, whose quality is the BLEU of every exact decode.
 """
 
 from __future__ import annotations
@@ -28,13 +33,26 @@ class BlockwiseLoss:
     head_acc: dict[int, Tensor]
 
 
-def choose_heads(k: int, mode: str, generator: torch.Generator | None = None, skip: Sequence[int] = ()) -> list[int]:
-    """0-based heads to train this minibatch; ``skip`` lists heads with nothing to train."""
+def choose_heads(
+    k: int, mode: str, generator: torch.Generator | None = None, skip: Sequence[int] = (), keep_first: bool = False,
+) -> list[int]:
+    """0-based heads to train this minibatch; ``skip`` lists heads with nothing to train.
+
+    ``keep_first`` (for ``head1_weight``): head 0 is always trained, beside all others (mean) or one
+    drawn from heads 1..k-1 (random).
+    """
     if mode not in LOSS_MODES:
         raise ValueError(f"loss mode must be one of {LOSS_MODES}, got {mode!r}")
     heads = [i for i in range(k) if i not in set(skip)]
     if not heads:
         raise ValueError("no trainable head: every head is skipped (a frozen base with k = 1?)")
+    if keep_first:
+        if 0 not in heads:
+            raise ValueError("head1_weight needs a trainable head 1 (the base is frozen)")
+        others = heads[1:]
+        if mode == "mean" or not others:
+            return heads
+        return [0, others[int(torch.randint(len(others), (1,), generator=generator))]]
     if mode == "mean":
         return heads
     return [heads[int(torch.randint(len(heads), (1,), generator=generator))]]
@@ -57,14 +75,18 @@ def blockwise_loss(
     pad_id: int,
     label_smoothing: float = 0.0,
     positions: Tensor | None = None,
+    head1_weight: float = 0.0,
 ) -> BlockwiseLoss:
     """Cross-entropy of ``logits`` (B, T, h, V) for the 0-based ``heads`` against ``targets`` (B, T).
 
     With ``positions`` (B, T) bool, ``logits`` are (N, h, V) for just the N selected positions (a
     random subset of positions gives an unbiased estimate of the loss at a fraction of the cost of
     the vocabulary projections). The returned loss is the mean over the listed heads of each head's
-    token-averaged loss (with ``label_smoothing``; the logged per-head loss is the same quantity).
+    token-averaged loss (with ``label_smoothing``; the logged per-head loss is the same quantity),
+    or, with ``head1_weight`` w > 0 and head 0 listed beside others, ``w * L_1 + (1 - w) * mean(rest)``.
     """
+    if not 0.0 <= head1_weight < 1.0:
+        raise ValueError(f"head1_weight must lie in [0, 1), got {head1_weight}")
     if logits.shape[-2] != len(heads):
         raise ValueError(f"logits have {logits.shape[-2]} heads but {len(heads)} head indices were given")
     losses, head_loss, head_acc = [], {}, {}
@@ -83,4 +105,8 @@ def blockwise_loss(
         losses.append(loss)
         head_loss[i + 1] = loss.detach()
         head_acc[i + 1] = ((lg.argmax(-1) == tgt) & mask).sum() / count
-    return BlockwiseLoss(torch.stack(losses).mean(), head_loss, head_acc)
+    if head1_weight > 0 and heads[0] == 0 and len(heads) > 1:
+        total = head1_weight * losses[0] + (1 - head1_weight) * torch.stack(losses[1:]).mean()
+    else:
+        total = torch.stack(losses).mean()
+    return BlockwiseLoss(total, head_loss, head_acc)

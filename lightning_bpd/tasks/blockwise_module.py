@@ -41,6 +41,7 @@ class BlockwiseModule(pl.LightningModule):
         weight_decay: float = 0.0,
         seed: int = 0,
         loss_fraction: float = 1.0,
+        head1_weight: float = 0.0,
     ) -> None:
         super().__init__()
         if not 0.0 < loss_fraction <= 1.0:
@@ -54,6 +55,12 @@ class BlockwiseModule(pl.LightningModule):
             raise ValueError("model.freeze_base needs model.init_from: a trained base checkpoint to freeze")
         if freeze_base and model_config.k == 1:
             raise ValueError("model.freeze_base with k=1 leaves nothing to train: set model.k >= 2")
+        if not 0.0 <= head1_weight < 1.0:
+            raise ValueError(f"model.head1_weight must lie in [0, 1) (0 = the paper's loss), got {head1_weight}")
+        if head1_weight > 0 and freeze_base:
+            raise ValueError("model.head1_weight weights p_1's loss, which a frozen base does not train: "
+                             "set model.freeze_base: false or model.head1_weight: 0")
+        self.head1_weight = head1_weight
         if lr <= 0 or warmup_steps < 0 or not 0 <= label_smoothing < 1:
             raise ValueError("model.lr must be > 0, model.warmup_steps >= 0 and model.label_smoothing in [0, 1)")
         self.model = BlockwiseTransformer(model_config)
@@ -74,12 +81,16 @@ class BlockwiseModule(pl.LightningModule):
             raise FileNotFoundError(f"model.init_from: no checkpoint at {path!r} (train a base with k: 1 first)")
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
         state = ckpt.get("state_dict", ckpt)
+        self.check_warm_start(path, ckpt)
         state = {key.removeprefix("model."): value for key, value in state.items()}
         try:
             fresh = load_base_weights(self.model, state)
         except CheckpointMismatchError as err:
             raise CheckpointMismatchError(f"model.init_from={path}: {err}") from None
         logger.info("warm start from %s; left as initialized: %d tensors of the head", path, len(fresh))
+
+    def check_warm_start(self, path: str, checkpoint: dict[str, Any]) -> None:
+        """Raise if ``checkpoint`` can't warm-start this run for a task-specific reason (none here)."""
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         cls = type(self)
@@ -91,7 +102,7 @@ class BlockwiseModule(pl.LightningModule):
         return [i for i in range(self.model.k) if self.freeze and self.model.head.head_is_identity(i)]
 
     def blockwise_step(self, src: Tensor, tgt: Tensor, heads: list[int], fraction: float = 1.0,
-                       generator: torch.Generator | None = None):
+                       generator: torch.Generator | None = None, head1_weight: float = 0.0):
         """Teacher-forced blockwise loss of ``heads`` for src (B, S), tgt (B, T) ending in EOS.
 
         ``fraction`` < 1 evaluates the heads at a random subset of the target positions.
@@ -101,16 +112,18 @@ class BlockwiseModule(pl.LightningModule):
         hidden = self.model(src, tgt_in)  # (B, T, D)
         if fraction >= 1.0:
             logits = self.model.logits_heads(hidden, heads)  # (B, T, h, V)
-            return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing)
+            return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing,
+                                  head1_weight=head1_weight)
         draw = torch.rand(tgt.shape, generator=generator).to(tgt.device)
         positions = (draw < fraction) & (tgt != self.model.pad_id)  # (B, T)
         logits = self.model.logits_heads(hidden[positions], heads)  # (N, h, V)
-        return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing, positions)
+        return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing, positions, head1_weight)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.global_step)
-        heads = choose_heads(self.model.k, self.loss_mode, g, skip=self.trainable_heads_skip())
-        out = self.blockwise_step(batch["src"], batch["tgt"], heads, self.loss_fraction, g)
+        heads = choose_heads(self.model.k, self.loss_mode, g, skip=self.trainable_heads_skip(),
+                             keep_first=self.head1_weight > 0)
+        out = self.blockwise_step(batch["src"], batch["tgt"], heads, self.loss_fraction, g, self.head1_weight)
         n = batch["src"].shape[0]
         self.log("train/loss", out.loss, prog_bar=True, batch_size=n)
         for i in out.head_loss:

@@ -58,3 +58,24 @@ def test_loss_at_selected_positions_equals_the_masked_full_loss():
         tgt[~positions] = PAD
         expected = F.cross_entropy(logits[:, :, i].reshape(-1, 10), tgt.reshape(-1), ignore_index=PAD)
         torch.testing.assert_close(sel.head_loss[i + 1], expected)
+
+
+def test_head1_weight_keeps_head_one_and_weights_its_loss():
+    g = torch.Generator().manual_seed(0)
+    draws = [choose_heads(4, "random", g, keep_first=True) for _ in range(300)]
+    assert all(d[0] == 0 and len(d) == 2 and d[1] in (1, 2, 3) for d in draws)
+    assert {d[1] for d in draws} == {1, 2, 3}
+    assert choose_heads(4, "mean", keep_first=True) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="head1_weight needs a trainable head 1"):
+        choose_heads(4, "mean", skip=[0], keep_first=True)
+
+    torch.manual_seed(0)
+    targets = torch.tensor([[5, 6, 7, 2], [8, 2, 0, 0]])
+    logits = torch.randn(2, 4, 3, 10)
+    out = blockwise_loss(logits, targets, [0, 1, 2], PAD, head1_weight=0.5)
+    expected = 0.5 * out.head_loss[1] + 0.5 * (out.head_loss[2] + out.head_loss[3]) / 2
+    torch.testing.assert_close(out.loss, expected)
+    plain = blockwise_loss(logits, targets, [0, 1, 2], PAD)
+    assert not torch.allclose(out.loss, plain.loss)
+    with pytest.raises(ValueError, match="head1_weight must lie in"):
+        blockwise_loss(logits, targets, [0, 1, 2], PAD, head1_weight=1.0)

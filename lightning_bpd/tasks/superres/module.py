@@ -41,6 +41,8 @@ class SuperResolutionModule(BlockwiseModule):
             (see :class:`~lightning_bpd.tasks.translation.TranslationModule`).
         lr, warmup_steps, label_smoothing, weight_decay, seed: optimization.
         loss_fraction: share of target positions at which the training loss is evaluated (1.0 = all).
+        head1_weight: when fine-tuning, p_1's loss is kept in every minibatch with this weight
+            (``w * L_1 + (1 - w) * mean of the other heads``); 0 = the paper's loss.
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class SuperResolutionModule(BlockwiseModule):
         weight_decay: float = 0.0,
         seed: int = 0,
         loss_fraction: float = 1.0,
+        head1_weight: float = 0.0,
     ) -> None:
         config = ModelConfig(
             src_vocab_size=VOCAB_SIZE, tgt_vocab_size=VOCAB_SIZE, d_model=d_model, n_heads=n_heads,
@@ -73,7 +76,7 @@ class SuperResolutionModule(BlockwiseModule):
             bos_id=BOS_ID, eos_id=None,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
-                         seed, loss_fraction)
+                         seed, loss_fraction, head1_weight)
         self.save_hyperparameters()
         self.values = intensity_values()
 

@@ -26,6 +26,16 @@ from lightning_bpd.tasks.translation.synthetic import write_corpus
 from lightning_bpd.tasks.translation.text_files import read_parallel, resolve_split_files
 from lightning_bpd.tasks.translation.tokenizer import Tokenizer
 
+
+def file_digest(path: Path) -> str:
+    """SHA-1 of a file's bytes (read in 1 MiB chunks)."""
+    digest = hashlib.sha1()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 logger = logging.getLogger("lightning_bpd")
 
 
@@ -39,7 +49,8 @@ class TranslationDataModule(pl.LightningDataModule):
         val_prefix, test_prefix: prefixes of the validation and test files.
         vocab_size: SentencePiece vocabulary size (a soft limit on tiny corpora).
         tokenizer_type: ``unigram`` or ``bpe``.
-        tokenizer_path: reuse this SentencePiece ``.model`` instead of training one.
+        tokenizer_path: reuse this SentencePiece ``.model`` (or the one stored in a translation
+            ``.ckpt``, e.g. the base a warm start begins from) instead of training one.
         max_words: drop training pairs with more whitespace words than this on either side.
         max_tokens: token budget of a training batch (padded positions).
         eval_max_tokens: token budget of a validation/test batch.
@@ -117,8 +128,10 @@ class TranslationDataModule(pl.LightningDataModule):
         return self.texts[split]
 
     def tokenizer_key(self) -> str:
+        """Cache key of the tokenizer: the training files' contents (not their dates: a data folder
+        mounted again must not retrain it) and the tokenizer settings."""
         files = [
-            str(p.resolve()) + f":{p.stat().st_size}:{int(p.stat().st_mtime)}"
+            file_digest(p)
             for prefix in self.train_prefixes
             for p in resolve_split_files(self.data_root, prefix, self.src_lang, self.tgt_lang)
         ]

@@ -40,6 +40,8 @@ class TranslationModule(BlockwiseModule):
         seed: seed of the per-minibatch head choice.
         loss_fraction: share of target positions at which the training loss is evaluated (1.0 = all,
             the paper; less trades gradient noise for cheaper vocabulary projections on CPU).
+        head1_weight: when fine-tuning, p_1's loss is kept in every minibatch with this weight
+            (``w * L_1 + (1 - w) * mean of the other heads``); 0 = the paper's loss.
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class TranslationModule(BlockwiseModule):
         max_len_b: int = 10,
         seed: int = 0,
         loss_fraction: float = 1.0,
+        head1_weight: float = 0.0,
     ) -> None:
         config = ModelConfig(
             src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=d_model, n_heads=n_heads,
@@ -72,7 +75,7 @@ class TranslationModule(BlockwiseModule):
             head_hidden=head_hidden, identity_first=identity_first, share_embeddings=True,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
-                         seed, loss_fraction)
+                         seed, loss_fraction, head1_weight)
         self.save_hyperparameters()
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self._tokenizer: Tokenizer | None = None
@@ -98,6 +101,18 @@ class TranslationModule(BlockwiseModule):
                 f"tokenizer has {self.tokenizer.vocab_size} pieces but the model was built for "
                 f"{self.model.config.tgt_vocab_size}: use the tokenizer the base checkpoint was trained with "
                 "(data.tokenizer_path) or the same data.vocab_size"
+            )
+
+    def check_warm_start(self, path: str, checkpoint: dict[str, Any]) -> None:
+        """The base must have been trained with this run's tokenizer: token ids index its embeddings."""
+        theirs = checkpoint.get("tokenizer_proto")
+        if theirs is None or (self._trainer is None and self._tokenizer is None):
+            return  # an old checkpoint, or a warm start outside a Trainer with no data attached
+        if not self.tokenizer.segments_like(Tokenizer.from_bytes(theirs)):
+            raise ValueError(
+                f"model.init_from={path} was trained with another SentencePiece model than this run's data "
+                f"(same vocabulary size, different pieces): reuse the base's with "
+                f"--data.init_args.tokenizer_path={path}"
             )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -54,13 +54,20 @@ class Tokenizer:
     # ------------------------------------------------------------------ construction
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
-        """Load a trained ``*.model`` file."""
+        """Load a trained ``*.model`` file, or the tokenizer stored in a translation ``*.ckpt``."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(
                 f"SentencePiece model not found: '{path}'. Train one with Tokenizer.train(...) (or let the "
                 f"data module build it) or fix the tokenizer path in the config."
             )
+        if path.suffix == ".ckpt":
+            import torch
+
+            ckpt = torch.load(path, map_location="cpu", weights_only=False)
+            if not isinstance(ckpt, dict) or "tokenizer_proto" not in ckpt:
+                raise ValueError(f"checkpoint '{path}' holds no tokenizer (not a translation run's checkpoint)")
+            return cls.from_bytes(ckpt["tokenizer_proto"])
         processor = spm.SentencePieceProcessor()
         try:
             processor.Load(model_file=str(path))
@@ -128,6 +135,22 @@ class Tokenizer:
     def to_bytes(self) -> bytes:
         """The serialized SentencePiece model (stored inside checkpoints)."""
         return self._sp.serialized_model_proto()
+
+    def segments_like(self, other: Tokenizer) -> bool:
+        """Same pieces, scores and normalization: both map every text to the same ids.
+
+        The serialized models of two identical trainings still differ in their training record (the
+        output file name), so that part is left out of the comparison.
+        """
+        from sentencepiece import sentencepiece_model_pb2
+
+        def essential(tok: Tokenizer) -> bytes:
+            proto = sentencepiece_model_pb2.ModelProto()
+            proto.ParseFromString(tok.to_bytes())
+            proto.ClearField("trainer_spec")
+            return proto.SerializeToString(deterministic=True)
+
+        return essential(self) == essential(other)
 
     @classmethod
     def from_bytes(cls, proto: bytes) -> Tokenizer:

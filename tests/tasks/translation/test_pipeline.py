@@ -166,6 +166,37 @@ def test_frozen_stage_two_trains_only_the_head(fitted):
                        greedy_decode(base, src, 10).tokens)
 
 
+def test_head1_weight_in_fine_tuning(fitted):
+    from lightning_bpd.tasks.translation import TranslationModule
+
+    root, _, cli = fitted
+    vocab = cli.model.model.config.tgt_vocab_size
+    shape = {"vocab_size": vocab, "d_model": 32, "n_heads": 2, "d_ff": 64, "n_encoder_layers": 1,
+             "n_decoder_layers": 1, "head_hidden": 16, "k": 4, "identity_first": True,
+             "init_from": str(root / "runs/b/last.ckpt")}
+    with pytest.raises(ValueError, match="frozen base does not train"):
+        TranslationModule(**shape, freeze_base=True, head1_weight=0.5)
+    module = TranslationModule(**shape, loss_mode="mean", head1_weight=0.75)
+    module.warm_start(module.init_from)
+    src, tgt = torch.randint(4, vocab, (3, 5)), torch.randint(4, vocab, (3, 6))
+    out = module.blockwise_step(src, tgt, [0, 1, 2, 3], head1_weight=0.75)
+    rest = torch.stack([out.head_loss[i] for i in (2, 3, 4)]).mean()
+    torch.testing.assert_close(out.loss, 0.75 * out.head_loss[1] + 0.25 * rest)
+
+
+def test_warm_start_needs_the_base_tokenizer(fitted):
+    root, _, _ = fitted
+    base = str(root / "runs/b/last.ckpt")
+    other_data = [*TINY, "--data.init_args.seed=7", "--model.init_args.k=2", f"--model.init_args.init_from={base}",
+                  "--trainer.max_steps=1", "--trainer.logger=false"]
+    with pytest.raises(SystemExit) as err:
+        main(["fit", *other_data, "--run_dir=runs/other-tok"])
+    assert "trained with another SentencePiece model" in str(err.value)
+    assert f"--data.init_args.tokenizer_path={base}" in str(err.value)
+    cli = main(["fit", *other_data, f"--data.init_args.tokenizer_path={base}", "--run_dir=runs/same-tok"])
+    assert cli.trainer.global_step == 1
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
 

@@ -128,3 +128,12 @@ def test_invalid_args(tmp_path: Path) -> None:
         Tokenizer.train(["a b"], tmp_path / "x", vocab_size=100, model_type="word")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         Tokenizer.train(["a b"], tmp_path / "x", vocab_size=4)
+
+
+def test_segments_like_ignores_the_training_record(tmp_path: Path, corpus: list[str]) -> None:
+    t1 = Tokenizer.train(corpus, tmp_path / "one", vocab_size=100, seed=3)
+    t2 = Tokenizer.train(corpus, tmp_path / "two", vocab_size=100, seed=3)
+    assert t1.to_bytes() != t2.to_bytes()  # the output name is recorded in the model
+    assert t1.segments_like(t2)
+    other = Tokenizer.train(_corpus(300, seed=5), tmp_path / "three", vocab_size=100, seed=3)
+    assert not t1.segments_like(other)
