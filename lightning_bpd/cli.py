@@ -126,6 +126,12 @@ class BPDCLI(LightningCLI):
             if isinstance(cb, Namespace) and cb.class_path.endswith("ModelCheckpoint") and cb.init_args.dirpath is None:
                 cb.init_args.dirpath = run_dir
         init_args = cfg.model.init_args
+        data_args = cfg.data.init_args
+        init_from = getattr(init_args, "init_from", None)
+        if init_from and "tokenizer_path" in data_args and data_args.tokenizer_path is None and Path(init_from).is_file():
+            # a warm start keeps its base's vocabulary: token ids index the base's embeddings
+            data_args.tokenizer_path = init_from
+            logging.getLogger("lightning_bpd").info("data.tokenizer_path: the tokenizer of %s", init_from)
         if "vocab_size" in init_args and init_args.vocab_size is None:
             data_cls = import_object(cfg.data.class_path)
             init_args.vocab_size = data_cls(**to_plain(cfg.data.init_args)).vocab_size

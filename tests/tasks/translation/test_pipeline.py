@@ -184,18 +184,24 @@ def test_head1_weight_in_fine_tuning(fitted):
     torch.testing.assert_close(out.loss, 0.75 * out.head_loss[1] + 0.25 * rest)
 
 
-def test_warm_start_needs_the_base_tokenizer(fitted):
-    root, _, _ = fitted
+def test_warm_start_uses_the_base_tokenizer(fitted):
+    from lightning_bpd.tasks.translation.tokenizer import Tokenizer
+
+    root, _, cli_b = fitted
     base = str(root / "runs/b/last.ckpt")
     other_data = [*TINY, "--data.init_args.seed=7", "--model.init_args.k=2", f"--model.init_args.init_from={base}",
                   "--trainer.max_steps=1", "--trainer.logger=false"]
+    # other training text, no tokenizer named: the base's is used, not one trained on this text
+    cli = main(["fit", *other_data, "--run_dir=runs/same-tok"])
+    assert cli.trainer.global_step == 1
+    assert cli.datamodule.tokenizer.segments_like(cli_b.datamodule.tokenizer)
+    # a tokenizer named that is not the base's: one message saying what to set
+    other = Tokenizer.train([f"word{i} thing{i % 7} other{i % 13}" for i in range(300)], root / "other-spm",
+                            vocab_size=60)
     with pytest.raises(SystemExit) as err:
-        main(["fit", *other_data, "--run_dir=runs/other-tok"])
+        main(["fit", *other_data, f"--data.init_args.tokenizer_path={other.model_path}", "--run_dir=runs/other-tok"])
     assert "trained with another SentencePiece model" in str(err.value)
     assert f"--data.init_args.tokenizer_path={base}" in str(err.value)
-    cli = main(["fit", *other_data, f"--data.init_args.tokenizer_path={base}", "--run_dir=runs/same-tok"])
-    assert cli.trainer.global_step == 1
-
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
