@@ -23,18 +23,8 @@ from torch.utils.data import DataLoader
 
 from lightning_bpd.tasks.translation.datamodule_utils import TokenBatchSampler, TokenPairDataset, collate_pairs
 from lightning_bpd.tasks.translation.synthetic import write_corpus
-from lightning_bpd.tasks.translation.text_files import read_parallel, resolve_split_files
+from lightning_bpd.tasks.translation.text_files import file_sha256, read_parallel, resolve_split_files
 from lightning_bpd.tasks.translation.tokenizer import Tokenizer
-
-
-def file_digest(path: Path) -> str:
-    """SHA-1 of a file's bytes (read in 1 MiB chunks)."""
-    digest = hashlib.sha1()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
 
 logger = logging.getLogger("lightning_bpd")
 
@@ -131,7 +121,7 @@ class TranslationDataModule(pl.LightningDataModule):
         """Cache key of the tokenizer: the training files' contents (not their dates: a data folder
         mounted again must not retrain it) and the tokenizer settings."""
         files = [
-            file_digest(p)
+            file_sha256(p)
             for prefix in self.train_prefixes
             for p in resolve_split_files(self.data_root, prefix, self.src_lang, self.tgt_lang)
         ]

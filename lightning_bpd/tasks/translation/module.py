@@ -111,8 +111,8 @@ class TranslationModule(BlockwiseModule):
         if not self.tokenizer.segments_like(Tokenizer.from_bytes(theirs)):
             raise ValueError(
                 f"model.init_from={path} was trained with another SentencePiece model than this run's data "
-                f"(same vocabulary size, different pieces): reuse the base's with "
-                f"--data.init_args.tokenizer_path={path}"
+                f"(different pieces): leave data.init_args.tokenizer_path unset (a warm start then uses the "
+                f"base's) or set --data.init_args.tokenizer_path={path}"
             )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -11,7 +11,6 @@ library (a private :class:`random.Random` per call). The lexicon lives in :mod:`
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from dataclasses import dataclass, replace
@@ -31,6 +30,7 @@ from lightning_bpd.tasks.translation.synthetic_lexicon import (
     Verb,
     parse_spec,
 )
+from lightning_bpd.tasks.translation.text_files import file_sha256
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -395,7 +395,7 @@ def write_corpus(root: str | Path, seed: int = 0, sizes: dict[str, int] | None =
         try:
             old = json.loads(meta_path.read_text(encoding="utf-8"))
             hashes = old.pop("sha256")
-            if old == meta and all(_sha256(root / name) == h for name, h in hashes.items()):
+            if old == meta and all(file_sha256(root / name) == h for name, h in hashes.items()):
                 return root
         except (ValueError, KeyError, AttributeError, OSError):
             pass
@@ -410,10 +410,7 @@ def write_corpus(root: str | Path, seed: int = 0, sizes: dict[str, int] | None =
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text("".join(p[idx] + "\n" for p in chunk), encoding="utf-8", newline="\n")
             tmp.replace(path)
-            meta["sha256"][path.name] = _sha256(path)
+            meta["sha256"][path.name] = file_sha256(path)
     meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
     return root
 
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()

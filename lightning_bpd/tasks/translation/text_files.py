@@ -9,13 +9,23 @@ Layout expected on disk (one sentence per line, the two sides aligned line by li
 from __future__ import annotations
 
 import gzip
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DataError", "FilterStats", "read_lines", "read_parallel", "resolve_split_files"]
+__all__ = ["DataError", "FilterStats", "file_sha256", "read_lines", "read_parallel", "resolve_split_files"]
 
 logger = logging.getLogger("lightning_bpd")
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes (read in 1 MiB chunks: corpora may be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 class DataError(ValueError):
