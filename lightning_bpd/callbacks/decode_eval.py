@@ -24,7 +24,7 @@ import torch
 from pytorch_lightning.loggers import WandbLogger
 from torch import Tensor
 
-from lightning_bpd.decoding import Criterion, DecodeResult
+from lightning_bpd.decoding import Criterion, DecodeResult, head_agreement
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 
 logger = logging.getLogger("lightning_bpd")
@@ -70,6 +70,8 @@ class MethodRun:
     iterations: int = 0
     model_calls: int = 0
     seconds: float = 0.0
+    agree: list[float] = field(default_factory=list)  # per head: matches with greedy's output (greedy only)
+    scored: list[float] = field(default_factory=list)  # per head: positions scored
 
     def add(self, result: DecodeResult, seconds: float) -> None:
         self.merge(BatchRun.of(result, seconds))
@@ -81,6 +83,9 @@ class MethodRun:
         self.iterations += part.iterations
         self.model_calls += part.model_calls
         self.seconds += part.seconds
+        if part.agree:
+            self.agree = [a + b for a, b in zip(self.agree or [0.0] * len(part.agree), part.agree)]
+            self.scored = [a + b for a, b in zip(self.scored or [0.0] * len(part.scored), part.scored)]
 
     @property
     def mean_accepted_block_size(self) -> float:
@@ -97,6 +102,8 @@ class BatchRun:
     iterations: int
     model_calls: int
     seconds: float
+    agree: list[float] = field(default_factory=list)
+    scored: list[float] = field(default_factory=list)
 
     @classmethod
     def of(cls, result: DecodeResult, seconds: float) -> BatchRun:
@@ -139,7 +146,10 @@ def decode_shard(task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[
         shard[index] = {}
         for name in order:
             result, sec = timed(device, methods[name], task.model, batch.src, batch.max_len)
-            shard[index][name] = BatchRun.of(result, sec)
+            shard[index][name] = run = BatchRun.of(result, sec)
+            if name == "greedy" and task.model.k > 1:  # what the block size measures, head by head
+                agree, scored = head_agreement(task.model, batch.src, result.tokens, result.lengths)
+                run.agree, run.scored = agree.tolist(), scored.tolist()
     return shard
 
 
@@ -178,6 +188,8 @@ def summarize(task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[str
         else:
             same = sum(a == b for a, b in zip(run.outputs, greedy.outputs))
             metrics[f"{name}/matches_greedy"] = same / max(1, len(greedy.outputs))
+    for i, (agree, scored) in enumerate(zip(greedy.agree, greedy.scored), start=1):
+        metrics[f"greedy/head{i}_agreement"] = agree / max(scored, 1.0)
     metrics["examples"] = float(len(greedy.outputs))
     return metrics, runs
 
@@ -197,14 +209,21 @@ def run_decode_eval(
 
 
 def format_summary(metrics: dict[str, float], methods: list[str], quality_key: str) -> str:
-    """A small text table of the decode metrics, one line per method."""
-    lines = [f"{'method':18s} {quality_key:>8s} {'block':>6s} {'calls':>7s} {'seconds':>8s} {'speedup':>7s}"]
+    """A small text table of the decode metrics, one line per method, with a line saying how to read
+    it and, for a model with heads, each head's agreement with greedy's output."""
+    lines = [f"(greedy = the baseline; block = tokens accepted per model call; speedup = wall-clock time "
+             f"of the method's baseline / its own; {quality_key} on the decoded examples)",
+             f"{'method':18s} {quality_key:>8s} {'block':>6s} {'calls':>7s} {'seconds':>8s} {'speedup':>7s}"]
     for m in methods:
         lines.append(
             f"{m:18s} {metrics.get(f'{m}/{quality_key}', float('nan')):8.2f} "
             f"{metrics[f'{m}/mean_accepted_block_size']:6.2f} {metrics[f'{m}/model_calls']:7.0f} "
             f"{metrics[f'{m}/seconds']:8.2f} {metrics[f'{m}/speedup']:7.2f}"
         )
+    agreement = [metrics[key] for i in range(1, 65) if (key := f"greedy/head{i}_agreement") in metrics]
+    if agreement:
+        lines.append("head agreement with greedy's output (teacher-forced): "
+                     + " ".join(f"h{i}={a:.2f}" for i, a in enumerate(agreement, start=1)))
     return "\n".join(lines)
 
 
@@ -215,6 +234,15 @@ def gather_shards(shard: Shard, world_size: int) -> list[Shard]:
     shards: list[Any] = [None] * world_size
     torch.distributed.all_gather_object(shards, shard)
     return shards
+
+
+def wandb_dirs(trainer: pl.Trainer) -> list[str]:
+    """Folders of the trainer's W&B runs (offline: ``wandb sync`` uploads them later)."""
+    dirs = []
+    for lg in trainer.loggers:
+        if isinstance(lg, WandbLogger) and lg._experiment is not None and getattr(lg.experiment, "dir", None):
+            dirs.append(str(Path(lg.experiment.dir).parent))
+    return dirs
 
 
 class DecodeEval(pl.Callback):
@@ -283,6 +311,7 @@ class DecodeEval(pl.Callback):
         signature = getattr(pl_module, "quality_signature", None)
         print(f"\n[{stage} decode, {int(metrics['examples'])} examples, k={pl_module.model.k}, {world} process(es)]")
         print(format_summary(metrics, list(runs), self.quality_key), flush=True)
+        print(f"run folder: {folder}" + "".join(f"; W&B run: {run_dir}" for run_dir in wandb_dirs(trainer)), flush=True)
         if signature:
             print(f"{self.quality_key} signature: {signature}", flush=True)
             for lg in trainer.loggers:

@@ -1,8 +1,17 @@
 """Task-agnostic decoding core (torch only): greedy, blockwise parallel decoding, beam search and their references."""
 
+from lightning_bpd.decoding.agreement import head_agreement
 from lightning_bpd.decoding.beam import BeamResult, beam_search, beam_search_reference
 from lightning_bpd.decoding.blockwise import blockwise_decode
-from lightning_bpd.decoding.criteria import Criterion, Distance, Exact, MinBlock, TopK, parse_criterion
+from lightning_bpd.decoding.criteria import (
+    Criterion,
+    Distance,
+    Exact,
+    MinBlock,
+    SpeculativeSampling,
+    TopK,
+    parse_criterion,
+)
 from lightning_bpd.decoding.greedy import greedy_decode, greedy_decode_reference
 from lightning_bpd.decoding.protocol import DecodeResult
 from lightning_bpd.decoding.reference import blockwise_decode_reference
@@ -14,6 +23,7 @@ __all__ = [
     "Distance",
     "Exact",
     "MinBlock",
+    "SpeculativeSampling",
     "TopK",
     "beam_search",
     "beam_search_reference",
@@ -21,5 +31,6 @@ __all__ = [
     "blockwise_decode_reference",
     "greedy_decode",
     "greedy_decode_reference",
+    "head_agreement",
     "parse_criterion",
 ]

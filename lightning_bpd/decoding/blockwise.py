@@ -9,7 +9,7 @@ Only p_1 is projected at the verified positions and the heads at one position pe
 naive k*k. For rules made of per-position prefix checks (exact, top-n, eps) the verification is
 lazy: position j is projected only for rows whose checks 2..j passed, and p_1 at a row's first
 failure gives the first token of its next block, so an iteration that accepts n < k tokens costs
-n + (k - 1) projections per row instead of 2k - 1 (:func:`verify_lazily`, :func:`propose_after`).
+n + (k - 1) projections per row instead of 2k - 1 (:func:`verify_lazily`, :func:`propose`).
 
 One iteration, in the words of the algorithm::
 
@@ -46,9 +46,30 @@ def resolve_k(model: BlockwiseModel, k: int | None) -> int:
 def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None = None) -> Block:
     """Next block (b, k) from the hidden state (b, D) of each row's last accepted position.
 
-    ``first`` (b,), where >= 0, is a token carried over from the last verdict: it replaces p_1's proposal.
+    ``first`` (b,), where >= 0, is a token carried over from the last verdict (the token greedy
+    decoding emits next, or a residual draw): it replaces p_1's proposal, and when every row has
+    one p_1 is not projected at all. Chained heads (``model.chained_heads``) propose one token at a
+    time, each step fed the token before it (:func:`propose_chained`).
     """
+    if getattr(model, "chained_heads", False) and k > 1:
+        return propose_chained(model, criterion, h, k, first)
+    if k > 1 and first is not None and not criterion.stochastic and bool((first >= 0).all()):
+        rest = criterion.draft(model.logits_heads(h, range(1, k)))  # tokens (b, k-1)
+        return Block.cat([Block(first[:, None]), rest])
     return criterion.draft(model.logits_heads(h, range(k)), first)  # logits (b, k, V)
+
+
+def propose_chained(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None = None) -> Block:
+    """Chained heads: token 1 from p_1 (or ``first``), then token i from head i fed token i-1."""
+    if first is not None and bool((first >= 0).all()):
+        parts = [Block(first[:, None])]
+    else:
+        parts = [criterion.draft(model.logits_first(h)[:, None], first)]  # (b, 1)
+    z = h
+    for i in range(1, k):
+        z, logits = model.chain_step(z, parts[-1].tokens[:, 0], i)  # (b, D), (b, V)
+        parts.append(criterion.draft(logits[:, None]))  # (b, 1)
+    return Block.cat(parts)
 
 
 def verify_lazily(model: BlockwiseModel, criterion: Criterion, tokens: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor]:
@@ -82,17 +103,6 @@ def verify_lazily(model: BlockwiseModel, criterion: Criterion, tokens: Tensor, h
         if open_rows.numel() == 0:
             break
     return accepted, next_first
-
-
-def propose_after(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor) -> Block:
-    """Next block (b, k) where ``first`` (b,) already holds token 1 of most rows (-1: none yet).
-
-    When every row has its token 1, only heads 2..k are projected.
-    """
-    if k > 1 and bool((first >= 0).all()):
-        rest = criterion.draft(model.logits_heads(h, range(1, k)))  # tokens (b, k-1)
-        return Block(torch.cat([first[:, None], rest.tokens], dim=1))
-    return propose(model, criterion, h, k, first)
 
 
 @torch.no_grad()
@@ -140,5 +150,5 @@ def blockwise_decode(
             context, last = context.select(keep), last[keep]
             first = first[keep] if first is not None else None
             cache.select(keep)
-        block = propose_after(model, criterion, last, k, first) if lazy else propose(model, criterion, last, k, first)
+        block = propose(model, criterion, last, k, first)
     return book.result(calls)

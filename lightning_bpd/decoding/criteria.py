@@ -49,9 +49,13 @@ class Block:
     def cat(parts: list[Block]) -> Block:
         """Join blocks of the same rows along the token axis (e.g. one per draft-model step)."""
         tokens = torch.cat([b.tokens for b in parts], dim=1)  # (B, sum m)
-        if any(b.probs is None for b in parts):
+        given = [b.probs for b in parts if b.probs is not None]
+        if not given:
             return Block(tokens)
-        return Block(tokens, torch.cat([b.probs for b in parts], dim=1))  # type: ignore[misc]
+        # a part without distributions (a carried token) gets zeros: its column is never judged
+        probs = [b.probs if b.probs is not None else given[0].new_zeros(*b.tokens.shape, given[0].shape[-1])
+                 for b in parts]
+        return Block(tokens, torch.cat(probs, dim=1))  # (B, sum m, V)
 
 
 @dataclass

@@ -59,6 +59,21 @@ class BlockwiseModel(Protocol):
         ...
 
 
+class ChainedModel(BlockwiseModel, Protocol):
+    """A model whose head i also sees the token proposed for head i-1 (``chained_heads = True``);
+    :func:`~lightning_bpd.decoding.blockwise.propose` then calls :meth:`chain_step` k - 1 times."""
+
+    chained_heads: bool
+
+    def logits_heads(self, h: Tensor, heads: Any = None, prev_tokens: Tensor | None = None) -> Tensor:
+        """(..., D), prev_tokens (..., m) -> (..., len(heads), V): heads fed the given earlier proposals."""
+        ...
+
+    def chain_step(self, z: Tensor, token: Tensor, i: int) -> tuple[Tensor, Tensor]:
+        """Head i's state (b, D) and logits (b, V) from head i-1's state z (b, D) and its token (b,)."""
+        ...
+
+
 @dataclass
 class DecodeResult:
     """Output of a decoder. ``tokens`` (B, L) are padded with the pad id past ``lengths`` (B,);

@@ -17,6 +17,22 @@ from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
 
 
+def chained(model: BlockwiseModel) -> bool:
+    return bool(getattr(model, "chained_heads", False))
+
+
+def reference_proposals(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int) -> Tensor:
+    """The k proposals (1, k) at hidden state h (1, D). Chained heads: head i is evaluated through the
+    teacher-forced (training) path, fed the proposals of heads 1..i-1 made so far."""
+    if not chained(model):
+        return criterion.propose(model.logits_heads(h, range(k)))
+    tokens = criterion.propose(model.logits_heads(h, [0]))  # (1, 1)
+    for i in range(1, k):
+        logits = model.logits_heads(h, [i], prev_tokens=tokens)  # (1, 1, V)
+        tokens = torch.cat([tokens, criterion.propose(logits)], dim=1)  # (1, i + 1)
+    return tokens
+
+
 @torch.no_grad()
 def blockwise_decode_reference(
     model: BlockwiseModel,
@@ -39,11 +55,12 @@ def blockwise_decode_reference(
             prefix = [model.bos_id, *out]
             # Predict: every head at the last prefix position.
             h = model.decode_full(torch.tensor([prefix], device=src.device), context)  # (1, T, D)
-            proposals = criterion.propose(model.logits_heads(h[:, -1], range(k)))  # (1, k)
-            # Verify: the extended prefix, all heads everywhere, then keep p_1 after each proposal.
+            proposals = reference_proposals(model, criterion, h[:, -1], k)  # (1, k)
+            # Verify: the extended prefix, every head everywhere (the paper's head; head 1 only for
+            # chained heads, whose other heads need proposals), then keep p_1 after each proposal.
             extended = torch.tensor([prefix + proposals[0].tolist()], device=src.device)
             h = model.decode_full(extended, context)  # (1, T + k, D)
-            all_heads = model.logits_heads(h, range(k))  # (1, T + k, k, V)
+            all_heads = model.logits_heads(h, [0] if chained(model) else range(k))  # (1, T + k, k or 1, V)
             verify = all_heads[:, len(prefix) : len(prefix) + k - 1, 0]  # (1, k - 1, V)
             n = int(criterion.accept(proposals, verify)[0])
             # Accept: up to n tokens, stopping after EOS and at max_len.

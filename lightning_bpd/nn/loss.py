@@ -35,11 +35,13 @@ class BlockwiseLoss:
 
 def choose_heads(
     k: int, mode: str, generator: torch.Generator | None = None, skip: Sequence[int] = (), keep_first: bool = False,
+    weights: Sequence[float] | None = None,
 ) -> list[int]:
     """0-based heads to train this minibatch; ``skip`` lists heads with nothing to train.
 
     ``keep_first`` (for ``head1_weight``): head 0 is always trained, beside all others (mean) or one
-    drawn from heads 1..k-1 (random).
+    drawn from heads 1..k-1 (random). ``weights`` (k,): in random mode a head is drawn with
+    probability proportional to its weight (uniformly when None).
     """
     if mode not in LOSS_MODES:
         raise ValueError(f"loss mode must be one of {LOSS_MODES}, got {mode!r}")
@@ -52,10 +54,18 @@ def choose_heads(
         others = heads[1:]
         if mode == "mean" or not others:
             return heads
-        return [0, others[int(torch.randint(len(others), (1,), generator=generator))]]
+        return [0, draw(others, weights, generator)]
     if mode == "mean":
         return heads
-    return [heads[int(torch.randint(len(heads), (1,), generator=generator))]]
+    return [draw(heads, weights, generator)]
+
+
+def draw(heads: list[int], weights: Sequence[float] | None, generator: torch.Generator | None) -> int:
+    """One of ``heads``, uniformly or with probability proportional to ``weights[head]``."""
+    if weights is None or len(set(weights[i] for i in heads)) == 1:
+        return heads[int(torch.randint(len(heads), (1,), generator=generator))]
+    p = torch.tensor([float(weights[i]) for i in heads])
+    return heads[int(torch.multinomial(p, 1, generator=generator))]
 
 
 def shifted_targets(targets: Tensor, shift: int, pad_id: int) -> Tensor:
@@ -76,6 +86,7 @@ def blockwise_loss(
     label_smoothing: float = 0.0,
     positions: Tensor | None = None,
     head1_weight: float = 0.0,
+    weights: Sequence[float] | None = None,
 ) -> BlockwiseLoss:
     """Cross-entropy of ``logits`` (B, T, h, V) for the 0-based ``heads`` against ``targets`` (B, T).
 
@@ -84,6 +95,7 @@ def blockwise_loss(
     the vocabulary projections). The returned loss is the mean over the listed heads of each head's
     token-averaged loss (with ``label_smoothing``; the logged per-head loss is the same quantity),
     or, with ``head1_weight`` w > 0 and head 0 listed beside others, ``w * L_1 + (1 - w) * mean(rest)``.
+    ``weights`` (one per listed head) turn each of those means into a weighted mean.
     """
     if not 0.0 <= head1_weight < 1.0:
         raise ValueError(f"head1_weight must lie in [0, 1), got {head1_weight}")
@@ -105,8 +117,17 @@ def blockwise_loss(
         losses.append(loss)
         head_loss[i + 1] = loss.detach()
         head_acc[i + 1] = ((lg.argmax(-1) == tgt) & mask).sum() / count
+    w = [1.0] * len(heads) if weights is None else [float(x) for x in weights]
+    if len(w) != len(heads) or min(w) <= 0:
+        raise ValueError(f"weights must be {len(heads)} positive numbers (one per head), got {weights}")
     if head1_weight > 0 and heads[0] == 0 and len(heads) > 1:
-        total = head1_weight * losses[0] + (1 - head1_weight) * torch.stack(losses[1:]).mean()
+        total = head1_weight * losses[0] + (1 - head1_weight) * weighted_mean(losses[1:], w[1:])
     else:
-        total = torch.stack(losses).mean()
+        total = weighted_mean(losses, w)
     return BlockwiseLoss(total, head_loss, head_acc)
+
+
+def weighted_mean(losses: list[Tensor], weights: list[float]) -> Tensor:
+    if len(set(weights)) == 1:
+        return torch.stack(losses).mean()
+    return sum(x * w for x, w in zip(losses, weights)) / sum(weights)  # type: ignore[return-value]

@@ -14,10 +14,16 @@ import torch
 from torch import Tensor, nn
 
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
+from lightning_bpd.nn.chained_head import ChainedHead
 from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.positions import build_positions
 from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
+
+
+# "paper": the paper's parallel head (section 6); "chained": heads that see the tokens proposed
+# before them (:mod:`lightning_bpd.nn.chained_head`).
+HEAD_TYPES = ("paper", "chained")
 
 
 @dataclass
@@ -35,6 +41,7 @@ class ModelConfig:
     k: int = 1
     head_hidden: int | None = None
     identity_first: bool = False
+    head_type: str = "paper"
     share_embeddings: bool = False
     src_positions: str = "sinusoidal"
     tgt_positions: str = "sinusoidal"
@@ -54,6 +61,8 @@ class ModelConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
+        if self.head_type not in HEAD_TYPES:
+            raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError("share_embeddings needs src_vocab_size == tgt_vocab_size")
         for name in ("src_image_shape", "tgt_image_shape"):
@@ -80,9 +89,14 @@ class BlockwiseTransformer(nn.Module):
         self.tgt_pos = build_positions(c.tgt_positions, c.d_model, c.tgt_image_shape)
         self.encoder = Encoder(c.n_encoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout)
         self.decoder = Decoder(c.n_decoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.window)
-        self.head = BlockwiseHead(
-            c.d_model, c.head_hidden or c.d_ff, c.k, identity_first=c.identity_first, dropout=c.dropout
-        )
+        self.chained_heads = c.head_type == "chained" and c.k > 1
+        if self.chained_heads:
+            self.head: BlockwiseHead | ChainedHead = ChainedHead(c.d_model, c.head_hidden or c.d_ff, c.k,
+                                                                 dropout=c.dropout)
+        else:
+            self.head = BlockwiseHead(
+                c.d_model, c.head_hidden or c.d_ff, c.k, identity_first=c.identity_first, dropout=c.dropout
+            )
         self.drop = nn.Dropout(c.dropout)
         self.scale = math.sqrt(c.d_model)
 
@@ -124,11 +138,30 @@ class BlockwiseTransformer(nn.Module):
 
     def logits_first(self, h: Tensor) -> Tensor:
         """p_1 logits, the scoring model: (..., D) -> (..., V)."""
+        if self.chained_heads:
+            return self.project(h)
         return self.project(self.head.first(h))
 
-    def logits_heads(self, h: Tensor, heads: list[int] | range | None = None) -> Tensor:
-        """Logits of the listed heads (all k by default): (..., D) -> (..., len(heads), V)."""
-        return self.project(self.head.select(h, range(self.k) if heads is None else heads))
+    def logits_heads(self, h: Tensor, heads: list[int] | range | None = None, prev_tokens: Tensor | None = None) -> Tensor:
+        """Logits of the listed heads (all k by default): (..., D) -> (..., len(heads), V).
+
+        Chained heads also take ``prev_tokens`` (..., m): the token proposed for (or, in training, the
+        target at) heads 1..m, m >= the highest listed head (0-based); the paper's head ignores them.
+        """
+        heads = range(self.k) if heads is None else heads
+        if self.chained_heads:
+            return self.project(self.head.select(h, heads, prev_tokens, self.embed_tokens))
+        return self.project(self.head.select(h, heads))
+
+    def embed_tokens(self, tokens: Tensor) -> Tensor:
+        """Token embeddings as the decoder sees them, without positions: (...) -> (..., D)."""
+        return self.tgt_embed(tokens) * self.scale
+
+    def chain_step(self, z: Tensor, token: Tensor, i: int) -> tuple[Tensor, Tensor]:
+        """Chained heads, decoding: head ``i`` (0-based, >= 1) from head i-1's state z (b, D) and the
+        token (b,) proposed for head i-1 -> (its state (b, D), its logits (b, V))."""
+        z = self.head.step(z, self.embed_tokens(token), i)  # type: ignore[union-attr]
+        return z, self.project(z)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced decoder hidden states (B, T, D); heads are applied by the caller."""

@@ -16,10 +16,11 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from lightning_bpd.nn.loss import LOSS_MODES, blockwise_loss, choose_heads
+from lightning_bpd.nn.loss import LOSS_MODES, blockwise_loss, choose_heads, shifted_targets
 from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
 from lightning_bpd.nn.warm_start import CheckpointMismatchError, load_base_weights
 from lightning_bpd.nn.warm_start import freeze_base as freeze_base_params
+from lightning_bpd.tasks.frozen_states import FrozenStates
 
 logger = logging.getLogger("lightning_bpd")
 
@@ -42,6 +43,9 @@ class BlockwiseModule(pl.LightningModule):
         seed: int = 0,
         loss_fraction: float = 1.0,
         head1_weight: float = 0.0,
+        head_loss_decay: float = 1.0,
+        base_lr_scale: float = 1.0,
+        frozen_cache_gb: float = 4.0,
     ) -> None:
         super().__init__()
         if not 0.0 < loss_fraction <= 1.0:
@@ -61,14 +65,37 @@ class BlockwiseModule(pl.LightningModule):
             raise ValueError("model.head1_weight weights p_1's loss, which a frozen base does not train: "
                              "set model.freeze_base: false or model.head1_weight: 0")
         self.head1_weight = head1_weight
+        if not 0.0 < head_loss_decay <= 1.0:
+            raise ValueError(f"model.head_loss_decay must lie in (0, 1] (1 = equal weights), got {head_loss_decay}")
+        if not 0.0 < base_lr_scale <= 1.0:
+            raise ValueError(f"model.base_lr_scale must lie in (0, 1] (1 = one learning rate), got {base_lr_scale}")
+        if base_lr_scale < 1.0 and freeze_base:
+            raise ValueError("model.base_lr_scale scales the base's learning rate, which a frozen base does not have: "
+                             "set model.freeze_base: false or model.base_lr_scale: 1")
+        if frozen_cache_gb < 0:
+            raise ValueError(f"model.frozen_cache_gb must be >= 0 (0 = recompute the frozen base), got {frozen_cache_gb}")
+        self.head_loss_decay, self.base_lr_scale = head_loss_decay, base_lr_scale
         if lr <= 0 or warmup_steps < 0 or not 0 <= label_smoothing < 1:
             raise ValueError("model.lr must be > 0, model.warmup_steps >= 0 and model.label_smoothing in [0, 1)")
         self.model = BlockwiseTransformer(model_config)
         self.loss_mode, self.freeze, self.init_from = loss_mode, freeze_base, init_from
         self.lr, self.warmup_steps = lr, warmup_steps
         self.label_smoothing, self.weight_decay, self.seed = label_smoothing, weight_decay, seed
+        self.frozen_states = None
         if freeze_base:
             freeze_base_params(self.model)
+            if frozen_cache_gb > 0:
+                self.frozen_states = FrozenStates(int(frozen_cache_gb * 2**30))
+
+    def train(self, mode: bool = True) -> BlockwiseModule:
+        """A frozen base always runs in eval mode (no dropout): the heads train on the states they
+        will see when decoding, and those states can be cached (:class:`FrozenStates`)."""
+        super().train(mode)
+        if self.freeze:
+            for name, child in self.model.named_children():
+                if name != "head":
+                    child.eval()
+        return self
 
     # ---- two-stage recipe -------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -101,29 +128,53 @@ class BlockwiseModule(pl.LightningModule):
         """Heads with nothing to train (p_1 bypassing the head while the base is frozen)."""
         return [i for i in range(self.model.k) if self.freeze and self.model.head.head_is_identity(i)]
 
+    def head_weights(self, heads: list[int]) -> list[float]:
+        """Loss weight of each listed head: ``head_loss_decay ** i`` for head i (0-based)."""
+        return [self.head_loss_decay**i for i in heads]
+
+    def decoder_states(self, src: Tensor, tgt_in: Tensor, tgt: Tensor, index: Tensor | None) -> Tensor:
+        """Decoder output (B, T, D); from :class:`FrozenStates` for training batches of a frozen base."""
+        if self.frozen_states is None or index is None or not self.training:
+            return self.model(src, tgt_in)
+        lengths = (tgt != self.model.pad_id).sum(dim=1)  # (B,)
+        return self.frozen_states.hidden(index, lengths, tgt.shape[1], lambda rows: self.model(src[rows], tgt_in[rows]))
+
+    def chain_inputs(self, tgt: Tensor, heads: list[int]) -> Tensor | None:
+        """Chained heads: the teacher-forced token fed to heads 2..max(heads) at each position,
+        (B, T, m) with column j = the target at t + j (what head j+1 predicts); None otherwise."""
+        last = max(heads)
+        if not self.model.chained_heads or last == 0:
+            return None
+        return torch.stack([shifted_targets(tgt, j, self.model.pad_id) for j in range(last)], dim=-1)
+
     def blockwise_step(self, src: Tensor, tgt: Tensor, heads: list[int], fraction: float = 1.0,
-                       generator: torch.Generator | None = None, head1_weight: float = 0.0):
+                       generator: torch.Generator | None = None, head1_weight: float = 0.0,
+                       index: Tensor | None = None, weights: list[float] | None = None):
         """Teacher-forced blockwise loss of ``heads`` for src (B, S), tgt (B, T) ending in EOS.
 
-        ``fraction`` < 1 evaluates the heads at a random subset of the target positions.
+        ``fraction`` < 1 evaluates the heads at a random subset of the target positions. ``index``
+        (B,): dataset indices of a training batch (the frozen base's states are cached by them).
         """
         bos = torch.full_like(tgt[:, :1], self.model.bos_id)
         tgt_in = torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, T)
-        hidden = self.model(src, tgt_in)  # (B, T, D)
+        hidden = self.decoder_states(src, tgt_in, tgt, index)  # (B, T, D)
+        prev = self.chain_inputs(tgt, heads)  # (B, T, m) or None
         if fraction >= 1.0:
-            logits = self.model.logits_heads(hidden, heads)  # (B, T, h, V)
+            logits = self.model.logits_heads(hidden, heads, prev)  # (B, T, h, V)
             return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing,
-                                  head1_weight=head1_weight)
+                                  head1_weight=head1_weight, weights=weights)
         draw = torch.rand(tgt.shape, generator=generator).to(tgt.device)
         positions = (draw < fraction) & (tgt != self.model.pad_id)  # (B, T)
-        logits = self.model.logits_heads(hidden[positions], heads)  # (N, h, V)
-        return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing, positions, head1_weight)
+        logits = self.model.logits_heads(hidden[positions], heads, None if prev is None else prev[positions])  # (N, h, V)
+        return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing, positions, head1_weight,
+                              weights)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.global_step)
         heads = choose_heads(self.model.k, self.loss_mode, g, skip=self.trainable_heads_skip(),
-                             keep_first=self.head1_weight > 0)
-        out = self.blockwise_step(batch["src"], batch["tgt"], heads, self.loss_fraction, g, self.head1_weight)
+                             keep_first=self.head1_weight > 0, weights=self.head_weights(list(range(self.model.k))))
+        out = self.blockwise_step(batch["src"], batch["tgt"], heads, self.loss_fraction, g, self.head1_weight,
+                                  batch.get("index"), self.head_weights(heads))
         n = batch["src"].shape[0]
         self.log("train/loss", out.loss, prog_bar=True, batch_size=n)
         for i in out.head_loss:
@@ -149,8 +200,11 @@ class BlockwiseModule(pl.LightningModule):
         self.eval_step(batch, "test")
 
     def configure_optimizers(self) -> dict[str, Any]:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=self.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=self.weight_decay)
+        head = [p for name, p in self.model.named_parameters() if p.requires_grad and name.startswith("head.")]
+        base = [p for name, p in self.model.named_parameters() if p.requires_grad and not name.startswith("head.")]
+        groups = [{"params": group, "lr": self.lr * scale}
+                  for group, scale in ((base, self.base_lr_scale), (head, 1.0)) if group]
+        opt = torch.optim.AdamW(groups, lr=self.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=self.weight_decay)
         warmup = max(1, self.warmup_steps)
 
         def inverse_sqrt(step: int) -> float:  # linear warm-up, then 1 / sqrt(step) decay (Vaswani et al.)

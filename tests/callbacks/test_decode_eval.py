@@ -39,8 +39,12 @@ def test_metrics_per_method():
     assert metrics["greedy/model_calls"] == 8 and metrics["exact/model_calls"] == 5
     assert metrics["greedy/speedup"] == 1.0
     assert metrics["exact/speedup"] == pytest.approx(metrics["greedy/seconds"] / metrics["exact/seconds"])
-    table = format_summary(metrics, ["greedy", "exact", "top2"], "acc")
-    assert table.splitlines()[2].split()[:3] == ["exact", "1.00", "1.83"]
+    # the block size is explained by each head's agreement with greedy's own output
+    assert [metrics[f"greedy/head{i}_agreement"] for i in (1, 2, 3, 4)] == [1.0, 1.0, 0.0, 0.0]
+    table = format_summary(metrics, ["greedy", "exact", "top2"], "acc").splitlines()
+    assert table[0].startswith("(greedy = the baseline; block = tokens accepted per model call")
+    assert table[3].split()[:3] == ["exact", "1.00", "1.83"]
+    assert table[-1].endswith("h1=1.00 h2=1.00 h3=0.00 h4=0.00")
 
 
 def test_invalid_callback_settings():

@@ -181,3 +181,39 @@ def test_lazy_verification_gives_the_full_verdict(rule):
     for row, n in enumerate(accepted.tolist()):  # next block opens with greedy's token after the accepted prefix
         expected = -1 if n == 5 else int(logits[row, n - 1].argmax())
         assert int(next_first[row]) == expected
+
+
+# ---- chained heads (head i sees the token proposed for head i-1) -------------------------------
+
+@pytest.mark.parametrize("criterion", [Exact(), TopK(2), Distance(2), MinBlock(2)], ids=lambda c: c.name)
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_chained_heads_fast_decoder_equals_reference(criterion, k):
+    model = random_model(k=k, seed=k + 10, head_type="chained")
+    with torch.no_grad():  # chains that matter: heads far from p_1
+        for cell in model.head.cells:
+            cell.out.weight.normal_(0, 0.3, generator=torch.Generator().manual_seed(k))
+    src = random_sources(6, seed=k)
+    pick_eos(model, src, MAX_LEN)
+    fast = blockwise_decode(model, src, criterion, MAX_LEN)
+    slow = blockwise_decode_reference(model, src, criterion, MAX_LEN)
+    assert torch.equal(fast.tokens, slow.tokens)
+    assert fast.block_sizes == slow.block_sizes
+    if isinstance(criterion, Exact):
+        assert torch.equal(fast.tokens, greedy_decode(model, src, MAX_LEN).tokens)
+
+
+def test_chained_heads_that_copy_greedy_accept_whole_blocks():
+    """A chain that is always right (head i's state is the decoder state after y_1..y_{i-1}) takes
+    ceil(n / k) iterations: built from the StubModel, whose state is (position, row)."""
+
+    class ChainedStub(StubModel):
+        chained_heads = True
+
+        def chain_step(self, z, token, i):
+            z = z + torch.tensor([1.0, 0.0], dtype=z.dtype)  # one position further on
+            return z, self.logits_first(z)
+
+    model = ChainedStub([TARGET], k=4, right=lambda i, t: False)  # the paper-style heads are always wrong
+    out = blockwise_decode(model, stub_sources(1), max_len=50)
+    assert out.sequences() == [TARGET]
+    assert out.iterations.item() == math.ceil(len(TARGET) / 4)

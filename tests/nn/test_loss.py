@@ -79,3 +79,21 @@ def test_head1_weight_keeps_head_one_and_weights_its_loss():
     assert not torch.allclose(out.loss, plain.loss)
     with pytest.raises(ValueError, match="head1_weight must lie in"):
         blockwise_loss(logits, targets, [0, 1, 2], PAD, head1_weight=1.0)
+
+
+def test_weighted_heads_and_weighted_draws():
+    torch.manual_seed(0)
+    targets = torch.tensor([[5, 6, 7, 2]])
+    logits = torch.randn(1, 4, 3, 10)
+    out = blockwise_loss(logits, targets, [0, 1, 2], PAD, weights=[1.0, 0.5, 0.25])
+    expected = (out.head_loss[1] + 0.5 * out.head_loss[2] + 0.25 * out.head_loss[3]) / 1.75
+    torch.testing.assert_close(out.loss, expected)
+    kept = blockwise_loss(logits, targets, [0, 1, 2], PAD, head1_weight=0.5, weights=[1.0, 0.5, 0.25])
+    torch.testing.assert_close(kept.loss, 0.5 * out.head_loss[1] + 0.5 * (0.5 * out.head_loss[2]
+                                                                           + 0.25 * out.head_loss[3]) / 0.75)
+    with pytest.raises(ValueError, match="weights must be 3 positive numbers"):
+        blockwise_loss(logits, targets, [0, 1, 2], PAD, weights=[1.0, 0.0, 1.0])
+    g = torch.Generator().manual_seed(0)
+    draws = [choose_heads(4, "random", g, weights=[1.0, 0.5, 0.25, 0.125])[0] for _ in range(3000)]
+    freq = [draws.count(i) / 3000 for i in range(4)]
+    assert freq == pytest.approx([8 / 15, 4 / 15, 2 / 15, 1 / 15], abs=0.03)

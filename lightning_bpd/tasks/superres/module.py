@@ -43,6 +43,14 @@ class SuperResolutionModule(BlockwiseModule):
         loss_fraction: share of target positions at which the training loss is evaluated (1.0 = all).
         head1_weight: when fine-tuning, p_1's loss is kept in every minibatch with this weight
             (``w * L_1 + (1 - w) * mean of the other heads``); 0 = the paper's loss.
+        head_type: ``paper`` (the paper's parallel head, the default) or ``chained`` (head i also sees
+            the token proposed for head i-1; Hydra-style, beyond the paper).
+        head_loss_decay: head i (1-based) weighs ``head_loss_decay ** (i - 1)`` in the loss (Medusa-2's
+            decaying head weights; in random mode the trained head is drawn with these odds); 1 = equal.
+        base_lr_scale: when fine-tuning, the base's learning rate is ``lr * base_lr_scale`` (the heads
+            keep ``lr``): Medusa-2's joint schedule after a frozen warm-up of the heads.
+        frozen_cache_gb: with a frozen base, keep up to this many GiB of its decoder states per
+            training example (computed once, no dropout) so that a head step skips the base; 0 = off.
     """
 
     def __init__(
@@ -67,16 +75,21 @@ class SuperResolutionModule(BlockwiseModule):
         seed: int = 0,
         loss_fraction: float = 1.0,
         head1_weight: float = 0.0,
+        head_type: str = "paper",
+        head_loss_decay: float = 1.0,
+        base_lr_scale: float = 1.0,
+        frozen_cache_gb: float = 4.0,
     ) -> None:
         config = ModelConfig(
             src_vocab_size=VOCAB_SIZE, tgt_vocab_size=VOCAB_SIZE, d_model=d_model, n_heads=n_heads,
             n_encoder_layers=n_encoder_layers, n_decoder_layers=n_decoder_layers, d_ff=d_ff, dropout=dropout, k=k,
-            head_hidden=head_hidden, identity_first=identity_first, share_embeddings=True, src_positions="image",
+            head_hidden=head_hidden, identity_first=identity_first, head_type=head_type, share_embeddings=True,
+            src_positions="image",
             tgt_positions="image", src_image_shape=LOW, tgt_image_shape=HIGH, window=window, pad_id=PAD_ID,
             bos_id=BOS_ID, eos_id=None,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
-                         seed, loss_fraction, head1_weight)
+                         seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb)
         self.save_hyperparameters()
         self.values = intensity_values()
 

@@ -1,0 +1,82 @@
+"""Sequentially dependent heads (Hydra-style, beyond the paper). Torch only.
+
+The paper's head predicts the k future tokens from the decoder output h alone, so head i has to
+guess y_{t+i} without knowing what heads 1..i-1 proposed. Here head i also sees the token proposed
+for the position before it, through a chain of small residual cells::
+
+    z_1 = h                                        (head 1 is the base's p_1, unchanged)
+    z_i = z_{i-1} + W_o relu(W_z z_{i-1} + W_e e(y_{i-1}) + b) + b_o     for i = 2..k
+
+where e(y) is the model's (scaled) token embedding; every z_i goes through the shared vocabulary
+projection. Decoding still makes one decoder call per iteration: the proposals are k - 1 steps of
+these cells (each a few small matrix products and one projection). In training the tokens
+y_1..y_{k-1} are teacher-forced from the targets; with exact acceptance only the case where heads
+1..i-1 were right matters (a wrong earlier proposal rejects the rest of the block anyway), so on
+targets that are the base's own greedy output the teacher-forced inputs are exactly what decoding
+feeds. ``W_o`` starts at zero: a fresh chain proposes p_1's token at every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from lightning_bpd.nn.fast_linear import linear
+
+
+class ChainCell(nn.Module):
+    """One link of the chain: (z (..., D), e (..., D)) -> z + FFN([z; e]) (..., D)."""
+
+    def __init__(self, d_model: int, d_hidden: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.z_in = nn.Linear(d_model, d_hidden)
+        self.e_in = nn.Linear(d_model, d_hidden, bias=False)
+        self.out = nn.Linear(d_hidden, d_model)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, z: Tensor, e: Tensor) -> Tensor:
+        a = linear(z, self.z_in.weight, self.z_in.bias) + linear(e, self.e_in.weight)  # (..., H)
+        return z + linear(self.drop(torch.relu(a)), self.out.weight, self.out.bias)  # (..., D)
+
+
+class ChainedHead(nn.Module):
+    """k heads as a chain of k - 1 :class:`ChainCell`; head 1 (index 0) is the decoder output itself."""
+
+    chained = True
+
+    def __init__(self, d_model: int, d_hidden: int, k: int, *, dropout: float = 0.0) -> None:
+        super().__init__()
+        if k < 1:
+            raise ValueError(f"k must be >= 1 (1 = the base model), got {k}")
+        if d_hidden < 1:
+            raise ValueError(f"d_hidden must be >= 1, got {d_hidden}")
+        self.k, self.d_model = k, d_model
+        self.cells = nn.ModuleList(ChainCell(d_model, d_hidden, dropout) for _ in range(k - 1))
+
+    def head_is_identity(self, i: int) -> bool:
+        """Head 1 (index 0) is p_1 of the base: no parameters of its own."""
+        return i == 0
+
+    def step(self, z: Tensor, e: Tensor, i: int) -> Tensor:
+        """State of head ``i`` (0-based, >= 1) from head i-1's state z (..., D) and the embedding e
+        (..., D) of the token proposed for head i-1: (..., D)."""
+        return self.cells[i - 1](z, e)
+
+    def select(self, h: Tensor, heads: Sequence[int], prev: Tensor | None, embed: Callable[[Tensor], Tensor]) -> Tensor:
+        """Teacher-forced states of the listed heads: h (..., D), prev (..., m) long with m >= max(heads)
+        holding the token proposed for heads 1..m (0-based 0..m-1) -> (..., len(heads), D)."""
+        heads = list(heads)
+        if any(not 0 <= i < self.k for i in heads):
+            raise ValueError(f"heads must lie in [0, {self.k - 1}], got {heads}")
+        last = max(heads)
+        if last > 0 and (prev is None or prev.shape[-1] < last or prev.shape[:-1] != h.shape[:-1]):
+            got = None if prev is None else tuple(prev.shape)
+            raise ValueError(f"chained heads up to {last + 1} need prev tokens of shape {(*h.shape[:-1], last)}, got {got}")
+        states = [h]
+        for i in range(1, last + 1):
+            states.append(self.step(states[-1], embed(prev[..., i - 1]), i))  # type: ignore[index]
+        return torch.stack([states[i] for i in heads], dim=-2)

@@ -1,0 +1,98 @@
+"""The task-independent training recipe: chained heads, cached frozen states, Medusa-2 style options."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_bpd.nn.loss import shifted_targets
+from lightning_bpd.tasks.translation import TranslationModule
+
+SHAPE = {"vocab_size": 40, "d_model": 32, "n_heads": 2, "d_ff": 64, "n_encoder_layers": 1, "n_decoder_layers": 1,
+         "head_hidden": 16, "k": 4}
+
+
+def batch(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 40, (5, 7), generator=g)
+    tgt = torch.randint(4, 40, (5, 6), generator=g)
+    tgt[0, 4:] = 0  # a shorter row: padding after its EOS
+    tgt[0, 3] = 2
+    tgt[:, -1] = torch.where(tgt[:, -1] == 0, 0, 2)
+    return src, tgt, torch.arange(10, 15)
+
+
+def test_frozen_base_runs_in_eval_mode_and_its_states_are_cached():
+    torch.manual_seed(0)
+    module = TranslationModule(**SHAPE, identity_first=True, freeze_base=True, init_from="base.ckpt")
+    module.train()
+    assert module.model.head.training
+    assert not any(m.training for name, m in module.model.named_modules() if name and not name.startswith("head"))
+    src, tgt, index = batch()
+    direct = module.blockwise_step(src, tgt, [1, 2, 3])  # no index: the base runs (in eval mode)
+    cached = module.blockwise_step(src, tgt, [1, 2, 3], index=index)  # computes and stores
+    again = module.blockwise_step(src, tgt, [1, 2, 3], index=index)  # from the store
+    torch.testing.assert_close(cached.loss, direct.loss, rtol=0, atol=1e-6)
+    torch.testing.assert_close(again.loss, direct.loss, rtol=0, atol=1e-6)
+    states = module.frozen_states
+    assert len(states) == 5 and states.misses == 5 and states.hits == 5
+    # the states keep only each row's real positions
+    assert states.states[10].shape == (4, 32) and states.states[11].shape == (6, 32)
+    module.eval()
+    module.blockwise_step(src, tgt, [1, 2, 3], index=index)  # validation: never from the store
+    assert states.hits == 5
+
+
+def test_frozen_cache_budget_and_switch():
+    module = TranslationModule(**SHAPE, freeze_base=True, init_from="base.ckpt", frozen_cache_gb=1e-7)  # ~107 bytes
+    src, tgt, index = batch()
+    module.train()
+    module.blockwise_step(src, tgt, [2], index=index)
+    assert len(module.frozen_states) == 0  # over budget: computed, not kept
+    assert TranslationModule(**SHAPE, freeze_base=True, init_from="b.ckpt", frozen_cache_gb=0).frozen_states is None
+    assert TranslationModule(**SHAPE).frozen_states is None  # fine-tuning: the base changes
+    with pytest.raises(ValueError, match="frozen_cache_gb must be >= 0"):
+        TranslationModule(**SHAPE, freeze_base=True, init_from="b.ckpt", frozen_cache_gb=-1)
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_chained_heads_are_trained_on_teacher_forced_targets(fraction):
+    torch.manual_seed(1)
+    module = TranslationModule(**SHAPE, head_type="chained", loss_mode="mean", label_smoothing=0.0, dropout=0.0)
+    for cell in module.model.head.cells:
+        torch.nn.init.normal_(cell.out.weight, std=0.5)
+    src, tgt, _ = batch()
+    g = torch.Generator().manual_seed(3)
+    out = module.blockwise_step(src, tgt, [0, 2, 3], fraction, g)
+    # by hand: head 4 (index 3) at position t is fed the targets at t, t+1, t+2 and predicts t+3
+    bos = torch.full_like(tgt[:, :1], 1)
+    hidden = module.model(src, torch.cat([bos, tgt[:, :-1]], dim=1))
+    prev = torch.stack([shifted_targets(tgt, j, 0) for j in range(3)], dim=-1)
+    positions = torch.ones_like(tgt, dtype=torch.bool)
+    if fraction < 1:
+        g = torch.Generator().manual_seed(3)
+        positions = (torch.rand(tgt.shape, generator=g) < fraction) & (tgt != 0)
+    logits = module.model.logits_heads(hidden[positions], [3], prev[positions])[:, 0]  # (N, V)
+    target = shifted_targets(tgt, 3, 0)[positions]
+    expected = torch.nn.functional.cross_entropy(logits, target, ignore_index=0)
+    torch.testing.assert_close(out.head_loss[4], expected)
+    assert set(out.head_loss) == {1, 3, 4}
+
+
+def test_joint_schedule_options():
+    module = TranslationModule(**SHAPE, lr=1e-3, base_lr_scale=0.1, head_loss_decay=0.5, loss_mode="mean")
+    groups = module.configure_optimizers()["optimizer"].param_groups
+    assert [g["initial_lr"] for g in groups] == pytest.approx([1e-4, 1e-3])  # before the warm-up factor
+    head_params = {id(p) for p in module.model.head.parameters()}
+    assert all(id(p) in head_params for p in groups[1]["params"])
+    assert not any(id(p) in head_params for p in groups[0]["params"])
+    assert module.head_weights([0, 1, 2, 3]) == [1.0, 0.5, 0.25, 0.125]
+    src, tgt, _ = batch()
+    out = module.blockwise_step(src, tgt, [0, 1, 2, 3], weights=module.head_weights([0, 1, 2, 3]))
+    expected = sum(out.head_loss[i + 1] * 0.5**i for i in range(4)) / (1 + 0.5 + 0.25 + 0.125)
+    torch.testing.assert_close(out.loss, expected)
+    for bad, message in [({"base_lr_scale": 0.0}, "base_lr_scale must lie in"),
+                         ({"head_loss_decay": 1.5}, "head_loss_decay must lie in"),
+                         ({"base_lr_scale": 0.5, "freeze_base": True, "init_from": "b.ckpt"}, "frozen base")]:
+        with pytest.raises(ValueError, match=message):
+            TranslationModule(**SHAPE, **bad)
