@@ -211,8 +211,8 @@ def run_decode_eval(
 def format_summary(metrics: dict[str, float], methods: list[str], quality_key: str) -> str:
     """A small text table of the decode metrics, one line per method, with a line saying how to read
     it and, for a model with heads, each head's agreement with greedy's output."""
-    lines = [f"(greedy = the baseline; block = tokens accepted per model call; speedup = wall-clock time "
-             f"of the method's baseline / its own; {quality_key} on the decoded examples)",
+    lines = [(f"(greedy = the baseline; block = tokens accepted per model call; speedup = wall-clock time "
+              f"of the method's baseline / its own; {quality_key} on the decoded examples)"),
              f"{'method':18s} {quality_key:>8s} {'block':>6s} {'calls':>7s} {'seconds':>8s} {'speedup':>7s}"]
     for m in methods:
         lines.append(

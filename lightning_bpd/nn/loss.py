@@ -62,7 +62,7 @@ def choose_heads(
 
 def draw(heads: list[int], weights: Sequence[float] | None, generator: torch.Generator | None) -> int:
     """One of ``heads``, uniformly or with probability proportional to ``weights[head]``."""
-    if weights is None or len(set(weights[i] for i in heads)) == 1:
+    if weights is None or len({weights[i] for i in heads}) == 1:
         return heads[int(torch.randint(len(heads), (1,), generator=generator))]
     p = torch.tensor([float(weights[i]) for i in heads])
     return heads[int(torch.multinomial(p, 1, generator=generator))]

@@ -20,7 +20,6 @@ from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.positions import build_positions
 from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
 
-
 # "paper": the paper's parallel head (section 6); "chained": heads that see the tokens proposed
 # before them (:mod:`lightning_bpd.nn.chained_head`).
 HEAD_TYPES = ("paper", "chained")
