@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import statistics
 import sys
 from pathlib import Path
@@ -128,8 +129,12 @@ def bench_batch_size(module, inputs: list[torch.Tensor], batch_size: int, order:
         q = statistics.quantiles(secs, n=4) if len(secs) > 1 else [secs[0]] * 3
         block = t["tokens"] / max(1, t["iterations"])
         speedup = totals[method.baseline]["seconds"] / max(t["seconds"], 1e-9)
+        ms_per_call = 1000 * t["seconds"] / max(1, t["model_calls"])
+        base = totals[method.baseline]
         report[name] = {
             "baseline": method.baseline, "block_size": method.block_size(model),
+            "ms_per_call": ms_per_call,
+            "call_cost_vs_baseline": ms_per_call / max(1e-12, 1000 * base["seconds"] / max(1, base["model_calls"])),
             "seconds_per_input_median": statistics.median(secs), "seconds_per_input_iqr": [q[0], q[2]],
             "tokens_per_second": t["tokens"] / max(t["seconds"], 1e-9), "iterations": t["iterations"],
             "model_calls": t["model_calls"], "mean_accepted_block_size": block, "speedup": speedup,
@@ -140,6 +145,22 @@ def bench_batch_size(module, inputs: list[torch.Tensor], batch_size: int, order:
         elif not method.is_baseline and "greedy" in totals:
             report[name]["equals_greedy"] = same[name]
     return report
+
+
+def device_name(device: torch.device | str) -> str:
+    """The GPU's name, or the CPU's model name and the threads torch uses."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model} ({torch.get_num_threads()} threads)"
 
 
 def last_column(r: dict) -> str:
@@ -160,16 +181,21 @@ def main(argv: list[str] | None = None) -> dict:
         inputs = load_inputs(module, args)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"bench: {err}")
-    result = {"ckpt": args.ckpt, "draft": args.draft, "k": (args.k[0] if len(args.k) == 1 else args.k) if args.k else module.model.k, "device": str(module.device),
-              "threads": torch.get_num_threads(), "inputs": len(inputs), "batch_sizes": {}}
-    print(f"{'batch':>5s} {'method':18s} {'s/input':>9s} {'tok/s':>8s} {'block':>6s} {'calls':>6s} "
-          f"{'speedup':>7s} {'effic.':>6s} {'=greedy/accept':>14s}")
+    k = (args.k[0] if len(args.k) == 1 else args.k) if args.k else module.model.k
+    result = {"ckpt": args.ckpt, "draft": args.draft, "k": k, "device": str(module.device),
+              "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(inputs),
+              "batch_sizes": {}}
+    print(f"device: {result['device_name']}; ms/call = wall-clock per decoder call (a greedy step or a blockwise "
+          "iteration), x base = that cost over the baseline's")
+    print(f"{'batch':>5s} {'method':18s} {'s/input':>9s} {'tok/s':>8s} {'block':>6s} {'calls':>6s} {'ms/call':>8s} "
+          f"{'x base':>6s} {'speedup':>7s} {'effic.':>6s} {'=greedy/accept':>14s}")
     for bs in args.batch_sizes:
         report = bench_batch_size(module, inputs, bs, order, methods, args.warmup)
         result["batch_sizes"][str(bs)] = report
         for name, r in report.items():
             print(f"{bs:5d} {name:18s} {r['seconds_per_input_median']:9.4f} {r['tokens_per_second']:8.1f} "
-                  f"{r['mean_accepted_block_size']:6.2f} {r['model_calls']:6d} {r['speedup']:7.2f} "
+                  f"{r['mean_accepted_block_size']:6.2f} {r['model_calls']:6d} {r['ms_per_call']:8.2f} "
+                  f"{r['call_cost_vs_baseline']:6.2f} {r['speedup']:7.2f} "
                   f"{r['efficiency']:6.2f} {last_column(r):>14s}", flush=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

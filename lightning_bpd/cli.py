@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from jsonargparse import Namespace
 from pytorch_lightning.cli import LightningCLI, SaveConfigCallback
 
@@ -166,6 +167,8 @@ def run_lightning(argv: list[str]) -> BPDCLI:
         rest = ["--config", str(DEFAULT_CONFIG), *rest]
     # LightningCLI parses sys.argv, and DDP re-runs the command line in sys.argv once per extra process
     sys.argv = [sys.argv[0], command, *rest]
+    if torch.cuda.is_available():  # TF32 matrix products on GPUs that have them (fp32 accumulation)
+        torch.set_float32_matmul_precision("high")
     return BPDCLI(
         model_class=None,
         datamodule_class=None,

@@ -45,6 +45,8 @@ class TranslationDataModule(pl.LightningDataModule):
         max_tokens: token budget of a training batch (padded positions).
         eval_max_tokens: token budget of a validation/test batch.
         synthetic_sizes: split sizes of the synthetic corpus (``root: null``).
+        synthetic_zipf: word frequencies of the synthetic corpus: 0 = every word of the lexicon equally
+            likely; s > 0 = Zipfian (weight 1 / rank ** s), as in real text (the default run uses 1.5).
         cache_dir: where the synthetic corpus and trained tokenizers are kept.
         seed: seed of the synthetic corpus and of batch shuffling.
         num_workers: DataLoader workers.
@@ -65,6 +67,7 @@ class TranslationDataModule(pl.LightningDataModule):
         max_tokens: int = 3000,
         eval_max_tokens: int = 6000,
         synthetic_sizes: dict[str, int] | None = None,
+        synthetic_zipf: float = 0.0,
         cache_dir: str = "runs/cache",
         seed: int = 0,
         num_workers: int = 0,
@@ -85,6 +88,9 @@ class TranslationDataModule(pl.LightningDataModule):
         self.tokenizer_type, self.tokenizer_path = tokenizer_type, tokenizer_path
         self.max_words, self.max_tokens, self.eval_max_tokens = max_words, max_tokens, eval_max_tokens
         self.synthetic_sizes = synthetic_sizes or {"train": 20000, "val": 500, "test": 500}
+        if not 0.0 <= synthetic_zipf <= 4.0:
+            raise ValueError(f"data.synthetic_zipf must lie in [0, 4] (0 = uniform word choice), got {synthetic_zipf}")
+        self.synthetic_zipf = synthetic_zipf
         self.cache_dir, self.seed, self.num_workers = Path(cache_dir), seed, num_workers
         self.root = Path(root) if root is not None else None
         self.texts: dict[str, tuple[list[str], list[str]]] = {}
@@ -100,7 +106,8 @@ class TranslationDataModule(pl.LightningDataModule):
             return self.root
         if (self.src_lang, self.tgt_lang) != ("en", "de"):
             raise ValueError("the synthetic corpus (data.root: null) is English->German: set src_lang=en, tgt_lang=de")
-        return write_corpus(self.cache_dir / f"synthetic-seed{self.seed}", seed=self.seed, sizes=self.synthetic_sizes)
+        name = f"synthetic-seed{self.seed}" + (f"-zipf{self.synthetic_zipf:g}" if self.synthetic_zipf else "")
+        return write_corpus(self.cache_dir / name, seed=self.seed, sizes=self.synthetic_sizes, zipf=self.synthetic_zipf)
 
     def split_texts(self, split: str) -> tuple[list[str], list[str]]:
         """Raw (source, target) sentences of ``split`` (train / val / test), read once."""

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cache
+from itertools import accumulate
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lightning_bpd.tasks.translation import synthetic_lexicon as lex
 from lightning_bpd.tasks.translation.synthetic_lexicon import (
@@ -36,6 +39,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 __all__ = ["LEXICON_SIZE", "generate_pairs", "write_corpus"]
+
+T = TypeVar("T")
 
 GENERATOR_VERSION = 1
 DEFAULT_SIZES: dict[str, int] = {"train": 20000, "val": 500, "test": 500}
@@ -130,6 +135,32 @@ def _matches(noun: Noun, spec: frozenset[str]) -> bool:
     return not noun.tags.isdisjoint(spec)
 
 
+class LexiconRandom(random.Random):
+    """The generator's random numbers; :meth:`pick` chooses lexical items (nouns, verbs, adjectives, adverbs).
+
+    ``zipf`` = 0 picks uniformly (``choice``: the original corpus). With ``zipf`` = s > 0 item i of a
+    candidate list (in lexicon order) is picked with weight 1 / (i + 1) ** s, as word frequencies
+    fall in real text: a few words are frequent and many are rare, so a small model learns most of
+    the running text from a short training run while the grammar stays the same.
+    """
+
+    def __init__(self, seed: int, zipf: float = 0.0) -> None:
+        super().__init__(seed)
+        if not 0.0 <= zipf <= 4.0:
+            raise ValueError(f"the synthetic corpus' zipf exponent must lie in [0, 4] (0 = uniform), got {zipf}")
+        self.zipf = zipf
+
+    def pick(self, items: Sequence[T]) -> T:
+        if self.zipf == 0:
+            return self.choice(items)
+        return self.choices(items, cum_weights=_zipf_cum_weights(len(items), self.zipf))[0]
+
+
+@cache
+def _zipf_cum_weights(n: int, s: float) -> list[float]:
+    return list(accumulate(1.0 / (i + 1) ** s for i in range(n)))
+
+
 _cache: dict[object, Any] = {}
 
 
@@ -143,13 +174,13 @@ def _adjs_for(noun: Noun) -> list[Adj]:
     return _cached(("adj", noun.key), lambda: [a for a in _ADJ_LIST if _matches(noun, a.spec)])
 
 
-def _noun(rng: random.Random, spec: frozenset[str], exclude: tuple[Noun, ...] = (), letter: str = "") -> Noun:
+def _noun(rng: LexiconRandom, spec: frozenset[str], exclude: tuple[Noun, ...] = (), letter: str = "") -> Noun:
     """Random noun matching a spec (or having a preposition letter), preferring base nouns over compounds."""
     base, comp = _cached((spec, letter), lambda: (
         [n for n in NOUNS.values() if (letter in n.letters if letter else _matches(n, spec)) and "compound" not in n.tags],
         [n for n in NOUNS.values() if (letter in n.letters if letter else _matches(n, spec)) and "compound" in n.tags]))
     for _ in range(5):
-        n = rng.choice(comp if rng.random() < min(0.25, len(comp) / (len(base) + len(comp))) else base)
+        n = rng.pick(comp if rng.random() < min(0.25, len(comp) / (len(base) + len(comp))) else base)
         if n not in exclude:
             return n
     return n
@@ -164,14 +195,14 @@ def _det_choices(mass: bool, plural: bool, neg: bool, subj: bool) -> tuple[list[
     return _cached(("det", mass, plural, neg, subj), build)
 
 
-def _np(rng: random.Random, noun: Noun, role: str = "subj", neg: bool = False) -> NP:
+def _np(rng: LexiconRandom, noun: Noun, role: str = "subj", neg: bool = False) -> NP:
     """Random noun phrase around ``noun`` (number, determiner, 0-2 adjectives, rare PP modifier)."""
     plural = not noun.mass and rng.random() < 0.3
     det = rng.choices(*_det_choices(noun.mass, plural, neg, role == "subj"))[0]
     cands = _adjs_for(noun)
     adjs: list[Adj] = []
     for _ in range(rng.choices((0, 1, 2), (65, 28, 7))[0]):
-        a = rng.choice(cands)
+        a = rng.pick(cands)
         if all(a.order != b.order for b in adjs):
             adjs.append(a)
     mod = None
@@ -216,21 +247,21 @@ def render_pp_de(pp: PP) -> str:
     return f"{short} {rest}" if short else f"{pp.de} {art} {rest}".strip()
 
 
-def _pp(rng: random.Random, letter: str, exclude: tuple[Noun, ...], case: str = "") -> PP:
+def _pp(rng: LexiconRandom, letter: str, exclude: tuple[Noun, ...], case: str = "") -> PP:
     de, en, default_case = lex.PREPOSITIONS[letter]
     return PP(de, en, case or default_case, _np(rng, _noun(rng, frozenset(), exclude, letter), "pp"))
 
 
-def _clause(rng: random.Random, subj: NP | None = None, acc: NP | None = None) -> Clause:
+def _clause(rng: LexiconRandom, subj: NP | None = None, acc: NP | None = None) -> Clause:
     """Random clause; ``subj`` or ``acc`` fixes that argument (used for relative clauses)."""
     if acc is not None:
-        verb = rng.choice(_cached(("acc", acc.noun.key), lambda: [v for v in _ACC_VERBS if _matches(acc.noun, v.obj)]))
+        verb = rng.pick(_cached(("acc", acc.noun.key), lambda: [v for v in _ACC_VERBS if _matches(acc.noun, v.obj)]))
     else:
         verbs = _CLAUSE_VERBS if subj is None else _cached(
             ("subj", subj.noun.key), lambda: [v for v in _CLAUSE_VERBS if _matches(subj.noun, v.subj)])
-        verb = rng.choice(verbs) if verbs and rng.random() >= 0.1 else None
+        verb = rng.pick(verbs) if verbs and rng.random() >= 0.1 else None
     if verb is None:  # copula + predicative adjective
-        adj = rng.choice(_ADJ_LIST if subj is None else _adjs_for(subj.noun))
+        adj = rng.pick(_ADJ_LIST if subj is None else _adjs_for(subj.noun))
         subj = subj or _np(rng, _noun(rng, adj.spec))
         c = Clause(replace(subj, adjs=tuple(a for a in subj.adjs if a != adj)), adj=adj)
     else:
@@ -254,11 +285,11 @@ def _clause(rng: random.Random, subj: NP | None = None, acc: NP | None = None) -
             if opts and ("R" in verb.flags or rng.random() < 0.3):
                 c.pps = (_pp(rng, rng.choice(opts), used),)
         if rng.random() < 0.12 and "S" not in verb.flags and not subj.noun.tags.isdisjoint(("per", "ani")):
-            c.manner = rng.choice(_ADV_BY_KIND["m"])
+            c.manner = rng.pick(_ADV_BY_KIND["m"])
     if rng.random() < 0.3:
         kind = rng.choices("tfp", (55, 30, 15))[0]
         kind = "t" if kind == "f" and verb is not None and "Q" in verb.flags else kind
-        c.adv = rng.choice(_ADV_BY_KIND[kind])
+        c.adv = rng.pick(_ADV_BY_KIND[kind])
     return c
 
 
@@ -308,19 +339,19 @@ def _finish(text: str) -> str:
     return text[0].upper() + text[1:] + "."
 
 
-def _example(rng: random.Random) -> Example:
+def _example(rng: LexiconRandom) -> Example:
     """One random sentence pair from one of the templates."""
     r = rng.random()
     if r < 0.46:  # simple main clause, possibly with a fronted adverb (V2 inversion)
         c = _clause(rng)
         if r >= 0.34 and not (c.adv and c.adv.kind in "tf"):
             q = c.verb is not None and "Q" in c.verb.flags
-            c.adv = rng.choice(_ADV_BY_KIND["t"] if q or rng.random() < 0.6 else _ADV_BY_KIND["f"])
+            c.adv = rng.pick(_ADV_BY_KIND["t"] if q or rng.random() < 0.6 else _ADV_BY_KIND["f"])
         c.front = c.adv is not None and c.adv.kind in "tf" and (r >= 0.34 or rng.random() < 0.3)
         return Example(render_clause_en(c), render_clause_de(c), "adv_first" if c.front else "simple", c.verb)
     if r < 0.62:  # main clause + subordinate clause (verb final)
         en_conj, de_conj = rng.choice(lex.SUBORDINATORS)
-        main = Clause(_np(rng, _noun(rng, parse_spec("per"))), rng.choice(_THAT_VERBS)) if de_conj == "dass" else _clause(rng)
+        main = Clause(_np(rng, _noun(rng, parse_spec("per"))), rng.pick(_THAT_VERBS)) if de_conj == "dass" else _clause(rng)
         sub = _clause(rng)
         return Example(f"{render_clause_en(main)} {en_conj} {render_clause_en(sub)}",
                        f"{render_clause_de(main)}, {de_conj} {render_clause_de(sub, 'sub')}", "sub_after", main.verb)
@@ -331,7 +362,7 @@ def _example(rng: random.Random) -> Example:
                        f"{de_conj} {render_clause_de(sub, 'sub')}, {render_clause_de(main, 'v1')}", "sub_before",
                        main.verb)
     if r < 0.86:  # main clause whose object carries a relative clause (extraposed in German)
-        verb = rng.choice(_REL_MAIN_VERBS)
+        verb = rng.pick(_REL_MAIN_VERBS)
         subj = _np(rng, _noun(rng, verb.subj))
         obj = _np(rng, _noun(rng, verb.obj, (subj.noun,)), "rel")
         main = Clause(subj, verb, acc=obj)
@@ -347,14 +378,15 @@ def _example(rng: random.Random) -> Example:
                    f"{render_clause_de(c1)}{sep}{de_conj} {render_clause_de(c2)}", "coord", c1.verb)
 
 
-def generate_examples(n: int, seed: int = 0) -> list[Example]:
-    """``n`` distinct annotated examples (no English or German sentence repeats), deterministic for ``(n, seed)``.
+def generate_examples(n: int, seed: int = 0, zipf: float = 0.0) -> list[Example]:
+    """``n`` distinct annotated examples (no English or German sentence repeats), deterministic for
+    ``(n, seed, zipf)``; ``zipf`` > 0 makes word frequencies Zipfian (see :class:`LexiconRandom`).
 
     The result for ``n`` is a prefix of the result for any larger ``n`` with the same seed.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    rng, out, seen_en, seen_de = random.Random(seed), [], set(), set()
+    rng, out, seen_en, seen_de = LexiconRandom(seed, zipf), [], set(), set()
     for _ in range(50 * n + 1000):
         if len(out) >= n:
             break
@@ -371,13 +403,14 @@ def generate_examples(n: int, seed: int = 0) -> list[Example]:
     return out
 
 
-def generate_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
-    """``n`` distinct (english, german) synthetic sentence pairs, deterministic for ``(n, seed)``."""
-    return [(ex.en, ex.de) for ex in generate_examples(n, seed)]
+def generate_pairs(n: int, seed: int = 0, zipf: float = 0.0) -> list[tuple[str, str]]:
+    """``n`` distinct (english, german) synthetic sentence pairs, deterministic for ``(n, seed, zipf)``."""
+    return [(ex.en, ex.de) for ex in generate_examples(n, seed, zipf)]
 
 
-def write_corpus(root: str | Path, seed: int = 0, sizes: dict[str, int] | None = None) -> Path:
-    """Write ``root/<split>.{en,de}`` (UTF-8, one sentence per line, aligned) plus ``root/SYNTHETIC.json``.
+def write_corpus(root: str | Path, seed: int = 0, sizes: dict[str, int] | None = None, zipf: float = 0.0) -> Path:
+    """Write ``root/<split>.{en,de}`` (UTF-8, one sentence per line, aligned) plus ``root/SYNTHETIC.json``;
+    ``zipf`` as in :func:`generate_examples`.
 
     Splits never share an English or a German sentence. Default sizes: train 20000, val 500, test 500. If the files
     already exist with the recorded content for the same seed, sizes and generator version, nothing is rewritten.
@@ -391,6 +424,8 @@ def write_corpus(root: str | Path, seed: int = 0, sizes: dict[str, int] | None =
     meta_path = root / "SYNTHETIC.json"
     meta = {"generator": "lightning_bpd.tasks.translation.synthetic", "version": GENERATOR_VERSION, "seed": seed,
             "sizes": sizes, "note": "synthetic smoke-test data, not a benchmark"}
+    if zipf:
+        meta["zipf"] = zipf
     if meta_path.is_file():
         try:
             old = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -399,7 +434,7 @@ def write_corpus(root: str | Path, seed: int = 0, sizes: dict[str, int] | None =
                 return root
         except (ValueError, KeyError, AttributeError, OSError):
             pass
-    pairs = generate_pairs(sum(sizes.values()), seed)
+    pairs = generate_pairs(sum(sizes.values()), seed, zipf)
     root.mkdir(parents=True, exist_ok=True)
     meta["sha256"], start = {}, 0
     # evaluation splits first, so that changing the train size leaves val/test unchanged

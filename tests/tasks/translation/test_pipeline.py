@@ -101,6 +101,11 @@ def test_bench_command_writes_json(fitted, capsys):
         assert r["exact"]["equals_greedy"] is True
         assert r["exact"]["efficiency"] == pytest.approx(r["exact"]["speedup"] / r["exact"]["mean_accepted_block_size"])
         assert r["greedy"]["speedup"] == 1.0
+        assert r["greedy"]["call_cost_vs_baseline"] == 1.0
+        per_call = r["exact"]["ms_per_call"] / r["greedy"]["ms_per_call"]
+        assert r["exact"]["call_cost_vs_baseline"] == pytest.approx(per_call)
+        assert r["exact"]["speedup"] == pytest.approx(per_call ** -1 * r["greedy"]["model_calls"] / r["exact"]["model_calls"])
+    assert result["device_name"].endswith("threads)")
     assert "speedup" in capsys.readouterr().out
 
 

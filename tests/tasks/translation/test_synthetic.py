@@ -290,3 +290,19 @@ def test_write_corpus_rejects_bad_sizes(tmp_path) -> None:
         syn.write_corpus(tmp_path, sizes={"train": -1})
     with pytest.raises(ValueError, match="invalid split"):
         syn.write_corpus(tmp_path, sizes={"../x": 5})
+
+
+def test_zipf_word_frequencies() -> None:
+    from collections import Counter
+
+    def top_share(pairs, n=100):
+        counts = Counter(w for en, de in pairs for w in f"{en} {de}".lower().split())
+        return sum(sorted(counts.values(), reverse=True)[:n]) / sum(counts.values())
+
+    uniform = syn.generate_pairs(600, seed=5)
+    assert syn.generate_pairs(600, seed=5, zipf=0.0) == uniform  # 0 is the original corpus
+    skewed = syn.generate_pairs(600, seed=5, zipf=1.5)
+    assert skewed == syn.generate_pairs(600, seed=5, zipf=1.5) and skewed != uniform
+    assert top_share(skewed) > top_share(uniform) + 0.1  # a few frequent words carry most of the text
+    with pytest.raises(ValueError, match=r"zipf exponent must lie in \[0, 4\]"):
+        syn.generate_pairs(5, zipf=-1)
