@@ -102,6 +102,26 @@ def speed_rows(records: list[Record]) -> list[dict[str, Any]]:
     return rows
 
 
+ABLATION_KEYS = ("k", "head", "targets", "base", "steps", "minutes", "device")
+
+
+def ablation_rows(records: list[Record]) -> list[dict[str, Any]]:
+    """One row per exact-acceptance decode record filed with ``--meta`` (the acceptance ablation):
+    its recipe (k, head type, training targets, frozen or fine-tuned base, steps, minutes, device),
+    BLEU, mean accepted block size and each head's agreement with the model's greedy output."""
+    rows = []
+    for rec in records:
+        meta, m = rec.data.get("meta"), rec.data.get("metrics", {})
+        if rec.kind != "decode" or not meta or "exact/mean_accepted_block_size" not in m:
+            continue
+        agreement = [m[key] for i in range(2, 65) if (key := f"greedy/head{i}_agreement") in m]
+        rows.append({**{key: meta.get(key, "") for key in ABLATION_KEYS}, "label": rec.label,
+                     "bleu": m.get("exact/bleu", math.nan), "block": m["exact/mean_accepted_block_size"],
+                     "matches_greedy": m.get("exact/matches_greedy"), "agreement": agreement,
+                     "command": rec.command})
+    return sorted(rows, key=lambda r: (-int(r["k"] or 0), str(r["base"]), str(r["targets"]), str(r["head"])))
+
+
 def fmt(value: Any, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
@@ -120,6 +140,14 @@ def markdown_tables(records: list[Record]) -> str:
         quality = f"{r['metric'].upper()} {fmt(r['quality'])}" if r["metric"] else ""
         lines.append(f"| {r['label']} | {r['stage']} | {r['method']} | {quality} | {fmt(r['block'])} "
                      f"| {fmt(r['matches_greedy'])} |")
+    ablation = ablation_rows(records)
+    if ablation:
+        lines += ["", "| k | head | targets | base | BLEU | mean accepted block size (exact) | agreement of heads 2.. "
+                  "with greedy | steps | minutes |", "|---:|---|---|---|---:|---:|---|---:|---:|"]
+        for r in ablation:
+            agree = " ".join(f"{a:.2f}" for a in r["agreement"])
+            lines.append(f"| {r['k']} | {r['head']} | {r['targets']} | {r['base']} | {fmt(r['bleu'])} | "
+                         f"{fmt(r['block'])} | {agree} | {r['steps']} | {r['minutes']} {r['device']} |")
     lines += ["", "| run | batch | method | s/input | mean accepted block size | speedup | efficiency | = greedy / acceptance |",
               "|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in speed_rows(records):
@@ -132,12 +160,32 @@ def markdown_tables(records: list[Record]) -> str:
     return "\n".join(lines)
 
 
-def add(source: str | Path, dest: str | Path, label: str, command: str) -> Path:
-    """Copy a run's JSON record to ``dest`` with its ``label`` and ``command``."""
+def parse_meta(pairs: list[str]) -> dict[str, Any]:
+    """``["head=chained", "steps=1500"]`` -> ``{"head": "chained", "steps": 1500}`` (numbers parsed)."""
+    meta: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--meta takes key=value, got {pair!r}")
+        try:
+            meta[key] = int(value)
+        except ValueError:
+            try:
+                meta[key] = float(value)
+            except ValueError:
+                meta[key] = value
+    return meta
+
+
+def add(source: str | Path, dest: str | Path, label: str, command: str, meta: dict[str, Any] | None = None) -> Path:
+    """Copy a run's JSON record to ``dest`` with its ``label``, ``command`` and optional ``meta``
+    (the recipe of an ablation row: k, head, targets, base, steps, minutes, device)."""
     data = json.loads(Path(source).read_text())
     if kind_of(data) is None:
         raise ValueError(f"{source} is not a decode, bench or step_cost record")
     data = {"label": label, "command": command, **{k: v for k, v in data.items() if k not in ("label", "command")}}
+    if meta:
+        data["meta"] = meta
     Path(dest).parent.mkdir(parents=True, exist_ok=True)
     Path(dest).write_text(json.dumps(data, indent=2) + "\n")
     return Path(dest)
@@ -175,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("dest")
     a.add_argument("--label", required=True)
     a.add_argument("--command", required=True)
+    a.add_argument("--meta", nargs="*", default=[], help="key=value recipe fields of an ablation row "
+                   f"({', '.join(ABLATION_KEYS)})")
     args = p.parse_args(argv)
     try:
         if args.cmd == "table":
@@ -182,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.cmd == "readme":
             update_readme(args.readme, args.folder)
         else:
-            print(add(args.source, args.dest, args.label, args.command))
+            print(add(args.source, args.dest, args.label, args.command, parse_meta(args.meta)))
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"results: {err}") from None
 

@@ -90,3 +90,23 @@ def test_update_readme_rewrites_only_the_marked_block(tmp_path):
     text = readme.read_text()
     assert text.startswith("# Title\n\nintro\n\n") and text.endswith(f"{END}\n\nafter\n")
     assert readme_block(text) == markdown_tables(load(tmp_path / "results"))
+
+
+def test_ablation_rows_from_records_filed_with_meta(tmp_path):
+    from lightning_bpd.results import add, parse_meta
+
+    run = tmp_path / "decode_test.json"
+    run.write_text(json.dumps({"stage": "test", "k": 8, "metrics": {
+        "greedy/bleu": 33.0, "greedy/mean_accepted_block_size": 1.0, "greedy/head1_agreement": 1.0,
+        "greedy/head2_agreement": 0.71, "greedy/head3_agreement": 0.55,
+        "exact/bleu": 33.0, "exact/mean_accepted_block_size": 2.61, "exact/matches_greedy": 1.0}}))
+    meta = parse_meta(["k=8", "head=chained", "targets=self-distilled", "base=frozen", "steps=1500", "minutes=12.5",
+                       "device=cpu"])
+    assert meta["steps"] == 1500 and meta["minutes"] == 12.5 and meta["head"] == "chained"
+    add(run, tmp_path / "results/a.json", "k=8 chained", "python -m lightning_bpd test ...", meta)
+    add(run, tmp_path / "results/b.json", "plain record", "python -m lightning_bpd test ...")  # no meta: no row
+    table = markdown_tables(load(tmp_path / "results"))
+    assert "| 8 | chained | self-distilled | frozen | 33.00 | 2.61 | 0.71 0.55 | 1500 | 12.5 cpu |" in table
+    assert table.count("| 8 | chained |") == 1
+    with pytest.raises(ValueError, match="--meta takes key=value"):
+        parse_meta(["steps"])
