@@ -142,8 +142,9 @@ def markdown_tables(records: list[Record]) -> str:
                      f"| {fmt(r['matches_greedy'])} |")
     ablation = ablation_rows(records)
     if ablation:
-        lines += ["", "| k | head | targets | base | BLEU | mean accepted block size (exact) | agreement of heads 2.. "
-                  "with greedy | steps | minutes |", "|---:|---|---|---|---:|---:|---|---:|---:|"]
+        header = ("| k | head | targets | base | BLEU | mean accepted block size (exact) | agreement of heads 2.. "
+                  "with greedy | steps | minutes |")
+        lines += ["", header, "|---:|---|---|---|---:|---:|---|---:|---:|"]
         for r in ablation:
             agree = " ".join(f"{a:.2f}" for a in r["agreement"])
             lines.append(f"| {r['k']} | {r['head']} | {r['targets']} | {r['base']} | {fmt(r['bleu'])} | "
