@@ -5,23 +5,24 @@ is ONE decoder call on the k proposed tokens of each row. That call both verifie
 (p_1 at each proposed position) and, at the last accepted position, yields the next k proposals
 (p_1..p_k), so n tokens cost one call. Rejected positions are cropped from the KV cache.
 
+One iteration, in named steps::
+
+    hidden         = model.decode_step(block.tokens, context, cache)    # verify pass, (b, k, D)
+    accepted, first = verify(model, criterion, block, hidden)            # on the device
+    n, done        = book.commit(block.tokens, accepted)                 # on the device
+    keep           = book.settle(n, done)      # the iteration's one device-to-host read
+    compact(keep); cache.crop(...)                                       # finished rows leave
+    block          = propose(model, criterion, hidden[accepted - 1], k, first)
+
 Only p_1 is projected at the verified positions and the heads at one position per row, not the
-naive k*k. For rules made of per-position prefix checks (exact, top-n, eps) the verification is
-lazy: position j is projected only for rows whose checks 2..j passed, and p_1 at a row's first
-failure gives the first token of its next block, so an iteration that accepts n < k tokens costs
-n + (k - 1) projections per row instead of 2k - 1 (:func:`verify_lazily`, :func:`propose`).
-
-One iteration, in the words of the algorithm::
-
-    hidden  = model.decode_step(block.tokens, context, cache)   # verify pass, (b, k, D)
-    verdict = criterion.judge(block, p_1 at hidden[:, :-1])     # accepted sizes (+ carried tokens)
-    commit(block.tokens[:, :accepted]);  cache.crop(...)
-    block   = criterion.draft(p_1..p_k at hidden[accepted - 1], verdict.next_first)
-
-For the deterministic rules ``judge``/``draft`` are ``accept``/``propose`` and ``next_first`` is
-None. :class:`~lightning_bpd.decoding.criteria.SpeculativeSampling` draws the block from the
-heads and, when it rejects a token, returns the replacement drawn from the residual distribution
-as ``next_first``: that token opens the row's next block in place of a fresh p_1 sample.
+naive k*k. For the deterministic rules, p_1 at every position of the verify pass gives both the
+verdict (a match, cumulative product and sum) and, at the last accepted position, the token greedy
+decoding emits next: it opens the next block, so only heads 2..k are projected for the proposals.
+:func:`verify_lazily` is the other choice for per-position prefix rules (exact, top-n, eps): it
+projects position j only for rows whose checks 2..j passed (fewer projections when few tokens are
+accepted, but a host read per position). :class:`~lightning_bpd.decoding.criteria.SpeculativeSampling`
+draws the block from the heads and, when it rejects a token, returns the replacement drawn from the
+residual distribution as ``first``: that token opens the row's next block in place of a p_1 sample.
 """
 
 from __future__ import annotations
@@ -46,23 +47,25 @@ def resolve_k(model: BlockwiseModel, k: int | None) -> int:
 def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None = None) -> Block:
     """Next block (b, k) from the hidden state (b, D) of each row's last accepted position.
 
-    ``first`` (b,), where >= 0, is a token carried over from the last verdict (the token greedy
-    decoding emits next, or a residual draw): it replaces p_1's proposal, and when every row has
-    one p_1 is not projected at all. Chained heads (``model.chained_heads``) propose one token at a
-    time, each step fed the token before it (:func:`propose_chained`).
+    ``first`` (b,) is the token that opens each row's block when the verdict already knows it: for a
+    deterministic rule, greedy's next token (then p_1 is not projected, only heads 2..k); for a
+    sampling rule, a residual draw where >= 0 (p_1 is sampled for the other rows). Chained heads
+    (``model.chained_heads``) propose one token at a time, each step fed the token before it.
     """
+    complete = first is not None and not criterion.stochastic  # token 1 known for every row
     if getattr(model, "chained_heads", False) and k > 1:
-        return propose_chained(model, criterion, h, k, first)
-    if k > 1 and first is not None and not criterion.stochastic and bool((first >= 0).all()):
+        return propose_chained(model, criterion, h, k, first, complete)
+    if k > 1 and complete:
         rest = criterion.draft(model.logits_heads(h, range(1, k)))  # tokens (b, k-1)
-        return Block.cat([Block(first[:, None]), rest])
+        return Block.cat([Block(first[:, None]), rest])  # type: ignore[index]
     return criterion.draft(model.logits_heads(h, range(k)), first)  # logits (b, k, V)
 
 
-def propose_chained(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None = None) -> Block:
+def propose_chained(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None,
+                    complete: bool) -> Block:
     """Chained heads: token 1 from p_1 (or ``first``), then token i from head i fed token i-1."""
-    if first is not None and bool((first >= 0).all()):
-        parts = [Block(first[:, None])]
+    if complete:
+        parts = [Block(first[:, None])]  # type: ignore[index]
     else:
         parts = [criterion.draft(model.logits_first(h)[:, None], first)]  # (b, 1)
     z = h
@@ -72,36 +75,54 @@ def propose_chained(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: i
     return Block.cat(parts)
 
 
+def verify(model: BlockwiseModel, criterion: Criterion, block: Block, hidden: Tensor,
+           lazy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Accepted block sizes (b,) in [1, k] and the token opening each row's next block (b,), from the
+    verify pass ``hidden`` (b, k, D) over ``block`` (b, k). No host read (except ``lazy``).
+
+    Deterministic rules: p_1 at all k positions; token j+1 is judged by p_1 at position j, and the
+    argmax of p_1 at the last accepted position is greedy's next token. Sampling rules: their judge,
+    whose ``next_first`` is -1 where p_1 must still be sampled.
+    """
+    if criterion.stochastic:
+        verdict = criterion.judge(block, model.logits_first(hidden[:, :-1]))
+        return verdict.accepted, verdict.next_first
+    if lazy and criterion.prefix_checks:
+        return verify_lazily(model, criterion, block.tokens, hidden)
+    logits = model.logits_first(hidden)  # (b, k, V): p_1 after each proposed token
+    best = logits.argmax(dim=-1)  # (b, k)
+    if isinstance(criterion, Exact):  # the same verdict as criterion.accept, from the argmax already taken
+        accepted = 1 + (block.tokens[:, 1:] == best[:, :-1]).long().cumprod(dim=-1).sum(dim=-1)
+    else:
+        accepted = criterion.accept(block.tokens, logits[:, :-1])  # (b,)
+    return accepted, best.gather(1, (accepted - 1)[:, None]).squeeze(1)
+
+
 def verify_lazily(model: BlockwiseModel, criterion: Criterion, tokens: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor]:
     """Check a block position by position, projecting p_1 only where the verdict is still open.
 
     tokens (b, k), hidden (b, k, D) from the verify pass. Token j+1 is checked against p_1 at
     ``hidden[:, j]`` for the rows whose tokens 2..j all passed; a row stops at its first failure,
     and the argmax of p_1 there, the token greedy decoding emits next, becomes the first token of
-    its next block (p_1 was computed there anyway, and head 1 is p_1). Same verdict as checking all
-    k-1 positions at once (:meth:`Criterion.accept`), with about (accepted size) projections per row
-    instead of k-1. Returns accepted (b,) in [1, k] and next_first (b,), -1 where all k were accepted.
+    its next block (p_1 was computed there anyway, and head 1 is p_1); rows that accepted all k get
+    it from p_1 at the last position. Same verdict as checking all k-1 positions at once
+    (:meth:`Criterion.accept`), with about (accepted size) projections per row instead of k, at the
+    price of a host read per position. Returns accepted (b,) in [1, k] and next_first (b,).
     """
     b, k = tokens.shape
     accepted = torch.ones(b, dtype=torch.long, device=tokens.device)  # (b,)
     next_first = torch.full((b,), -1, dtype=torch.long, device=tokens.device)  # (b,)
-    open_rows = None  # None: every row (avoids indexing while all rows are still open)
+    rows = torch.arange(b, device=tokens.device)  # rows whose verdict is still open
     for j in range(k - 1):
-        h = hidden[:, j] if open_rows is None else hidden[open_rows, j]  # (a, D)
-        logits = model.logits_first(h)[:, None]  # (a, 1, V)
-        proposal = tokens[:, j + 1 : j + 2] if open_rows is None else tokens[open_rows, j + 1 : j + 2]  # (a, 1)
-        ok = criterion.matches(proposal, logits)[:, 0]  # (a,)
-        rows = torch.arange(b, device=tokens.device) if open_rows is None else open_rows
-        if bool(ok.all()):
-            accepted[rows] += 1
-            open_rows = rows
-            continue
-        failed = ~ok
-        next_first[rows[failed]] = logits[failed, 0].argmax(dim=-1)
-        open_rows = rows[ok]
-        accepted[open_rows] += 1
-        if open_rows.numel() == 0:
-            break
+        logits = model.logits_first(hidden[rows, j])[:, None]  # (a, 1, V)
+        ok = criterion.matches(tokens[rows, j + 1 : j + 2], logits)[:, 0]  # (a,)
+        if not bool(ok.all()):
+            next_first[rows[~ok]] = logits[~ok, 0].argmax(dim=-1)
+            rows = rows[ok]
+        accepted[rows] += 1
+        if rows.numel() == 0:
+            return accepted, next_first
+    next_first[rows] = model.logits_first(hidden[rows, k - 1]).argmax(dim=-1)  # all k accepted
     return accepted, next_first
 
 
@@ -112,12 +133,14 @@ def blockwise_decode(
     criterion: Criterion | None = None,
     max_len: int = 256,
     k: int | None = None,
+    lazy: bool = False,
 ) -> DecodeResult:
     """Decode ``src`` (B, S) with blockwise parallel decoding.
 
     ``criterion`` defaults to :class:`Exact`, which reproduces greedy decoding token for token.
     ``k`` defaults to the model's number of heads. Rows accept different numbers of tokens and
     finish at different times (EOS inside a block ends the row; nothing after it is emitted).
+    ``lazy`` verifies prefix rules position by position (:func:`verify_lazily`).
     """
     criterion = criterion if criterion is not None else Exact()
     check_decode_args(model, src, max_len)
@@ -131,24 +154,21 @@ def blockwise_decode(
     bos = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=src.device)
     block = propose(model, criterion, model.decode_step(bos, context, cache)[:, -1], k)  # tokens (B, k)
     calls = 1
-    lazy = criterion.prefix_checks and not criterion.stochastic
-    while book.live.numel() > 0:
+    while True:
         hidden = model.decode_step(block.tokens, context, cache)  # (b, k, D)
         calls += 1
-        if lazy:
-            accepted, first = verify_lazily(model, criterion, block.tokens, hidden)  # (b,), (b,)
-        else:
-            verdict = criterion.judge(block, model.logits_first(hidden[:, :-1]))
-            accepted, first = verdict.accepted, verdict.next_first  # (b,), (b,) or None
-        _, done = book.commit(block.tokens, accepted, model.eos_id)
-        cache.crop(cache.lengths - k + accepted)  # keep BOS and every committed token
-        last = hidden[torch.arange(hidden.shape[0], device=src.device), accepted - 1]  # (b, D)
-        keep = book.drop_finished(done)
+        accepted, first = verify(model, criterion, block, hidden, lazy)  # (b,), (b,) or None
+        n, done = book.commit(block.tokens, accepted, model.eos_id)
+        last = hidden.gather(1, (accepted - 1)[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (b, D)
+        keep = book.settle(n, done)  # the one host read of the iteration
         if keep is not None:
-            if keep.numel() == 0:
+            if not keep:
                 break
-            context, last = context.select(keep), last[keep]
-            first = first[keep] if first is not None else None
-            cache.select(keep)
+            rows = torch.tensor(keep, dtype=torch.long, device=src.device)
+            context, last, accepted = context.select(rows), last[rows], accepted[rows]
+            first = first[rows] if first is not None else None
+            cache.select(rows)
+        # keep BOS and every committed token (a live row kept all it accepted)
+        cache.crop(cache.lengths - k + accepted, bounds=book.length_bounds(offset=1), check=False)
         block = propose(model, criterion, last, k, first)
     return book.result(calls)

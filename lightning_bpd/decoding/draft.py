@@ -8,8 +8,8 @@ cache, and the target verifies a whole block in one call, exactly as in
     y_1      = target's own token (p_1 at the last accepted position, or the carried residual token)
     y_2..y_k = k-1 cached draft steps: feed (last committed token, y_1), then y_2, ..., y_{k-1}
     hidden   = target.decode_step(y_1..y_k)                      # one target call, (b, k, D)
-    verdict  = criterion.judge(block, target p_1 at hidden[:, :-1])
-    commit(y_1..y_n);  crop both caches;  next y_1 from target p_1 at hidden[n - 1]
+    accepted, first = verify(target, criterion, block, hidden)   # as in blockwise decoding
+    commit(y_1..y_n);  crop both caches;  next y_1 = first (greedy's next token), or sampled
 
 The draft's cache always holds BOS and every committed token but the newest one, which is fed
 again with the next y_1, so every draft step has the same width for every row. The deterministic
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_bpd.decoding.blockwise import verify
 from lightning_bpd.decoding.criteria import Block, Criterion, Exact
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args
 from lightning_bpd.decoding.row_book import RowBook
@@ -42,7 +43,7 @@ def check_draft_args(target: BlockwiseModel, draft: BlockwiseModel, k: int) -> N
 def draft_block(
     draft: BlockwiseModel,
     criterion: Criterion,
-    first_logits: Tensor,
+    first_logits: Tensor | None,
     first: Tensor | None,
     last_token: Tensor,
     context: Any,
@@ -51,14 +52,17 @@ def draft_block(
 ) -> Block:
     """One block (b, k): y_1 from the target's p_1 logits (b, V) or ``first`` (b,), then k-1 draft steps.
 
-    ``last_token`` (b,) is the newest committed token (BOS at the start), the one the draft's cache lacks.
+    ``first`` is the verdict's opening token: complete for deterministic rules (then ``first_logits``
+    may be None), -1 where p_1 must be sampled for sampling rules. ``last_token`` (b,) is the newest
+    committed token (BOS at the start), the one the draft's cache lacks.
     """
-    parts = [criterion.draft(first_logits[:, None], first)]  # tokens (b, 1)
+    if first is not None and not criterion.stochastic:
+        parts = [Block(first[:, None])]  # (b, 1)
+    else:
+        parts = [criterion.draft(first_logits[:, None], first)]  # type: ignore[index]  # tokens (b, 1)
     inputs = torch.stack([last_token, parts[0].tokens[:, 0]], dim=1)  # (b, 2)
     for _ in range(k - 1):
         logits = draft.logits_first(draft.decode_step(inputs, context, cache)[:, -1])  # (b, V)
-        if logits.shape[-1] != first_logits.shape[-1]:
-            raise ValueError(f"draft vocabulary ({logits.shape[-1]}) differs from the target's ({first_logits.shape[-1]})")
         parts.append(criterion.draft(logits[:, None]))  # tokens (b, 1)
         inputs = parts[-1].tokens  # (b, 1)
     return Block.cat(parts)
@@ -90,28 +94,39 @@ def draft_decode(
     book = RowBook(batch, max_len, k, target.pad_id, device)
     last_token = torch.full((batch,), target.bos_id, dtype=torch.long, device=device)  # (B,)
     logits = target.logits_first(target.decode_step(last_token[:, None], t_context, t_cache)[:, -1])  # (B, V)
+    check_draft_vocabulary(target, draft, logits)
     first: Tensor | None = None
     calls = 1
-    while book.live.numel() > 0:
+    while True:
         block = draft_block(draft, criterion, logits, first, last_token, d_context, d_cache, k)  # tokens (b, k)
         hidden = target.decode_step(block.tokens, t_context, t_cache)  # (b, k, D)
         calls += 1
-        verdict = criterion.judge(block, target.logits_first(hidden[:, :-1]))
-        accepted, first = verdict.accepted, verdict.next_first  # (b,), (b,) or None
-        _, done = book.commit(block.tokens, accepted, target.eos_id)
-        t_cache.crop(t_cache.lengths - k + accepted)  # BOS and every committed token
-        if k > 1:
-            d_cache.crop(d_cache.lengths - k + accepted)  # BOS and every committed token but the newest
-        rows = torch.arange(hidden.shape[0], device=device)
-        last, last_token = hidden[rows, accepted - 1], block.tokens[rows, accepted - 1]  # (b, D), (b,)
-        keep = book.drop_finished(done)
+        accepted, first = verify(target, criterion, block, hidden)  # (b,), (b,) or None
+        n, done = book.commit(block.tokens, accepted, target.eos_id)
+        last_token = block.tokens.gather(1, (accepted - 1)[:, None])[:, 0]  # (b,)
+        logits = None
+        if criterion.stochastic:  # p_1 at the last accepted position: token 1 where no residual was drawn
+            last = hidden.gather(1, (accepted - 1)[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (b, D)
+            logits = target.logits_first(last)  # (b, V)
+        keep = book.settle(n, done)  # the one host read of the iteration
         if keep is not None:
-            if keep.numel() == 0:
+            if not keep:
                 break
-            t_context, d_context = t_context.select(keep), d_context.select(keep)
-            t_cache.select(keep)
-            d_cache.select(keep)
-            last, last_token = last[keep], last_token[keep]
-            first = first[keep] if first is not None else None
-        logits = target.logits_first(last)  # (b, V)
+            rows = torch.tensor(keep, dtype=torch.long, device=device)
+            t_context, d_context = t_context.select(rows), d_context.select(rows)
+            t_cache.select(rows)
+            d_cache.select(rows)
+            last_token, accepted = last_token[rows], accepted[rows]
+            first = first[rows] if first is not None else None
+            logits = logits[rows] if logits is not None else None
+        t_cache.crop(t_cache.lengths - k + accepted, bounds=book.length_bounds(offset=1), check=False)  # BOS + committed
+        if k > 1:  # BOS and every committed token but the newest
+            d_cache.crop(d_cache.lengths - k + accepted, bounds=book.length_bounds(offset=0), check=False)
     return book.result(calls)
+
+
+def check_draft_vocabulary(target: BlockwiseModel, draft: BlockwiseModel, target_logits: Tensor) -> None:
+    """Raise ValueError when the draft's vocabulary size differs from the target's."""
+    size = getattr(getattr(draft, "config", None), "tgt_vocab_size", None)
+    if size is not None and size != target_logits.shape[-1]:
+        raise ValueError(f"draft vocabulary ({size}) differs from the target's ({target_logits.shape[-1]})")

@@ -13,6 +13,9 @@ class RowBook:
 
     Holds the output buffer of every original row and maps the live (compacted) batch rows back to
     them. Rows that finish are dropped from the live batch so no work is spent on them.
+    :meth:`settle` is the loop's one device-to-host read per iteration: it brings back how many
+    tokens each live row kept and which rows finished, and keeps a host copy of the live rows'
+    lengths (so the KV cache can be sized without reading the device again).
     """
 
     def __init__(self, batch_size: int, max_len: int, spare: int, pad_id: int, device: torch.device) -> None:
@@ -22,13 +25,14 @@ class RowBook:
         self.iterations = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.blocks = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
         self.live = torch.arange(batch_size, device=device)  # original index of each live row
+        self.live_lengths = [0] * batch_size  # host copy: tokens committed by each live row
         self.step = 0
 
     def commit(self, block: Tensor, n: Tensor, eos_id: int | None) -> tuple[Tensor, Tensor]:
         """Append the first ``n`` (b,) tokens of ``block`` (b, T) to the live rows.
 
         The block is cut after an EOS and at ``max_len``. Returns the numbers kept (b,) and a mask
-        of rows that are now finished (b,).
+        of rows that are now finished (b,), both on the device.
         """
         arange = torch.arange(block.shape[1], device=block.device)
         if eos_id is not None:
@@ -50,13 +54,21 @@ class RowBook:
         done = (is_eos & keep).any(dim=1) | (start + n >= self.max_len)
         return n, done
 
-    def drop_finished(self, done: Tensor) -> Tensor | None:
-        """Forget finished live rows; return the live positions to keep, or None if all are kept."""
-        if not bool(done.any()):
+    def settle(self, n: Tensor, done: Tensor) -> list[int] | None:
+        """Read ``n`` and ``done`` (b,) from :meth:`commit` (one device-to-host copy), update the host
+        lengths and drop finished rows; return the live positions kept, or None when all are kept."""
+        kept, finished = torch.stack([n, done.long()]).tolist()
+        self.live_lengths = [length + m for length, m in zip(self.live_lengths, kept)]
+        if not any(finished):
             return None
-        keep = (~done).nonzero().squeeze(1)
-        self.live = self.live[keep]
+        keep = [i for i, f in enumerate(finished) if not f]
+        self.live = self.live[torch.tensor(keep, dtype=torch.long, device=self.live.device)]
+        self.live_lengths = [self.live_lengths[i] for i in keep]
         return keep
+
+    def length_bounds(self, offset: int = 0) -> tuple[int, int]:
+        """(shortest, longest) committed length of the live rows, plus ``offset`` (host ints)."""
+        return min(self.live_lengths) + offset, max(self.live_lengths) + offset
 
     def result(self, model_calls: int) -> DecodeResult:
         width = max(1, int(self.lengths.max()))

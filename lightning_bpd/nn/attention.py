@@ -119,8 +119,9 @@ def cached_span(positions: Tensor, window: int | None, cache: KVCache) -> tuple[
     if cache.ring:
         k_pos = cache.slot_positions(positions[:, -1])  # (B, R)
         return (0, cache.ring), causal_mask(positions, k_pos, window) & (k_pos >= 0)[:, None, None, :]
-    stop = int(positions.max()) + 1
-    start = 0 if window is None else max(0, int(positions.min()) - window + 1)
+    low, high = cache.length_bounds()  # the new positions are lengths .. lengths + T - 1 (no device read)
+    stop = high + positions.shape[1]
+    start = 0 if window is None else max(0, low - window + 1)
     k_pos = torch.arange(start, stop, device=positions.device)
     return (start, stop), causal_mask(positions, k_pos, window)
 

@@ -11,6 +11,11 @@ prefix, and at most k - 1 were rejected). Appending T >= 1 tokens
 writes them at ``lengths[b] .. lengths[b] + T - 1`` of row b; rejecting proposals is a crop that
 only moves ``lengths`` back (stale entries past a row's length are never attended to, because
 attention masks every key position greater than the query position).
+
+The cache also keeps host-side bounds (lowest, highest) of ``lengths`` as Python ints, exact after
+appends and loose after a ``select``, so that sizing a step (room left, the span of slots a query can
+see) needs no device-to-host copy; a crop that is not told the new bounds forgets them, and they are
+read back from the device the next time they are needed.
 """
 
 from __future__ import annotations
@@ -44,7 +49,18 @@ class KVCache:
         shape = (n_layers, batch_size, slots, n_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, S, H, Dh)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, S, H, Dh)
-        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
+        self._lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
+        self.bounds: tuple[int, int] | None = (0, 0)  # host-side (min, max) of lengths; None: unknown
+
+    @property
+    def lengths(self) -> Tensor:
+        """Positions held by each row (B,)."""
+        return self._lengths
+
+    @lengths.setter
+    def lengths(self, value: Tensor) -> None:  # set from outside: the host-side bounds are unknown
+        self._lengths = value
+        self.bounds = None
 
     @property
     def capacity(self) -> int:
@@ -59,9 +75,16 @@ class KVCache:
         """Absolute positions (B, T) that the next ``n_new`` tokens of each row will take."""
         return self.lengths[:, None] + torch.arange(n_new, device=self.lengths.device)
 
+    def length_bounds(self) -> tuple[int, int]:
+        """(lowest, highest) row length, or bounds on them, as Python ints (read from the device only
+        when unknown)."""
+        if self.bounds is None:
+            self.bounds = (int(self.lengths.min()), int(self.lengths.max()))
+        return self.bounds
+
     def check_room(self, n_new: int) -> None:
         """Raise if some row cannot take ``n_new`` more tokens."""
-        longest = int(self.lengths.max()) + n_new
+        longest = self.length_bounds()[1] + n_new
         if longest > self.capacity:
             raise RuntimeError(f"KV cache overflow: a row needs {longest} positions, capacity is {self.capacity}")
 
@@ -84,18 +107,26 @@ class KVCache:
 
     def advance(self, n_new: int) -> None:
         """Commit ``n_new`` written positions in every row (after all layers wrote them)."""
-        self.lengths += n_new
+        self._lengths += n_new
+        if self.bounds is not None:
+            self.bounds = (self.bounds[0] + n_new, self.bounds[1] + n_new)
 
-    def crop(self, lengths: Tensor) -> None:
-        """Cut every row back to ``lengths`` (B,); a row can never grow through a crop."""
+    def crop(self, lengths: Tensor, bounds: tuple[int, int] | None = None, check: bool = True) -> None:
+        """Cut every row back to ``lengths`` (B,); a row can never grow through a crop.
+
+        ``bounds``: (min, max) of the new lengths (or bounds on them) when the caller knows them;
+        ``check=False`` skips the range check (a decode loop that computed the lengths itself).
+        """
         if lengths.shape != self.lengths.shape:
             raise ValueError(f"crop lengths must have shape {tuple(self.lengths.shape)}, got {tuple(lengths.shape)}")
-        if bool((lengths > self.lengths).any()) or bool((lengths < 0).any()):
+        if check and (bool((lengths > self.lengths).any()) or bool((lengths < 0).any())):
             raise ValueError("crop lengths must lie in [0, current length] for every row")
-        self.lengths = lengths.to(self.lengths)
+        self._lengths = lengths.to(self._lengths)
+        self.bounds = bounds
 
     def select(self, rows: Tensor) -> None:
-        """Keep only batch ``rows`` (a 1-D index tensor), in that order (for finished rows and beams)."""
+        """Keep only batch ``rows`` (a 1-D index tensor), in that order (for finished rows and beams).
+        The host-side bounds stay valid as bounds."""
         self.k = self.k.index_select(1, rows)
         self.v = self.v.index_select(1, rows)
-        self.lengths = self.lengths.index_select(0, rows)
+        self._lengths = self._lengths.index_select(0, rows)

@@ -41,14 +41,15 @@ def test_random_cases_cover_eos_inside_a_block_and_max_len():
     assert out.mean_accepted_block_size > 1.2  # the heads are right some of the time
 
 
+@pytest.mark.parametrize("lazy", [False, True], ids=["full", "lazy"])
 @pytest.mark.parametrize("criterion", [Exact(), TopK(2), TopK(3), Distance(2), MinBlock(2), MinBlock(2, TopK(2))],
                          ids=lambda c: c.name)
 @pytest.mark.parametrize("k", [2, 4, 8])
-def test_fast_decoder_equals_reference_for_every_rule(criterion, k):
+def test_fast_decoder_equals_reference_for_every_rule(criterion, k, lazy):
     model = random_model(k=k, seed=k)
     src = random_sources(6, seed=k)
     pick_eos(model, src, MAX_LEN)
-    fast = blockwise_decode(model, src, criterion, MAX_LEN)
+    fast = blockwise_decode(model, src, criterion, MAX_LEN, lazy=lazy)
     slow = blockwise_decode_reference(model, src, criterion, MAX_LEN)
     assert torch.equal(fast.tokens, slow.tokens)
     assert fast.block_sizes == slow.block_sizes
@@ -165,7 +166,8 @@ def test_empty_source_is_refused():
 
 @pytest.mark.parametrize("rule", ["exact", "top2", "eps3"])
 def test_lazy_verification_gives_the_full_verdict(rule):
-    from lightning_bpd.decoding.blockwise import verify_lazily
+    from lightning_bpd.decoding.blockwise import verify, verify_lazily
+    from lightning_bpd.decoding.criteria import Block
 
     model = random_model(k=4, seed=5)
     criterion = parse_criterion(rule)
@@ -178,9 +180,12 @@ def test_lazy_verification_gives_the_full_verdict(rule):
     accepted, next_first = verify_lazily(model, criterion, tokens, hidden)
     assert torch.equal(accepted, criterion.accept(tokens, logits))
     assert 1 in accepted.tolist() and 5 in accepted.tolist() and len(set(accepted.tolist())) >= 3
+    every = model.logits_first(hidden)  # (16, 5, V): p_1 after each of the 5 tokens
     for row, n in enumerate(accepted.tolist()):  # next block opens with greedy's token after the accepted prefix
-        expected = -1 if n == 5 else int(logits[row, n - 1].argmax())
-        assert int(next_first[row]) == expected
+        assert int(next_first[row]) == int(every[row, n - 1].argmax())
+    # the all-positions verification (no host reads) gives the same verdict and next tokens
+    full_accepted, full_first = verify(model, criterion, Block(tokens), hidden)
+    assert torch.equal(full_accepted, accepted) and torch.equal(full_first, next_first)
 
 
 # ---- chained heads (head i sees the token proposed for head i-1) -------------------------------
