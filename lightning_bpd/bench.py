@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
     p.add_argument("--inputs", type=int, default=100, help="number of inputs decoded per batch size")
     p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
+    p.add_argument("--lazy-verify", action="store_true",
+                   help="verify prefix rules position by position (fewer projections, a host read per position)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None, help="write the results here")
     return p
@@ -85,11 +87,12 @@ def batched(rows: list[torch.Tensor], size: int, pad_id: int) -> list[torch.Tens
     return out
 
 
-def build_methods(module, specs: list[str], ks: list[int] | None, draft) -> tuple[list[str], dict[str, DecodeMethod]]:
+def build_methods(module, specs: list[str], ks: list[int] | None, draft,
+                  lazy: bool = False) -> tuple[list[str], dict[str, DecodeMethod]]:
     """The methods to time, baselines first: ``(order, methods)``. With several ``ks`` every method
     runs at each k and is named ``<spec>@k<k>``."""
     def make(spec: str, k: int | None = None) -> DecodeMethod:
-        return make_method(spec, module.make_criterion, module.model, k, draft)
+        return make_method(spec, module.make_criterion, module.model, k, draft, lazy=lazy)
 
     if ks is None or len(ks) == 1:
         k = ks[0] if ks else None
@@ -177,13 +180,14 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         module = load_model(args.ckpt, args.device)
         draft = load_model(args.draft, args.device).model if args.draft else None
-        order, methods = build_methods(module, args.criteria, args.k, draft)
+        order, methods = build_methods(module, args.criteria, args.k, draft, args.lazy_verify)
         inputs = load_inputs(module, args)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"bench: {err}")
     k = (args.k[0] if len(args.k) == 1 else args.k) if args.k else module.model.k
     result = {"ckpt": args.ckpt, "draft": args.draft, "k": k, "device": str(module.device),
               "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(inputs),
+              "lazy_verify": args.lazy_verify,
               "batch_sizes": {}}
     print(f"device: {result['device_name']}; ms/call = wall-clock per decoder call (a greedy step or a blockwise "
           "iteration), x base = that cost over the baseline's")

@@ -62,6 +62,7 @@ class DecodeMethod:
     temperature: float | None = None  # ancestral sampling only
     top_p: float = 1.0
     seed: int | None = 0
+    lazy: bool = False  # blockwise prefix rules: verify position by position (see blockwise.verify_lazily)
 
     @property
     def is_baseline(self) -> bool:
@@ -99,7 +100,7 @@ class DecodeMethod:
             return sample_decode(model, src, max_len, self.temperature, self.top_p, generator)
         if self.draft is not None:
             return draft_decode(model, self.draft, src, self.criterion, max_len, k=int(self.k))  # type: ignore[arg-type]
-        return blockwise_decode(model, src, self.criterion, max_len, k=self.k)
+        return blockwise_decode(model, src, self.criterion, max_len, k=self.k, lazy=self.lazy)
 
 
 def make_method(
@@ -109,13 +110,14 @@ def make_method(
     k: int | None = None,
     draft: BlockwiseModel | None = None,
     seed: int | None = 0,
+    lazy: bool = False,
 ) -> DecodeMethod:
     """Build (and check) the method named ``spec`` for ``model``; raise ValueError saying what to fix.
 
     ``make_criterion`` turns a criterion name into a rule (tasks add their intensity values for eps).
     ``k`` is the number of heads used (default: all) or, for a draft, the block size (default: the
     model's k, at least 2). ``seed`` seeds the random numbers of sampling methods (reseeded at
-    every decode call).
+    every decode call). ``lazy`` makes blockwise prefix rules verify position by position.
     """
     s = spec.strip()
     if s == "greedy":
@@ -133,7 +135,7 @@ def make_method(
         return DecodeMethod(s, criterion, block, draft, seed=seed)
     criterion = seeded(make_criterion(s), seed)
     criterion.validate(resolve_k(model, k))
-    return DecodeMethod(s, criterion, k, seed=seed)
+    return DecodeMethod(s, criterion, k, seed=seed, lazy=lazy)
 
 
 def seeded(criterion: Criterion, seed: int | None) -> Criterion:
