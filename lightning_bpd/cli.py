@@ -9,9 +9,11 @@ folder ``runs/<name>/`` with its resolved ``config.yaml`` beside its checkpoints
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -176,9 +178,32 @@ def run_lightning(argv: list[str]) -> BPDCLI:
         subclass_mode_data=True,
         save_config_callback=RunFolderConfig,
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"parser_mode": "omegaconf"},
+        parser_kwargs={"parser_mode": "omegaconf", "exit_on_error": False, "prog": "python -m lightning_bpd",
+                       **{name: {"exit_on_error": False} for name in ("fit", "validate", "test")}},
         auto_configure_optimizers=False,
     )
+
+
+def config_error(command: str, message: str) -> str:
+    """jsonargparse's nested explanation of a bad option, as one line that names the key and says what to fix."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    top = re.match(r'Parser key "([^"]+)"', lines[0]) if lines else None
+    detail = lines[0] if lines else message
+    key = top.group(1) if top else None
+    for i, line in enumerate(lines):
+        option = re.match(r"Option '([^']+)' is not accepted", line)
+        nested = re.match(r'Parser key "([^"]+)":$', line)
+        if option and key:
+            detail, key = f"unknown option {option.group(1)!r}", f"{key}.init_args.{option.group(1)}"
+            break
+        if nested and i > 0 and key and i + 1 < len(lines):
+            detail, key = lines[i + 1], f"{key}.init_args.{nested.group(1)}"
+            break
+    else:
+        if top and len(lines) > 1:
+            detail = lines[1]
+    where = f"{key}: " if key else ""
+    return f"{where}{detail} (python -m lightning_bpd {command} --help lists every option)"
 
 
 def main(argv: list[str] | None = None) -> BPDCLI | None:
@@ -195,6 +220,10 @@ def main(argv: list[str] | None = None) -> BPDCLI | None:
             importlib.import_module(PLAIN_COMMANDS[command]).main(rest)
             return None
         return run_lightning([command, *rest])
+    except argparse.ArgumentError as err:
+        if os.environ.get("LIGHTNING_BPD_DEBUG"):
+            raise
+        sys.exit(f"error: {config_error(command, str(err))}")
     except USER_ERRORS as err:
         if os.environ.get("LIGHTNING_BPD_DEBUG"):
             raise

@@ -200,17 +200,21 @@ class TranslationModule(BlockwiseModule):
 def translate(module: TranslationModule, sentences: list[str], method: Callable | None = None,
               batch_size: int = 32) -> tuple[list[str], dict[str, float]]:
     """Translate raw sentences with ``method`` (a :class:`~lightning_bpd.decoding.methods.DecodeMethod`
-    or any ``fn(model, src, max_len) -> DecodeResult``; greedy when None); returns texts and decode stats."""
+    or any ``fn(model, src, max_len) -> DecodeResult``; greedy when None); returns texts and decode stats.
+    An empty (or blank) sentence translates to an empty line without being decoded."""
     from lightning_bpd.decoding import greedy_decode
 
     method = method if method is not None else greedy_decode
-    texts, tokens, iterations = [], 0, 0
+    texts, tokens, iterations = [""] * len(sentences), 0, 0
+    todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
     with torch.no_grad():
-        for start in range(0, len(sentences), batch_size):
-            src = module.encode_sources(sentences[start : start + batch_size])
+        for start in range(0, len(todo), batch_size):
+            idx = todo[start : start + batch_size]
+            src = module.encode_sources([sentences[i] for i in idx])
             max_len = module.max_decode_len(src)
             result = method(module.model, src, max_len)
-            texts += module.detokenize(result.sequences())
+            for i, text in zip(idx, module.detokenize(result.sequences())):
+                texts[i] = text
             tokens += int(result.lengths.sum())
             iterations += int(result.iterations.sum())
     return texts, {"sentences": len(sentences), "tokens": tokens, "iterations": iterations,

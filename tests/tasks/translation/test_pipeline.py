@@ -77,6 +77,7 @@ def test_decode_command_and_load_model(fitted, capsys):
         main(["decode", "--ckpt", str(ckpt), "--input", str(src), "--output", str(out), "--criterion", criterion])
         outs[criterion] = out.read_text().split("\n")[:-1]
         assert len(outs[criterion]) == 3
+        assert outs[criterion][2] == "" and outs[criterion][0]  # an empty line in, an empty line out
     assert outs["exact"] == outs["greedy"]
     assert "mean_accepted_block_size=" in capsys.readouterr().err
     import lightning_bpd
@@ -109,11 +110,18 @@ def test_bench_command_writes_json(fitted, capsys):
     assert "speedup" in capsys.readouterr().out
 
 
-def test_unknown_config_key_is_one_clear_error(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("args, message", [
+    (["--model.init_args.not_a_key=1"], ("error: model.init_args.not_a_key: unknown option 'not_a_key' "
+                                         "(python -m lightning_bpd fit --help lists every option)")),
+    (["--model.init_args.k=abc"], "error: model.init_args.k: Expected a <class 'int'>. Got value: abc"),
+    (["--trainer.max_stepz=3"], "error: unrecognized arguments: --trainer.max_stepz=3"),
+])
+def test_unknown_config_key_is_one_clear_error(tmp_path, monkeypatch, capsys, args, message):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit):
-        main(["fit", "--model.init_args.not_a_key=1"])
-    assert "not_a_key" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", *args])
+    assert str(exit_.value).startswith(message)
+    assert "usage:" not in capsys.readouterr().err  # the one line, no usage dump before it
 
 
 def test_misaligned_files_and_missing_folder_fail_with_one_message(tmp_path, monkeypatch):
