@@ -128,3 +128,30 @@ def pick_eos(model, src: Tensor, max_len: int) -> int:
             best, best_score = tok, score
     model.eos_id = best
     return best
+
+
+class Wrapped:
+    """A model with its logits changed: every logit times ``scale`` (sharper or flatter distributions)
+    plus ``bump`` (V,) on p_1 (a nearby model, e.g. a draft that mostly agrees). Counts its decoder
+    calls and records their batch sizes; everything else is the wrapped model's."""
+
+    def __init__(self, model, scale: float = 1.0, bump: Tensor | None = None) -> None:
+        self.model, self.scale, self.bump = model, scale, bump
+        self.calls, self.batch_sizes = 0, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+    def decode_step(self, tokens: Tensor, context, cache) -> Tensor:
+        self.calls += 1
+        self.batch_sizes.append(tokens.shape[0])
+        return self.model.decode_step(tokens, context, cache)
+
+    def logits_first(self, h: Tensor) -> Tensor:
+        out = self.model.logits_first(h) * self.scale
+        return out + self.bump.to(out) if self.bump is not None else out
+
+    def logits_heads(self, h: Tensor, heads=None, prev_tokens: Tensor | None = None) -> Tensor:
+        if self.bump is not None:
+            raise NotImplementedError("a bumped model is a k = 1 draft: only p_1 is used")
+        return self.model.logits_heads(h, heads) * self.scale

@@ -34,10 +34,8 @@ def tiny_module() -> SuperResolutionModule:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def exported(tmp_path_factory, one_thread):
     """Export 2 pairs decoded to SHORT tokens (the rest of each image is black): (module, low inputs, folder)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: threads only add overhead
     module = tiny_module()
     low = torch.randint(0, 256, (2, 8, 8, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     out = tmp_path_factory.mktemp("human_eval")
@@ -46,7 +44,6 @@ def exported(tmp_path_factory):
         mp.setattr(human_eval, "MAX_LEN", SHORT)  # a quarter of the 3072 decoder calls, to keep the test fast
         human_eval.export([(name, module, k, c) for name, k, c in METHODS], low, out, seed=SEED)
     yield module, low, out
-    torch.set_num_threads(threads)
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:

@@ -6,16 +6,9 @@ import torch
 from lightning_bpd.decoding import greedy_decode
 from lightning_bpd.decoding.beam import beam_search, beam_search_reference
 from lightning_bpd.nn.kv_cache import KVCache
-from tests.models import BOS, EOS, PAD, StubContext, pick_eos, random_model, random_sources
+from tests.models import BOS, EOS, PAD, StubContext, Wrapped, pick_eos, random_model, random_sources
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny float64 models: intra-op threads only add overhead (100x on a busy 2-core machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def lp(length: int, alpha: float) -> float:
@@ -67,38 +60,10 @@ class BigramStub:
         return sum(float(logp[prev, tok]) for prev, tok in zip([BOS, *seq], seq))
 
 
-class Sharpened:
-    """Wraps a random model (whose p_1 is nearly uniform) with logits scaled by ``scale``, so beam
-    search finds hypotheses of many lengths; records the batch size of every cached decoder call."""
-
-    def __init__(self, model, scale: float) -> None:
-        self.model, self.scale, self.batch_sizes = model, scale, []
-        self.k, self.pad_id, self.bos_id, self.eos_id = model.k, model.pad_id, model.bos_id, model.eos_id
-
-    def encode(self, src):
-        return self.model.encode(src)
-
-    def new_cache(self, batch_size, capacity):
-        return self.model.new_cache(batch_size, capacity)
-
-    def decode_step(self, tokens, context, cache):
-        self.batch_sizes.append(tokens.shape[0])
-        return self.model.decode_step(tokens, context, cache)
-
-    def decode_full(self, tgt_in, context):
-        return self.model.decode_full(tgt_in, context)
-
-    def logits_first(self, h):
-        return self.model.logits_first(h) * self.scale
-
-    def logits_heads(self, h, heads=None):
-        return self.model.logits_heads(h, heads) * self.scale
-
-
-def sharpened(seed: int, src, max_len: int, scale: float = 20.0) -> Sharpened:
+def sharpened(seed: int, src, max_len: int, scale: float = 20.0) -> Wrapped:
     model = random_model(k=1, seed=seed)
     pick_eos(model, src, max_len)
-    return Sharpened(model, scale)
+    return Wrapped(model, scale)
 
 
 def assert_same(fast, slow, tol=1e-9):

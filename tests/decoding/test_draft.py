@@ -9,7 +9,7 @@ from lightning_bpd.decoding import Exact, TopK, greedy_decode
 from lightning_bpd.decoding.criteria import SpeculativeSampling
 from lightning_bpd.decoding.draft import draft_decode
 from lightning_bpd.decoding.sampling import new_generator
-from tests.decoding.test_sampling import (
+from tests.decoding.sampling_helpers import (
     MAX_LEN,
     N_SAMPLES,
     P_MIN,
@@ -20,27 +20,7 @@ from tests.decoding.test_sampling import (
     sequence_probabilities,
     tiny_model,
 )
-from tests.models import pick_eos, random_model, random_sources
-
-
-class Nudged:
-    """``model`` with ``bump`` (V,) added to its p_1 logits: a draft that agrees with it most of the time.
-
-    Counts its decoder calls.
-    """
-
-    def __init__(self, model, bump: torch.Tensor) -> None:
-        self.model, self.bump, self.calls = model, bump, 0
-
-    def __getattr__(self, name: str):
-        return getattr(self.model, name)
-
-    def decode_step(self, tokens, context, cache):
-        self.calls += 1
-        return self.model.decode_step(tokens, context, cache)
-
-    def logits_first(self, h: torch.Tensor) -> torch.Tensor:
-        return self.model.logits_first(h) + self.bump.to(h)
+from tests.models import Wrapped, pick_eos, random_model, random_sources
 
 
 def nudge(vocab: int, seed: int, size: float) -> torch.Tensor:
@@ -91,7 +71,7 @@ def test_block_sizes_follow_the_draft_and_its_cache_is_cropped(k):
     target = random_model(k=1, seed=3)
     src = random_sources(6, seed=3)
     pick_eos(target, src, 20)
-    draft = Nudged(target, nudge(16, seed=k, size=0.02))
+    draft = Wrapped(target, bump=nudge(16, seed=k, size=0.02))
     out = draft_decode(target, draft, src, Exact(), 20, k)
     assert torch.equal(out.tokens, greedy_decode(target, src, 20).tokens)
     assert out.block_sizes == expected_blocks(target, draft, src, 20, k)
@@ -124,7 +104,7 @@ def test_topk_of_the_whole_vocabulary_accepts_every_proposal():
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.8)])
 def test_draft_samples_follow_ancestral_sampling(temperature, top_p):
     target = tiny_model(seed=2, k=1)
-    draft = Nudged(target, nudge(VOCAB, seed=0, size=0.5))  # q close to p, not equal
+    draft = Wrapped(target, bump=nudge(VOCAB, seed=0, size=0.5))  # q close to p, not equal
     exact = sequence_probabilities(target, SRC, MAX_LEN, temperature, top_p)
     rule = SpeculativeSampling(temperature, top_p, seed=0)
     out = draft_decode(target, draft, copies(N_SAMPLES), rule, MAX_LEN, 3)
