@@ -20,14 +20,12 @@ samples the draft tokens with q_i = the draft's distribution at step i and is lo
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.blockwise import verify
 from lightning_bpd.decoding.criteria import Block, Criterion, Exact
-from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args
+from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context, DecodeResult, check_decode_args
 from lightning_bpd.decoding.row_book import RowBook
 
 
@@ -46,8 +44,8 @@ def draft_block(
     first_logits: Tensor | None,
     first: Tensor | None,
     last_token: Tensor,
-    context: Any,
-    cache: Any,
+    context: Context,
+    cache: Cache,
     k: int,
 ) -> Block:
     """One block (b, k): y_1 from the target's p_1 logits (b, V) or ``first`` (b,), then k-1 draft steps.

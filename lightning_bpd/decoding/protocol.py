@@ -7,8 +7,9 @@ tests use hand-written stubs).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -25,7 +26,7 @@ class Cache(Protocol):
 
     lengths: Tensor
 
-    def crop(self, lengths: Tensor) -> None: ...
+    def crop(self, lengths: Tensor, bounds: tuple[int, int] | None = None, check: bool = True) -> None: ...
 
     def select(self, rows: Tensor) -> None: ...
 
@@ -38,15 +39,15 @@ class BlockwiseModel(Protocol):
     bos_id: int
     eos_id: int | None
 
-    def encode(self, src: Tensor) -> Any: ...
+    def encode(self, src: Tensor) -> Context: ...
 
-    def new_cache(self, batch_size: int, capacity: int) -> Any: ...
+    def new_cache(self, batch_size: int, capacity: int) -> Cache: ...
 
-    def decode_step(self, tokens: Tensor, context: Any, cache: Any) -> Tensor:
+    def decode_step(self, tokens: Tensor, context: Context, cache: Cache) -> Tensor:
         """(B, T) new inputs -> (B, T, D) hidden states; appends T positions to the cache."""
         ...
 
-    def decode_full(self, tgt_in: Tensor, context: Any) -> Tensor:
+    def decode_full(self, tgt_in: Tensor, context: Context) -> Tensor:
         """Uncached: (B, T) whole prefixes starting with BOS -> (B, T, D)."""
         ...
 
@@ -54,7 +55,7 @@ class BlockwiseModel(Protocol):
         """(..., D) -> (..., V): p_1."""
         ...
 
-    def logits_heads(self, h: Tensor, heads: Any = None) -> Tensor:
+    def logits_heads(self, h: Tensor, heads: Sequence[int] | None = None) -> Tensor:
         """(..., D) -> (..., len(heads), V): p_1..p_k (all by default)."""
         ...
 
@@ -65,7 +66,7 @@ class ChainedModel(BlockwiseModel, Protocol):
 
     chained_heads: bool
 
-    def logits_heads(self, h: Tensor, heads: Any = None, prev_tokens: Tensor | None = None) -> Tensor:
+    def logits_heads(self, h: Tensor, heads: Sequence[int] | None = None, prev_tokens: Tensor | None = None) -> Tensor:
         """(..., D), prev_tokens (..., m) -> (..., len(heads), V): heads fed the given earlier proposals."""
         ...
 
