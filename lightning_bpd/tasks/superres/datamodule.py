@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_bpd.tasks.eval_sampler import UnrepeatedSampler
+from lightning_bpd.tasks.resumable import ResumableLoader, ShuffledSampler
 from lightning_bpd.tasks.superres.celeba import load_split
 from lightning_bpd.tasks.superres.pixels import image_to_tokens
 from lightning_bpd.tasks.superres.synthetic_faces import synthetic_split
@@ -97,13 +98,16 @@ class SuperResolutionDataModule(pl.LightningDataModule):
             self.dataset(split)
 
     def loader(self, split: str, shuffle: bool) -> DataLoader:
-        """Training: shuffled (Lightning adds a DistributedSampler under DDP). Evaluation: every example
-        exactly once over all ranks (:class:`UnrepeatedSampler`)."""
+        """Training: a new order per epoch from ``seed`` (:class:`ShuffledSampler`, DDP-aware) in a
+        :class:`ResumableLoader`, which a resumed run continues at the batch after the last one trained.
+        Evaluation: every example exactly once over all ranks (:class:`UnrepeatedSampler`). No loader draws
+        from torch's global RNG (the model's dropout does)."""
         ds = self.dataset(split)
-        sampler = None if shuffle else UnrepeatedSampler(len(ds))
-        return DataLoader(ds, batch_size=self.batch_size if shuffle else self.eval_batch_size,
-                          shuffle=shuffle, sampler=sampler, collate_fn=collate_images, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, drop_last=shuffle)
+        sampler = ShuffledSampler(len(ds), self.seed) if shuffle else UnrepeatedSampler(len(ds))
+        return (ResumableLoader if shuffle else DataLoader)(
+            ds, batch_size=self.batch_size if shuffle else self.eval_batch_size, sampler=sampler,
+            collate_fn=collate_images, num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+            drop_last=shuffle, generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self) -> DataLoader:
         return self.loader("train", shuffle=True)

@@ -19,8 +19,10 @@ from functools import cached_property
 from pathlib import Path
 
 import pytorch_lightning as pl
+import torch
 from torch.utils.data import DataLoader
 
+from lightning_bpd.tasks.resumable import ResumableLoader
 from lightning_bpd.tasks.translation.datamodule_utils import TokenBatchSampler, TokenPairDataset, collate_pairs
 from lightning_bpd.tasks.translation.synthetic import write_corpus
 from lightning_bpd.tasks.translation.text_files import file_sha256, read_parallel, resolve_split_files
@@ -172,14 +174,16 @@ class TranslationDataModule(pl.LightningDataModule):
             self.dataset(split)
 
     def loader(self, split: str, shuffle: bool) -> DataLoader:
+        """Training (``shuffle``): a :class:`ResumableLoader`, which a resumed run continues at the batch after the
+        last one trained. No loader draws from torch's global RNG (the model's dropout does)."""
         ds = self.dataset(split)
         sampler = TokenBatchSampler(
             ds.src_lengths, ds.tgt_lengths, self.max_tokens if shuffle else self.eval_max_tokens,
             shuffle=shuffle, seed=self.seed, drop_uneven=False, split_examples=not shuffle,
         )
-        return DataLoader(
+        return (ResumableLoader if shuffle else DataLoader)(
             ds, batch_sampler=sampler, collate_fn=collate_pairs, num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            persistent_workers=self.num_workers > 0, generator=torch.Generator().manual_seed(self.seed),
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -7,13 +7,16 @@ width of an example is ``len(ids) + 1`` on each side.
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Iterator, Sequence
 from itertools import chain
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset, Sampler
 
 from lightning_bpd.tasks.eval_sampler import process_group
+from lightning_bpd.tasks.resumable import check_layout
 
 __all__ = ["TokenBatchSampler", "TokenPairDataset", "collate_pairs"]
 
@@ -121,6 +124,10 @@ class TokenBatchSampler(Sampler[list[int]]):
     ``split_examples=True`` (for evaluation) splits examples instead of batches: rank ``r`` takes examples
     ``r, r + R, ...`` of the cost-sorted order and packs its own batches, so every example is seen exactly
     once (no padding, nothing dropped) and ranks get nearly equal work; batch counts may differ by rank.
+
+    Resuming (:class:`~lightning_bpd.tasks.resumable.ResumableLoader`): the next pass leaves out its first ``skip``
+    batches; ``state_dict`` holds the epoch and what the batch list depends on, and ``load_state_dict`` refuses a
+    state whose batches were made differently (devices, budget, seed, data).
     """
 
     def __init__(
@@ -162,7 +169,9 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.sort_by_length = sort_by_length
         self.split_examples = split_examples
         self.epoch = 0
+        self.skip = 0  # batches of this rank the next pass leaves out (a resumed epoch)
         self.costs = torch.maximum(src_len, tgt_len) + 1
+        self.costs_crc32 = zlib.crc32(self.costs.numpy().tobytes())  # the data, as far as batching sees it
         if split_examples and self.num_replicas > 1 and self.costs.numel() < self.num_replicas:
             raise ValueError(f"{self.costs.numel()} example(s) cannot be split over {self.num_replicas} processes: "
                              "use fewer devices or a larger evaluation set")
@@ -196,6 +205,19 @@ class TokenBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch used (with ``seed``) to shuffle; call before each epoch for a new order."""
         self.epoch = int(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch and what this rank's batch list depends on (not the rank: every rank loads rank 0's)."""
+        return {"epoch": self.epoch, "examples": self.costs.numel(), "example_lengths_crc32": self.costs_crc32,
+                "max_tokens": self.max_tokens, "max_batch_size": self.max_batch_size, "seed": self.seed,
+                "shuffle": self.shuffle, "num_replicas": self.num_replicas, "drop_uneven": self.drop_uneven,
+                "sort_by_length": self.sort_by_length, "split_examples": self.split_examples}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the epoch of ``state``; ``ValueError`` naming what differs if its batches were made differently."""
+        current = self.state_dict()
+        check_layout(state, {k: v for k, v in current.items() if k != "epoch"}, "training batches")
+        self.set_epoch(state["epoch"])
 
     def _all_batches(self) -> list[list[int]]:
         """All batches of the current epoch (identical on every rank), before the per-rank split."""
@@ -231,9 +253,10 @@ class TokenBatchSampler(Sampler[list[int]]):
         return (n // r) * r if self.drop_uneven else (n // r + 1) * r
 
     def __iter__(self) -> Iterator[list[int]]:
+        skip, self.skip = self.skip, 0
         batches = self._all_batches()
         if self.split_examples:
-            yield from batches
+            yield from batches[skip:]
             return
         total = self._num_batches_total()
         if total > len(batches):
@@ -241,7 +264,7 @@ class TokenBatchSampler(Sampler[list[int]]):
             batches = batches + (batches * (extra // len(batches) + 1))[:extra]
         else:
             batches = batches[:total]
-        yield from batches[self.rank : total : self.num_replicas]
+        yield from batches[self.rank : total : self.num_replicas][skip:]
 
     def __len__(self) -> int:
         if self.split_examples:

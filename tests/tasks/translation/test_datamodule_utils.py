@@ -189,3 +189,48 @@ def test_unrepeated_sampler_splits_in_order() -> None:
     assert list(sampler) == list(range(7)) and len(sampler) == 7
     sampler.num_replicas, sampler.rank = 3, 2
     assert list(sampler) == [2, 5] and len(sampler) == 2
+
+
+def test_sampler_skip_leaves_out_the_first_batches_of_the_next_pass_only() -> None:
+    src, tgt = _pairs(200)
+    lens = ([len(s) for s in src], [len(t) for t in tgt])
+    for kwargs in ({"num_replicas": 2, "rank": 1}, {"shuffle": False, "split_examples": True}):
+        s = TokenBatchSampler(*lens, max_tokens=100, seed=3, **kwargs)
+        full = list(s)
+        s.skip = 3
+        assert list(s) == full[3:]
+        assert list(s) == full
+
+
+def test_sampler_state_round_trip() -> None:
+    src, tgt = _pairs(200)
+    lens = ([len(s) for s in src], [len(t) for t in tgt])
+    s = TokenBatchSampler(*lens, max_tokens=100, seed=3, num_replicas=2, rank=0)
+    s.set_epoch(4)
+    state = s.state_dict()
+    other_rank = TokenBatchSampler(*lens, max_tokens=100, seed=3, num_replicas=2, rank=1)
+    other_rank.load_state_dict(state)  # every rank loads rank 0's state
+    assert other_rank.epoch == 4
+    same = TokenBatchSampler(*lens, max_tokens=100, seed=3, num_replicas=2, rank=0)
+    same.load_state_dict(state)
+    assert same.epoch == 4 and list(same) == list(s)
+
+
+@pytest.mark.parametrize(("change", "differs"), [
+    ({"num_replicas": 1}, "num_replicas=2, this run makes them with num_replicas=1"),
+    ({"max_tokens": 120}, "max_tokens=100, this run makes them with max_tokens=120"),
+    ({"seed": 4}, "seed=3, this run makes them with seed=4"),
+    ({"data": 1}, "example_lengths_crc32="),
+])
+def test_sampler_state_of_another_layout_names_what_differs(change: dict, differs: str) -> None:
+    src, tgt = _pairs(200)
+    saved = TokenBatchSampler([len(s) for s in src], [len(t) for t in tgt], max_tokens=100, seed=3, num_replicas=2,
+                              rank=0).state_dict()
+    kwargs = {"max_tokens": 100, "seed": 3, "num_replicas": 2, "rank": 0}
+    kwargs.update({k: v for k, v in change.items() if k != "data"})
+    if "data" in change:
+        src, tgt = _pairs(200, seed=change["data"])
+    s = TokenBatchSampler([len(s) for s in src], [len(t) for t in tgt], **kwargs)
+    with pytest.raises(ValueError, match="cannot resume the training batches mid-epoch") as err:
+        s.load_state_dict(saved)
+    assert differs in str(err.value)
