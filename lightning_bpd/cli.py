@@ -2,8 +2,9 @@
 
 ``fit``, ``validate`` and ``test`` are a LightningCLI (``parser_mode="omegaconf"``) whose model and
 data are chosen by ``class_path`` in the YAML config, so both tasks share one entry point; with no
-``--config`` the translation default (conf/translation/default.yaml) is used. Every run gets a
-folder ``runs/<name>/`` with its resolved ``config.yaml`` beside its checkpoints and W&B files.
+``--config`` the translation default (conf/translation/default.yaml) is used. A config may build on others
+(``_base_``, see :mod:`lightning_bpd.config_bases`). Every run gets a folder ``runs/<name>/`` with its resolved
+``config.yaml`` beside its checkpoints and W&B files.
 ``decode`` is a plain function (see :mod:`lightning_bpd.decode`).
 """
 
@@ -19,11 +20,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytorch_lightning as pl
 import torch
 from jsonargparse import Namespace
-from pytorch_lightning.cli import LightningCLI, SaveConfigCallback
+from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
+from pytorch_lightning.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from pytorch_lightning.loggers import WandbLogger
 
 from lightning_bpd.callbacks.decode_eval import DecodeEval
+from lightning_bpd.config_bases import add_config_arguments
 from lightning_bpd.nn.warm_start import CheckpointMismatchError
 from lightning_bpd.tasks.translation.text_files import DataError
 
@@ -82,68 +87,128 @@ def to_plain(value: Any) -> Any:
     return value
 
 
+def builds(entry: Any, cls: type) -> bool:
+    """Whether a parsed ``class_path``/``init_args`` entry (a logger, a callback) makes a ``cls``."""
+    return isinstance(entry, Namespace) and issubclass(import_object(entry.class_path), cls)
+
+
 class RunFolderConfig(SaveConfigCallback):
     """Saves the resolved config as ``config.yaml`` in the run folder (beside the checkpoints)."""
 
 
+class BPDArgumentParser(LightningArgumentParser):
+    """Lightning's parser, whose dumps (``--print_config``, a run's ``config.yaml``) keep the targets of links: the
+    model's ``vocab_size`` as given, or as the data's tokenizer set it, so that a saved config rebuilds the model."""
+
+    def dump(self, namespace: Namespace, *args: Any, skip_link_targets: bool = False, **kwargs: Any) -> str:
+        return super().dump(namespace, *args, skip_link_targets=skip_link_targets, **kwargs)
+
+
 RUN_DIR_ENV = "LIGHTNING_BPD_RUN_DIR"
+log = logging.getLogger("lightning_bpd")
+
+
+def run_folder(cfg: Namespace) -> str:
+    """``--run_dir``, else the one rank 0 chose (DDP re-runs this command in each extra process), else a new
+    ``runs/<task>-<date>-<time>``."""
+    if cfg.run_dir:
+        return cfg.run_dir
+    if int(os.environ.get("LOCAL_RANK", "0") or 0) > 0 and os.environ.get(RUN_DIR_ENV):
+        return os.environ[RUN_DIR_ENV]
+    task = import_object(cfg.model.class_path).__name__.removesuffix("Module").lower()
+    return str(Path("runs") / f"{task}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def wandb_in_run_folder(trainer: Namespace, run_dir: str) -> None:
+    """W&B loggers write under the run folder; ``offline: true`` also sets ``WANDB_MODE`` (unless set)."""
+    for logger in trainer.logger if isinstance(trainer.logger, list) else [trainer.logger]:
+        if builds(logger, WandbLogger):
+            # absolute: the W&B service of a process keeps the working directory of its first run
+            logger.init_args.save_dir = str(Path(run_dir).resolve())
+            if getattr(logger.init_args, "offline", False):
+                os.environ.setdefault("WANDB_MODE", "offline")
+
+
+def check_ckpt_path(ckpt_path: str | None) -> None:
+    """A ``--ckpt_path`` that is no file (nor last, best, ...) fails here: before DDP starts its other processes,
+    which would wait forever for this one."""
+    if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry") and not Path(ckpt_path).is_file():
+        raise FileNotFoundError(f"--ckpt_path {ckpt_path} does not exist")
+
+
+def drop_lr_monitor_without_logger(trainer: Namespace) -> None:
+    """A LearningRateMonitor fails without a logger: leave it out (with a warning) when logging is off."""
+    if trainer.logger in (False, []) and trainer.callbacks:
+        kept = [cb for cb in trainer.callbacks if not builds(cb, LearningRateMonitor)]
+        if len(kept) < len(trainer.callbacks):
+            log.warning("no logger: the LearningRateMonitor callback is left out")
+            trainer.callbacks = kept
+
+
+def checkpoints_in_run_folder(trainer: Namespace, run_dir: str) -> None:
+    """ModelCheckpoint callbacks without a ``dirpath`` write into the run folder."""
+    for cb in trainer.callbacks or []:
+        if builds(cb, ModelCheckpoint) and cb.init_args.dirpath is None:
+            cb.init_args.dirpath = run_dir
+
+
+def warm_start_tokenizer(model_args: Namespace, data_args: Namespace) -> None:
+    """A warm start (``init_from``) keeps its base's vocabulary: token ids index the base's embeddings, so an
+    unset ``data.init_args.tokenizer_path`` becomes the base checkpoint (which stores its tokenizer)."""
+    init_from = getattr(model_args, "init_from", None)
+    if init_from and "tokenizer_path" in data_args and data_args.tokenizer_path is None and Path(init_from).is_file():
+        data_args.tokenizer_path = init_from
+        log.info("data.tokenizer_path: the tokenizer of %s", init_from)
 
 
 class BPDCLI(LightningCLI):
-    """LightningCLI with a run folder per run and the vocabulary size filled in from the data."""
+    """LightningCLI with configs that build on others, a run folder per run and the model's vocabulary size
+    linked from the data module's tokenizer."""
 
-    def add_arguments_to_parser(self, parser) -> None:
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """Lightning's parser, with a ``--config`` that applies a file's ``_base_`` files first."""
+        kwargs.setdefault("dump_header", [f"pytorch_lightning=={pl.__version__}"])
+        parser = BPDArgumentParser(**kwargs)
+        add_config_arguments(parser)
+        return parser
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--run_dir", type=str | None, default=None,
                             help="folder of this run (default: runs/<task>-<date>-<time>)")
         parser.add_lightning_class_args(DecodeEval, "decode_eval")
+        # applied once the data module exists; skipped for data modules or models without a vocab_size
+        parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", compute_fn=self.model_vocab_size,
+                              apply_on="instantiate")
+
+    def run_config(self) -> Namespace:
+        """The parsed config of this run (of its subcommand)."""
+        return self.config[self.subcommand] if self.subcommand else self.config
+
+    def model_vocab_size(self, tokenizer_size: int) -> int | None:
+        """The link's value: a ``model.init_args.vocab_size`` that is given (on the command line, in a saved config,
+        by a checkpoint) wins, so that a mismatch fails in ``on_fit_start``; else (null) the tokenizer's, which is
+        also written into the run's config (the saved ``config.yaml``)."""
+        init_args = self.run_config().model.init_args
+        if "vocab_size" in init_args and init_args.vocab_size is None:
+            init_args.vocab_size = tokenizer_size
+        return init_args.get("vocab_size")
 
     def before_instantiate_classes(self) -> None:
-        cfg = self.config[self.subcommand] if self.subcommand else self.config
-        task = cfg.model.class_path.rsplit(".", 1)[-1].removesuffix("Module").lower()
-        # DDP re-runs this command in each extra process: they inherit the run folder rank 0 chose
-        ddp_child = int(os.environ.get("LOCAL_RANK", "0") or 0) > 0
-        run_dir = cfg.run_dir or (os.environ.get(RUN_DIR_ENV) if ddp_child else None) or str(
-            Path("runs") / f"{task}-{time.strftime('%Y%m%d-%H%M%S')}")
-        cfg.run_dir = run_dir
-        os.environ[RUN_DIR_ENV] = run_dir
+        cfg = self.run_config()
+        cfg.run_dir = run_folder(cfg)
+        os.environ[RUN_DIR_ENV] = cfg.run_dir
         if cfg.trainer.default_root_dir is None:
-            cfg.trainer.default_root_dir = run_dir
-        loggers = cfg.trainer.logger if isinstance(cfg.trainer.logger, list) else [cfg.trainer.logger]
-        for lg in loggers:
-            if isinstance(lg, Namespace) and lg.class_path.endswith("WandbLogger"):
-                # absolute: the W&B service of a process keeps the working directory of its first run
-                lg.init_args.save_dir = str(Path(run_dir).resolve())
-                if getattr(lg.init_args, "offline", False):
-                    os.environ.setdefault("WANDB_MODE", "offline")
-        ckpt_path = cfg.get("ckpt_path")
-        if ckpt_path and ckpt_path not in ("last", "best", "hpc", "registry") and not Path(ckpt_path).is_file():
-            # fail before DDP starts its other processes, which would wait for this one forever
-            raise FileNotFoundError(f"--ckpt_path {ckpt_path} does not exist")
-        if cfg.trainer.logger in (False, []) and cfg.trainer.callbacks:
-            kept = [cb for cb in cfg.trainer.callbacks
-                    if not (isinstance(cb, Namespace) and cb.class_path.endswith("LearningRateMonitor"))]
-            if len(kept) < len(cfg.trainer.callbacks):
-                logging.getLogger("lightning_bpd").warning("no logger: the LearningRateMonitor callback is left out")
-                cfg.trainer.callbacks = kept
-        for cb in cfg.trainer.callbacks or []:
-            if isinstance(cb, Namespace) and cb.class_path.endswith("ModelCheckpoint") and cb.init_args.dirpath is None:
-                cb.init_args.dirpath = run_dir
-        init_args = cfg.model.init_args
-        data_args = cfg.data.init_args
-        init_from = getattr(init_args, "init_from", None)
-        if init_from and "tokenizer_path" in data_args and data_args.tokenizer_path is None and Path(init_from).is_file():
-            # a warm start keeps its base's vocabulary: token ids index the base's embeddings
-            data_args.tokenizer_path = init_from
-            logging.getLogger("lightning_bpd").info("data.tokenizer_path: the tokenizer of %s", init_from)
-        if "vocab_size" in init_args and init_args.vocab_size is None:
-            data_cls = import_object(cfg.data.class_path)
-            init_args.vocab_size = data_cls(**to_plain(cfg.data.init_args)).vocab_size
-
+            cfg.trainer.default_root_dir = cfg.run_dir
+        wandb_in_run_folder(cfg.trainer, cfg.run_dir)
+        check_ckpt_path(cfg.get("ckpt_path"))
+        drop_lr_monitor_without_logger(cfg.trainer)
+        checkpoints_in_run_folder(cfg.trainer, cfg.run_dir)
+        warm_start_tokenizer(cfg.model.init_args, cfg.data.init_args)
 
     def finish_loggers(self) -> None:
         """Close the W&B run so its offline file is complete (and a next run in this process is new)."""
         for lg in self.trainer.loggers:
-            if type(lg).__name__ == "WandbLogger" and lg._experiment is not None:
+            if isinstance(lg, WandbLogger) and lg._experiment is not None:
                 lg.experiment.finish()
 
     def after_fit(self) -> None:

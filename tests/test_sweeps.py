@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from lightning_bpd.cli import CONF_DIR, REPO_ROOT, import_object, to_plain
-from tests.test_configs import ParseOnly
+from tests.test_configs import ParseOnly, resolved
 
 SWEEPS = sorted((CONF_DIR / "sweeps").glob("*.yaml"))
 
@@ -77,8 +77,7 @@ def test_the_paper_grids_are_covered():
         assert grid["model.init_args.k"]["values"] == [2, 4, 6, 8, 10]
         assert grid["model.init_args.freeze_base"]["values"] == [True, False]
         roots.add(grid["data.init_args.root"]["value"])
-    bases = [yaml.safe_load((CONF_DIR / f"translation/{name}.yaml").read_text())
-             for name in ("multi30k_base", "multi30k_distilled_base")]
+    bases = [resolved(CONF_DIR / f"translation/{name}.yaml") for name in ("multi30k_base", "multi30k_distilled_base")]
     assert {b["data"]["init_args"]["root"] for b in bases} == roots
     assert all(b["model"]["init_args"]["k"] == 1 for b in bases)
     t2 = sweeps["table2_superres"]

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 
 from lightning_bpd.cli import main
 from tests.wandb_reader import find_run_file, history, rows_with
@@ -48,6 +49,17 @@ def test_fit_saves_config_and_checkpoints_and_resumes(fitted):
     saved = (root / "runs/b/config.yaml").read_text()
     assert "vocab_size: 1" in saved or "vocab_size: 9" in saved or "vocab_size:" in saved
     assert "k: 3" in saved
+    # the vocabulary size linked from the tokenizer is in the saved config, which rebuilds the same model
+    model_args = yaml.safe_load(saved)["model"]["init_args"]
+    assert model_args["vocab_size"] == cli.model.model.config.tgt_vocab_size == cli.datamodule.vocab_size
+
+
+def test_a_vocab_size_given_that_is_not_the_tokenizers_is_one_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as err:
+        main(["fit", *TINY, "--model.init_args.vocab_size=50", "--trainer.max_steps=1", "--trainer.logger=false",
+              "--run_dir=runs/v"])
+    assert str(err.value).startswith("error: tokenizer has ") and "the model was built for 50" in str(err.value)
 
 
 def test_wandb_offline_run_has_the_callback_values(fitted):
