@@ -302,3 +302,19 @@ def test_bench_runs_each_method_at_several_k(fitted):
     assert list(r) == ["greedy", "exact@k1", "exact@k3"] and result["k"] == [1, 3]
     assert r["exact@k1"]["mean_accepted_block_size"] == 1.0 and r["exact@k1"]["block_size"] == 1
     assert r["exact@k3"]["block_size"] == 3 and r["exact@k3"]["equals_greedy"] is True
+
+
+def test_frozen_steps_benchmark(fitted, tmp_path):
+    import json
+
+    from lightning_bpd.benchmarks.frozen_steps import main as frozen_steps
+
+    root, _, cli = fitted
+    data_root = cli.datamodule.data_root
+    out = tmp_path / "frozen.json"
+    result = frozen_steps(["--ckpt", str(root / "runs/a/last.ckpt"), "--data-root", str(data_root), "--k", "3",
+                           "--head-type", "chained", "--head-hidden", "16", "--max-tokens", "600", "--batches", "2",
+                           "--repeats", "1", "--json", str(out)])
+    assert json.loads(out.read_text())["speedup"] == pytest.approx(result["speedup"])
+    for variant in ("fine-tuned", "recomputed", "cached"):
+        assert result[variant]["steps_per_minute"] > 0

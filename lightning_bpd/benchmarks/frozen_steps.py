@@ -1,0 +1,101 @@
+"""Frozen-head training steps per minute, with and without the cached base states.
+
+    python -m lightning_bpd.benchmarks.frozen_steps --ckpt runs/m30k-base/last.ckpt \\
+        --data-root ../shared/data/translation/multi30k --k 8 --head-type chained --batches 20 --json out.json
+
+Stage 2 with a frozen base trains only the head, so the base's decoder states of an example never
+change (:class:`~lightning_bpd.tasks.frozen_states.FrozenStates`). This times full training steps
+(forward, loss, backward, optimizer) on the same training batches of the frozen-base module, once
+recomputing the base every step (``frozen_cache_gb: 0``, what a run does without the cache and what
+the first epoch of a cached run does) and once reading the states from the cache (every later
+epoch), and, for scale, of the fine-tuning module (every weight trained), alternating the variants
+over ``--repeats`` rounds; it reports the median seconds per step and steps per minute of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from lightning_bpd.tasks.translation import TranslationDataModule, TranslationModule
+
+
+def build_module(ckpt: str, vocab: int, args: argparse.Namespace, cache_gb: float,
+                 frozen: bool = True) -> TranslationModule:
+    """The stage-2 module of the ``multi30k_k8_frozen`` recipe (or, not ``frozen``, of the fine-tuned
+    one: every weight trained), warm-started from ``ckpt``."""
+    base = torch.load(ckpt, map_location="cpu", weights_only=False)["hyper_parameters"]
+    shape = {key: base[key] for key in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff")}
+    module = TranslationModule(vocab_size=vocab, **shape, k=args.k, head_type=args.head_type,
+                               head_hidden=args.head_hidden, identity_first=True, loss_mode="mean",
+                               freeze_base=frozen, init_from=ckpt, loss_fraction=args.loss_fraction,
+                               frozen_cache_gb=cache_gb if frozen else 0.0)
+    module.warm_start(ckpt)
+    return module.train()
+
+
+def seconds_per_step(module: TranslationModule, batches: list[dict], optimizer: torch.optim.Optimizer) -> float:
+    start = time.perf_counter()
+    for i, batch in enumerate(batches):
+        optimizer.zero_grad()
+        loss = module.training_step(batch, i)
+        loss.backward()
+        optimizer.step()
+    return (time.perf_counter() - start) / len(batches)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m lightning_bpd.benchmarks.frozen_steps", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", required=True, help="a stage-1 (base) translation checkpoint")
+    p.add_argument("--data-root", required=True, help="the training corpus")
+    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--head-type", default="paper", choices=["paper", "chained"])
+    p.add_argument("--head-hidden", type=int, default=256)
+    p.add_argument("--loss-fraction", type=float, default=0.25)
+    p.add_argument("--max-tokens", type=int, default=2000)
+    p.add_argument("--batches", type=int, default=20, help="training batches timed per round")
+    p.add_argument("--repeats", type=int, default=3, help="rounds, alternating the two variants")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    data = TranslationDataModule(root=args.data_root, tokenizer_path=args.ckpt, max_tokens=args.max_tokens)
+    data.setup("fit")
+    loader = iter(data.train_dataloader())
+    batches = [next(loader) for _ in range(args.batches)]
+    variants = {"fine-tuned": build_module(args.ckpt, data.vocab_size, args, 0.0, frozen=False),
+                "recomputed": build_module(args.ckpt, data.vocab_size, args, 0.0),
+                "cached": build_module(args.ckpt, data.vocab_size, args, 4.0)}
+    optimizers = {name: torch.optim.AdamW([q for q in m.parameters() if q.requires_grad], lr=1e-4)
+                  for name, m in variants.items()}
+    with torch.no_grad():  # fill the cache: what the first epoch does
+        for batch in batches:
+            variants["cached"].blockwise_step(batch["src"], batch["tgt"], [0], index=batch["index"])
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.repeats):
+        for name, module in variants.items():
+            times[name].append(seconds_per_step(module, batches, optimizers[name]))
+    result = {"ckpt": args.ckpt, "data_root": args.data_root, "k": args.k, "head_type": args.head_type,
+              "loss_fraction": args.loss_fraction, "max_tokens": args.max_tokens, "threads": torch.get_num_threads(),
+              "batches": args.batches, "repeats": args.repeats}
+    for name, values in times.items():
+        sec = statistics.median(values)
+        result[name] = {"seconds_per_step": sec, "steps_per_minute": 60.0 / sec}
+        print(f"{name:10s} {sec:7.3f} s/step  {60.0 / sec:7.1f} head steps per minute", flush=True)
+    result["speedup"] = result["recomputed"]["seconds_per_step"] / result["cached"]["seconds_per_step"]
+    result["cached_vs_fine_tuned"] = result["cached"]["seconds_per_step"] / result["fine-tuned"]["seconds_per_step"]
+    print(f"cached / recomputed: {result['speedup']:.2f}x the steps per minute; a cached frozen step costs "
+          f"{result['cached_vs_fine_tuned']:.2f} of a fine-tuning step")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
