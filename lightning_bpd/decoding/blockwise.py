@@ -64,10 +64,14 @@ def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, firs
 def propose_chained(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None,
                     complete: bool) -> Block:
     """Chained heads: token 1 from p_1 (or ``first``), then token i from head i fed token i-1."""
-    if complete:
-        parts = [Block(first[:, None])]  # type: ignore[index]
-    else:
-        parts = [criterion.draft(model.logits_first(h)[:, None], first)]  # (b, 1)
+    if not criterion.stochastic:  # a token per head, stacked once
+        tokens = [first if complete else criterion.draft(model.logits_first(h)[:, None], first).tokens[:, 0]]
+        z = h
+        for i in range(1, k):
+            z, logits = model.chain_step(z, tokens[-1], i)  # (b, D), (b, V)
+            tokens.append(criterion.propose(logits[:, None])[:, 0])  # (b,)
+        return Block(torch.stack(tokens, dim=1))  # type: ignore[arg-type]
+    parts = [criterion.draft(model.logits_first(h)[:, None], first)]  # (b, 1): sampled, or the carried token
     z = h
     for i in range(1, k):
         z, logits = model.chain_step(z, parts[-1].tokens[:, 0], i)  # (b, D), (b, V)

@@ -14,19 +14,22 @@ class RowBook:
     Holds the output buffer of every original row and maps the live (compacted) batch rows back to
     them. Rows that finish are dropped from the live batch so no work is spent on them.
     :meth:`settle` is the loop's one device-to-host read per iteration: it brings back how many
-    tokens each live row kept and which rows finished, and keeps a host copy of the live rows'
-    lengths (so the KV cache can be sized without reading the device again).
+    tokens each live row kept and which rows finished; the block sizes, iteration counts and
+    lengths of the live rows are then kept on the host (so the KV cache can be sized without
+    reading the device again).
     """
 
     def __init__(self, batch_size: int, max_len: int, spare: int, pad_id: int, device: torch.device) -> None:
-        self.max_len = max_len
+        self.max_len, self.pad_id = max_len, pad_id
+        # a whole block is written at each row's length; what lies past the accepted tokens is
+        # overwritten by the next block or masked by result()
         self.tokens = torch.full((batch_size, max_len + spare), pad_id, dtype=torch.long, device=device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.iterations = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.blocks = torch.zeros(batch_size, max_len, dtype=torch.long, device=device)
+        self.arange = torch.arange(max(spare, 1), device=device)
         self.live = torch.arange(batch_size, device=device)  # original index of each live row
-        self.live_lengths = [0] * batch_size  # host copy: tokens committed by each live row
-        self.step = 0
+        self.live_rows = list(range(batch_size))  # host copies: original index,
+        self.live_lengths = [0] * batch_size  # tokens committed,
+        self.blocks: list[list[int]] = [[] for _ in range(batch_size)]  # and accepted sizes of every row
 
     def commit(self, block: Tensor, n: Tensor, eos_id: int | None) -> tuple[Tensor, Tensor]:
         """Append the first ``n`` (b,) tokens of ``block`` (b, T) to the live rows.
@@ -34,35 +37,32 @@ class RowBook:
         The block is cut after an EOS and at ``max_len``. Returns the numbers kept (b,) and a mask
         of rows that are now finished (b,), both on the device.
         """
-        arange = torch.arange(block.shape[1], device=block.device)
+        width = block.shape[1]
+        arange = self.arange[:width]
+        start = self.lengths[self.live]  # (b,)
+        first_eos = None
         if eos_id is not None:
-            is_eos = (block == eos_id) & (arange < n[:, None])
-            first_eos = torch.where(is_eos, arange, block.shape[1]).min(dim=1).values  # (b,)
+            first_eos = torch.where(block == eos_id, arange, width).amin(dim=1)  # (b,): width when none
             n = torch.minimum(n, first_eos + 1)
-        else:
-            is_eos = torch.zeros_like(block, dtype=torch.bool)
-        start = self.lengths[self.live]
         n = torch.minimum(n, self.max_len - start)
-        keep = arange < n[:, None]  # (b, T)
-        pos = start[:, None] + arange  # (b, T)
-        rows = self.live[:, None].expand_as(pos)
-        self.tokens[rows[keep], pos[keep]] = block[keep]
-        self.lengths[self.live] = start + n
-        self.iterations[self.live] += 1
-        self.blocks[self.live, self.step] = n
-        self.step += 1
-        done = (is_eos & keep).any(dim=1) | (start + n >= self.max_len)
-        return n, done
+        self.tokens[self.live[:, None], start[:, None] + arange] = block
+        end = start + n
+        self.lengths[self.live] = end
+        done = end >= self.max_len
+        return n, done | (first_eos < n) if first_eos is not None else done
 
     def settle(self, n: Tensor, done: Tensor) -> list[int] | None:
         """Read ``n`` and ``done`` (b,) from :meth:`commit` (one device-to-host copy), update the host
-        lengths and drop finished rows; return the live positions kept, or None when all are kept."""
+        copies and drop finished rows; return the live positions kept, or None when all are kept."""
         kept, finished = torch.stack([n, done.long()]).tolist()
+        for row, m in zip(self.live_rows, kept):
+            self.blocks[row].append(m)
         self.live_lengths = [length + m for length, m in zip(self.live_lengths, kept)]
         if not any(finished):
             return None
         keep = [i for i, f in enumerate(finished) if not f]
         self.live = self.live[torch.tensor(keep, dtype=torch.long, device=self.live.device)]
+        self.live_rows = [self.live_rows[i] for i in keep]
         self.live_lengths = [self.live_lengths[i] for i in keep]
         return keep
 
@@ -71,6 +71,9 @@ class RowBook:
         return min(self.live_lengths) + offset, max(self.live_lengths) + offset
 
     def result(self, model_calls: int) -> DecodeResult:
-        width = max(1, int(self.lengths.max()))
-        blocks = [row[:n].tolist() for row, n in zip(self.blocks, self.iterations.tolist())]
-        return DecodeResult(self.tokens[:, :width].clone(), self.lengths, self.iterations, model_calls, blocks)
+        lengths = self.lengths
+        width = max(1, int(lengths.max()))
+        past = torch.arange(width, device=lengths.device) >= lengths[:, None]  # (B, width)
+        tokens = self.tokens[:, :width].masked_fill(past, self.pad_id)
+        iterations = torch.tensor([len(b) for b in self.blocks], dtype=torch.long, device=lengths.device)
+        return DecodeResult(tokens, lengths, iterations, model_calls, [list(b) for b in self.blocks])

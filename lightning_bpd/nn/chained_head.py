@@ -39,8 +39,10 @@ class ChainCell(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, z: Tensor, e: Tensor) -> Tensor:
-        a = linear(z, self.z_in.weight, self.z_in.bias) + linear(e, self.e_in.weight)  # (..., H)
-        return z + linear(self.drop(torch.relu(a)), self.out.weight, self.out.bias)  # (..., D)
+        a = torch.relu(linear(z, self.z_in.weight, self.z_in.bias) + linear(e, self.e_in.weight))  # (..., H)
+        if self.training:
+            a = self.drop(a)
+        return z + linear(a, self.out.weight, self.out.bias)  # (..., D)
 
 
 class ChainedHead(nn.Module):
