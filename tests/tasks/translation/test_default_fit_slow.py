@@ -12,8 +12,9 @@ def test_default_fit_learns_and_blockwise_matches_greedy(tmp_path, monkeypatch):
     cli = main(["fit", "--run_dir=runs/default"])
     callback = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "DecodeEval")
     m = callback.last_metrics
-    assert m["greedy/bleu"] > 2.0  # learning has started (measured 5.5 BLEU after these 420 steps)
+    # issue 16's targets, measured 62.7 / 2.81 / 1.09-1.20 (1 thread beside other jobs)
+    assert m["greedy/bleu"] >= 40.0
     assert m["exact/bleu"] == m["greedy/bleu"] and m["exact/matches_greedy"] == 1.0
-    assert m["exact/mean_accepted_block_size"] > 1.2  # measured 1.46 (1 thread) after 420 steps
+    assert m["exact/mean_accepted_block_size"] >= 2.0
     assert m["top2/mean_accepted_block_size"] >= m["exact/mean_accepted_block_size"]
     assert (tmp_path / "runs/default/config.yaml").is_file() and (tmp_path / "runs/default/last.ckpt").is_file()
