@@ -47,11 +47,12 @@ def build_peer(args: argparse.Namespace):
     return MarianMTModel(config).eval()
 
 
-def timed(device: torch.device, fn) -> tuple[object, float]:
+def timed(device: torch.device, fn, *args, **kwargs) -> tuple[object, float]:
+    """``fn(*args, **kwargs)`` and its wall-clock seconds (CUDA synchronized)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    out = fn()
+    out = fn(*args, **kwargs)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return out, time.perf_counter() - start
@@ -82,10 +83,9 @@ def main(argv: list[str] | None = None) -> dict:
     with torch.no_grad():
         for i in range(args.warmup + args.inputs):
             src = torch.randint(3, args.vocab, (args.batch, args.source_length), generator=g).to(device)
-            out, ours_s = timed(device, lambda: greedy_decode(ours, src, args.tokens))
-            gen, peer_s = timed(device, lambda: peer.generate(src, max_new_tokens=args.tokens,
-                                                              min_new_tokens=args.tokens, do_sample=False,
-                                                              num_beams=1))
+            out, ours_s = timed(device, greedy_decode, ours, src, args.tokens)
+            gen, peer_s = timed(device, peer.generate, src, max_new_tokens=args.tokens, min_new_tokens=args.tokens,
+                                do_sample=False, num_beams=1)
             if out.tokens.shape[1] != args.tokens or gen.shape[1] != args.tokens + 1:  # Marian keeps its start token
                 raise RuntimeError(f"forced length not reached: {out.tokens.shape[1]} / {gen.shape[1] - 1}")
             if i >= args.warmup:
