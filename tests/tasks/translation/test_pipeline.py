@@ -228,13 +228,9 @@ def test_warm_start_uses_the_base_tokenizer(fitted):
     assert "trained with another SentencePiece model" in str(err.value)
     assert f"--data.init_args.tokenizer_path={base}" in str(err.value)
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_distill_is_resumable_and_aligned(fitted, tmp_path):
-    root, _, _ = fitted
-    data = root / "runs/cache/synthetic-seed0"
+    root, _, cli = fitted
+    data = cli.datamodule.data_root
     out = tmp_path / "distilled"
     args = ["distill", "--ckpt", str(root / "runs/b/last.ckpt"), "--data-root", str(data), "--out", str(out),
             "--prefix", "test", "--beam", "2", "--shard-size", "5", "--batch-size", "4"]
@@ -318,3 +314,7 @@ def test_frozen_steps_benchmark(fitted, tmp_path):
     assert json.loads(out.read_text())["speedup"] == pytest.approx(result["speedup"])
     for variant in ("fine-tuned", "recomputed", "cached"):
         assert result[variant]["steps_per_minute"] > 0
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
