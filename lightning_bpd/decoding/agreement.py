@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lightning_bpd.decoding.blockwise import chain_source
 from lightning_bpd.decoding.protocol import BlockwiseModel
 from lightning_bpd.nn.loss import shifted_targets
 
@@ -30,15 +31,19 @@ def head_agreement(model: BlockwiseModel, src: Tensor, tokens: Tensor, lengths: 
     real = arange < lengths[:, None]  # (B, L)
     targets = torch.where(real, tokens, model.pad_id)  # (B, L)
     bos = torch.full((b, 1), model.bos_id, dtype=torch.long, device=tokens.device)
-    hidden = model.decode_full(torch.cat([bos, targets[:, :-1]], dim=1), model.encode(src))  # (B, L, D)
+    context = model.encode(src)
+    hidden = model.decode_full(torch.cat([bos, targets[:, :-1]], dim=1), context)  # (B, L, D)
     chained = bool(getattr(model, "chained_heads", False))
+    source = chain_source(model, context)
     prev = torch.stack([shifted_targets(targets, j, model.pad_id) for j in range(k - 1)], dim=-1) if chained and k > 1 else None
     matches, positions = torch.zeros(k), torch.zeros(k)
     for i in range(k):
         target = shifted_targets(targets, i, model.pad_id)  # (B, L): greedy's token t + i
         scored = shifted_targets(real.long(), i, 0).bool()  # (B, L)
         if chained:
-            guess = model.logits_heads(hidden[scored], [i], None if prev is None else prev[scored])  # (N, 1, V)
+            rows = scored.nonzero()[:, 0]  # (N,): the batch row of each scored position
+            guess = model.logits_heads(hidden[scored], [i], None if prev is None else prev[scored],
+                                       source.take(rows) if source is not None else None)  # (N, 1, V)
         else:
             guess = model.logits_heads(hidden[scored], [i])  # (N, 1, V)
         matches[i] = float((guess[:, 0].argmax(dim=-1) == target[scored]).sum())

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.criteria import Block, Criterion, Exact
-from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args
+from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args
 from lightning_bpd.decoding.row_book import RowBook
 
 
@@ -44,17 +44,25 @@ def resolve_k(model: BlockwiseModel, k: int | None) -> int:
     return k
 
 
-def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None = None) -> Block:
+def chain_source(model: BlockwiseModel, context: Context) -> object | None:
+    """What source-attending chained heads read (``model.chain_source``), or None."""
+    get = getattr(model, "chain_source", None)
+    return get(context) if get is not None else None
+
+
+def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None = None,
+            source: object | None = None) -> Block:
     """Next block (b, k) from the hidden state (b, D) of each row's last accepted position.
 
     ``first`` (b,) is the token that opens each row's block when the verdict already knows it: for a
     deterministic rule, greedy's next token (then p_1 is not projected, only heads 2..k); for a
     sampling rule, a residual draw where >= 0 (p_1 is sampled for the other rows). Chained heads
-    (``model.chained_heads``) propose one token at a time, each step fed the token before it.
+    (``model.chained_heads``) propose one token at a time, each step fed the token before it (and,
+    source-attending ones, the ``source`` of each row: :func:`chain_source`).
     """
     complete = first is not None and not criterion.stochastic  # token 1 known for every row
     if getattr(model, "chained_heads", False) and k > 1:
-        return propose_chained(model, criterion, h, k, first, complete)
+        return propose_chained(model, criterion, h, k, first, complete, source)
     if k > 1 and complete:
         rest = criterion.draft(model.logits_heads(h, range(1, k)))  # tokens (b, k-1)
         return Block.cat([Block(first[:, None]), rest])  # type: ignore[index]
@@ -62,19 +70,19 @@ def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, firs
 
 
 def propose_chained(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None,
-                    complete: bool) -> Block:
+                    complete: bool, source: object | None = None) -> Block:
     """Chained heads: token 1 from p_1 (or ``first``), then token i from head i fed token i-1."""
     if not criterion.stochastic:  # a token per head, stacked once
         tokens = [first if complete else criterion.draft(model.logits_first(h)[:, None], first).tokens[:, 0]]
         z = h
         for i in range(1, k):
-            z, logits = model.chain_step(z, tokens[-1], i)  # (b, D), (b, V)
+            z, logits = model.chain_step(z, tokens[-1], i, source)  # (b, D), (b, V)
             tokens.append(criterion.propose(logits[:, None])[:, 0])  # (b,)
         return Block(torch.stack(tokens, dim=1))  # type: ignore[arg-type]
     parts = [criterion.draft(model.logits_first(h)[:, None], first)]  # (b, 1): sampled, or the carried token
     z = h
     for i in range(1, k):
-        z, logits = model.chain_step(z, parts[-1].tokens[:, 0], i)  # (b, D), (b, V)
+        z, logits = model.chain_step(z, parts[-1].tokens[:, 0], i, source)  # (b, D), (b, V)
         parts.append(criterion.draft(logits[:, None]))  # (b, 1)
     return Block.cat(parts)
 
@@ -156,7 +164,8 @@ def blockwise_decode(
     cache = model.new_cache(batch, capacity=1 + max_len + k)
     book = RowBook(batch, max_len, k, model.pad_id, src.device)
     bos = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=src.device)
-    block = propose(model, criterion, model.decode_step(bos, context, cache)[:, -1], k)  # tokens (B, k)
+    block = propose(model, criterion, model.decode_step(bos, context, cache)[:, -1], k,
+                    source=chain_source(model, context))  # tokens (B, k)
     calls = 1
     while True:
         hidden = model.decode_step(block.tokens, context, cache)  # (b, k, D)
@@ -174,5 +183,5 @@ def blockwise_decode(
             cache.select(rows)
         # keep BOS and every committed token (a live row kept all it accepted)
         cache.crop(cache.lengths - k + accepted, bounds=book.length_bounds(offset=1), check=False)
-        block = propose(model, criterion, last, k, first)
+        block = propose(model, criterion, last, k, first, chain_source(model, context))
     return book.result(calls)

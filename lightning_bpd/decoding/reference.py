@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.blockwise import resolve_k
+from lightning_bpd.decoding.blockwise import chain_source, resolve_k
 from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
@@ -21,14 +21,15 @@ def chained(model: BlockwiseModel) -> bool:
     return bool(getattr(model, "chained_heads", False))
 
 
-def reference_proposals(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int) -> Tensor:
+def reference_proposals(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int,
+                        source: object | None = None) -> Tensor:
     """The k proposals (1, k) at hidden state h (1, D). Chained heads: head i is evaluated through the
-    teacher-forced (training) path, fed the proposals of heads 1..i-1 made so far."""
+    teacher-forced (training) path, fed the proposals of heads 1..i-1 made so far (and the source)."""
     if not chained(model):
         return criterion.propose(model.logits_heads(h, range(k)))
     tokens = criterion.propose(model.logits_heads(h, [0]))  # (1, 1)
     for i in range(1, k):
-        logits = model.logits_heads(h, [i], prev_tokens=tokens)  # (1, 1, V)
+        logits = model.logits_heads(h, [i], prev_tokens=tokens, source=source)  # (1, 1, V)
         tokens = torch.cat([tokens, criterion.propose(logits)], dim=1)  # (1, i + 1)
     return tokens
 
@@ -55,7 +56,7 @@ def blockwise_decode_reference(
             prefix = [model.bos_id, *out]
             # Predict: every head at the last prefix position.
             h = model.decode_full(torch.tensor([prefix], device=src.device), context)  # (1, T, D)
-            proposals = reference_proposals(model, criterion, h[:, -1], k)  # (1, k)
+            proposals = reference_proposals(model, criterion, h[:, -1], k, chain_source(model, context))  # (1, k)
             # Verify: the extended prefix, every head everywhere (the paper's head; head 1 only for
             # chained heads, whose other heads need proposals), then keep p_1 after each proposal.
             extended = torch.tensor([prefix + proposals[0].tolist()], device=src.device)

@@ -14,22 +14,45 @@ y_1..y_{k-1} are teacher-forced from the targets; with exact acceptance only the
 1..i-1 were right matters (a wrong earlier proposal rejects the rest of the block anyway), so on
 targets that are the base's own greedy output the teacher-forced inputs are exactly what decoding
 feeds. ``W_o`` starts at zero: a fresh chain proposes p_1's token at every step.
+
+With ``source_attention`` (head type ``chained_attn``) every cell also reads the source: a query
+from z_{i-1} + e(y_{i-1}) attends over the encoder memory through the keys and values of the base
+decoder's last cross-attention layer (computed once per source, see :class:`ChainSource`), and the
+result c enters the cell's hidden layer beside z and e: the chain can look up which source words come
+next instead of guessing them from h alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_bpd.nn.fast_linear import linear
 
 
-class ChainCell(nn.Module):
-    """One link of the chain: (z (..., D), e (..., D)) -> z + FFN([z; e]) (..., D)."""
+@dataclass
+class ChainSource:
+    """What source-attending chain cells read: keys and values (B, S, nh, dh) of the base decoder's
+    last cross-attention layer and ``valid`` (B, S), True for real source tokens."""
 
-    def __init__(self, d_model: int, d_hidden: int, dropout: float = 0.0) -> None:
+    keys: Tensor
+    values: Tensor
+    valid: Tensor
+
+    def take(self, rows: Tensor) -> ChainSource:
+        """The source of each listed batch row (1-D index), e.g. one per selected target position."""
+        return ChainSource(self.keys[rows], self.values[rows], self.valid[rows])
+
+
+class ChainCell(nn.Module):
+    """One link of the chain: (z (..., D), e (..., D)) -> z + FFN([z; e]) (..., D); with a
+    ``source``, z + FFN([z; e; attend(z + e, source)])."""
+
+    def __init__(self, d_model: int, d_hidden: int, dropout: float = 0.0, source_attention: bool = False) -> None:
         super().__init__()
         self.z_in = nn.Linear(d_model, d_hidden)
         self.e_in = nn.Linear(d_model, d_hidden, bias=False)
@@ -37,12 +60,31 @@ class ChainCell(nn.Module):
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
         self.drop = nn.Dropout(dropout)
+        self.source_attention = source_attention
+        if source_attention:
+            self.query = nn.Linear(d_model, d_model)
+            self.c_in = nn.Linear(d_model, d_hidden, bias=False)
 
-    def forward(self, z: Tensor, e: Tensor) -> Tensor:
-        a = torch.relu(linear(z, self.z_in.weight, self.z_in.bias) + linear(e, self.e_in.weight))  # (..., H)
+    def forward(self, z: Tensor, e: Tensor, source: ChainSource | None = None) -> Tensor:
+        a = linear(z, self.z_in.weight, self.z_in.bias) + linear(e, self.e_in.weight)  # (..., H)
+        if self.source_attention:
+            if source is None:
+                raise ValueError("a source-attending chain cell needs the source (model.chain_source(context))")
+            a = a + linear(self.attend(z + e, source), self.c_in.weight)
+        a = torch.relu(a)
         if self.training:
             a = self.drop(a)
         return z + linear(a, self.out.weight, self.out.bias)  # (..., D)
+
+    def attend(self, x: Tensor, source: ChainSource) -> Tensor:
+        """Attention of queries from x, (B, D) or (B, T, D), over the source rows (B, S, nh, dh) -> like x."""
+        b, _, nh, dh = source.keys.shape
+        q = linear(x, self.query.weight, self.query.bias)
+        q = (q[:, None] if x.dim() == 2 else q).reshape(b, -1, nh, dh).transpose(1, 2)  # (B, nh, T, dh)
+        out = F.scaled_dot_product_attention(q, source.keys.transpose(1, 2), source.values.transpose(1, 2),
+                                             attn_mask=source.valid[:, None, None, :])  # (B, nh, T, dh)
+        out = out.transpose(1, 2).reshape(b, -1, nh * dh)  # (B, T, D)
+        return out[:, 0] if x.dim() == 2 else out
 
 
 class ChainedHead(nn.Module):
@@ -50,27 +92,30 @@ class ChainedHead(nn.Module):
 
     chained = True
 
-    def __init__(self, d_model: int, d_hidden: int, k: int, *, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, d_hidden: int, k: int, *, dropout: float = 0.0,
+                 source_attention: bool = False) -> None:
         super().__init__()
         if k < 1:
             raise ValueError(f"k must be >= 1 (1 = the base model), got {k}")
         if d_hidden < 1:
             raise ValueError(f"d_hidden must be >= 1, got {d_hidden}")
-        self.k, self.d_model = k, d_model
-        self.cells = nn.ModuleList(ChainCell(d_model, d_hidden, dropout) for _ in range(k - 1))
+        self.k, self.d_model, self.source_attention = k, d_model, source_attention
+        self.cells = nn.ModuleList(ChainCell(d_model, d_hidden, dropout, source_attention) for _ in range(k - 1))
 
     def head_is_identity(self, i: int) -> bool:
         """Head 1 (index 0) is p_1 of the base: no parameters of its own."""
         return i == 0
 
-    def step(self, z: Tensor, e: Tensor, i: int) -> Tensor:
+    def step(self, z: Tensor, e: Tensor, i: int, source: ChainSource | None = None) -> Tensor:
         """State of head ``i`` (0-based, >= 1) from head i-1's state z (..., D) and the embedding e
         (..., D) of the token proposed for head i-1: (..., D)."""
-        return self.cells[i - 1](z, e)
+        return self.cells[i - 1](z, e, source)
 
-    def select(self, h: Tensor, heads: Sequence[int], prev: Tensor | None, embed: Callable[[Tensor], Tensor]) -> Tensor:
+    def select(self, h: Tensor, heads: Sequence[int], prev: Tensor | None, embed: Callable[[Tensor], Tensor],
+               source: ChainSource | None = None) -> Tensor:
         """Teacher-forced states of the listed heads: h (..., D), prev (..., m) long with m >= max(heads)
-        holding the token proposed for heads 1..m (0-based 0..m-1) -> (..., len(heads), D)."""
+        holding the token proposed for heads 1..m (0-based 0..m-1) -> (..., len(heads), D). ``source``:
+        one row per leading index of h ((B, D) or (B, T, D) states)."""
         heads = list(heads)
         if any(not 0 <= i < self.k for i in heads):
             raise ValueError(f"heads must lie in [0, {self.k - 1}], got {heads}")
@@ -80,5 +125,5 @@ class ChainedHead(nn.Module):
             raise ValueError(f"chained heads up to {last + 1} need prev tokens of shape {(*h.shape[:-1], last)}, got {got}")
         states = [h]
         for i in range(1, last + 1):
-            states.append(self.step(states[-1], embed(prev[..., i - 1]), i))  # type: ignore[index]
+            states.append(self.step(states[-1], embed(prev[..., i - 1]), i, source))  # type: ignore[index]
         return torch.stack([states[i] for i in heads], dim=-2)

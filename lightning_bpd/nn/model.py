@@ -14,15 +14,16 @@ import torch
 from torch import Tensor, nn
 
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
-from lightning_bpd.nn.chained_head import ChainedHead
+from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.positions import build_positions
 from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
 
 # "paper": the paper's parallel head (section 6); "chained": heads that see the tokens proposed
-# before them (:mod:`lightning_bpd.nn.chained_head`).
-HEAD_TYPES = ("paper", "chained")
+# before them; "chained_attn": chained heads that also attend over the source
+# (:mod:`lightning_bpd.nn.chained_head`).
+HEAD_TYPES = ("paper", "chained", "chained_attn")
 
 
 @dataclass
@@ -62,6 +63,8 @@ class ModelConfig:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
         if self.head_type not in HEAD_TYPES:
             raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}")
+        if self.head_type == "chained_attn" and self.n_decoder_layers < 1:
+            raise ValueError("head_type chained_attn reads the last decoder layer's cross-attention: n_decoder_layers >= 1")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError("share_embeddings needs src_vocab_size == tgt_vocab_size")
         for name in ("src_image_shape", "tgt_image_shape"):
@@ -88,10 +91,11 @@ class BlockwiseTransformer(nn.Module):
         self.tgt_pos = build_positions(c.tgt_positions, c.d_model, c.tgt_image_shape)
         self.encoder = Encoder(c.n_encoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout)
         self.decoder = Decoder(c.n_decoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.window)
-        self.chained_heads = c.head_type == "chained" and c.k > 1
+        self.chained_heads = c.head_type in ("chained", "chained_attn") and c.k > 1
         if self.chained_heads:
             self.head: BlockwiseHead | ChainedHead = ChainedHead(c.d_model, c.head_hidden or c.d_ff, c.k,
-                                                                 dropout=c.dropout)
+                                                                 dropout=c.dropout,
+                                                                 source_attention=c.head_type == "chained_attn")
         else:
             self.head = BlockwiseHead(
                 c.d_model, c.head_hidden or c.d_ff, c.k, identity_first=c.identity_first, dropout=c.dropout
@@ -141,25 +145,34 @@ class BlockwiseTransformer(nn.Module):
             return self.project(h)
         return self.project(self.head.first(h))
 
-    def logits_heads(self, h: Tensor, heads: list[int] | range | None = None, prev_tokens: Tensor | None = None) -> Tensor:
+    def logits_heads(self, h: Tensor, heads: list[int] | range | None = None, prev_tokens: Tensor | None = None,
+                     source: ChainSource | None = None) -> Tensor:
         """Logits of the listed heads (all k by default): (..., D) -> (..., len(heads), V).
 
         Chained heads also take ``prev_tokens`` (..., m): the token proposed for (or, in training, the
-        target at) heads 1..m, m >= the highest listed head (0-based); the paper's head ignores them.
+        target at) heads 1..m, m >= the highest listed head (0-based); source-attending ones also the
+        ``source`` of each leading row of h (:meth:`chain_source`). The paper's head ignores both.
         """
         heads = range(self.k) if heads is None else heads
         if self.chained_heads:
-            return self.project(self.head.select(h, heads, prev_tokens, self.embed_tokens))
-        return self.project(self.head.select(h, heads))
+            return self.project(self.head.select(h, heads, prev_tokens, self.embed_tokens, source))  # type: ignore[call-arg]
+        return self.project(self.head.select(h, heads))  # type: ignore[call-arg]
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """Token embeddings as the decoder sees them, without positions: (...) -> (..., D)."""
         return self.tgt_embed(tokens) * self.scale
 
-    def chain_step(self, z: Tensor, token: Tensor, i: int) -> tuple[Tensor, Tensor]:
+    def chain_source(self, context: EncoderContext) -> ChainSource | None:
+        """What source-attending chained heads read for the sources of ``context`` (None: nothing)."""
+        if not getattr(self.head, "source_attention", False):
+            return None
+        keys, values = context.cross_kv[-1]  # the last decoder layer's cross-attention, (B, S, nh, dh) each
+        return ChainSource(keys, values, context.src_valid)
+
+    def chain_step(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> tuple[Tensor, Tensor]:
         """Chained heads, decoding: head ``i`` (0-based, >= 1) from head i-1's state z (b, D) and the
         token (b,) proposed for head i-1 -> (its state (b, D), its logits (b, V))."""
-        z = self.head.step(z, self.embed_tokens(token), i)  # type: ignore[union-attr]
+        z = self.head.step(z, self.embed_tokens(token), i, source)  # type: ignore[union-attr]
         return z, self.project(z)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:

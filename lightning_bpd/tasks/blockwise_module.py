@@ -18,6 +18,7 @@ from torch import Tensor
 
 from lightning_bpd.nn.loss import LOSS_MODES, blockwise_loss, choose_heads, shifted_targets
 from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
+from lightning_bpd.nn.transformer import EncoderContext
 from lightning_bpd.nn.warm_start import CheckpointMismatchError, load_base_weights
 from lightning_bpd.nn.warm_start import freeze_base as freeze_base_params
 from lightning_bpd.tasks.frozen_states import FrozenStates
@@ -132,10 +133,12 @@ class BlockwiseModule(pl.LightningModule):
         """Loss weight of each listed head: ``head_loss_decay ** i`` for head i (0-based)."""
         return [self.head_loss_decay**i for i in heads]
 
-    def decoder_states(self, src: Tensor, tgt_in: Tensor, tgt: Tensor, index: Tensor | None) -> Tensor:
-        """Decoder output (B, T, D); from :class:`FrozenStates` for training batches of a frozen base."""
+    def decoder_states(self, src: Tensor, tgt_in: Tensor, tgt: Tensor, index: Tensor | None,
+                       context: EncoderContext | None = None) -> Tensor:
+        """Decoder output (B, T, D); from :class:`FrozenStates` for training batches of a frozen base.
+        ``context``: the batch's encoded sources when the caller needed them anyway."""
         if self.frozen_states is None or index is None or not self.training:
-            return self.model(src, tgt_in)
+            return self.model(src, tgt_in) if context is None else self.model.decode_full(tgt_in, context)
         lengths = (tgt != self.model.pad_id).sum(dim=1)  # (B,)
         return self.frozen_states.hidden(index, lengths, tgt.shape[1], lambda rows: self.model(src[rows], tgt_in[rows]))
 
@@ -157,15 +160,21 @@ class BlockwiseModule(pl.LightningModule):
         """
         bos = torch.full_like(tgt[:, :1], self.model.bos_id)
         tgt_in = torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, T)
-        hidden = self.decoder_states(src, tgt_in, tgt, index)  # (B, T, D)
+        reads_source = getattr(self.model.head, "source_attention", False) and max(heads) > 0
+        context = self.model.encode(src) if reads_source else None
+        hidden = self.decoder_states(src, tgt_in, tgt, index, context)  # (B, T, D)
         prev = self.chain_inputs(tgt, heads)  # (B, T, m) or None
+        source = self.model.chain_source(context) if context is not None else None
         if fraction >= 1.0:
-            logits = self.model.logits_heads(hidden, heads, prev)  # (B, T, h, V)
+            logits = self.model.logits_heads(hidden, heads, prev, source)  # (B, T, h, V)
             return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing,
                                   head1_weight=head1_weight, weights=weights)
         draw = torch.rand(tgt.shape, generator=generator).to(tgt.device)
         positions = (draw < fraction) & (tgt != self.model.pad_id)  # (B, T)
-        logits = self.model.logits_heads(hidden[positions], heads, None if prev is None else prev[positions])  # (N, h, V)
+        if source is not None:
+            source = source.take(positions.nonzero()[:, 0])  # one source row per selected position
+        logits = self.model.logits_heads(hidden[positions], heads, None if prev is None else prev[positions],
+                                         source)  # (N, h, V)
         return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing, positions, head1_weight,
                               weights)
 

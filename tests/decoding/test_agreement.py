@@ -15,7 +15,7 @@ def test_head_one_always_agrees_and_right_heads_score_one():
     assert (matches / positions).tolist() == [1.0, 1.0, 0.0, 1.0]
 
 
-@pytest.mark.parametrize("head_type", ["paper", "chained"])
+@pytest.mark.parametrize("head_type", ["paper", "chained", "chained_attn"])
 def test_agreement_of_a_random_model_matches_counting_by_hand(head_type):
     model = random_model(k=3, seed=4, head_type=head_type)
     with torch.no_grad():
@@ -36,8 +36,9 @@ def test_agreement_of_a_random_model_matches_counting_by_hand(head_type):
             for i in range(3):
                 if t + i < len(seq):
                     prev = torch.tensor([seq[t : t + i]]) if i else None
-                    guess = model.logits_heads(h[t : t + 1], [i], prev)[0, 0].argmax() if head_type == "chained" \
-                        else model.logits_heads(h[t : t + 1], [i])[0, 0].argmax()
+                    source = model.chain_source(ctx)
+                    guess = model.logits_heads(h[t : t + 1], [i], prev, source)[0, 0].argmax() \
+                        if head_type != "paper" else model.logits_heads(h[t : t + 1], [i])[0, 0].argmax()
                     expect[i] += float(guess == seq[t + i])
     assert matches.tolist() == expect.tolist()
     assert 0 < matches[1] < positions[1]  # the heads are right some of the time

@@ -190,10 +190,11 @@ def test_lazy_verification_gives_the_full_verdict(rule):
 
 # ---- chained heads (head i sees the token proposed for head i-1) -------------------------------
 
+@pytest.mark.parametrize("head_type", ["chained", "chained_attn"])
 @pytest.mark.parametrize("criterion", [Exact(), TopK(2), Distance(2), MinBlock(2)], ids=lambda c: c.name)
 @pytest.mark.parametrize("k", [2, 4, 8])
-def test_chained_heads_fast_decoder_equals_reference(criterion, k):
-    model = random_model(k=k, seed=k + 10, head_type="chained")
+def test_chained_heads_fast_decoder_equals_reference(criterion, k, head_type):
+    model = random_model(k=k, seed=k + 10, head_type=head_type)
     with torch.no_grad():  # chains that matter: heads far from p_1
         for cell in model.head.cells:
             cell.out.weight.normal_(0, 0.3, generator=torch.Generator().manual_seed(k))
@@ -214,7 +215,7 @@ def test_chained_heads_that_copy_greedy_accept_whole_blocks():
     class ChainedStub(StubModel):
         chained_heads = True
 
-        def chain_step(self, z, token, i):
+        def chain_step(self, z, token, i, source=None):
             z = z + torch.tensor([1.0, 0.0], dtype=z.dtype)  # one position further on
             return z, self.logits_first(z)
 

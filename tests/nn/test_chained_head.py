@@ -64,5 +64,44 @@ def test_model_chain_step_matches_logits_heads():
 
 
 def test_unknown_head_type_is_refused():
-    with pytest.raises(ValueError, match=r"head_type must be one of \('paper', 'chained'\), got 'tree'"):
+    with pytest.raises(ValueError, match=r"head_type must be one of \('paper', 'chained', 'chained_attn'\), got 'tree'"):
         ModelConfig(src_vocab_size=8, tgt_vocab_size=8, head_type="tree")
+    with pytest.raises(ValueError, match="chained_attn reads the last decoder layer's cross-attention"):
+        ModelConfig(src_vocab_size=8, tgt_vocab_size=8, head_type="chained_attn", n_decoder_layers=0)
+
+
+def attn_model(seed: int = 3):
+    model = random_model(k=4, seed=seed, head_type="chained_attn")
+    with torch.no_grad():
+        for cell in model.head.cells:
+            cell.out.weight.normal_(0, 0.3, generator=torch.Generator().manual_seed(seed))
+    return model
+
+
+def test_source_attending_chain_reads_the_source_and_steps_equal_the_teacher_forced_path():
+    model = attn_model()
+    src = torch.randint(3, 16, (3, 6), generator=torch.Generator().manual_seed(0))
+    context = model.encode(src)
+    source = model.chain_source(context)
+    assert source.keys.shape == (3, 6, 4, 8) and source.valid.shape == (3, 6)
+    h = torch.randn(3, 32, dtype=torch.float64)
+    prev = torch.randint(3, 16, (3, 3))
+    full = model.logits_heads(h, range(4), prev, source)  # (3, 4, V)
+    z = h
+    for i in range(1, 4):
+        z, logits = model.chain_step(z, prev[:, i - 1], i, source)
+        torch.testing.assert_close(logits, full[:, i], rtol=0, atol=1e-10)
+    # positions of a (B, T, D) batch and the same positions taken one by one agree
+    hs = torch.randn(3, 5, 32, dtype=torch.float64)
+    prevs = torch.randint(3, 16, (3, 5, 3))
+    batched = model.logits_heads(hs, [3], prevs, source)  # (3, 5, 1, V)
+    rows = torch.arange(3).repeat_interleave(5)
+    flat = model.logits_heads(hs.reshape(15, 32), [3], prevs.reshape(15, 3), source.take(rows))
+    torch.testing.assert_close(flat.reshape(3, 5, 1, -1), batched, rtol=0, atol=1e-10)
+    # another source changes heads 2..k, never head 1
+    other = model.chain_source(model.encode(src.flip(0)))
+    moved = model.logits_heads(h, range(4), prev, other)
+    assert torch.equal(moved[:, 0], full[:, 0]) and not torch.allclose(moved[:, 1:], full[:, 1:])
+    with pytest.raises(ValueError, match="needs the source"):
+        model.logits_heads(h, [2], prev)
+

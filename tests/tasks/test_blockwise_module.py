@@ -55,10 +55,11 @@ def test_frozen_cache_budget_and_switch():
         TranslationModule(**SHAPE, freeze_base=True, init_from="b.ckpt", frozen_cache_gb=-1)
 
 
+@pytest.mark.parametrize("head_type", ["chained", "chained_attn"])
 @pytest.mark.parametrize("fraction", [1.0, 0.5])
-def test_chained_heads_are_trained_on_teacher_forced_targets(fraction):
+def test_chained_heads_are_trained_on_teacher_forced_targets(fraction, head_type):
     torch.manual_seed(1)
-    module = TranslationModule(**SHAPE, head_type="chained", loss_mode="mean", label_smoothing=0.0, dropout=0.0)
+    module = TranslationModule(**SHAPE, head_type=head_type, loss_mode="mean", label_smoothing=0.0, dropout=0.0)
     for cell in module.model.head.cells:
         torch.nn.init.normal_(cell.out.weight, std=0.5)
     src, tgt, _ = batch()
@@ -66,13 +67,17 @@ def test_chained_heads_are_trained_on_teacher_forced_targets(fraction):
     out = module.blockwise_step(src, tgt, [0, 2, 3], fraction, g)
     # by hand: head 4 (index 3) at position t is fed the targets at t, t+1, t+2 and predicts t+3
     bos = torch.full_like(tgt[:, :1], 1)
-    hidden = module.model(src, torch.cat([bos, tgt[:, :-1]], dim=1))
+    context = module.model.encode(src)
+    hidden = module.model.decode_full(torch.cat([bos, tgt[:, :-1]], dim=1), context)
     prev = torch.stack([shifted_targets(tgt, j, 0) for j in range(3)], dim=-1)
     positions = torch.ones_like(tgt, dtype=torch.bool)
     if fraction < 1:
         g = torch.Generator().manual_seed(3)
         positions = (torch.rand(tgt.shape, generator=g) < fraction) & (tgt != 0)
-    logits = module.model.logits_heads(hidden[positions], [3], prev[positions])[:, 0]  # (N, V)
+    source = module.model.chain_source(context)  # None without source attention
+    assert (source is None) == (head_type == "chained")
+    source = source.take(positions.nonzero()[:, 0]) if source is not None else None
+    logits = module.model.logits_heads(hidden[positions], [3], prev[positions], source)[:, 0]  # (N, V)
     target = shifted_targets(tgt, 3, 0)[positions]
     expected = torch.nn.functional.cross_entropy(logits, target, ignore_index=0)
     torch.testing.assert_close(out.head_loss[4], expected)
