@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
     p.add_argument("--inputs", type=int, default=100, help="number of inputs decoded per batch size")
     p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="translation: the heads propose only this many most frequent target tokens of --draft-vocab-from")
+    p.add_argument("--draft-vocab-from", default=None, help="target-language text (.gz allowed) to count tokens in")
     p.add_argument("--lazy-verify", action="store_true",
                    help="verify prefix rules position by position (fewer projections, a host read per position)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -150,6 +153,17 @@ def bench_batch_size(module, inputs: list[torch.Tensor], batch_size: int, order:
     return report
 
 
+def set_draft_vocab(module, size: int | None, text: str | None) -> None:
+    """Give a translation model a draft vocabulary of ``size`` tokens counted in the file ``text``."""
+    if size is None:
+        return
+    if text is None or not hasattr(module, "draft_vocab_from_text"):
+        raise ValueError("--draft-vocab needs a translation checkpoint and --draft-vocab-from <target-language text>")
+    from lightning_bpd.tasks.translation.text_files import read_lines
+
+    module.draft_vocab_from_text(read_lines(text), size)
+
+
 def device_name(device: torch.device | str) -> str:
     """The GPU's name, or the CPU's model name and the threads torch uses."""
     device = torch.device(device)
@@ -179,6 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit("bench: --batch-sizes and --inputs must be >= 1")
     try:
         module = load_model(args.ckpt, args.device)
+        set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
         draft = load_model(args.draft, args.device).model if args.draft else None
         order, methods = build_methods(module, args.criteria, args.k, draft, args.lazy_verify)
         inputs = load_inputs(module, args)
@@ -187,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
     k = (args.k[0] if len(args.k) == 1 else args.k) if args.k else module.model.k
     result = {"ckpt": args.ckpt, "draft": args.draft, "k": k, "device": str(module.device),
               "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(inputs),
-              "lazy_verify": args.lazy_verify,
+              "lazy_verify": args.lazy_verify, "draft_vocab": args.draft_vocab,
               "batch_sizes": {}}
     print(f"device: {result['device_name']}; ms/call = wall-clock per decoder call (a greedy step or a blockwise "
           "iteration), x base = that cost over the baseline's")

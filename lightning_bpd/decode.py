@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from lightning_bpd.bench import set_draft_vocab
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.methods import make_method
@@ -34,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="heads to use (default: all of the model's); with a draft, the block size (default: the model's k, >= 2)")
     p.add_argument("--draft", default=None, help="checkpoint of a draft model with the same vocabulary (for draft:<rule>)")
     p.add_argument("--seed", type=int, default=0, help="random seed of sampling methods")
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="the heads propose only this many most frequent target tokens of --draft-vocab-from")
+    p.add_argument("--draft-vocab-from", default=None, help="target-language text (.gz allowed) to count tokens in")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return p
@@ -55,6 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         module = load_model(args.ckpt, args.device)
         if not hasattr(module, "tokenizer"):
             raise ValueError(f"{args.ckpt} is not a translation checkpoint")
+        set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
         draft = load_model(args.draft, args.device).model if args.draft else None
         method = make_method(args.criterion, parse_criterion, module.model, args.k, draft, seed=args.seed)
         sentences = read_input(args.input)

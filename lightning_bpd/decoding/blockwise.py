@@ -54,32 +54,49 @@ def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, firs
             source: object | None = None) -> Block:
     """Next block (b, k) from the hidden state (b, D) of each row's last accepted position.
 
-    ``first`` (b,) is the token that opens each row's block when the verdict already knows it: for a
-    deterministic rule, greedy's next token (then p_1 is not projected, only heads 2..k); for a
-    sampling rule, a residual draw where >= 0 (p_1 is sampled for the other rows). Chained heads
-    (``model.chained_heads``) propose one token at a time, each step fed the token before it (and,
-    source-attending ones, the ``source`` of each row: :func:`chain_source`).
+    Deterministic rules: token 1 is ``first`` (b,), greedy's next token from the verdict, or else the
+    argmax of p_1 at h; tokens 2..k are the heads' argmaxes, over the model's draft vocabulary when it
+    has one (:mod:`lightning_bpd.nn.draft_vocab`; only p_1's verification needs the whole vocabulary).
+    Sampling rules: the heads' draws, ``first`` (-1: none) replacing token 1 where a residual token was
+    drawn. Chained heads (``model.chained_heads``) propose one token at a time, each step fed the
+    token before it (and, source-attending ones, the ``source`` of each row: :func:`chain_source`).
     """
-    complete = first is not None and not criterion.stochastic  # token 1 known for every row
-    if getattr(model, "chained_heads", False) and k > 1:
-        return propose_chained(model, criterion, h, k, first, complete, source)
-    if k > 1 and complete:
-        rest = criterion.draft(model.logits_heads(h, range(1, k)))  # tokens (b, k-1)
-        return Block.cat([Block(first[:, None]), rest])  # type: ignore[index]
-    return criterion.draft(model.logits_heads(h, range(k)), first)  # logits (b, k, V)
+    chained = getattr(model, "chained_heads", False) and k > 1
+    if criterion.stochastic:
+        if chained:
+            return propose_chained_sampled(model, criterion, h, k, first, source)
+        return criterion.draft(model.logits_heads(h, range(k)), first)  # logits (b, k, V)
+    if first is None:
+        first = criterion.propose(model.logits_first(h)[:, None])[:, 0]  # (b,)
+    if k == 1:
+        return Block(first[:, None])
+    if chained:
+        return Block(chain_tokens(model, criterion, h, k, first, source))
+    draft = getattr(model, "draft_tokens", None)
+    rest = draft(h, range(1, k)) if draft is not None else criterion.propose(model.logits_heads(h, range(1, k)))
+    return Block(torch.cat([first[:, None], rest], dim=1))  # (b, k)
 
 
-def propose_chained(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None,
-                    complete: bool, source: object | None = None) -> Block:
-    """Chained heads: token 1 from p_1 (or ``first``), then token i from head i fed token i-1."""
-    if not criterion.stochastic:  # a token per head, stacked once
-        tokens = [first if complete else criterion.draft(model.logits_first(h)[:, None], first).tokens[:, 0]]
-        z = h
-        for i in range(1, k):
+def chain_tokens(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor,
+                 source: object | None = None) -> Tensor:
+    """Chained heads, deterministic: tokens (b, k), token i+1 the argmax of head i+1 fed token i."""
+    draft = getattr(model, "chain_draft", None)
+    tokens, z = [first], h
+    for i in range(1, k):
+        if draft is not None:
+            z, token = draft(z, tokens[-1], i, source)  # (b, D), (b,)
+        else:
             z, logits = model.chain_step(z, tokens[-1], i, source)  # (b, D), (b, V)
-            tokens.append(criterion.propose(logits[:, None])[:, 0])  # (b,)
-        return Block(torch.stack(tokens, dim=1))  # type: ignore[arg-type]
-    parts = [criterion.draft(model.logits_first(h)[:, None], first)]  # (b, 1): sampled, or the carried token
+            token = criterion.propose(logits[:, None])[:, 0]
+        tokens.append(token)
+    return torch.stack(tokens, dim=1)
+
+
+def propose_chained_sampled(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None,
+                            source: object | None = None) -> Block:
+    """Chained heads, sampling rules: token 1 drawn from p_1 (or the carried residual token), token i
+    drawn from head i fed token i-1; the block keeps each draw's distribution."""
+    parts = [criterion.draft(model.logits_first(h)[:, None], first)]  # (b, 1)
     z = h
     for i in range(1, k):
         z, logits = model.chain_step(z, parts[-1].tokens[:, 0], i, source)  # (b, D), (b, V)

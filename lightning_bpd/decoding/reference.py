@@ -25,12 +25,14 @@ def reference_proposals(model: BlockwiseModel, criterion: Criterion, h: Tensor, 
                         source: object | None = None) -> Tensor:
     """The k proposals (1, k) at hidden state h (1, D). Chained heads: head i is evaluated through the
     teacher-forced (training) path, fed the proposals of heads 1..i-1 made so far (and the source)."""
+    restrict = getattr(model, "restrict_draft", None) or (lambda logits: logits)  # heads 2..k: the draft vocabulary
     if not chained(model):
-        return criterion.propose(model.logits_heads(h, range(k)))
+        logits = model.logits_heads(h, range(k))  # (1, k, V)
+        return torch.cat([criterion.propose(logits[:, :1]), criterion.propose(restrict(logits[:, 1:]))], dim=1)
     tokens = criterion.propose(model.logits_heads(h, [0]))  # (1, 1)
     for i in range(1, k):
         logits = model.logits_heads(h, [i], prev_tokens=tokens, source=source)  # (1, 1, V)
-        tokens = torch.cat([tokens, criterion.propose(logits)], dim=1)  # (1, i + 1)
+        tokens = torch.cat([tokens, criterion.propose(restrict(logits))], dim=1)  # (1, i + 1)
     return tokens
 
 

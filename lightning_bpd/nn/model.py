@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
+from lightning_bpd.nn.draft_vocab import DraftVocabulary
 from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.positions import build_positions
@@ -42,6 +43,7 @@ class ModelConfig:
     head_hidden: int | None = None
     identity_first: bool = False
     head_type: str = "paper"
+    draft_vocab: int | None = None
     share_embeddings: bool = False
     src_positions: str = "sinusoidal"
     tgt_positions: str = "sinusoidal"
@@ -100,6 +102,7 @@ class BlockwiseTransformer(nn.Module):
             self.head = BlockwiseHead(
                 c.d_model, c.head_hidden or c.d_ff, c.k, identity_first=c.identity_first, dropout=c.dropout
             )
+        self.draft_vocab = DraftVocabulary(c.tgt_vocab_size, c.draft_vocab) if c.draft_vocab else None
         self.drop = nn.Dropout(c.dropout)
         self.scale = math.sqrt(c.d_model)
 
@@ -168,6 +171,37 @@ class BlockwiseTransformer(nn.Module):
             return None
         keys, values = context.cross_kv[-1]  # the last decoder layer's cross-attention, (B, S, nh, dh) each
         return ChainSource(keys, values, context.src_valid)
+
+    def output_layer(self) -> tuple[Tensor, Tensor | None]:
+        """Weight (V, D) and bias of the vocabulary projection (the target embedding)."""
+        return self.tgt_embed.weight, None
+
+    def use_draft_vocab(self, ids: Tensor) -> None:
+        """Let the heads propose only these token ids (:mod:`lightning_bpd.nn.draft_vocab`)."""
+        if self.draft_vocab is None or self.draft_vocab.ids.numel() != len(ids):
+            self.draft_vocab = DraftVocabulary(self.config.tgt_vocab_size, len(ids)).to(self.tgt_embed.weight.device)
+            self.config.draft_vocab = len(ids)
+        self.draft_vocab.set_ids(ids)
+
+    def draft_tokens(self, h: Tensor, heads: list[int] | range) -> Tensor:
+        """Paper head, deterministic proposals: each listed head's argmax at h (b, D) over the draft
+        vocabulary (every token without one) -> (b, len(heads)) token ids."""
+        states = self.head.select(h, heads)  # type: ignore[call-arg]  # (b, n, D)
+        if self.draft_vocab is None:
+            return self.project(states).argmax(dim=-1)
+        return self.draft_vocab.argmax(states, *self.output_layer())
+
+    def restrict_draft(self, logits: Tensor) -> Tensor:
+        """Logits (..., V) of a proposing head as the draft vocabulary sees them (-inf outside it)."""
+        return logits if self.draft_vocab is None else self.draft_vocab.restrict(logits)
+
+    def chain_draft(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> tuple[Tensor, Tensor]:
+        """Chained heads, deterministic proposals: head ``i``'s state (b, D) and its argmax token (b,)
+        over the draft vocabulary (every token without one)."""
+        z = self.head.step(z, self.embed_tokens(token), i, source)  # type: ignore[union-attr]
+        if self.draft_vocab is None:
+            return z, self.project(z).argmax(dim=-1)
+        return z, self.draft_vocab.argmax(z, *self.output_layer())
 
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> tuple[Tensor, Tensor]:
         """Chained heads, decoding: head ``i`` (0-based, >= 1) from head i-1's state z (b, D) and the

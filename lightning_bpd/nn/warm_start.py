@@ -20,13 +20,14 @@ def load_base_weights(model: nn.Module, state: Mapping[str, Tensor], *, strict_h
     another k is skipped unless ``strict_head``).
     """
     own = model.state_dict()
+    optional = ("head.", "draft_vocab.")  # the head's own weights, and a draft vocabulary (set from data at fit start)
     mismatched = [
         f"{key}: checkpoint {tuple(value.shape)} vs model {tuple(own[key].shape)}"
         for key, value in state.items()
-        if key in own and own[key].shape != value.shape and (strict_head or not key.startswith("head."))
+        if key in own and own[key].shape != value.shape and (strict_head or not key.startswith(optional))
     ]
-    missing = [key for key in own if key not in state and not key.startswith("head.")]
-    unexpected = [key for key in state if key not in own and not key.startswith("head.")]
+    missing = [key for key in own if key not in state and not key.startswith(optional)]
+    unexpected = [key for key in state if key not in own and not key.startswith(optional)]
     if mismatched or missing or unexpected:
         lines = [f"shape mismatch {m}" for m in mismatched[:10]]
         lines += [f"missing from checkpoint: {key}" for key in missing[:10]]

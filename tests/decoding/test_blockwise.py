@@ -223,3 +223,34 @@ def test_chained_heads_that_copy_greedy_accept_whole_blocks():
     out = blockwise_decode(model, stub_sources(1), max_len=50)
     assert out.sequences() == [TARGET]
     assert out.iterations.item() == math.ceil(len(TARGET) / 4)
+
+
+# ---- a draft vocabulary: the heads propose only the listed tokens --------------------------------
+
+@pytest.mark.parametrize("head_type", ["paper", "chained", "chained_attn"])
+@pytest.mark.parametrize("criterion", [Exact(), TopK(2), MinBlock(2)], ids=lambda c: c.name)
+def test_draft_vocabulary_fast_decoder_equals_reference(criterion, head_type):
+    model = random_model(k=4, seed=21, head_type=head_type)
+    src = random_sources(6, seed=21)
+    pick_eos(model, src, MAX_LEN)
+    greedy = greedy_decode(model, src, MAX_LEN)
+    used = sorted(set(greedy.tokens.flatten().tolist()) - {0})
+    model.use_draft_vocab(torch.tensor((used + [t for t in range(16) if t not in used])[:10]))
+    fast = blockwise_decode(model, src, criterion, MAX_LEN)
+    slow = blockwise_decode_reference(model, src, criterion, MAX_LEN)
+    assert torch.equal(fast.tokens, slow.tokens) and fast.block_sizes == slow.block_sizes
+    if isinstance(criterion, Exact):
+        assert torch.equal(fast.tokens, greedy.tokens)
+
+
+def test_a_draft_vocabulary_without_greedy_tokens_accepts_one_token_per_iteration_and_stays_exact():
+    model = random_model(k=4, seed=22)
+    src = random_sources(5, seed=22)
+    pick_eos(model, src, MAX_LEN)
+    greedy = greedy_decode(model, src, MAX_LEN)
+    unused = [t for t in range(16) if t not in set(greedy.tokens.flatten().tolist())]
+    assert unused
+    model.use_draft_vocab(torch.tensor(unused))
+    out = blockwise_decode(model, src, Exact(), MAX_LEN)
+    assert torch.equal(out.tokens, greedy.tokens)
+    assert all(size == 1 for row in out.block_sizes for size in row)  # every proposal is wrong

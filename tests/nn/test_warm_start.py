@@ -29,3 +29,17 @@ def test_mismatched_checkpoint_names_the_keys():
     del state["decoder.norm.weight"]
     with pytest.raises(CheckpointMismatchError, match="missing from checkpoint: decoder.norm.weight"):
         load_base_weights(random_model(k=2), state)
+
+
+def test_a_draft_vocabulary_is_optional_on_both_sides():
+    import torch
+
+    from lightning_bpd.nn.warm_start import load_base_weights
+    from tests.models import random_model
+
+    base = random_model(k=1, seed=0)
+    model = random_model(k=4, seed=1)
+    model.use_draft_vocab(torch.arange(8))
+    load_base_weights(model, base.state_dict())  # the base has none: set later from the data
+    assert torch.equal(model.draft_vocab.ids, torch.arange(8))
+    load_base_weights(base, model.state_dict())  # and a model without one ignores it

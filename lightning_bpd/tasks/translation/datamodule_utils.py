@@ -63,6 +63,10 @@ class TokenPairDataset(Dataset):
         """Source lengths (tokens, without EOS), shape (N,)."""
         return self._src_off[1:] - self._src_off[:-1]
 
+    def target_counts(self, vocab_size: int) -> torch.Tensor:
+        """How often each token id occurs on the target side, (vocab_size,) (EOS, added at collation, not counted)."""
+        return torch.bincount(self._tgt.long(), minlength=vocab_size)
+
     @property
     def tgt_lengths(self) -> torch.Tensor:
         """Target lengths (tokens, without EOS), shape (N,)."""

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from lightning_bpd.callbacks.decode_eval import EvalBatch
 from lightning_bpd.decoding import Criterion, parse_criterion
+from lightning_bpd.nn.draft_vocab import ids_from_counts
 from lightning_bpd.nn.model import ModelConfig
 from lightning_bpd.tasks.blockwise_module import BlockwiseModule
 from lightning_bpd.tasks.translation.datamodule_utils import collate_pairs
@@ -50,6 +51,8 @@ class TranslationModule(BlockwiseModule):
             keep ``lr``): Medusa-2's joint schedule after a frozen warm-up of the heads.
         frozen_cache_gb: with a frozen base, keep up to this many GiB of its decoder states per
             training example (computed once, no dropout) so that a head step skips the base; 0 = off.
+        draft_vocab: the heads propose only the this many most frequent target tokens of the training
+            data (set when fitting starts; cheaper proposals, exact decoding unchanged); null = all.
     """
 
     def __init__(
@@ -80,11 +83,13 @@ class TranslationModule(BlockwiseModule):
         head_loss_decay: float = 1.0,
         base_lr_scale: float = 1.0,
         frozen_cache_gb: float = 4.0,
+        draft_vocab: int | None = None,
     ) -> None:
         config = ModelConfig(
             src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=d_model, n_heads=n_heads,
             n_encoder_layers=n_encoder_layers, n_decoder_layers=n_decoder_layers, d_ff=d_ff, dropout=dropout, k=k,
-            head_hidden=head_hidden, identity_first=identity_first, head_type=head_type, share_embeddings=True,
+            head_hidden=head_hidden, identity_first=identity_first, head_type=head_type, draft_vocab=draft_vocab,
+            share_embeddings=True,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
                          seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb)
@@ -114,6 +119,18 @@ class TranslationModule(BlockwiseModule):
                 f"{self.model.config.tgt_vocab_size}: use the tokenizer the base checkpoint was trained with "
                 "(data.tokenizer_path) or the same data.vocab_size"
             )
+        if self.model.draft_vocab is not None:  # the most frequent target tokens of this run's training data
+            counts = self.trainer.datamodule.dataset("train").target_counts(self.model.config.tgt_vocab_size)
+            self.use_draft_vocab(counts, self.model.draft_vocab.ids.numel())
+
+    def use_draft_vocab(self, counts: Tensor, size: int) -> None:
+        """Let the heads propose only the ``size`` most frequent tokens of ``counts`` (V,) (EOS always)."""
+        self.model.use_draft_vocab(ids_from_counts(counts, size, always=[self.model.eos_id]))
+
+    def draft_vocab_from_text(self, lines: list[str], size: int) -> None:
+        """:meth:`use_draft_vocab` with the token counts of target-language ``lines``."""
+        ids = torch.tensor([i for piece_ids in self.tokenizer.encode_batch(lines) for i in piece_ids], dtype=torch.long)
+        self.use_draft_vocab(torch.bincount(ids, minlength=self.model.config.tgt_vocab_size), size)
 
     def check_warm_start(self, path: str, checkpoint: dict[str, Any]) -> None:
         """The base must have been trained with this run's tokenizer: token ids index its embeddings."""

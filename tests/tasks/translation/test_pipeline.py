@@ -316,5 +316,32 @@ def test_frozen_steps_benchmark(fitted, tmp_path):
         assert result[variant]["steps_per_minute"] > 0
 
 
+
+def test_draft_vocabulary_from_the_training_targets_and_in_bench(fitted, tmp_path):
+    import json
+
+    from lightning_bpd.nn.draft_vocab import ids_from_counts
+
+    root, _, _ = fitted
+    cli = main(["fit", *TINY, "--model.init_args.k=3", "--model.init_args.head_type=chained",
+                "--model.init_args.draft_vocab=30", "--trainer.max_steps=2", "--trainer.logger=false",
+                "--run_dir=runs/draft-vocab"])
+    model, data = cli.model.model, cli.datamodule
+    counts = data.dataset("train").target_counts(model.config.tgt_vocab_size)
+    assert torch.equal(model.draft_vocab.ids, ids_from_counts(counts, 30, always=[model.eos_id]))
+    reloaded = __import__("lightning_bpd").load_model(root / "runs/draft-vocab/last.ckpt")
+    assert torch.equal(reloaded.model.draft_vocab.ids, model.draft_vocab.ids)  # saved with the model
+    # bench gives an existing checkpoint a draft vocabulary counted in a text file; outputs stay greedy's
+    src, tgt = root / "dv.en", data.data_root / "train.de"
+    src.write_text("The teacher reads a book.\nThe dog sleeps.\n")
+    out = tmp_path / "dv.json"
+    main(["bench", "--ckpt", str(root / "runs/b/last.ckpt"), "--input", str(src), "--criteria", "exact",
+          "--batch-sizes", "1", "--inputs", "2", "--warmup", "0", "--draft-vocab", "25", "--draft-vocab-from",
+          str(tgt), "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert result["draft_vocab"] == 25 and result["batch_sizes"]["1"]["exact"]["equals_greedy"] is True
+    with pytest.raises(SystemExit, match="--draft-vocab needs"):
+        main(["bench", "--ckpt", str(root / "runs/b/last.ckpt"), "--input", str(src), "--draft-vocab", "25"])
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
