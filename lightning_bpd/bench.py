@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from lightning_bpd.callbacks.decode_eval import timed
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
+from lightning_bpd.evaluation import EvalBatch, pad_rows, run_batch
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,12 +81,12 @@ def load_inputs(module, args: argparse.Namespace) -> list[torch.Tensor]:
     return [image_to_tokens(img)[None].to(module.device) for img in low]
 
 
-def batched(rows: list[torch.Tensor], size: int, pad_id: int) -> list[torch.Tensor]:
+def batched(module, rows: list[torch.Tensor], size: int) -> list[EvalBatch]:
+    """Single-row inputs in batches of ``size``, padded, each with the module's decode length limit."""
     out = []
     for start in range(0, len(rows), size):
-        chunk = rows[start : start + size]
-        width = max(r.shape[1] for r in chunk)
-        out.append(torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=pad_id) for r in chunk]))
+        src = pad_rows(rows[start : start + size], module.model.pad_id)
+        out.append(EvalBatch(src, module.max_decode_len(src)))
     return out
 
 
@@ -107,20 +107,20 @@ def build_methods(module, specs: list[str], ks: list[int] | None, draft,
 
 def bench_batch_size(module, inputs: list[torch.Tensor], batch_size: int, order: list[str],
                      methods: dict[str, DecodeMethod], warmup: int) -> dict:
-    model, device = module.model, module.device
-    batches = batched(inputs, batch_size, model.pad_id)
-    for src in batches[:warmup]:
+    model = module.model
+    batches = batched(module, inputs, batch_size)
+    for batch in batches[:warmup]:
         for name in order:
-            methods[name](model, src, module.max_decode_len(src))
+            run_batch(methods[name], model, batch)
     per_input = {n: [] for n in order}
     totals = {n: {"seconds": 0.0, "tokens": 0, "iterations": 0, "model_calls": 0} for n in order}
     same = {n: True for n in order}
     blocks: dict[str, list[list[int]]] = {n: [] for n in order}
-    for src in batches:
-        max_len = module.max_decode_len(src)
-        runs = {name: timed(device, methods[name], model, src, max_len) for name in order}
-        for name, (result, sec) in runs.items():
-            per_input[name].append(sec / src.shape[0])
+    for batch in batches:
+        runs = {name: run_batch(methods[name], model, batch) for name in order}
+        for name, (result, run) in runs.items():
+            sec = run.seconds
+            per_input[name].append(sec / batch.src.shape[0])
             t = totals[name]
             t["seconds"] += sec
             t["tokens"] += int(result.lengths.sum())

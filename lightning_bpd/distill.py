@@ -27,7 +27,9 @@ import torch
 from tqdm import tqdm
 
 from lightning_bpd.checkpoints import load_model
-from lightning_bpd.decoding import beam_search, greedy_decode
+from lightning_bpd.decoding import parse_criterion
+from lightning_bpd.decoding.methods import make_method
+from lightning_bpd.tasks.translation.module import translate
 from lightning_bpd.tasks.translation.text_files import read_lines, resolve_split_files
 
 
@@ -56,23 +58,10 @@ def shard_path(out: Path, prefix: str, lang: str, i: int) -> Path:
 
 def translate_lines(module, lines: list[str], beam: int, alpha: float, batch_size: int,
                     progress: Callable[[int], object] | None = None) -> list[str]:
-    """Beam-decode ``lines`` (empty lines stay empty); ``progress(n)`` after each batch of n lines."""
-    out = [""] * len(lines)
-    todo = [i for i, s in enumerate(lines) if s.strip()]
-    for start in range(0, len(todo), batch_size):
-        idx = todo[start : start + batch_size]
-        src = module.encode_sources([lines[i] for i in idx])
-        max_len = module.max_decode_len(src)
-        with torch.no_grad():
-            if beam == 1:
-                result = greedy_decode(module.model, src, max_len)
-            else:
-                result = beam_search(module.model, src, max_len, beam_size=beam, alpha=alpha)
-        for i, text in zip(idx, module.detokenize(result.sequences())):
-            out[i] = text.replace("\n", " ")
-        if progress is not None:
-            progress(len(idx))
-    return out
+    """Beam-decode ``lines`` (greedy for beam 1; empty lines stay empty); ``progress(n)`` after each batch."""
+    method = make_method("greedy" if beam == 1 else f"beam{beam}_a{alpha}", parse_criterion, module.model)
+    texts, _ = translate(module, lines, method, batch_size, progress)
+    return [text.replace("\n", " ") for text in texts]
 
 
 def run_rank(rank: int, world: int, args: argparse.Namespace, lines: list[str]) -> None:

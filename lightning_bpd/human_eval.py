@@ -26,8 +26,10 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from lightning_bpd.decoding import blockwise_decode, greedy_decode, parse_criterion
+from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.blockwise import resolve_k
+from lightning_bpd.decoding.methods import make_method
+from lightning_bpd.evaluation import EvalBatch, decode_all
 from lightning_bpd.tasks.superres import SuperResolutionModule
 from lightning_bpd.tasks.superres.module import TARGET_LEN
 from lightning_bpd.tasks.superres.pixels import image_to_tokens, intensity_values
@@ -54,17 +56,11 @@ def decode_method(module: SuperResolutionModule, spec: tuple[int | None, str], i
     ``criterion`` is ``greedy`` or a spec of ``module.make_criterion``; ``k=None`` uses all heads.
     """
     k, criterion = spec
-    rule = None if criterion == "greedy" else module.make_criterion(criterion)
-    images = []
-    for start in range(0, inputs.shape[0], batch_size):
-        src = image_to_tokens(inputs[start : start + batch_size]).to(module.device)  # (b, 192)
-        if rule is None:
-            out = greedy_decode(module.model, src, MAX_LEN)
-        else:
-            out = blockwise_decode(module.model, src, rule, max_len=MAX_LEN, k=k)
-        rows = [row[:n].tolist() for row, n in zip(out.tokens.cpu(), out.lengths.tolist())]
-        images.append(module.to_images(rows).permute(0, 2, 3, 1).to(torch.uint8))  # (b, 32, 32, 3)
-    return torch.cat(images)
+    method = make_method(criterion, module.make_criterion, module.model, k)
+    batches = [EvalBatch(image_to_tokens(inputs[start : start + batch_size]).to(module.device), MAX_LEN)
+               for start in range(0, inputs.shape[0], batch_size)]  # (b, 192) sources
+    rows = decode_all(method, module.model, batches).outputs
+    return module.to_images(rows).permute(0, 2, 3, 1).to(torch.uint8)  # (N, 32, 32, 3)
 
 
 def assign_sides(n: int, seed: int) -> list[bool]:

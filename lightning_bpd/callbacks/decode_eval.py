@@ -14,32 +14,20 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loggers import WandbLogger
-from torch import Tensor
 
-from lightning_bpd.decoding import Criterion, DecodeResult, head_agreement
+from lightning_bpd.decoding import Criterion, head_agreement
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
+from lightning_bpd.evaluation import BatchRun, EvalBatch, MethodRun, run_batch
+
+__all__ = ["BatchRun", "DecodeEval", "EvalBatch", "MethodRun", "run_decode_eval"]
 
 logger = logging.getLogger("lightning_bpd")
-
-
-@dataclass
-class EvalBatch:
-    """One batch of evaluation inputs: ``src`` (B, S), the decode length limit, and what the task
-    needs to score and show the outputs (references, raw sources, dataset indices)."""
-
-    src: Tensor
-    max_len: int
-    references: list[Any]
-    sources: list[Any]
-    indices: list[int] = field(default_factory=list)
 
 
 class DecodeEvalTask(Protocol):
@@ -58,68 +46,6 @@ class DecodeEvalTask(Protocol):
     def decode_eval_samples(
         self, outputs: dict[str, list[list[int]]], blocks: dict[str, list[list[int]]], batches: list[EvalBatch], n: int
     ) -> tuple[list[str], list[list[Any]]]: ...
-
-
-@dataclass
-class MethodRun:
-    """All outputs of one decoding method over the evaluation batches."""
-
-    outputs: list[list[int]] = field(default_factory=list)
-    blocks: list[list[int]] = field(default_factory=list)
-    tokens: int = 0
-    iterations: int = 0
-    model_calls: int = 0
-    seconds: float = 0.0
-    agree: list[float] = field(default_factory=list)  # per head: matches with greedy's output (greedy only)
-    scored: list[float] = field(default_factory=list)  # per head: positions scored
-
-    def add(self, result: DecodeResult, seconds: float) -> None:
-        self.merge(BatchRun.of(result, seconds))
-
-    def merge(self, part: BatchRun) -> None:
-        self.outputs += part.outputs
-        self.blocks += part.blocks
-        self.tokens += part.tokens
-        self.iterations += part.iterations
-        self.model_calls += part.model_calls
-        self.seconds += part.seconds
-        if part.agree:
-            self.agree = [a + b for a, b in zip(self.agree or [0.0] * len(part.agree), part.agree)]
-            self.scored = [a + b for a, b in zip(self.scored or [0.0] * len(part.scored), part.scored)]
-
-    @property
-    def mean_accepted_block_size(self) -> float:
-        return self.tokens / max(1, self.iterations)
-
-
-@dataclass
-class BatchRun:
-    """One method on one batch: plain Python values, so ranks can gather them."""
-
-    outputs: list[list[int]]
-    blocks: list[list[int]]
-    tokens: int
-    iterations: int
-    model_calls: int
-    seconds: float
-    agree: list[float] = field(default_factory=list)
-    scored: list[float] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, result: DecodeResult, seconds: float) -> BatchRun:
-        return cls(result.sequences(), [list(b) for b in result.block_sizes], int(result.lengths.sum()),
-                   int(result.iterations.sum()), int(result.model_calls), float(seconds))
-
-
-def timed(device: torch.device, fn, *args: Any, **kwargs: Any) -> tuple[Any, float]:
-    """Run ``fn(*args, **kwargs)``; return its result and wall-clock seconds (CUDA synchronized)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return out, time.perf_counter() - start
 
 
 def build_methods(task: DecodeEvalTask, criteria: list[str], k: int | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
@@ -142,11 +68,10 @@ def decode_shard(task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[
     shard: Shard = {}
     for index in range(rank, len(batches), world_size):
         batch = batches[index]
-        device = batch.src.device
         shard[index] = {}
         for name in order:
-            result, sec = timed(device, methods[name], task.model, batch.src, batch.max_len)
-            shard[index][name] = run = BatchRun.of(result, sec)
+            result, run = run_batch(methods[name], task.model, batch)
+            shard[index][name] = run
             if name == "greedy" and task.model.k > 1:  # what the block size measures, head by head
                 agree, scored = head_agreement(task.model, batch.src, result.tokens, result.lengths)
                 run.agree, run.scored = agree.tolist(), scored.tolist()

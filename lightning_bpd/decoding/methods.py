@@ -8,7 +8,9 @@ A method spec is one of:
 - a criterion (``exact``, ``top2``, ``eps2``, ``min2_top3``, ``sample_t0.7``, ...): blockwise
   decoding, the model's own heads proposing;
 - ``draft:<criterion>``: a separate draft model proposes, the model verifies
-  (:func:`~lightning_bpd.decoding.draft.draft_decode`).
+  (:func:`~lightning_bpd.decoding.draft.draft_decode`);
+- ``beam4``, ``beam4_a0.6``: beam search over p_1 with that beam size and length penalty alpha
+  (default 0.6), e.g. for sequence-level distillation.
 
 Every blockwise method has a baseline (:attr:`DecodeMethod.baseline`): what it must reproduce
 (exact acceptance) or whose distribution it keeps (sampling), and what its speedup is measured against.
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from lightning_bpd.decoding.beam import beam_search
 from lightning_bpd.decoding.blockwise import blockwise_decode, resolve_k
 from lightning_bpd.decoding.criteria import Criterion, SpeculativeSampling
 from lightning_bpd.decoding.draft import check_draft_args, draft_decode
@@ -47,6 +50,19 @@ def parse_ancestral(spec: str) -> tuple[float, float]:
     return options["t"], options["p"]
 
 
+def parse_beam(spec: str) -> tuple[int, float]:
+    """``beam4`` or ``beam4_a0.6`` -> (beam size, length penalty alpha)."""
+    size, _, rest = spec.removeprefix("beam").partition("_")
+    try:
+        beam = int(size)
+        alpha = float(rest[1:]) if rest else 0.6
+        if beam < 1 or alpha < 0 or (rest and not rest.startswith("a")):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"bad beam method {spec!r}: use beamN or beamN_aX (N >= 1, X >= 0), e.g. beam4_a0.6") from None
+    return beam, alpha
+
+
 def ancestral_name(criterion: SpeculativeSampling) -> str:
     return f"ancestral_t{criterion.temperature:g}_p{criterion.top_p:g}"
 
@@ -63,6 +79,8 @@ class DecodeMethod:
     top_p: float = 1.0
     seed: int | None = 0
     lazy: bool = False  # blockwise prefix rules: verify position by position (see blockwise.verify_lazily)
+    beam: int | None = None  # beam search with this beam size (and ``alpha``)
+    alpha: float = 0.6
 
     @property
     def is_baseline(self) -> bool:
@@ -93,6 +111,8 @@ class DecodeMethod:
         return resolve_k(model, self.k)
 
     def __call__(self, model: BlockwiseModel, src: Tensor, max_len: int) -> DecodeResult:
+        if self.beam is not None:
+            return beam_search(model, src, max_len, beam_size=self.beam, alpha=self.alpha)
         if self.criterion is None:
             if self.temperature is None:
                 return greedy_decode(model, src, max_len)
@@ -122,6 +142,9 @@ def make_method(
     s = spec.strip()
     if s == "greedy":
         return DecodeMethod(s)
+    if s.startswith("beam"):
+        beam, alpha = parse_beam(s)
+        return DecodeMethod(s, beam=beam, alpha=alpha)
     if s == "ancestral" or s.startswith("ancestral_"):
         temperature, top_p = parse_ancestral(s)
         return DecodeMethod(s, temperature=temperature, top_p=top_p, seed=seed)

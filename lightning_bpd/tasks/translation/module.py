@@ -14,8 +14,8 @@ import sacrebleu
 import torch
 from torch import Tensor
 
-from lightning_bpd.callbacks.decode_eval import EvalBatch
 from lightning_bpd.decoding import Criterion, parse_criterion
+from lightning_bpd.evaluation import EvalBatch, MethodRun, run_batch
 from lightning_bpd.nn.draft_vocab import ids_from_counts
 from lightning_bpd.nn.model import ModelConfig
 from lightning_bpd.tasks.blockwise_module import BlockwiseModule
@@ -215,24 +215,24 @@ class TranslationModule(BlockwiseModule):
 
 
 def translate(module: TranslationModule, sentences: list[str], method: Callable | None = None,
-              batch_size: int = 32) -> tuple[list[str], dict[str, float]]:
+              batch_size: int = 32, progress: Callable[[int], object] | None = None) -> tuple[list[str], dict[str, float]]:
     """Translate raw sentences with ``method`` (a :class:`~lightning_bpd.decoding.methods.DecodeMethod`
     or any ``fn(model, src, max_len) -> DecodeResult``; greedy when None); returns texts and decode stats.
-    An empty (or blank) sentence translates to an empty line without being decoded."""
+    An empty (or blank) sentence translates to an empty line without being decoded. ``progress(n)``
+    is called after each batch of n sentences."""
     from lightning_bpd.decoding import greedy_decode
 
     method = method if method is not None else greedy_decode
-    texts, tokens, iterations = [""] * len(sentences), 0, 0
+    texts, run = [""] * len(sentences), MethodRun()
     todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
-    with torch.no_grad():
-        for start in range(0, len(todo), batch_size):
-            idx = todo[start : start + batch_size]
-            src = module.encode_sources([sentences[i] for i in idx])
-            max_len = module.max_decode_len(src)
-            result = method(module.model, src, max_len)
-            for i, text in zip(idx, module.detokenize(result.sequences())):
-                texts[i] = text
-            tokens += int(result.lengths.sum())
-            iterations += int(result.iterations.sum())
-    return texts, {"sentences": len(sentences), "tokens": tokens, "iterations": iterations,
-                   "mean_accepted_block_size": tokens / max(1, iterations)}
+    for start in range(0, len(todo), batch_size):
+        idx = todo[start : start + batch_size]
+        src = module.encode_sources([sentences[i] for i in idx])
+        _, part = run_batch(method, module.model, EvalBatch(src, module.max_decode_len(src)))
+        run.merge(part)
+        for i, text in zip(idx, module.detokenize(part.outputs)):
+            texts[i] = text
+        if progress is not None:
+            progress(len(idx))
+    return texts, {"sentences": len(sentences), "tokens": run.tokens, "iterations": run.iterations,
+                   "mean_accepted_block_size": run.mean_accepted_block_size, "seconds": run.seconds}
