@@ -27,5 +27,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> pl.Light
         raise ValueError(f"{path} was not written by lightning_bpd (no 'lightning_bpd_class' entry)")
     module_name, _, name = class_path.rpartition(".")
     cls = getattr(importlib.import_module(module_name), name)
-    module = cls.load_from_checkpoint(path, map_location=device)
+    legacy = getattr(cls, "legacy_hparams", None)  # options newer than the checkpoint: as it was trained
+    overrides = legacy(ckpt.get("hyper_parameters", {})) if legacy is not None else {}
+    module = cls.load_from_checkpoint(path, map_location=device, **overrides)
     return module.eval()

@@ -4,7 +4,9 @@ Shared by both tasks. On a fixed subset of the validation set (every example for
 ``test``) it decodes greedily and blockwise with each criterion, in the same run and on the same
 inputs, and logs per method: the task's quality metrics (BLEU, PSNR, ...), the mean accepted block
 size, model calls, seconds, wall-clock speedup over greedy, and for exact acceptance the share of
-outputs identical to greedy. A sample table (with the accepted blocks of every iteration, as in
+outputs identical to greedy. A task may add metrics of its own on the same examples (the optional
+``decode_eval_extras`` hook: e.g. a trivial baseline's quality as a ``<name>/<quality>`` row, or
+diagnostics of the model). A sample table (with the accepted blocks of every iteration, as in
 section 7.4 of the paper) goes to W&B when the logger is a WandbLogger.
 
 The task's LightningModule provides the hooks of :class:`DecodeEvalTask`.
@@ -45,7 +47,11 @@ class DecodeEvalTask(Protocol):
 
     def decode_eval_samples(
         self, outputs: dict[str, list[list[int]]], blocks: dict[str, list[list[int]]], batches: list[EvalBatch], n: int
-    ) -> tuple[list[str], list[list[Any]]]: ...
+    ) -> tuple[list[str], list[list[Any]]]:
+        """Sample table columns and rows; image cells as (H, W, C) uint8 numpy arrays (W&B images in the table)."""
+        ...
+
+    # optional: def decode_eval_extras(self, batches: list[EvalBatch]) -> dict[str, float]
 
 
 def build_methods(task: DecodeEvalTask, criteria: list[str], k: int | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
@@ -145,6 +151,14 @@ def format_summary(metrics: dict[str, float], methods: list[str], quality_key: s
             f"{metrics[f'{m}/mean_accepted_block_size']:6.2f} {metrics[f'{m}/model_calls']:7.0f} "
             f"{metrics[f'{m}/seconds']:8.2f} {metrics[f'{m}/speedup']:7.2f}"
         )
+    rows = [key.removesuffix(f"/{quality_key}") for key in metrics if key.endswith(f"/{quality_key}")]
+    for name in [r for r in rows if r not in methods and f"{r}/mean_accepted_block_size" not in metrics]:
+        lines.append(f"{name + ' (no model)':18s} {metrics[f'{name}/{quality_key}']:8.2f} {'-':>6s} {'-':>7s} "
+                     f"{'-':>8s} {'-':>7s}")
+    diagnostics = {key: value for key, value in metrics.items() if key.startswith("cond/")}
+    if diagnostics:
+        lines.append("conditioning (teacher-forced nats per token; gap = loss without the true input - with it): "
+                     + " ".join(f"{key.removeprefix('cond/')}={value:.3f}" for key, value in diagnostics.items()))
     agreement = [metrics[key] for i in range(1, 65) if (key := f"greedy/head{i}_agreement") in metrics]
     if agreement:
         lines.append("head agreement with greedy's output (teacher-forced): "
@@ -230,6 +244,8 @@ class DecodeEval(pl.Callback):
         if not trainer.is_global_zero:
             return
         metrics, runs = summarize(pl_module, batches, self.criteria, shards)
+        if hasattr(pl_module, "decode_eval_extras"):  # rank 0 only: plain forward passes, no collectives
+            metrics.update(pl_module.decode_eval_extras(batches))
         self.last_metrics = metrics
         for key, value in metrics.items():
             pl_module.log(f"{stage}/{key}", value, rank_zero_only=True)
@@ -261,11 +277,16 @@ class DecodeEval(pl.Callback):
 
     def log_samples(self, trainer: pl.Trainer, pl_module: Any, stage: str, runs: dict[str, MethodRun],
                     batches: list[EvalBatch]) -> None:
-        if self.num_samples == 0:
+        """The sample table, to W&B loggers only (nothing is built, and W&B is not imported, without one)."""
+        wandb_loggers = [lg for lg in trainer.loggers if isinstance(lg, WandbLogger)]
+        if self.num_samples == 0 or not wandb_loggers:
             return
+        import numpy as np
+        import wandb
+
         outputs = {name: run.outputs for name, run in runs.items()}
         blocks = {name: run.blocks for name, run in runs.items()}
         columns, rows = pl_module.decode_eval_samples(outputs, blocks, batches, self.num_samples)
-        for lg in trainer.loggers:
-            if isinstance(lg, WandbLogger):
-                lg.log_table(key=f"{stage}/samples", columns=columns, data=rows)
+        rows = [[wandb.Image(cell) if isinstance(cell, np.ndarray) else cell for cell in row] for row in rows]
+        for lg in wandb_loggers:
+            lg.log_table(key=f"{stage}/samples", columns=columns, data=rows)

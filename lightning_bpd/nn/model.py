@@ -18,7 +18,7 @@ from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.draft_vocab import DraftVocabulary
 from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.kv_cache import KVCache
-from lightning_bpd.nn.positions import build_positions
+from lightning_bpd.nn.positions import ImageGrid, build_positions, raster_coordinates
 from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
 
 # "paper": the paper's parallel head (section 6); "chained": heads that see the tokens proposed
@@ -29,7 +29,15 @@ HEAD_TYPES = ("paper", "chained", "chained_attn")
 
 @dataclass
 class ModelConfig:
-    """Shape of a :class:`BlockwiseTransformer`. ``head_hidden`` defaults to ``d_ff``."""
+    """Shape of a :class:`BlockwiseTransformer`. ``head_hidden`` defaults to ``d_ff``.
+
+    Image options (their defaults are the original design, which translation keeps):
+    ``tie_output``: the vocabulary projection is the target embedding (else its own layer with a bias);
+    ``src_positions = tgt_positions = "grid"``: both rasters on one shared row / column grid;
+    ``scale_positions``: image position vectors are scaled to the token vectors' size (RMS 1, like
+    ``embedding * sqrt(d)``); ``direct_conditioning``: the decoder input at target intensity
+    (r, c, channel) adds the source embedding of the input intensity at (r / f, c / f, channel).
+    """
 
     src_vocab_size: int
     tgt_vocab_size: int
@@ -50,6 +58,9 @@ class ModelConfig:
     src_image_shape: tuple[int, int, int] | None = None
     tgt_image_shape: tuple[int, int, int] | None = None
     window: int | None = None
+    tie_output: bool = True
+    scale_positions: bool = False
+    direct_conditioning: bool = False
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int | None = 2
@@ -72,14 +83,42 @@ class ModelConfig:
         for name in ("src_image_shape", "tgt_image_shape"):
             if getattr(self, name) is not None:
                 setattr(self, name, tuple(getattr(self, name)))
+        self.check_image_options()
+
+    def check_image_options(self) -> None:
+        images = self.src_image_shape is not None and self.tgt_image_shape is not None
+        if "grid" in (self.src_positions, self.tgt_positions) and not (
+            self.src_positions == self.tgt_positions == "grid" and images
+        ):
+            raise ValueError("grid positions need src_positions = tgt_positions = 'grid' and both image shapes")
+        if self.scale_positions and "sinusoidal" in (self.src_positions, self.tgt_positions):
+            raise ValueError("scale_positions applies to image positions ('image' or 'grid'), not 'sinusoidal'")
+        if self.direct_conditioning:
+            if not images:
+                raise ValueError("direct_conditioning needs src_image_shape and tgt_image_shape")
+            (sh, sw, sc), (th, tw, tc) = self.src_image_shape, self.tgt_image_shape
+            if th % sh or tw % sw or sc != tc:
+                raise ValueError(f"direct_conditioning needs a target {th}x{tw}x{tc} that is an integer multiple "
+                                 f"of the source {sh}x{sw}x{sc} (same channels)")
+            if not self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+                raise ValueError("direct_conditioning needs one vocabulary for source and target intensities")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+def source_index(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, int]) -> Tensor:
+    """(T,) for every target raster position, the raster position of the source intensity under it:
+    target (r, c, channel) -> source (r // f_r, c // f_c, channel)."""
+    (_, sw, c), (th, tw, _) = src_shape, tgt_shape
+    row, col, chan = raster_coordinates(torch.arange(th * tw * c), tgt_shape)
+    fr, fc = th // src_shape[0], tw // sw
+    return ((row // fr) * sw + col // fc) * c + chan
+
+
 class BlockwiseTransformer(nn.Module):
     """Encoder + decoder + :class:`BlockwiseHead`, with the vocabulary projection tied to the target
-    embedding. Embeddings are N(0, d^-1/2) and scaled by sqrt(d) on input."""
+    embedding (or its own layer). Embeddings are N(0, d^-1/2) and scaled by sqrt(d) on input."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -89,8 +128,16 @@ class BlockwiseTransformer(nn.Module):
         self.src_embed = self.tgt_embed if c.share_embeddings else nn.Embedding(c.src_vocab_size, c.d_model)
         for emb in [self.tgt_embed] if c.share_embeddings else [self.tgt_embed, self.src_embed]:
             nn.init.normal_(emb.weight, std=c.d_model**-0.5)
-        self.src_pos = build_positions(c.src_positions, c.d_model, c.src_image_shape)
-        self.tgt_pos = build_positions(c.tgt_positions, c.d_model, c.tgt_image_shape)
+        pos_scale = math.sqrt(c.d_model / 3) if c.scale_positions else 1.0  # 3 tables of RMS d^-1/2 -> RMS 1
+        grid = ImageGrid(c.d_model, *c.tgt_image_shape) if c.tgt_positions == "grid" else None
+        self.src_pos = build_positions(c.src_positions, c.d_model, c.src_image_shape, pos_scale, grid)
+        self.tgt_pos = build_positions(c.tgt_positions, c.d_model, c.tgt_image_shape, pos_scale, grid)
+        if not c.tie_output:
+            self.out_proj = nn.Linear(c.d_model, c.tgt_vocab_size)
+            nn.init.normal_(self.out_proj.weight, std=c.d_model**-0.5)
+            nn.init.zeros_(self.out_proj.bias)
+        if c.direct_conditioning:
+            self.register_buffer("cond_index", source_index(c.src_image_shape, c.tgt_image_shape), persistent=False)
         self.encoder = Encoder(c.n_encoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout)
         self.decoder = Decoder(c.n_decoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.window)
         self.chained_heads = c.head_type in ("chained", "chained_attn") and c.k > 1
@@ -117,21 +164,29 @@ class BlockwiseTransformer(nn.Module):
         pos = torch.arange(src.shape[1], device=src.device).expand_as(src)
         x = self.drop(self.src_embed(src) * self.scale + self.src_pos(pos).to(self.src_embed.weight.dtype))
         memory = self.encoder(x, src_valid)  # (B, S, D)
-        return EncoderContext(memory, src_valid, self.decoder.cross_kv(memory))
+        cond = self.src_embed(src) * self.scale if self.config.direct_conditioning else None  # (B, S, D)
+        return EncoderContext(memory, src_valid, self.decoder.cross_kv(memory), cond)
 
     # ---- decoder -------------------------------------------------------------------------------
-    def embed_tgt(self, tokens: Tensor, positions: Tensor) -> Tensor:
+    def embed_tgt(self, tokens: Tensor, positions: Tensor, context: EncoderContext | None = None) -> Tensor:
+        """Decoder inputs (B, T) at absolute ``positions`` (B, T) -> (B, T, D); with direct conditioning
+        the ``context`` adds the source intensity under each target position."""
         x = self.tgt_embed(tokens) * self.scale + self.tgt_pos(positions).to(self.tgt_embed.weight.dtype)
+        if self.config.direct_conditioning:
+            if context is None or context.cond is None:
+                raise ValueError("direct_conditioning: embed_tgt needs the encoder context of the sources")
+            src_at = self.cond_index[positions.clamp(max=self.cond_index.shape[0] - 1)]  # (B, T) source index
+            x = x + context.cond.gather(1, src_at[..., None].expand(*src_at.shape, x.shape[-1]))
         return self.drop(x)  # (B, T, D)
 
     def decode_full(self, tgt_in: Tensor, context: EncoderContext) -> Tensor:
         """Uncached decoder over whole prefixes (B, T) starting with BOS -> hidden (B, T, D)."""
         pos = torch.arange(tgt_in.shape[1], device=tgt_in.device).expand_as(tgt_in)
-        return self.decoder(self.embed_tgt(tgt_in, pos), context)
+        return self.decoder(self.embed_tgt(tgt_in, pos, context), context)
 
     def decode_step(self, tokens: Tensor, context: EncoderContext, cache: KVCache) -> Tensor:
         """T >= 1 new decoder inputs per row (B, T) after what ``cache`` holds -> hidden (B, T, D)."""
-        return self.decoder.step(self.embed_tgt(tokens, cache.positions(tokens.shape[1])), context, cache)
+        return self.decoder.step(self.embed_tgt(tokens, cache.positions(tokens.shape[1]), context), context, cache)
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         w = self.tgt_embed.weight
@@ -139,8 +194,10 @@ class BlockwiseTransformer(nn.Module):
 
     # ---- heads ---------------------------------------------------------------------------------
     def project(self, h: Tensor) -> Tensor:
-        """Vocabulary projection (tied to the target embedding): (..., D) -> (..., V)."""
-        return linear(h, self.tgt_embed.weight)
+        """Vocabulary projection (tied to the target embedding unless ``tie_output`` is off): (..., D) -> (..., V)."""
+        if self.config.tie_output:
+            return linear(h, self.tgt_embed.weight)
+        return linear(h, self.out_proj.weight, self.out_proj.bias)
 
     def logits_first(self, h: Tensor) -> Tensor:
         """p_1 logits, the scoring model: (..., D) -> (..., V)."""
@@ -173,8 +230,10 @@ class BlockwiseTransformer(nn.Module):
         return ChainSource(keys, values, context.src_valid)
 
     def output_layer(self) -> tuple[Tensor, Tensor | None]:
-        """Weight (V, D) and bias of the vocabulary projection (the target embedding)."""
-        return self.tgt_embed.weight, None
+        """Weight (V, D) and bias of the vocabulary projection."""
+        if self.config.tie_output:
+            return self.tgt_embed.weight, None
+        return self.out_proj.weight, self.out_proj.bias
 
     def use_draft_vocab(self, ids: Tensor) -> None:
         """Let the heads propose only these token ids (:mod:`lightning_bpd.nn.draft_vocab`)."""

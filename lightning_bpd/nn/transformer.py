@@ -25,12 +25,14 @@ class EncoderContext:
     """What the decoder needs from one encoded source batch; computed once per source.
 
     memory: (B, S, D); src_valid: (B, S) True for real tokens; cross_kv: per decoder layer, the
-    cross-attention keys and values (B, S, H, Dh).
+    cross-attention keys and values (B, S, H, Dh); cond: (B, S, D) source vectors that the model adds
+    to its decoder inputs (direct conditioning), or None.
     """
 
     memory: Tensor
     src_valid: Tensor
     cross_kv: list[tuple[Tensor, Tensor]]
+    cond: Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -42,6 +44,7 @@ class EncoderContext:
             memory=self.memory.index_select(0, rows),
             src_valid=self.src_valid.index_select(0, rows),
             cross_kv=[(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross_kv],
+            cond=None if self.cond is None else self.cond.index_select(0, rows),
         )
 
 

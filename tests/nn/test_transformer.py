@@ -110,3 +110,82 @@ def test_ring_cache_with_crops_matches_the_full_pass():
         start += size
     ref = model.decode_full(seq, context)
     torch.testing.assert_close(torch.cat(outs, dim=1), ref, rtol=0, atol=1e-10)
+
+
+IMAGE = {"share_embeddings": True, "src_image_shape": (2, 2, 3), "tgt_image_shape": (8, 8, 3), "eos_id": None,
+         "src_positions": "image", "tgt_positions": "image"}
+IMAGE_OPTIONS = {
+    "original": {},
+    "untied": {"tie_output": False},
+    "grid": {"src_positions": "grid", "tgt_positions": "grid"},
+    "scaled": {"scale_positions": True},
+    "direct": {"direct_conditioning": True},
+    "all": {"tie_output": False, "src_positions": "grid", "tgt_positions": "grid", "scale_positions": True,
+            "direct_conditioning": True},
+}
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("option", list(IMAGE_OPTIONS))
+def test_image_options_cached_steps_match_full_pass(option, window):
+    """Every image option, cached == uncached: rows at different lengths (row 1 keeps one speculative
+    token per round, row 0 none), a ring cache, and positions past the 192-intensity target (clamped)."""
+    model = random_model(k=3, vocab=20, window=window, **{**IMAGE, **IMAGE_OPTIONS[option]})
+    g = torch.Generator().manual_seed(2)
+    src = torch.randint(3, 20, (2, 12), generator=g)
+    context = model.encode(src)
+    cache = model.new_cache(2, capacity=260)
+    seqs: list[list[int]] = [[model.bos_id], [model.bos_id]]
+    h = model.decode_step(torch.full((2, 1), model.bos_id), context, cache)
+    outs: list[list[torch.Tensor]] = [[h[0, 0]], [h[1, 0]]]
+    while cache.lengths.max() < 200:
+        junk = torch.randint(3, 20, (2, 4), generator=g)
+        model.decode_step(junk, context, cache)  # speculative tokens ...
+        cache.crop(cache.lengths - torch.tensor([4, 3]))  # ... row 0 rejects all, row 1 keeps the first
+        seqs[1].append(int(junk[1, 0]))
+        new = torch.randint(3, 20, (2, int(torch.randint(1, 9, (1,), generator=g))), generator=g)
+        h = model.decode_step(new, context, cache)
+        for row in range(2):
+            seqs[row] += new[row].tolist()
+            outs[row] += list(h[row])
+        outs[1].insert(len(outs[1]) - new.shape[1], None)  # the kept junk token's output was not recorded
+    for row in range(2):
+        ref = model.decode_full(torch.tensor([seqs[row]]), context.select(torch.tensor([row])))[0]  # (T, D)
+        kept = [t for t, o in enumerate(outs[row]) if o is not None]
+        torch.testing.assert_close(torch.stack([outs[row][t] for t in kept]), ref[kept], rtol=0, atol=1e-10)
+        torch.testing.assert_close(model.logits_heads(torch.stack([outs[row][t] for t in kept])),
+                                   model.logits_heads(ref[kept]), rtol=0, atol=1e-10)
+
+
+def test_direct_conditioning_adds_the_source_intensity_under_each_target_pixel():
+    """Target (r, c, ch) of an 8x8 image over a 2x2 source reads source (r // 4, c // 4, ch)."""
+    model = random_model(k=1, vocab=20, **{**IMAGE, "direct_conditioning": True})
+    src = torch.arange(3, 15)[None]  # (1, 12): source position s holds token s + 3
+    context = model.encode(src)
+    tokens = torch.full((1, 192), 5)
+    pos = torch.arange(192)[None]
+    plain = model.tgt_embed(tokens) * model.scale + model.tgt_pos(pos)
+    added = model.embed_tgt(tokens, pos, context) - plain  # (1, 192, D)
+    for r, c, ch in [(0, 0, 0), (3, 3, 2), (4, 3, 1), (7, 7, 2), (5, 6, 0)]:
+        s = ((r // 4) * 2 + c // 4) * 3 + ch
+        expected = model.src_embed(torch.tensor(s + 3)) * model.scale
+        torch.testing.assert_close(added[0, (r * 8 + c) * 3 + ch], expected, rtol=0, atol=1e-12)
+
+
+def test_default_options_keep_the_translation_layout():
+    """The image options are off by default: no new tensors, the tied projection."""
+    model = random_model(k=2)
+    assert not any(key.startswith("out_proj") or ".grid." in key for key in model.state_dict())
+    h = torch.randn(3, 32, dtype=torch.float64)
+    torch.testing.assert_close(model.project(h), h @ model.tgt_embed.weight.T, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"src_positions": "grid"}, "grid positions need"),
+    ({"direct_conditioning": True, "src_image_shape": (3, 3, 3)}, "integer multiple"),
+    ({"scale_positions": True, "src_positions": "sinusoidal", "tgt_positions": "sinusoidal"}, "scale_positions"),
+    ({"src_positions": "pixels"}, "positions must be one of"),
+])
+def test_bad_image_options_are_refused(bad, match):
+    with pytest.raises(ValueError, match=match):
+        random_model(k=1, vocab=20, **{**IMAGE, **bad})

@@ -4,6 +4,10 @@ The encoder reads the 192 input intensities, the decoder writes the 3,072 target
 raster order (R, G, B per pixel) with local 1D causal self-attention over the last ``window``
 positions and row / column / channel position embeddings. Acceptance by distance
 (``eps2``: |u - v| <= 2 intensity levels) is the paper's approximate rule for images.
+
+Validation also logs the nearest-neighbour upsampling baseline (``nearest/psnr``, by the same PSNR
+code over the same images) and how much the model uses its input (``cond/*``, see
+:mod:`.conditioning`).
 """
 
 from __future__ import annotations
@@ -18,17 +22,34 @@ from lightning_bpd.callbacks.decode_eval import EvalBatch
 from lightning_bpd.decoding import Criterion, parse_criterion
 from lightning_bpd.nn.model import ModelConfig
 from lightning_bpd.tasks.blockwise_module import BlockwiseModule
+from lightning_bpd.tasks.superres.conditioning import conditioning_diagnostic, nearest_upsample
 from lightning_bpd.tasks.superres.pixels import (
     BOS_ID,
+    OFFSET,
     PAD_ID,
     VOCAB_SIZE,
     image_to_tokens,
+    intensity_features,
     intensity_values,
     tokens_to_image,
 )
 
 LOW, HIGH = (8, 8, 3), (32, 32, 3)
 TARGET_LEN = HIGH[0] * HIGH[1] * HIGH[2]  # 3072
+FACTOR = HIGH[0] // LOW[0]  # 4
+GREY_ID = OFFSET + 128  # the constant source of the conditioning diagnostic
+POSITIONS = ("image", "grid")
+# The image options before they existed (checkpoints that lack them were trained this way).
+LEGACY_DESIGN = {"tie_output": True, "positions": "image", "scale_positions": False, "direct_conditioning": False}
+DESIGN_KEYS = ("out_proj.", "src_pos.", "tgt_pos.")
+
+
+def image_quality(pred: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
+    """PSNR and SSIM of (N, 3, H, W) float images in [0, 255] (one PSNR over all pixels)."""
+    return {
+        "psnr": float(peak_signal_noise_ratio(pred, truth, data_range=255.0)),
+        "ssim": float(structural_similarity_index_measure(pred, truth, data_range=255.0)),
+    }
 
 
 class SuperResolutionModule(BlockwiseModule):
@@ -51,6 +72,16 @@ class SuperResolutionModule(BlockwiseModule):
             keep ``lr``): Medusa-2's joint schedule after a frozen warm-up of the heads.
         frozen_cache_gb: with a frozen base, keep up to this many GiB of its decoder states per
             training example (computed once, no dropout) so that a head step skips the base; 0 = off.
+        tie_output: the vocabulary projection is the (shared) intensity embedding; off = its own layer,
+            so the embedding of the input intensity no longer votes for repeating it.
+        positions: ``image`` (separate row / column / channel tables for the 8x8 source and the 32x32
+            target) or ``grid`` (one shared table on the 32x32 grid, a source pixel at the centre of
+            its 4x4 block).
+        scale_positions: position vectors at the size of the token vectors (RMS 1) instead of ~0.15.
+        direct_conditioning: the decoder input at target (r, c, channel) adds the embedding of the
+            input intensity at (r // 4, c // 4, channel).
+        smooth_intensities: initialize the intensity embeddings (and an untied output layer) with sin/cos
+            features of the intensity, so that nearby intensities start alike (initialization only).
     """
 
     def __init__(
@@ -79,19 +110,75 @@ class SuperResolutionModule(BlockwiseModule):
         head_loss_decay: float = 1.0,
         base_lr_scale: float = 1.0,
         frozen_cache_gb: float = 4.0,
+        tie_output: bool = False,
+        positions: str = "image",
+        scale_positions: bool = False,
+        direct_conditioning: bool = True,
+        smooth_intensities: bool = True,
     ) -> None:
+        if positions not in POSITIONS:
+            raise ValueError(f"model.positions must be one of {POSITIONS}, got {positions!r}")
         config = ModelConfig(
             src_vocab_size=VOCAB_SIZE, tgt_vocab_size=VOCAB_SIZE, d_model=d_model, n_heads=n_heads,
             n_encoder_layers=n_encoder_layers, n_decoder_layers=n_decoder_layers, d_ff=d_ff, dropout=dropout, k=k,
             head_hidden=head_hidden, identity_first=identity_first, head_type=head_type, share_embeddings=True,
-            src_positions="image",
-            tgt_positions="image", src_image_shape=LOW, tgt_image_shape=HIGH, window=window, pad_id=PAD_ID,
-            bos_id=BOS_ID, eos_id=None,
+            src_positions=positions, tgt_positions=positions, src_image_shape=LOW, tgt_image_shape=HIGH,
+            window=window, tie_output=tie_output, scale_positions=scale_positions,
+            direct_conditioning=direct_conditioning, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=None,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
                          seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb)
         self.save_hyperparameters()
         self.values = intensity_values()
+        if smooth_intensities:
+            self.init_smooth_intensities()
+
+    def init_smooth_intensities(self) -> None:
+        """Intensity rows of the embedding <- :func:`intensity_features`; an untied output layer gets the
+        same features in a random orthogonal basis: smooth in the intensity too, but not aligned with the
+        input embedding (which would vote for repeating the input intensity again)."""
+        d = self.model.config.d_model
+        features = intensity_features(d)  # (256, D)
+        with torch.no_grad():
+            self.model.tgt_embed.weight[OFFSET:] = features
+            if not self.model.config.tie_output:
+                rotation, _ = torch.linalg.qr(torch.randn(d, d, dtype=torch.float64))  # (D, D) orthogonal
+                self.model.out_proj.weight[OFFSET:] = (features.double() @ rotation).float()
+
+    # ---- checkpoints of another image design -------------------------------------------------------
+    @classmethod
+    def legacy_hparams(cls, hparams: dict[str, Any]) -> dict[str, Any]:
+        """Image options a checkpoint's hyperparameters lack: it predates them, so it was trained with
+        the original design (:data:`LEGACY_DESIGN`); :func:`~lightning_bpd.checkpoints.load_model` passes these."""
+        return {key: value for key, value in LEGACY_DESIGN.items() if key not in hparams}
+
+    def design_mismatch(self, state: dict[str, Any], prefix: str = "model.") -> list[str]:
+        """Keys of the image design (output layer, positions) that differ between ``state`` and this model."""
+        ours = {prefix + key for key in self.model.state_dict() if key.startswith(DESIGN_KEYS)}
+        theirs = {key for key in state if key.removeprefix(prefix).startswith(DESIGN_KEYS)}
+        return sorted(ours ^ theirs)
+
+    def design_error(self, path: str, keys: list[str]) -> str:
+        hp = {key: self.hparams.get(key) for key in LEGACY_DESIGN}
+        return (f"{path}: the checkpoint was trained with another image design than this model "
+                f"({', '.join(f'{k}={v}' for k, v in hp.items())}); differing: {', '.join(keys[:6])}. "
+                f"Set model.init_args.tie_output / positions / scale_positions / direct_conditioning as the "
+                f"checkpoint was trained (before these options: {LEGACY_DESIGN}).")
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        keys = self.design_mismatch(checkpoint.get("state_dict", {}))
+        if keys:
+            raise ValueError(self.design_error("checkpoint", keys))
+
+    def check_warm_start(self, path: str, checkpoint: dict[str, Any]) -> None:
+        """A base of another image design can't warm-start this model: one message that says which options."""
+        hp = checkpoint.get("hyper_parameters")
+        theirs = {**hp, **self.legacy_hparams(hp)} if isinstance(hp, dict) else None
+        differ = [f"{key} {theirs[key]} vs {self.hparams[key]}" for key in LEGACY_DESIGN
+                  if theirs is not None and theirs[key] != self.hparams[key]]
+        keys = differ or self.design_mismatch(checkpoint.get("state_dict", checkpoint))
+        if keys:
+            raise ValueError(self.design_error(f"model.init_from={path}", keys))
 
     # ---- DecodeEval hooks --------------------------------------------------------------------------
     def max_decode_len(self, src: torch.Tensor) -> int:
@@ -121,10 +208,7 @@ class SuperResolutionModule(BlockwiseModule):
     ) -> dict[str, float]:
         pred = self.to_images(outputs)
         truth = torch.stack([r for b in batches for r in b.references]).permute(0, 3, 1, 2).float()
-        metrics = {
-            "psnr": float(peak_signal_noise_ratio(pred, truth, data_range=255.0)),
-            "ssim": float(structural_similarity_index_measure(pred, truth, data_range=255.0)),
-        }
+        metrics = image_quality(pred, truth)
         if greedy is not None:
             ref = self.to_images(greedy)
             same = bool(torch.equal(pred, ref))
@@ -132,13 +216,25 @@ class SuperResolutionModule(BlockwiseModule):
             metrics["ssim_vs_greedy"] = float(structural_similarity_index_measure(pred, ref, data_range=255.0))
         return metrics
 
+    def decode_eval_extras(self, batches: list[EvalBatch]) -> dict[str, float]:
+        """Beside the decoders' rows: nearest-neighbour upsampling scored by the same code on the same
+        images (``nearest/psnr``, ``nearest/ssim``), and the conditioning diagnostic (``cond/*``)."""
+        lows = torch.stack([s for b in batches for s in b.sources])  # (N, 8, 8, 3) uint8
+        highs = torch.stack([r for b in batches for r in b.references])  # (N, 32, 32, 3) uint8
+        up = nearest_upsample(lows, FACTOR).permute(0, 3, 1, 2).float()
+        extras = {f"nearest/{key}": value for key, value in image_quality(up, highs.permute(0, 3, 1, 2).float()).items()}
+        if lows.shape[0] >= 2:
+            src, tgt = image_to_tokens(lows).to(self.device), image_to_tokens(highs).to(self.device)
+            extras.update(conditioning_diagnostic(self.model, src, tgt, GREY_ID, batch_size=16))
+        return extras
+
     def save_samples(self, path: Path, outputs: dict[str, list[list[int]]], batches: list[EvalBatch], n: int) -> None:
         """A PNG grid, one row per image: input (nearest-upsampled), each method's output, ground truth."""
         from torchvision.utils import save_image
 
         lows = torch.stack([s for b in batches for s in b.sources][:n])  # (n, 8, 8, 3) uint8
         highs = torch.stack([r for b in batches for r in b.references][:n])  # (n, 32, 32, 3) uint8
-        up = lows.repeat_interleave(4, 1).repeat_interleave(4, 2).permute(0, 3, 1, 2).float()  # (n, 3, 32, 32)
+        up = nearest_upsample(lows, FACTOR).permute(0, 3, 1, 2).float()  # (n, 3, 32, 32)
         columns = [up] + [self.to_images(outputs[m][:n]) for m in outputs] + [highs.permute(0, 3, 1, 2).float()]
         grid = torch.stack(columns, dim=1).flatten(0, 1) / 255.0  # (n * columns, 3, 32, 32), row-major
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,8 +242,8 @@ class SuperResolutionModule(BlockwiseModule):
 
     def decode_eval_samples(self, outputs: dict[str, list[list[int]]], blocks: dict[str, list[list[int]]],
                             batches: list[EvalBatch], n: int) -> tuple[list[str], list[list[Any]]]:
-        import wandb
-
+        """Rows of (input, each method's output, truth) as (32, 32, 3) uint8 arrays, then mean block
+        sizes; the callback wraps the arrays as W&B images (no W&B needed here)."""
         lows = [s for b in batches for s in b.sources]
         highs = [r for b in batches for r in b.references]
         methods = list(outputs)
@@ -155,9 +251,8 @@ class SuperResolutionModule(BlockwiseModule):
         images = {m: self.to_images(outputs[m][:n]).permute(0, 2, 3, 1).byte() for m in methods}
         rows = []
         for i in range(min(n, len(lows))):
-            up = lows[i].repeat_interleave(4, 0).repeat_interleave(4, 1)  # nearest 8x8 -> 32x32 for display
-            row = [wandb.Image(up.numpy())] + [wandb.Image(images[m][i].numpy()) for m in methods]
-            row += [wandb.Image(highs[i].numpy())]
+            up = nearest_upsample(lows[i], FACTOR)  # nearest 8x8 -> 32x32 for display
+            row = [up.numpy()] + [images[m][i].numpy() for m in methods] + [highs[i].numpy()]
             row += [sum(blocks[m][i]) / max(1, len(blocks[m][i])) for m in methods if m != "greedy"]
             rows.append(row)
         return columns, rows

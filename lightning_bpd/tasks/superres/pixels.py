@@ -10,6 +10,8 @@ right) with the channels of each pixel interleaved R, G, B. Pixel ``(r, c)`` cha
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "PAD_ID",
     "VOCAB_SIZE",
     "image_to_tokens",
+    "intensity_features",
     "intensity_values",
     "tokens_to_image",
 ]
@@ -65,3 +68,14 @@ def intensity_values() -> torch.Tensor:
     table = torch.full((VOCAB_SIZE,), float("nan"), dtype=torch.float64)
     table[OFFSET:] = torch.arange(NUM_INTENSITIES, dtype=torch.float64)
     return table
+
+
+def intensity_features(d_model: int) -> torch.Tensor:
+    """A (256, d_model) float32 table of sin/cos features of the intensity (wavelengths 4 to 1024 levels),
+    per-entry RMS d^-1/2 like the default embedding init: nearby intensities get similar vectors."""
+    n = d_model // 2
+    wavelengths = torch.logspace(math.log10(4.0), math.log10(1024.0), n, dtype=torch.float64)
+    angles = 2 * math.pi * torch.arange(NUM_INTENSITIES, dtype=torch.float64)[:, None] / wavelengths  # (256, n)
+    table = torch.zeros(NUM_INTENSITIES, d_model, dtype=torch.float64)
+    table[:, : 2 * n] = torch.cat([angles.sin(), angles.cos()], dim=-1)
+    return (table * (d_model**-0.5 / table.pow(2).mean().sqrt())).float()

@@ -36,6 +36,7 @@ def test_superres_fit_logs_per_eps_acceptance(tmp_path, monkeypatch):
     assert m["exact/matches_greedy"] == 1.0 and math.isinf(m["exact/psnr_vs_greedy"])
     assert m["eps8/mean_accepted_block_size"] >= m["exact/mean_accepted_block_size"] >= 1.0
     assert m["greedy/model_calls"] == 3072
+    assert m["nearest/psnr"] > 0 and "nearest/mean_accepted_block_size" not in m  # the no-model baseline row
     rows = rows_with(tmp_path / "runs/sr", "val/eps8/mean_accepted_block_size")
     assert rows, "the decode metrics never reached the W&B run file"
     logged = rows[-1]

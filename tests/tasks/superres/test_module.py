@@ -1,0 +1,96 @@
+"""SuperResolutionModule hooks: the nearest-neighbour row, sample rows without W&B, checkpoints of the
+original image design."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from lightning_bpd.callbacks.decode_eval import EvalBatch, format_summary
+from lightning_bpd.checkpoints import load_model
+from lightning_bpd.decoding import blockwise_decode, greedy_decode
+from lightning_bpd.tasks.superres import SuperResolutionModule
+from lightning_bpd.tasks.superres.conditioning import nearest_upsample
+from lightning_bpd.tasks.superres.module import LEGACY_DESIGN, image_quality
+from lightning_bpd.tasks.superres.pixels import image_to_tokens
+
+TINY = {"d_model": 16, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 32, "window": 16}
+NEW_DESIGN = {"tie_output": False, "positions": "grid", "scale_positions": True, "direct_conditioning": True}
+
+
+def eval_batches(n: int = 3) -> list[EvalBatch]:
+    g = torch.Generator().manual_seed(0)
+    lows = torch.randint(0, 256, (n, 8, 8, 3), generator=g, dtype=torch.uint8)
+    highs = torch.randint(0, 256, (n, 32, 32, 3), generator=g, dtype=torch.uint8)
+    return [EvalBatch(image_to_tokens(lows), 3072, list(highs), list(lows), list(range(n)))]
+
+
+def test_extras_score_nearest_upsampling_with_the_same_code():
+    module = SuperResolutionModule(**TINY).eval()
+    batches = eval_batches()
+    extras = module.decode_eval_extras(batches)
+    lows, highs = torch.stack(batches[0].sources), torch.stack(batches[0].references)
+    expected = image_quality(nearest_upsample(lows, 4).permute(0, 3, 1, 2).float(), highs.permute(0, 3, 1, 2).float())
+    assert extras["nearest/psnr"] == expected["psnr"] and extras["nearest/ssim"] == expected["ssim"]
+    assert {"cond/loss_true", "cond/gap_rolled", "cond/gap_constant", "cond/repeat_share"} <= set(extras)
+    # a no-model row in the printed table, beside the methods
+    metrics = {"greedy/psnr": 9.0, "greedy/mean_accepted_block_size": 1.0, "greedy/model_calls": 3072.0,
+               "greedy/seconds": 1.0, "greedy/speedup": 1.0, **extras}
+    table = format_summary(metrics, ["greedy"], "psnr")
+    assert "nearest (no model)" in table and "gap_rolled=" in table
+
+
+def test_sample_rows_need_no_wandb(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now fails
+    module = SuperResolutionModule(**TINY)
+    batches = eval_batches(2)
+    outputs = {"greedy": [[5] * 3072, [6] * 3072], "exact": [[5] * 3072, [6] * 3072]}
+    blocks = {"greedy": [[1] * 3072] * 2, "exact": [[2] * 1536] * 2}
+    columns, rows = module.decode_eval_samples(outputs, blocks, batches, 2)
+    assert columns == ["input", "greedy", "exact", "ground_truth", "exact_mean_block"]
+    assert isinstance(rows[0][0], np.ndarray) and rows[0][0].shape == (32, 32, 3) and rows[0][-1] == 2.0
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_new_design_decodes_blockwise_exactly_like_greedy(k):
+    torch.manual_seed(0)
+    module = SuperResolutionModule(**TINY, k=k, head_hidden=8, **NEW_DESIGN).double().eval()
+    src = torch.randint(3, 259, (2, 192))
+    out = blockwise_decode(module.model, src, module.make_criterion("exact"), max_len=60)
+    assert torch.equal(out.tokens, greedy_decode(module.model, src, 60).tokens)
+
+
+def save_legacy_checkpoint(path, **design) -> dict:
+    """A checkpoint as written before the image options existed (its hyperparameters lack them)."""
+    torch.manual_seed(0)
+    module = SuperResolutionModule(**TINY, **design)
+    hparams = {key: value for key, value in module.hparams.items() if key not in LEGACY_DESIGN}
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": hparams, "pytorch-lightning_version": pl.__version__,
+                "lightning_bpd_class": "lightning_bpd.tasks.superres.module.SuperResolutionModule"}, path)
+    return module.state_dict()
+
+
+def test_checkpoints_of_the_original_design_still_load(tmp_path):
+    state = save_legacy_checkpoint(tmp_path / "old.ckpt", **LEGACY_DESIGN)
+    module = load_model(tmp_path / "old.ckpt")
+    assert module.model.config.tie_output and module.model.config.src_positions == "image"
+    for key, value in module.state_dict().items():
+        assert torch.equal(value, state[key])
+
+
+def test_a_checkpoint_of_another_design_fails_with_one_message(tmp_path):
+    save_legacy_checkpoint(tmp_path / "old.ckpt", **LEGACY_DESIGN)
+    with pytest.raises(ValueError, match="another image design.*tie_output=False"):
+        SuperResolutionModule.load_from_checkpoint(tmp_path / "old.ckpt", **NEW_DESIGN)
+    module = SuperResolutionModule(**TINY, **NEW_DESIGN)
+    with pytest.raises(ValueError, match=r"init_from=.*another image design.*tie_output True vs False"):
+        module.warm_start(str(tmp_path / "old.ckpt"))
+
+
+def test_unknown_positions_are_refused():
+    with pytest.raises(ValueError, match="model.positions must be one of"):
+        SuperResolutionModule(**TINY, positions="pixels")
