@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from lightning_bpd.nn.model import HEAD_TYPES
 from lightning_bpd.tasks.translation import TranslationDataModule, TranslationModule
 
 
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--ckpt", required=True, help="a stage-1 (base) translation checkpoint")
     p.add_argument("--data-root", required=True, help="the training corpus")
     p.add_argument("--k", type=int, default=8)
-    p.add_argument("--head-type", default="paper", choices=["paper", "chained"])
+    p.add_argument("--head-type", default="paper", choices=list(HEAD_TYPES))
     p.add_argument("--head-hidden", type=int, default=256)
     p.add_argument("--loss-fraction", type=float, default=0.25)
     p.add_argument("--max-tokens", type=int, default=2000)
