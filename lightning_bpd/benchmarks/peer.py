@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from lightning_bpd.decoding import greedy_decode
+from lightning_bpd.evaluation import timed
 from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
 
 
@@ -46,16 +46,6 @@ def build_peer(args: argparse.Namespace):
                           decoder_start_token_id=1, forced_eos_token_id=None, dropout=0.0)
     return MarianMTModel(config).eval()
 
-
-def timed(device: torch.device, fn, *args, **kwargs) -> tuple[object, float]:
-    """``fn(*args, **kwargs)`` and its wall-clock seconds (CUDA synchronized)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return out, time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> dict:

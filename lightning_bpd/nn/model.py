@@ -8,7 +8,7 @@ through the small protocol in :mod:`lightning_bpd.decoding.protocol`.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -102,9 +102,6 @@ class ModelConfig:
                                  f"of the source {sh}x{sw}x{sc} (same channels)")
             if not self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
                 raise ValueError("direct_conditioning needs one vocabulary for source and target intensities")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def source_index(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, int]) -> Tensor:

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
 
-from lightning_bpd.callbacks.decode_eval import EvalBatch
 from lightning_bpd.decoding import Criterion, parse_criterion
+from lightning_bpd.evaluation import EvalBatch
 from lightning_bpd.nn.model import ModelConfig
 from lightning_bpd.tasks.blockwise_module import BlockwiseModule
 from lightning_bpd.tasks.superres.conditioning import conditioning_diagnostic, nearest_upsample

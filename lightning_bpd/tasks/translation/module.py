@@ -188,7 +188,10 @@ class TranslationModule(BlockwiseModule):
         bleu = sacrebleu.BLEU()
         score = bleu.corpus_score(hyps, [refs])
         self.quality_signature = str(bleu.get_signature())
-        return {"bleu": score.score, "chrf": sacrebleu.CHRF().corpus_score(hyps, [refs]).score}
+        metrics = {"bleu": score.score, "chrf": sacrebleu.CHRF().corpus_score(hyps, [refs]).score}
+        if greedy is not None:  # how far an approximate rule strays from greedy's own translations (100 = same)
+            metrics["bleu_vs_greedy"] = sacrebleu.BLEU().corpus_score(hyps, [self.detokenize(greedy)]).score
+        return metrics
 
     def render_blocks(self, ids: list[int], blocks: list[int]) -> str:
         """Subword pieces with a bar between the blocks accepted at each iteration."""

@@ -10,9 +10,10 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from lightning_bpd.callbacks.decode_eval import EvalBatch, format_summary
+from lightning_bpd.callbacks.decode_eval import format_summary
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
+from lightning_bpd.evaluation import EvalBatch
 from lightning_bpd.tasks.superres import SuperResolutionModule
 from lightning_bpd.tasks.superres.conditioning import nearest_upsample
 from lightning_bpd.tasks.superres.module import LEGACY_DESIGN, image_quality

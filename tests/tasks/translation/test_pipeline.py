@@ -11,6 +11,7 @@ import torch
 import yaml
 
 from lightning_bpd.cli import main
+from lightning_bpd.evaluation import EvalBatch
 from tests.wandb_reader import find_run_file, history, rows_with
 
 TINY = [
@@ -74,7 +75,20 @@ def test_wandb_offline_run_has_the_callback_values(fitted):
                 "exact/speedup", "exact/matches_greedy"):
         assert logged[f"val/{key}"] == pytest.approx(expected[key], rel=1e-6, abs=1e-6)
     assert logged["val/exact/matches_greedy"] == 1.0  # exact acceptance reproduces greedy
+    assert "greedy/bleu_vs_greedy" not in expected and "top2/bleu_vs_greedy" in expected
     assert any("train/head1_loss" in r or "train/head2_loss" in r for r in rows)
+
+
+def test_bleu_vs_greedy_scores_outputs_against_greedys_own(fitted):
+    _, _, cli = fitted
+    module = cli.model
+    lines = ["der Lehrer liest ein gutes Buch im Garten .", "der Hund schläft vor dem großen Haus ."]
+    ids = [list(x) for x in module.tokenizer.encode_batch(lines)]
+    batches = [EvalBatch(src=torch.zeros(2, 1, dtype=torch.long), max_len=9, references=lines)]
+    assert module.decode_eval_metrics(ids, batches, greedy=ids)["bleu_vs_greedy"] == pytest.approx(100.0)
+    other = module.decode_eval_metrics(ids, batches, greedy=ids[::-1])["bleu_vs_greedy"]
+    assert 0.0 <= other < 50.0
+    assert "bleu_vs_greedy" not in module.decode_eval_metrics(ids, batches)
 
 
 def test_decode_command_and_load_model(fitted, capsys):
