@@ -159,16 +159,18 @@ class BlockwiseTransformer(nn.Module):
         if not bool(src_valid.any(dim=1).all()):
             raise ValueError("src: every row needs at least one non-pad token (got an empty source)")
         pos = torch.arange(src.shape[1], device=src.device).expand_as(src)
-        x = self.drop(self.src_embed(src) * self.scale + self.src_pos(pos).to(self.src_embed.weight.dtype))
+        x = self.drop(self.src_embed(src) * self.scale + self.src_pos(pos, src.shape[1]).to(self.src_embed.weight.dtype))
         memory = self.encoder(x, src_valid)  # (B, S, D)
         cond = self.src_embed(src) * self.scale if self.config.direct_conditioning else None  # (B, S, D)
         return EncoderContext(memory, src_valid, self.decoder.cross_kv(memory), cond)
 
     # ---- decoder -------------------------------------------------------------------------------
-    def embed_tgt(self, tokens: Tensor, positions: Tensor, context: EncoderContext | None = None) -> Tensor:
+    def embed_tgt(self, tokens: Tensor, positions: Tensor, context: EncoderContext | None = None,
+                  limit: int | None = None) -> Tensor:
         """Decoder inputs (B, T) at absolute ``positions`` (B, T) -> (B, T, D); with direct conditioning
-        the ``context`` adds the source intensity under each target position."""
-        x = self.tgt_embed(tokens) * self.scale + self.tgt_pos(positions).to(self.tgt_embed.weight.dtype)
+        the ``context`` adds the source intensity under each target position. ``limit``: a host-side
+        bound (exclusive) on ``positions``, so that no device value is read."""
+        x = self.tgt_embed(tokens) * self.scale + self.tgt_pos(positions, limit).to(self.tgt_embed.weight.dtype)
         if self.config.direct_conditioning:
             if context is None or context.cond is None:
                 raise ValueError("direct_conditioning: embed_tgt needs the encoder context of the sources")
@@ -183,7 +185,9 @@ class BlockwiseTransformer(nn.Module):
 
     def decode_step(self, tokens: Tensor, context: EncoderContext, cache: KVCache) -> Tensor:
         """T >= 1 new decoder inputs per row (B, T) after what ``cache`` holds -> hidden (B, T, D)."""
-        return self.decoder.step(self.embed_tgt(tokens, cache.positions(tokens.shape[1]), context), context, cache)
+        n_new = tokens.shape[1]
+        limit = cache.length_bounds()[1] + n_new  # host-side: no device read once the cache knows its bounds
+        return self.decoder.step(self.embed_tgt(tokens, cache.positions(n_new), context, limit), context, cache)
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         w = self.tgt_embed.weight

@@ -32,8 +32,10 @@ class SinusoidalPositions(nn.Module):
         angles = torch.arange(n, dtype=torch.float64)[:, None] * freqs  # (P, D/2)
         return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # (P, D)
 
-    def forward(self, positions: Tensor) -> Tensor:
-        needed = int(positions.max()) + 1 if positions.numel() else 1
+    def forward(self, positions: Tensor, limit: int | None = None) -> Tensor:
+        """``limit``: a host-side bound (exclusive) on ``positions`` (a cache knows it), which spares the
+        device-to-host read of ``positions.max()`` that growing the table on demand needs otherwise."""
+        needed = limit if limit is not None else (int(positions.max()) + 1 if positions.numel() else 1)
         if needed > self.table.shape[0]:
             self.table = self.make_table(max(needed, 2 * self.table.shape[0])).to(self.table.device)
         return self.table[positions]  # (B, T, D) float64; the model casts it to its own dtype
@@ -64,7 +66,7 @@ class ImagePositions(nn.Module):
         for emb in (self.rows, self.cols, self.chans):
             nn.init.normal_(emb.weight, std=d_model**-0.5)
 
-    def forward(self, positions: Tensor) -> Tensor:
+    def forward(self, positions: Tensor, limit: int | None = None) -> Tensor:  # limit: unused (clamped)
         row, col, chan = raster_coordinates(positions, (self.height, self.width, self.channels))
         out = self.rows(row) + self.cols(col) + self.chans(chan)
         return out * self.scale if self.scale != 1.0 else out
@@ -127,7 +129,7 @@ class GridPositions(nn.Module):
         self.register_buffer("row_weights", centre_weights(height, gh), persistent=False)  # (H, gh)
         self.register_buffer("col_weights", centre_weights(width, gw), persistent=False)  # (W, gw)
 
-    def forward(self, positions: Tensor) -> Tensor:
+    def forward(self, positions: Tensor, limit: int | None = None) -> Tensor:  # limit: unused (clamped)
         row, col, chan = raster_coordinates(positions, self.shape)
         rows = self.row_weights.to(self.grid.rows) @ self.grid.rows  # (H, D)
         cols = self.col_weights.to(self.grid.cols) @ self.grid.cols  # (W, D)

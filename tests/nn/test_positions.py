@@ -37,3 +37,34 @@ def test_scaled_positions_have_the_token_scale():
 def test_grid_needs_integer_factors():
     with pytest.raises(ValueError, match="does not tile"):
         GridPositions(ImageGrid(16, 8, 8, 3), 3, 3, 3)
+
+
+def test_a_host_side_limit_grows_the_table_without_reading_positions():
+    from lightning_bpd.nn.positions import SinusoidalPositions
+
+    pos = SinusoidalPositions(8)
+    far = torch.tensor([[700, 701]])
+    expected = pos(far)  # grows on demand from positions.max()
+    fresh = SinusoidalPositions(8)
+    assert torch.equal(fresh(far, limit=702), expected) and fresh.table.shape[0] >= 702
+
+
+def test_decode_step_reads_no_position_from_the_device(monkeypatch):
+    """The cache's host-side bounds bound the positions: a cached step never calls ``positions.max()``."""
+    from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
+
+    torch.manual_seed(0)
+    model = BlockwiseTransformer(ModelConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2,
+                                             n_encoder_layers=1, n_decoder_layers=1, d_ff=32, k=2)).eval()
+    src = torch.randint(3, 20, (2, 5))
+    context = model.encode(src)
+    cache = model.new_cache(2, 16)
+    full = model.decode_full(torch.tensor([[1, 5, 6, 7], [1, 8, 9, 4]]), context)
+    reads = []
+    real_max = torch.Tensor.max
+    monkeypatch.setattr(torch.Tensor, "max", lambda self, *a, **kw: reads.append(1) or real_max(self, *a, **kw))
+    with torch.no_grad():
+        first = model.decode_step(torch.tensor([[1], [1]]), context, cache)
+        rest = model.decode_step(torch.tensor([[5, 6, 7], [8, 9, 4]]), context, cache)
+    assert not reads
+    assert torch.allclose(torch.cat([first, rest], 1), full, atol=1e-5)
