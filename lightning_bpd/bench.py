@@ -21,7 +21,6 @@ automatically); ``draft:<criterion>`` lets the ``--draft`` checkpoint propose in
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -32,6 +31,7 @@ import torch
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 from lightning_bpd.evaluation import EvalBatch, pad_rows, run_batch
+from lightning_bpd.results import write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -217,6 +217,5 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{r['call_cost_vs_baseline']:6.2f} {r['speedup']:7.2f} "
                   f"{r['efficiency']:6.2f} {last_column(r):>14s}", flush=True)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
     return result

@@ -30,6 +30,7 @@ from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.blockwise import resolve_k
 from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.evaluation import EvalBatch, decode_all
+from lightning_bpd.results import write_json
 from lightning_bpd.tasks.superres import SuperResolutionModule
 from lightning_bpd.tasks.superres.module import TARGET_LEN
 from lightning_bpd.tasks.superres.pixels import image_to_tokens, intensity_values
@@ -365,5 +366,4 @@ def main(argv: list[str] | None = None) -> None:
     if args.json == "-":
         print(json.dumps(result, indent=2))
     elif args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        write_json(args.json, result)

@@ -178,6 +178,14 @@ def parse_meta(pairs: list[str]) -> dict[str, Any]:
     return meta
 
 
+def write_json(path: str | Path, data: dict[str, Any]) -> Path:
+    """Write a record (or a benchmark's results) as indented JSON, making the folder if needed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
 def add(source: str | Path, dest: str | Path, label: str, command: str, meta: dict[str, Any] | None = None) -> Path:
     """Copy a run's JSON record to ``dest`` with its ``label``, ``command`` and optional ``meta``
     (the recipe of an ablation row: k, head, targets, base, steps, minutes, device)."""
@@ -187,9 +195,7 @@ def add(source: str | Path, dest: str | Path, label: str, command: str, meta: di
     data = {"label": label, "command": command, **{k: v for k, v in data.items() if k not in ("label", "command")}}
     if meta:
         data["meta"] = meta
-    Path(dest).parent.mkdir(parents=True, exist_ok=True)
-    Path(dest).write_text(json.dumps(data, indent=2) + "\n")
-    return Path(dest)
+    return write_json(dest, data)
 
 
 BEGIN, END = "<!-- results:begin (python -m lightning_bpd.results readme) -->", "<!-- results:end -->"

@@ -15,14 +15,13 @@ over ``--repeats`` rounds; it reports the median seconds per step and steps per 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from lightning_bpd.nn.model import HEAD_TYPES
+from lightning_bpd.results import write_json
 from lightning_bpd.tasks.translation import TranslationDataModule, TranslationModule
 
 
@@ -93,8 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"cached / recomputed: {result['speedup']:.2f}x the steps per minute; a cached frozen step costs "
           f"{result['cached_vs_fine_tuned']:.2f} of a fine-tuning step")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
     return result
 
 

@@ -13,15 +13,14 @@ an optional dependency (``pip install transformers``).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from pathlib import Path
 
 import torch
 
 from lightning_bpd.decoding import greedy_decode
 from lightning_bpd.evaluation import timed
 from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
+from lightning_bpd.results import write_json
 
 
 def build_ours(args: argparse.Namespace) -> BlockwiseTransformer:
@@ -90,8 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["peer_over_ours"] = ratio
     print(f"transformers / lightning_bpd: {ratio:.2f}x the time per token")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
     return result
 
 

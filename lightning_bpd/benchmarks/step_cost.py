@@ -13,7 +13,6 @@ positions, all k heads at one position per row, and the bookkeeping.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -21,6 +20,7 @@ import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
+from lightning_bpd.results import write_json
 
 
 def build(k: int, vocab: int, identity_first: bool, head_hidden: int | None = None) -> BlockwiseTransformer:
@@ -82,8 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name:40s} {sec * 1e3:8.3f} ms   {sec / base_step:5.2f}x greedy base step")
     result["ratio_vs_greedy_base_step"] = {name: sec / base_step for name, sec in med.items()}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(args.json, result)
     return result
 
 

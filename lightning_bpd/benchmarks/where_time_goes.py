@@ -15,15 +15,14 @@ per iteration (blockwise), and each part's share.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
+from lightning_bpd.results import write_json
 
 TIMED = ("encode", "decode_step", "logits_first", "logits_heads")
 
@@ -102,8 +101,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parts = " ".join(f"{r['ms_per_step_by_part'][n]:7.2f} ({r['share'][n]:3.0%})" for n in (*TIMED, "loop"))
         print(f"{name:12s} {r['ms_per_step']:8.2f} {r['ms_per_step'] / greedy_ms:8.2f}  {parts}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
     return report
 
 
