@@ -72,17 +72,21 @@ class ImagePositions(nn.Module):
         return out * self.scale if self.scale != 1.0 else out
 
 
-def grid_table(size: int, d_model: int, first_half: bool) -> Tensor:
-    """A (size, D) table of sin/cos features of the coordinate in one half of the dimensions (the
-    other half zero), wavelengths from 2 to 4 * size, rescaled to the per-entry RMS d^-1/2."""
-    n = d_model // 4
-    wavelengths = torch.logspace(math.log10(2.0), math.log10(4.0 * size), n, dtype=torch.float64)
+def sincos_table(size: int, d_model: int, shortest: float, longest: float, n_freqs: int, start: int = 0) -> Tensor:
+    """A (size, D) float32 table of sin/cos features of the values 0..size-1 at ``n_freqs`` wavelengths
+    from ``shortest`` to ``longest`` (log-spaced) in columns ``start .. start + 2 n_freqs`` (the rest zero),
+    rescaled to the per-entry RMS d^-1/2 of the default embedding init: nearby values get similar vectors."""
+    wavelengths = torch.logspace(math.log10(shortest), math.log10(longest), n_freqs, dtype=torch.float64)
     angles = 2 * math.pi * torch.arange(size, dtype=torch.float64)[:, None] / wavelengths  # (size, n)
-    half = torch.cat([angles.sin(), angles.cos()], dim=-1)  # (size, 2n)
     table = torch.zeros(size, d_model, dtype=torch.float64)
-    cols = slice(0, 2 * n) if first_half else slice(d_model // 2, d_model // 2 + 2 * n)
-    table[:, cols] = half
+    table[:, start : start + 2 * n_freqs] = torch.cat([angles.sin(), angles.cos()], dim=-1)
     return (table * (d_model**-0.5 / table.pow(2).mean().sqrt())).float()
+
+
+def grid_table(size: int, d_model: int, first_half: bool) -> Tensor:
+    """A (size, D) table of one image coordinate in one half of the dimensions (the other half zero),
+    wavelengths from 2 to 4 * size."""
+    return sincos_table(size, d_model, 2.0, 4.0 * size, d_model // 4, 0 if first_half else d_model // 2)
 
 
 class ImageGrid(nn.Module):

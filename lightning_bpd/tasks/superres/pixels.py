@@ -10,9 +10,9 @@ right) with the channels of each pixel interleaved R, G, B. Pixel ``(r, c)`` cha
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from lightning_bpd.nn.positions import sincos_table
 
 __all__ = [
     "BOS_ID",
@@ -73,9 +73,4 @@ def intensity_values() -> torch.Tensor:
 def intensity_features(d_model: int) -> torch.Tensor:
     """A (256, d_model) float32 table of sin/cos features of the intensity (wavelengths 4 to 1024 levels),
     per-entry RMS d^-1/2 like the default embedding init: nearby intensities get similar vectors."""
-    n = d_model // 2
-    wavelengths = torch.logspace(math.log10(4.0), math.log10(1024.0), n, dtype=torch.float64)
-    angles = 2 * math.pi * torch.arange(NUM_INTENSITIES, dtype=torch.float64)[:, None] / wavelengths  # (256, n)
-    table = torch.zeros(NUM_INTENSITIES, d_model, dtype=torch.float64)
-    table[:, : 2 * n] = torch.cat([angles.sin(), angles.cos()], dim=-1)
-    return (table * (d_model**-0.5 / table.pow(2).mean().sqrt())).float()
+    return sincos_table(NUM_INTENSITIES, d_model, 4.0, 1024.0, d_model // 2)
