@@ -14,7 +14,7 @@ from torch import Tensor
 
 from lightning_bpd.decoding.blockwise import chain_source
 from lightning_bpd.decoding.protocol import BlockwiseModel
-from lightning_bpd.nn.loss import shifted_targets
+from lightning_bpd.nn.loss import decoder_inputs, shifted_targets
 
 
 @torch.no_grad()
@@ -26,13 +26,12 @@ def head_agreement(model: BlockwiseModel, src: Tensor, tokens: Tensor, lengths: 
     with t + i < length (so head 1 scores every token; with a cached greedy output it agrees 100%).
     """
     k = model.k if k is None else k
-    b, width = tokens.shape
+    width = tokens.shape[1]
     arange = torch.arange(width, device=tokens.device)
     real = arange < lengths[:, None]  # (B, L)
     targets = torch.where(real, tokens, model.pad_id)  # (B, L)
-    bos = torch.full((b, 1), model.bos_id, dtype=torch.long, device=tokens.device)
     context = model.encode(src)
-    hidden = model.decode_full(torch.cat([bos, targets[:, :-1]], dim=1), context)  # (B, L, D)
+    hidden = model.decode_full(decoder_inputs(targets, model.bos_id), context)  # (B, L, D)
     chained = bool(getattr(model, "chained_heads", False))
     source = chain_source(model, context)
     prev = torch.stack([shifted_targets(targets, j, model.pad_id) for j in range(k - 1)], dim=-1) if chained and k > 1 else None

@@ -68,6 +68,11 @@ def draw(heads: list[int], weights: Sequence[float] | None, generator: torch.Gen
     return heads[int(torch.multinomial(p, 1, generator=generator))]
 
 
+def decoder_inputs(targets: Tensor, bos_id: int) -> Tensor:
+    """Teacher forcing: ``targets`` (B, T) shifted right behind BOS, the decoder's inputs (B, T)."""
+    return torch.cat([torch.full_like(targets[:, :1], bos_id), targets[:, :-1]], dim=1)
+
+
 def shifted_targets(targets: Tensor, shift: int, pad_id: int) -> Tensor:
     """``targets`` (B, T) moved left by ``shift`` positions, padded with ``pad_id`` at the end."""
     if shift == 0:

@@ -16,7 +16,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from lightning_bpd.nn.loss import LOSS_MODES, blockwise_loss, choose_heads, shifted_targets
+from lightning_bpd.nn.loss import LOSS_MODES, blockwise_loss, choose_heads, decoder_inputs, shifted_targets
 from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
 from lightning_bpd.nn.transformer import EncoderContext
 from lightning_bpd.nn.warm_start import CheckpointMismatchError, load_base_weights
@@ -158,8 +158,7 @@ class BlockwiseModule(pl.LightningModule):
         ``fraction`` < 1 evaluates the heads at a random subset of the target positions. ``index``
         (B,): dataset indices of a training batch (the frozen base's states are cached by them).
         """
-        bos = torch.full_like(tgt[:, :1], self.model.bos_id)
-        tgt_in = torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, T)
+        tgt_in = decoder_inputs(tgt, self.model.bos_id)  # (B, T)
         reads_source = getattr(self.model.head, "source_attention", False) and max(heads) > 0
         context = self.model.encode(src) if reads_source else None
         hidden = self.decoder_states(src, tgt_in, tgt, index, context)  # (B, T, D)

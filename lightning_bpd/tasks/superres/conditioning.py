@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from lightning_bpd.nn.loss import decoder_inputs
+
 
 def nearest_upsample(low: Tensor, factor: int) -> Tensor:
     """(..., H, W, C) images -> (..., f H, f W, C), each pixel repeated over an f x f block."""
@@ -26,7 +28,7 @@ def nearest_upsample(low: Tensor, factor: int) -> Tensor:
 def teacher_forced(model, src: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """p_1 scored on ``tgt`` (B, T) given ``src`` (B, S): (summed NLL (), top predictions (B, T),
     decoder inputs (B, T): BOS then the targets shifted right)."""
-    tgt_in = torch.cat([torch.full_like(tgt[:, :1], model.bos_id), tgt[:, :-1]], dim=1)  # (B, T)
+    tgt_in = decoder_inputs(tgt, model.bos_id)  # (B, T)
     logits = model.logits_first(model.decode_full(tgt_in, model.encode(src)))  # (B, T, V)
     nll = F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten(), reduction="sum")
     return nll, logits.argmax(-1), tgt_in
