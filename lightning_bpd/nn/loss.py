@@ -92,6 +92,7 @@ def blockwise_loss(
     positions: Tensor | None = None,
     head1_weight: float = 0.0,
     weights: Sequence[float] | None = None,
+    target_kernel: Tensor | None = None,
 ) -> BlockwiseLoss:
     """Cross-entropy of ``logits`` (B, T, h, V) for the 0-based ``heads`` against ``targets`` (B, T).
 
@@ -101,6 +102,8 @@ def blockwise_loss(
     token-averaged loss (with ``label_smoothing``; the logged per-head loss is the same quantity),
     or, with ``head1_weight`` w > 0 and head 0 listed beside others, ``w * L_1 + (1 - w) * mean(rest)``.
     ``weights`` (one per listed head) turn each of those means into a weighted mean.
+    ``target_kernel`` (V, V): soft targets, row y the distribution a target y is trained towards
+    (e.g. a Gaussian over neighbouring pixel intensities, :func:`gaussian_kernel`); None = one-hot.
     """
     if not 0.0 <= head1_weight < 1.0:
         raise ValueError(f"head1_weight must lie in [0, 1), got {head1_weight}")
@@ -113,10 +116,14 @@ def blockwise_loss(
             tgt = tgt[positions]  # (N,)
         mask = tgt != pad_id
         lg = logits[..., j, :].float()  # (B, T, V) or (N, V)
-        loss = F.cross_entropy(
-            lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1), ignore_index=pad_id, reduction="sum",
-            label_smoothing=label_smoothing,
-        )
+        if target_kernel is None:
+            loss = F.cross_entropy(
+                lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1), ignore_index=pad_id, reduction="sum",
+                label_smoothing=label_smoothing,
+            )
+        else:
+            soft = target_kernel[tgt] * (1 - label_smoothing) + label_smoothing / lg.shape[-1]  # (..., V)
+            loss = -((soft * F.log_softmax(lg, dim=-1)).sum(-1) * mask).sum()
         count = mask.sum().clamp(min=1)
         loss = loss / count
         losses.append(loss)
@@ -130,6 +137,19 @@ def blockwise_loss(
     else:
         total = weighted_mean(losses, w)
     return BlockwiseLoss(total, head_loss, head_acc)
+
+
+def gaussian_kernel(vocab_size: int, first: int, sigma: float) -> Tensor:
+    """(V, V) soft targets for ordinal tokens ``first .. V - 1`` (pixel intensities): row y is a Gaussian
+    of width ``sigma`` (in token steps) around y over those tokens, normalized; rows of the special
+    tokens below ``first`` stay one-hot."""
+    if sigma <= 0:
+        raise ValueError(f"sigma must be > 0, got {sigma}")
+    kernel = torch.eye(vocab_size)
+    values = torch.arange(vocab_size - first, dtype=torch.float64)
+    g = torch.exp(-((values[:, None] - values[None, :]) ** 2) / (2 * sigma**2))
+    kernel[first:, first:] = (g / g.sum(dim=1, keepdim=True)).float()
+    return kernel
 
 
 def weighted_mean(losses: list[Tensor], weights: list[float]) -> Tensor:

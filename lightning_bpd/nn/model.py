@@ -33,6 +33,9 @@ class ModelConfig:
 
     Image options (their defaults are the original design, which translation keeps):
     ``tie_output``: the vocabulary projection is the target embedding (else its own layer with a bias);
+    ``tie_output_to_source``: the vocabulary projection is the source embedding (a table of its own,
+    ``share_embeddings`` off), so that with direct conditioning the input intensity under the predicted
+    position votes for itself: nearest-neighbour upsampling is the model's prior, not the last token;
     ``src_positions = tgt_positions = "grid"``: both rasters on one shared row / column grid;
     ``scale_positions``: image position vectors are scaled to the token vectors' size (RMS 1, like
     ``embedding * sqrt(d)``); ``direct_conditioning``: the decoder input at target intensity
@@ -59,6 +62,7 @@ class ModelConfig:
     tgt_image_shape: tuple[int, int, int] | None = None
     window: int | None = None
     tie_output: bool = True
+    tie_output_to_source: bool = False
     scale_positions: bool = False
     direct_conditioning: bool = False
     pad_id: int = 0
@@ -93,6 +97,9 @@ class ModelConfig:
             raise ValueError("grid positions need src_positions = tgt_positions = 'grid' and both image shapes")
         if self.scale_positions and "sinusoidal" in (self.src_positions, self.tgt_positions):
             raise ValueError("scale_positions applies to image positions ('image' or 'grid'), not 'sinusoidal'")
+        if self.tie_output_to_source and (self.tie_output or self.share_embeddings):
+            raise ValueError("tie_output_to_source needs tie_output off and share_embeddings off "
+                             "(a source embedding of its own to tie the output to)")
         if self.direct_conditioning:
             if not images:
                 raise ValueError("direct_conditioning needs src_image_shape and tgt_image_shape")
@@ -129,7 +136,7 @@ class BlockwiseTransformer(nn.Module):
         grid = ImageGrid(c.d_model, *c.tgt_image_shape) if c.tgt_positions == "grid" else None
         self.src_pos = build_positions(c.src_positions, c.d_model, c.src_image_shape, pos_scale, grid)
         self.tgt_pos = build_positions(c.tgt_positions, c.d_model, c.tgt_image_shape, pos_scale, grid)
-        if not c.tie_output:
+        if not (c.tie_output or c.tie_output_to_source):
             self.out_proj = nn.Linear(c.d_model, c.tgt_vocab_size)
             nn.init.normal_(self.out_proj.weight, std=c.d_model**-0.5)
             nn.init.zeros_(self.out_proj.bias)
@@ -195,10 +202,8 @@ class BlockwiseTransformer(nn.Module):
 
     # ---- heads ---------------------------------------------------------------------------------
     def project(self, h: Tensor) -> Tensor:
-        """Vocabulary projection (tied to the target embedding unless ``tie_output`` is off): (..., D) -> (..., V)."""
-        if self.config.tie_output:
-            return linear(h, self.tgt_embed.weight)
-        return linear(h, self.out_proj.weight, self.out_proj.bias)
+        """Vocabulary projection (:meth:`output_layer`): (..., D) -> (..., V)."""
+        return linear(h, *self.output_layer())
 
     def logits_first(self, h: Tensor) -> Tensor:
         """p_1 logits, the scoring model: (..., D) -> (..., V)."""
@@ -231,9 +236,12 @@ class BlockwiseTransformer(nn.Module):
         return ChainSource(keys, values, context.src_valid)
 
     def output_layer(self) -> tuple[Tensor, Tensor | None]:
-        """Weight (V, D) and bias of the vocabulary projection."""
+        """Weight (V, D) and bias of the vocabulary projection: the target embedding (``tie_output``),
+        the source embedding (``tie_output_to_source``) or a layer of its own."""
         if self.config.tie_output:
             return self.tgt_embed.weight, None
+        if self.config.tie_output_to_source:
+            return self.src_embed.weight, None
         return self.out_proj.weight, self.out_proj.bias
 
     def use_draft_vocab(self, ids: Tensor) -> None:

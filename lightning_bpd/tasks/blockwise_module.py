@@ -28,6 +28,9 @@ logger = logging.getLogger("lightning_bpd")
 MAX_K = 16
 
 
+NOISE_KINDS = ("shuffle", "uniform")  # how corrupt_inputs replaces a decoder input
+
+
 class BlockwiseModule(pl.LightningModule):
     """A :class:`BlockwiseTransformer` trained with the blockwise loss (task-independent part)."""
 
@@ -47,6 +50,8 @@ class BlockwiseModule(pl.LightningModule):
         head_loss_decay: float = 1.0,
         base_lr_scale: float = 1.0,
         frozen_cache_gb: float = 4.0,
+        input_noise: float = 0.0,
+        input_noise_kind: str = "shuffle",
     ) -> None:
         super().__init__()
         if not 0.0 < loss_fraction <= 1.0:
@@ -75,6 +80,14 @@ class BlockwiseModule(pl.LightningModule):
                              "set model.freeze_base: false or model.base_lr_scale: 1")
         if frozen_cache_gb < 0:
             raise ValueError(f"model.frozen_cache_gb must be >= 0 (0 = recompute the frozen base), got {frozen_cache_gb}")
+        if not 0.0 <= input_noise < 1.0:
+            raise ValueError(f"model.input_noise must lie in [0, 1) (0 = plain teacher forcing), got {input_noise}")
+        if input_noise > 0 and freeze_base:
+            raise ValueError("model.input_noise trains the base to distrust its inputs, and a frozen base does not train: "
+                             "set model.freeze_base: false or model.input_noise: 0")
+        if input_noise_kind not in NOISE_KINDS:
+            raise ValueError(f"model.input_noise_kind must be one of {NOISE_KINDS}, got {input_noise_kind!r}")
+        self.input_noise, self.input_noise_kind = input_noise, input_noise_kind
         self.head_loss_decay, self.base_lr_scale = head_loss_decay, base_lr_scale
         if lr <= 0 or warmup_steps < 0 or not 0 <= label_smoothing < 1:
             raise ValueError("model.lr must be > 0, model.warmup_steps >= 0 and model.label_smoothing in [0, 1)")
@@ -159,6 +172,9 @@ class BlockwiseModule(pl.LightningModule):
         (B,): dataset indices of a training batch (the frozen base's states are cached by them).
         """
         tgt_in = decoder_inputs(tgt, self.model.bos_id)  # (B, T)
+        if self.training and self.input_noise > 0:
+            tgt_in = self.corrupt_inputs(tgt_in, generator)
+        kernel = self.train_kernel() if self.training else None  # evaluation scores the plain cross-entropy
         reads_source = getattr(self.model.head, "source_attention", False) and max(heads) > 0
         context = self.model.encode(src) if reads_source else None
         hidden = self.decoder_states(src, tgt_in, tgt, index, context)  # (B, T, D)
@@ -167,7 +183,7 @@ class BlockwiseModule(pl.LightningModule):
         if fraction >= 1.0:
             logits = self.model.logits_heads(hidden, heads, prev, source)  # (B, T, h, V)
             return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing,
-                                  head1_weight=head1_weight, weights=weights)
+                                  head1_weight=head1_weight, weights=weights, target_kernel=kernel)
         draw = torch.rand(tgt.shape, generator=generator).to(tgt.device)
         positions = (draw < fraction) & (tgt != self.model.pad_id)  # (B, T)
         if source is not None:
@@ -175,7 +191,36 @@ class BlockwiseModule(pl.LightningModule):
         logits = self.model.logits_heads(hidden[positions], heads, None if prev is None else prev[positions],
                                          source)  # (N, h, V)
         return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing, positions, head1_weight,
-                              weights)
+                              weights, kernel)
+
+    def train_kernel(self) -> Tensor | None:
+        """Soft training targets (V, V) (:func:`~lightning_bpd.nn.loss.blockwise_loss`); None = one-hot.
+        Used while training only: evaluation scores the plain cross-entropy."""
+        return None
+
+    def ordinary_tokens(self) -> tuple[int, int]:
+        """[low, high): the ids of ordinary target tokens (above pad, BOS and EOS)."""
+        m = self.model
+        return max(m.pad_id, m.bos_id, m.eos_id if m.eos_id is not None else -1) + 1, m.config.tgt_vocab_size
+
+    def corrupt_inputs(self, tgt_in: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Teacher-forced decoder inputs (B, T) with a share ``input_noise`` of the non-BOS, non-pad tokens
+        replaced: ``shuffle`` by the token at a random other position of the same row (a plausible but
+        misplaced value, like the ones greedy decoding copies forward once it has made one), ``uniform``
+        by a uniformly drawn ordinary token. The targets stay clean: the model learns not to trust its
+        last tokens blindly, which greedy decoding punishes when they are its own (exposure bias;
+        super-resolution decodes 3,072 of them)."""
+        m = self.model
+        b, t = tgt_in.shape
+        draw = torch.rand(tgt_in.shape, generator=generator)  # (B, T)
+        if self.input_noise_kind == "uniform":
+            noise = torch.randint(*self.ordinary_tokens(), tgt_in.shape, generator=generator).to(tgt_in.device)
+        else:  # a random position of the row among its real tokens (after BOS, before padding)
+            real = ((tgt_in != m.pad_id).sum(dim=1, keepdim=True) - 1).clamp(min=1).cpu()  # (B, 1)
+            pick = 1 + (torch.rand(b, t, generator=generator) * real).long().clamp(max=t - 1)  # (B, T) in [1, real]
+            noise = tgt_in.gather(1, pick.to(tgt_in.device))  # (B, T)
+        hit = (draw < self.input_noise).to(tgt_in.device) & (tgt_in != m.pad_id) & (tgt_in != m.bos_id)
+        return torch.where(hit, noise, tgt_in)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.global_step)

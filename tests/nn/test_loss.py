@@ -97,3 +97,24 @@ def test_weighted_heads_and_weighted_draws():
     draws = [choose_heads(4, "random", g, weights=[1.0, 0.5, 0.25, 0.125])[0] for _ in range(3000)]
     freq = [draws.count(i) / 3000 for i in range(4)]
     assert freq == pytest.approx([8 / 15, 4 / 15, 2 / 15, 1 / 15], abs=0.03)
+
+
+def test_gaussian_kernel_soft_targets():
+    from lightning_bpd.nn.loss import gaussian_kernel
+
+    kernel = gaussian_kernel(10, 3, 1.0)
+    assert torch.equal(kernel[:3], torch.eye(10)[:3])  # special tokens stay one-hot
+    torch.testing.assert_close(kernel.sum(1), torch.ones(10))
+    assert kernel[5].argmax() == 5 and kernel[5, 4] == kernel[5, 6] and kernel[5, :3].sum() == 0
+    logits = torch.randn(2, 4, 1, 10, generator=torch.Generator().manual_seed(0))
+    targets = torch.tensor([[4, 5, 9, 2], [6, 7, 2, 0]])
+    one_hot = blockwise_loss(logits, targets, [0], pad_id=0)
+    same = blockwise_loss(logits, targets, [0], pad_id=0, target_kernel=torch.eye(10))
+    torch.testing.assert_close(same.loss, one_hot.loss)  # the identity kernel is the plain cross-entropy
+    soft = blockwise_loss(logits, targets, [0], pad_id=0, target_kernel=kernel)
+    log_p = logits[:, :, 0].log_softmax(-1)
+    mask = targets != 0
+    expected = -((kernel[targets] * log_p).sum(-1) * mask).sum() / mask.sum()
+    torch.testing.assert_close(soft.loss, expected)
+    with pytest.raises(ValueError, match="sigma must be > 0"):
+        gaussian_kernel(10, 3, 0.0)

@@ -122,6 +122,8 @@ IMAGE_OPTIONS = {
     "direct": {"direct_conditioning": True},
     "all": {"tie_output": False, "src_positions": "grid", "tgt_positions": "grid", "scale_positions": True,
             "direct_conditioning": True},
+    "source_output": {"tie_output": False, "tie_output_to_source": True, "share_embeddings": False,
+                      "direct_conditioning": True},
 }
 
 
@@ -185,7 +187,10 @@ def test_default_options_keep_the_translation_layout():
     ({"direct_conditioning": True, "src_image_shape": (3, 3, 3)}, "integer multiple"),
     ({"scale_positions": True, "src_positions": "sinusoidal", "tgt_positions": "sinusoidal"}, "scale_positions"),
     ({"src_positions": "pixels"}, "positions must be one of"),
+    ({"tie_output_to_source": True}, "tie_output_to_source needs tie_output off and share_embeddings off"),
+    ({"tie_output_to_source": True, "tie_output": False}, "tie_output_to_source needs"),
 ])
 def test_bad_image_options_are_refused(bad, match):
+    """One message each, naming the option to change."""
     with pytest.raises(ValueError, match=match):
         random_model(k=1, vocab=20, **{**IMAGE, **bad})

@@ -101,3 +101,44 @@ def test_joint_schedule_options():
                          ({"base_lr_scale": 0.5, "freeze_base": True, "init_from": "b.ckpt"}, "frozen base")]:
         with pytest.raises(ValueError, match=message):
             TranslationModule(**SHAPE, **bad)
+
+
+def test_input_noise_corrupts_ordinary_decoder_inputs_only_while_training():
+    from lightning_bpd.tasks.superres import SuperResolutionModule
+
+    torch.manual_seed(0)
+    module = SuperResolutionModule(d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, window=16,
+                                   input_noise=0.3, input_noise_kind="uniform")
+    tgt_in = torch.cat([torch.full((4, 1), module.model.bos_id), torch.randint(3, 259, (4, 2999))], dim=1)
+    tgt_in[0, 2000:] = module.model.pad_id
+    noisy = module.corrupt_inputs(tgt_in, torch.Generator().manual_seed(1))
+    changed = noisy != tgt_in
+    assert not changed[:, 0].any() and not changed[0, 2000:].any()  # BOS and padding stay
+    assert 0.25 < float(changed[1:].float().mean()) < 0.31  # ~30% drawn (a draw may repeat the token)
+    assert int(noisy[changed].min()) >= 3  # only ordinary intensities: no pad, BOS or EOS id
+    # shuffle: a replaced input is a token of the same row, never its BOS or padding
+    module.input_noise_kind = "shuffle"
+    tgt_in = torch.cat([torch.full((2, 1), module.model.bos_id), torch.randint(3, 259, (2, 99))], dim=1)
+    tgt_in[0, :] = torch.tensor([module.model.bos_id] + [7] * 9 + [module.model.pad_id] * 90)  # row 0: nine 7s
+    tgt_in[1, 1:] = 200 + torch.arange(99) % 50
+    noisy = module.corrupt_inputs(tgt_in, torch.Generator().manual_seed(1))
+    assert torch.equal(noisy[0], tgt_in[0]) and (noisy[1] != tgt_in[1]).sum() > 10
+    assert set(noisy[1, 1:].tolist()) <= set(tgt_in[1, 1:].tolist()) and noisy[1, 0] == module.model.bos_id
+    src, tgt = torch.randint(3, 259, (2, 192)), torch.randint(3, 259, (2, 3072))
+    module.eval()
+    assert module.blockwise_step(src, tgt, [0]).loss == module.blockwise_step(src, tgt, [0]).loss  # no noise in eval
+    module.train()
+    noisy = module.blockwise_step(src, tgt, [0], generator=torch.Generator().manual_seed(0)).loss
+    assert noisy != module.eval().blockwise_step(src, tgt, [0]).loss
+
+
+def test_input_noise_range_and_frozen_base_are_refused():
+    from lightning_bpd.tasks.superres import SuperResolutionModule
+
+    with pytest.raises(ValueError, match=r"input_noise must lie in \[0, 1\)"):
+        SuperResolutionModule(d_model=16, n_heads=2, d_ff=32, input_noise=1.0)
+    with pytest.raises(ValueError, match="input_noise_kind must be one of"):
+        SuperResolutionModule(d_model=16, n_heads=2, d_ff=32, input_noise=0.1, input_noise_kind="gauss")
+    with pytest.raises(ValueError, match="input_noise trains the base.*a frozen base does not train"):
+        SuperResolutionModule(d_model=16, n_heads=2, d_ff=32, k=2, freeze_base=True, init_from="base.ckpt",
+                              input_noise=0.1)

@@ -20,6 +20,7 @@ from torchmetrics.functional.image import peak_signal_noise_ratio, structural_si
 
 from lightning_bpd.decoding import Criterion, parse_criterion
 from lightning_bpd.evaluation import EvalBatch
+from lightning_bpd.nn.loss import gaussian_kernel
 from lightning_bpd.nn.model import ModelConfig
 from lightning_bpd.tasks.blockwise_module import BlockwiseModule
 from lightning_bpd.tasks.superres.conditioning import conditioning_diagnostic, nearest_upsample
@@ -40,7 +41,8 @@ FACTOR = HIGH[0] // LOW[0]  # 4
 GREY_ID = OFFSET + 128  # the constant source of the conditioning diagnostic
 POSITIONS = ("image", "grid")
 # The image options before they existed (checkpoints that lack them were trained this way).
-LEGACY_DESIGN = {"tie_output": True, "positions": "image", "scale_positions": False, "direct_conditioning": False}
+LEGACY_DESIGN = {"tie_output": True, "positions": "image", "scale_positions": False, "direct_conditioning": False,
+                 "source_output": False}
 DESIGN_KEYS = ("out_proj.", "src_pos.", "tgt_pos.")
 
 
@@ -80,6 +82,17 @@ class SuperResolutionModule(BlockwiseModule):
         scale_positions: position vectors at the size of the token vectors (RMS 1) instead of ~0.15.
         direct_conditioning: the decoder input at target (r, c, channel) adds the embedding of the
             input intensity at (r // 4, c // 4, channel).
+        source_output: the output layer is the embedding of the input intensities, a table of its own
+            apart from the decoder's input embedding (needs ``direct_conditioning``, ``tie_output`` off):
+            the input intensity under the predicted position then votes for itself, so the model starts
+            from nearest-neighbour upsampling and learns the detail, instead of voting for the last token.
+        input_noise, input_noise_kind: share of the decoder's teacher-forced input intensities replaced while
+            training the base, by intensities from elsewhere in the image (``shuffle``) or uniform ones
+            (:meth:`~lightning_bpd.tasks.blockwise_module.BlockwiseModule.corrupt_inputs`).
+        intensity_sigma: train towards a Gaussian of this width (intensity levels) around the true intensity
+            instead of a one-hot target (0 = one-hot): intensities are ordinal, and the argmax of a
+            distribution trained so is a smoothed mode, not a spike at a saturated value such as 0 or 255
+            (whose copies greedy decoding spreads into blank regions). Validation scores plain NLL.
         smooth_intensities: initialize the intensity embeddings (and an untied output layer) with sin/cos
             features of the intensity, so that nearby intensities start alike (initialization only).
     """
@@ -111,39 +124,70 @@ class SuperResolutionModule(BlockwiseModule):
         base_lr_scale: float = 1.0,
         frozen_cache_gb: float = 4.0,
         tie_output: bool = False,
-        positions: str = "image",
-        scale_positions: bool = False,
+        positions: str = "grid",
+        scale_positions: bool = True,
         direct_conditioning: bool = True,
         smooth_intensities: bool = True,
+        source_output: bool = True,
+        input_noise: float = 0.0,
+        input_noise_kind: str = "shuffle",
+        intensity_sigma: float = 0.0,
     ) -> None:
+        if intensity_sigma < 0:
+            raise ValueError(f"model.intensity_sigma must be >= 0 (0 = one-hot targets), got {intensity_sigma}")
         if positions not in POSITIONS:
             raise ValueError(f"model.positions must be one of {POSITIONS}, got {positions!r}")
+        if source_output and (tie_output or not direct_conditioning):
+            raise ValueError("model.source_output needs tie_output: false and direct_conditioning: true "
+                             f"(got tie_output={tie_output}, direct_conditioning={direct_conditioning})")
         config = ModelConfig(
             src_vocab_size=VOCAB_SIZE, tgt_vocab_size=VOCAB_SIZE, d_model=d_model, n_heads=n_heads,
             n_encoder_layers=n_encoder_layers, n_decoder_layers=n_decoder_layers, d_ff=d_ff, dropout=dropout, k=k,
-            head_hidden=head_hidden, identity_first=identity_first, head_type=head_type, share_embeddings=True,
+            head_hidden=head_hidden, identity_first=identity_first, head_type=head_type,
+            share_embeddings=not source_output, tie_output_to_source=source_output,
             src_positions=positions, tgt_positions=positions, src_image_shape=LOW, tgt_image_shape=HIGH,
             window=window, tie_output=tie_output, scale_positions=scale_positions,
             direct_conditioning=direct_conditioning, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=None,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
-                         seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb)
+                         seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb,
+                         input_noise, input_noise_kind)
         self.save_hyperparameters()
         self.values = intensity_values()
+        kernel = gaussian_kernel(VOCAB_SIZE, OFFSET, intensity_sigma) if intensity_sigma > 0 else None
+        self.register_buffer("target_kernel", kernel, persistent=False)
         if smooth_intensities:
             self.init_smooth_intensities()
 
     def init_smooth_intensities(self) -> None:
         """Intensity rows of the embedding <- :func:`intensity_features`; an untied output layer gets the
         same features in a random orthogonal basis: smooth in the intensity too, but not aligned with the
-        input embedding (which would vote for repeating the input intensity again)."""
-        d = self.model.config.d_model
+        input embedding (which would vote for repeating the input intensity again). With
+        ``source_output`` the source embedding (= output layer) gets the features and the decoder's
+        input embedding the rotated ones, for the same reason."""
+        d, model = self.model.config.d_model, self.model
         features = intensity_features(d)  # (256, D)
+
+        def rotated() -> torch.Tensor:
+            rotation, _ = torch.linalg.qr(torch.randn(d, d, dtype=torch.float64))  # (D, D) orthogonal
+            return (features.double() @ rotation).float()
+
         with torch.no_grad():
-            self.model.tgt_embed.weight[OFFSET:] = features
-            if not self.model.config.tie_output:
-                rotation, _ = torch.linalg.qr(torch.randn(d, d, dtype=torch.float64))  # (D, D) orthogonal
-                self.model.out_proj.weight[OFFSET:] = (features.double() @ rotation).float()
+            if model.config.tie_output_to_source:
+                model.src_embed.weight[OFFSET:] = features
+                model.tgt_embed.weight[OFFSET:] = rotated()
+            else:
+                model.tgt_embed.weight[OFFSET:] = features
+                if not model.config.tie_output:
+                    model.out_proj.weight[OFFSET:] = rotated()
+
+    def train_kernel(self) -> torch.Tensor | None:
+        """With ``intensity_sigma``: a Gaussian over neighbouring intensities."""
+        return self.target_kernel
+
+    def ordinary_tokens(self) -> tuple[int, int]:
+        """The 256 intensity ids."""
+        return OFFSET, VOCAB_SIZE
 
     # ---- checkpoints of another image design -------------------------------------------------------
     @classmethod
@@ -162,21 +206,26 @@ class SuperResolutionModule(BlockwiseModule):
         hp = {key: self.hparams.get(key) for key in LEGACY_DESIGN}
         return (f"{path}: the checkpoint was trained with another image design than this model "
                 f"({', '.join(f'{k}={v}' for k, v in hp.items())}); differing: {', '.join(keys[:6])}. "
-                f"Set model.init_args.tie_output / positions / scale_positions / direct_conditioning as the "
+                f"Set model.init_args.tie_output / positions / scale_positions / direct_conditioning / source_output as the "
                 f"checkpoint was trained (before these options: {LEGACY_DESIGN}).")
 
+    def design_differences(self, checkpoint: dict[str, Any]) -> list[str]:
+        """The image options (from the checkpoint's hyperparameters, else its weights' keys) that differ
+        from this model's; empty when the designs agree."""
+        hp = checkpoint.get("hyper_parameters")
+        theirs = {**hp, **self.legacy_hparams(hp)} if isinstance(hp, dict) else None
+        differ = [f"{key} {theirs[key]} vs {self.hparams[key]}" for key in LEGACY_DESIGN
+                  if theirs is not None and theirs[key] != self.hparams[key]]
+        return differ or self.design_mismatch(checkpoint.get("state_dict", checkpoint))
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        keys = self.design_mismatch(checkpoint.get("state_dict", {}))
+        keys = self.design_differences(checkpoint)
         if keys:
             raise ValueError(self.design_error("checkpoint", keys))
 
     def check_warm_start(self, path: str, checkpoint: dict[str, Any]) -> None:
         """A base of another image design can't warm-start this model: one message that says which options."""
-        hp = checkpoint.get("hyper_parameters")
-        theirs = {**hp, **self.legacy_hparams(hp)} if isinstance(hp, dict) else None
-        differ = [f"{key} {theirs[key]} vs {self.hparams[key]}" for key in LEGACY_DESIGN
-                  if theirs is not None and theirs[key] != self.hparams[key]]
-        keys = differ or self.design_mismatch(checkpoint.get("state_dict", checkpoint))
+        keys = self.design_differences(checkpoint)
         if keys:
             raise ValueError(self.design_error(f"model.init_from={path}", keys))
 

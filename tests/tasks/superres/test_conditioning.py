@@ -27,7 +27,7 @@ def test_nearest_upsample_repeats_each_pixel_over_its_block():
 
 def test_a_model_that_ignores_its_source_has_no_gap():
     torch.manual_seed(0)
-    model = SuperResolutionModule(**TINY, direct_conditioning=False).model.eval()
+    model = SuperResolutionModule(**TINY, direct_conditioning=False, source_output=False).model.eval()
     with torch.no_grad():
         for layer in model.decoder.layers:  # cross-attention contributes nothing: the source is unread
             layer.cross_attn.o_proj.weight.zero_()
@@ -60,7 +60,7 @@ def test_tied_output_repeats_its_input_at_initialization_and_untied_does_not():
         torch.manual_seed(0)
         model = SuperResolutionModule(d_model=64, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
                                       window=16, tie_output=tie, direct_conditioning=False,
-                                      smooth_intensities=False).model.eval()
+                                      smooth_intensities=False, source_output=False).model.eval()
         shares[tie] = conditioning_diagnostic(model, src, tgt, GREY_ID)["cond/repeat_share"]
     assert shares[True] > 0.9 and shares[False] < 0.1
 
@@ -72,12 +72,16 @@ def test_one_image_cannot_be_rolled():
 
 
 def test_smooth_intensity_init_keeps_the_untied_output_from_repeating_its_input():
-    """The default design: neighbouring intensities start alike, and the output layer's smooth basis is
-    rotated away from the input embedding, so the untrained model does not copy its input."""
-    torch.manual_seed(0)
-    module = SuperResolutionModule(d_model=64, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, window=16)
-    emb, out = module.model.tgt_embed.weight.detach()[3:], module.model.out_proj.weight.detach()[3:]  # (256, D)
+    """Neighbouring intensities start alike, and the output layer's smooth basis is rotated away from the
+    decoder's input embedding, so the untrained model does not copy its last token: with an untied
+    output layer, and with the default source_output (the output is the source embedding)."""
     cos = torch.nn.functional.cosine_similarity
-    assert cos(emb[100], emb[101], dim=0) > 0.8 and cos(out[100], out[101], dim=0) > 0.8
-    assert abs(float(cos(emb[100], out[100], dim=0))) < 0.5
-    assert conditioning_diagnostic(module.model.eval(), *pairs(2), GREY_ID)["cond/repeat_share"] < 0.1
+    for source_output in (False, True):
+        torch.manual_seed(0)
+        module = SuperResolutionModule(d_model=64, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
+                                       window=16, source_output=source_output)
+        out = module.model.output_layer()[0].detach()[3:]  # (256, D)
+        emb = module.model.tgt_embed.weight.detach()[3:]  # (256, D)
+        assert cos(emb[100], emb[101], dim=0) > 0.8 and cos(out[100], out[101], dim=0) > 0.8
+        assert abs(float(cos(emb[100], out[100], dim=0))) < 0.5
+        assert conditioning_diagnostic(module.model.eval(), *pairs(2), GREY_ID)["cond/repeat_share"] < 0.1

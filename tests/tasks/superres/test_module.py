@@ -21,6 +21,7 @@ from lightning_bpd.tasks.superres.pixels import image_to_tokens
 
 TINY = {"d_model": 16, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 32, "window": 16}
 NEW_DESIGN = {"tie_output": False, "positions": "grid", "scale_positions": True, "direct_conditioning": True}
+SOURCE_OUTPUT = {"tie_output": False, "direct_conditioning": True, "source_output": True}
 
 
 def eval_batches(n: int = 3) -> list[EvalBatch]:
@@ -56,10 +57,12 @@ def test_sample_rows_need_no_wandb(monkeypatch):
     assert isinstance(rows[0][0], np.ndarray) and rows[0][0].shape == (32, 32, 3) and rows[0][-1] == 2.0
 
 
+@pytest.mark.parametrize("design", ["grid_untied", "source_output"])
 @pytest.mark.parametrize("k", [1, 3])
-def test_new_design_decodes_blockwise_exactly_like_greedy(k):
+def test_new_designs_decode_blockwise_exactly_like_greedy(k, design):
     torch.manual_seed(0)
-    module = SuperResolutionModule(**TINY, k=k, head_hidden=8, **NEW_DESIGN).double().eval()
+    options = {**NEW_DESIGN, "source_output": False} if design == "grid_untied" else SOURCE_OUTPUT
+    module = SuperResolutionModule(**TINY, k=k, head_hidden=8, **options).double().eval()
     src = torch.randint(3, 259, (2, 192))
     out = blockwise_decode(module.model, src, module.make_criterion("exact"), max_len=60)
     assert torch.equal(out.tokens, greedy_decode(module.model, src, 60).tokens)
@@ -95,3 +98,56 @@ def test_a_checkpoint_of_another_design_fails_with_one_message(tmp_path):
 def test_unknown_positions_are_refused():
     with pytest.raises(ValueError, match="model.positions must be one of"):
         SuperResolutionModule(**TINY, positions="pixels")
+
+
+def test_source_output_starts_from_nearest_neighbour_upsampling():
+    """The output layer is the source intensity embedding, and direct conditioning puts the input intensity
+    under each target position on the residual stream: a fresh model's p_1 favours that intensity."""
+    from lightning_bpd.nn.loss import decoder_inputs
+
+    lows = torch.randint(0, 256, (2, 8, 8, 3), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    up = image_to_tokens(nearest_upsample(lows, 4))  # (2, 3072)
+    shares, errors = {}, {}
+    for source_output in (False, True):
+        torch.manual_seed(0)
+        module = SuperResolutionModule(d_model=64, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
+                                       window=32, dropout=0.0, tie_output=False, source_output=source_output).eval()
+        with torch.no_grad():
+            logits = module.model.logits_first(module.model(image_to_tokens(lows), decoder_inputs(up, module.model.bos_id)))
+        shares[source_output] = float((logits.argmax(-1) == up).float().mean())
+        errors[source_output] = float((logits.argmax(-1) - up).abs().float().mean())  # intensity levels
+    assert module.model.src_embed is not module.model.tgt_embed and not hasattr(module.model, "out_proj")
+    assert shares[True] > 0.7 and errors[True] < 5  # (grid positions at token scale dilute the vote a little)
+    assert shares[False] < 0.1 and errors[False] > 40
+
+
+@pytest.mark.parametrize("bad", [{"tie_output": True}, {"direct_conditioning": False}])
+def test_source_output_needs_an_untied_layer_and_direct_conditioning(bad):
+    with pytest.raises(ValueError, match="model.source_output needs tie_output: false and direct_conditioning: true"):
+        SuperResolutionModule(**TINY, **{**SOURCE_OUTPUT, **bad})
+
+
+def test_a_base_without_source_output_cannot_warm_start_one(tmp_path):
+    torch.manual_seed(0)
+    base = SuperResolutionModule(**TINY, tie_output=False, source_output=False)
+    torch.save({"state_dict": base.state_dict(), "hyper_parameters": dict(base.hparams)}, tmp_path / "base.ckpt")
+    with pytest.raises(ValueError, match=r"init_from=.*another image design.*source_output False vs True"):
+        SuperResolutionModule(**TINY, **SOURCE_OUTPUT).warm_start(str(tmp_path / "base.ckpt"))
+    with pytest.raises(ValueError, match=r"another image design.*source_output"):
+        SuperResolutionModule(**TINY, **SOURCE_OUTPUT).on_load_checkpoint(torch.load(tmp_path / "base.ckpt"))
+
+
+def test_intensity_sigma_trains_towards_neighbouring_intensities_and_validates_plain_nll():
+    torch.manual_seed(0)
+    module = SuperResolutionModule(**TINY, intensity_sigma=3.0)
+    src, tgt = torch.randint(3, 259, (2, 192)), torch.randint(3, 259, (2, 3072))
+    plain = SuperResolutionModule(**TINY)
+    plain.load_state_dict(module.state_dict())
+    module.eval(), plain.eval()
+    assert module.blockwise_step(src, tgt, [0]).loss == plain.blockwise_step(src, tgt, [0]).loss
+    module.train(), plain.train()
+    assert module.blockwise_step(src, tgt, [0]).loss != plain.blockwise_step(src, tgt, [0]).loss  # soft targets
+    row = module.target_kernel[3 + 100]
+    assert int(row.argmax()) == 103 and float(row[3 + 97 : 3 + 104].sum()) > 0.7
+    with pytest.raises(ValueError, match="intensity_sigma must be >= 0"):
+        SuperResolutionModule(**TINY, intensity_sigma=-1.0)
