@@ -1,12 +1,13 @@
 """The measured results in ``results/``: load them, tabulate them (README) and feed the notebook's plots.
 
 Every record is a JSON file with a ``label`` (what was measured) and the ``command`` that made it,
-beside the data of one of three kinds:
+beside the data of one of four kinds:
 
 - ``decode``: a ``decode_<stage>.json`` of the :class:`~lightning_bpd.callbacks.decode_eval.DecodeEval`
   callback (``metrics`` holds ``<method>/bleu`` or ``<method>/psnr``, ``<method>/mean_accepted_block_size``, ...);
 - ``bench``: the JSON of ``python -m lightning_bpd bench`` (``batch_sizes`` -> method -> timings);
-- ``step_cost``: the JSON of ``python -m lightning_bpd.benchmarks.step_cost``.
+- ``step_cost``: the JSON of ``python -m lightning_bpd.benchmarks.step_cost``;
+- ``where_time_goes``: the JSON of ``python -m lightning_bpd.benchmarks.where_time_goes``.
 
 ``python -m lightning_bpd.results add RUN/decode_test.json results/x.json --label L --command C`` files a
 run's record with its provenance; ``python -m lightning_bpd.results table [results]`` prints the
@@ -29,7 +30,7 @@ QUALITY_KEYS = ("bleu", "psnr")
 @dataclass
 class Record:
     path: Path
-    kind: str  # decode | bench | step_cost
+    kind: str  # decode | bench | step_cost | where_time_goes
     label: str
     command: str
     data: dict[str, Any]
@@ -42,6 +43,8 @@ def kind_of(data: dict[str, Any]) -> str | None:
         return "bench"
     if "ratio_vs_greedy_base_step" in data:
         return "step_cost"
+    if isinstance(data.get("methods"), dict) and all("ms_per_step_by_part" in m for m in data["methods"].values()):
+        return "where_time_goes"
     return None
 
 
@@ -122,6 +125,22 @@ def ablation_rows(records: list[Record]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (-int(r["k"] or 0), str(r["base"]), str(r["targets"]), str(r["head"])))
 
 
+def time_rows(records: list[Record]) -> list[dict[str, Any]]:
+    """One row per (where_time_goes record, method): ms per step or iteration, its cost in greedy steps,
+    and the milliseconds of each timed part that took any time."""
+    rows = []
+    for rec in records:
+        if rec.kind != "where_time_goes":
+            continue
+        greedy = rec.data["methods"].get("greedy", {}).get("ms_per_step")
+        for method, r in rec.data["methods"].items():
+            parts = {name: ms for name, ms in r["ms_per_step_by_part"].items() if ms > 0}
+            rows.append({"label": rec.label, "method": method, "ms": r["ms_per_step"],
+                         "x_greedy": r["ms_per_step"] / greedy if greedy else math.nan, "parts": parts,
+                         "command": rec.command})
+    return rows
+
+
 def fmt(value: Any, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
@@ -158,6 +177,12 @@ def markdown_tables(records: list[Record]) -> str:
         lines.append(f"| {r['label']} | {r['batch']} | {r['method']} (vs {r['baseline']}) | "
                      f"{fmt(r['seconds_per_input'], 4)} | {fmt(r['block'])} | {fmt(r['speedup'])} | "
                      f"{fmt(r['efficiency'])} | {last} |")
+    times = time_rows(records)
+    if times:
+        lines += ["", "| run | method | ms per step / iteration | x greedy step | where it goes (ms) |", "|---|---|---:|---:|---|"]
+        for r in times:
+            parts = ", ".join(f"{name} {ms:.2f}" for name, ms in r["parts"].items())
+            lines.append(f"| {r['label']} | {r['method']} | {fmt(r['ms'])} | {fmt(r['x_greedy'])} | {parts} |")
     return "\n".join(lines)
 
 
@@ -191,7 +216,7 @@ def add(source: str | Path, dest: str | Path, label: str, command: str, meta: di
     (the recipe of an ablation row: k, head, targets, base, steps, minutes, device)."""
     data = json.loads(Path(source).read_text())
     if kind_of(data) is None:
-        raise ValueError(f"{source} is not a decode, bench or step_cost record")
+        raise ValueError(f"{source} is not a decode, bench, step_cost or where_time_goes record")
     data = {"label": label, "command": command, **{k: v for k, v in data.items() if k not in ("label", "command")}}
     if meta:
         data["meta"] = meta

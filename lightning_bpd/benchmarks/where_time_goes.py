@@ -6,8 +6,10 @@
 Decodes the same inputs one at a time (batch 1) with cached greedy decoding and with blockwise
 decoding at each k, through a proxy of the model that times every call: ``encode``, the decoder
 (``decode_step``: one token for greedy, the k-token verify pass for blockwise), the p_1 projections
-(``logits_first``: greedy's next token, blockwise's verification) and the head projections
-(``logits_heads``: the proposals). The rest of the wall-clock time is the decode loop itself
+(``logits_first``: greedy's next token, blockwise's verification) and the proposals: the paper
+head's projections (``logits_heads``, or ``draft_tokens`` with a draft vocabulary) or, for chained
+heads, each link of the chain with its projection (``chain_draft``; ``chain_step`` without a draft
+path). The rest of the wall-clock time is the decode loop itself
 (argmax, acceptance, output bookkeeping, KV-cache crop). Reports milliseconds per step (greedy) or
 per iteration (blockwise), and each part's share.
 """
@@ -24,7 +26,7 @@ import torch
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
 from lightning_bpd.results import write_json
 
-TIMED = ("encode", "decode_step", "logits_first", "logits_heads")
+TIMED = ("encode", "decode_step", "logits_first", "logits_heads", "draft_tokens", "chain_draft", "chain_step")
 
 
 class TimedModel:

@@ -28,7 +28,8 @@ logger = logging.getLogger("lightning_bpd")
 MAX_K = 16
 
 
-NOISE_KINDS = ("shuffle", "uniform")  # how corrupt_inputs replaces a decoder input
+NOISE_KINDS = ("shuffle", "uniform", "span")  # how corrupt_inputs replaces decoder inputs
+SPAN_MAX = 64  # longest run of inputs one ``span`` corruption replaces
 
 
 class BlockwiseModule(pl.LightningModule):
@@ -207,11 +208,14 @@ class BlockwiseModule(pl.LightningModule):
         """Teacher-forced decoder inputs (B, T) with a share ``input_noise`` of the non-BOS, non-pad tokens
         replaced: ``shuffle`` by the token at a random other position of the same row (a plausible but
         misplaced value, like the ones greedy decoding copies forward once it has made one), ``uniform``
-        by a uniformly drawn ordinary token. The targets stay clean: the model learns not to trust its
-        last tokens blindly, which greedy decoding punishes when they are its own (exposure bias;
-        super-resolution decodes 3,072 of them)."""
+        by a uniformly drawn ordinary token, ``span`` by runs of 1..64 tokens copied from elsewhere in
+        the row (a whole run of misplaced values, as when greedy decoding has drifted). The targets
+        stay clean: the model learns not to trust its last tokens blindly, which greedy decoding
+        punishes when they are its own (exposure bias; super-resolution decodes 3,072 of them)."""
         m = self.model
         b, t = tgt_in.shape
+        if self.input_noise_kind == "span":
+            return self.corrupt_spans(tgt_in, generator)
         draw = torch.rand(tgt_in.shape, generator=generator)  # (B, T)
         if self.input_noise_kind == "uniform":
             noise = torch.randint(*self.ordinary_tokens(), tgt_in.shape, generator=generator).to(tgt_in.device)
@@ -221,6 +225,21 @@ class BlockwiseModule(pl.LightningModule):
             noise = tgt_in.gather(1, pick.to(tgt_in.device))  # (B, T)
         hit = (draw < self.input_noise).to(tgt_in.device) & (tgt_in != m.pad_id) & (tgt_in != m.bos_id)
         return torch.where(hit, noise, tgt_in)
+
+    def corrupt_spans(self, tgt_in: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """``span`` noise: per row, runs of 1..:data:`SPAN_MAX` real tokens (after BOS) overwritten by a run
+        of the same length copied from a random place of the row, until about ``input_noise`` of its
+        real tokens are covered (runs may overlap)."""
+        out = tgt_in.clone()
+        real = ((tgt_in != self.model.pad_id).sum(dim=1) - 1).tolist()  # real tokens after BOS, per row
+        for row, n in enumerate(real):
+            covered = 0
+            while n >= 2 and covered < self.input_noise * n:
+                length = int(torch.randint(1, min(SPAN_MAX, n - 1) + 1, (1,), generator=generator))
+                start, source = (1 + int(torch.randint(0, n - length + 1, (1,), generator=generator)) for _ in range(2))
+                out[row, start : start + length] = tgt_in[row, source : source + length]
+                covered += length
+        return out
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.global_step)

@@ -142,3 +142,18 @@ def test_input_noise_range_and_frozen_base_are_refused():
     with pytest.raises(ValueError, match="input_noise trains the base.*a frozen base does not train"):
         SuperResolutionModule(d_model=16, n_heads=2, d_ff=32, k=2, freeze_base=True, init_from="base.ckpt",
                               input_noise=0.1)
+
+
+def test_span_noise_copies_runs_from_the_same_row():
+    from lightning_bpd.tasks.superres import SuperResolutionModule
+
+    module = SuperResolutionModule(d_model=16, n_heads=2, d_ff=32, input_noise=0.3, input_noise_kind="span")
+    tgt_in = torch.cat([torch.full((2, 1), module.model.bos_id), 3 + torch.arange(2999).repeat(2, 1) % 256], dim=1)
+    tgt_in[1, 1500:] = module.model.pad_id
+    noisy = module.corrupt_inputs(tgt_in, torch.Generator().manual_seed(0))
+    changed = noisy != tgt_in
+    assert not changed[:, 0].any() and not changed[1, 1500:].any()  # BOS and padding stay
+    assert 0.2 < float(changed[0].float().mean()) < 0.4 and 0.2 < float(changed[1, :1500].float().mean()) < 0.4
+    # runs: a changed token's neighbour inside the same copied run is its successor in the original
+    i = int(changed[0].nonzero()[0])
+    assert int(noisy[0, i + 1] - noisy[0, i]) % 256 == 1 or not changed[0, i + 1]
