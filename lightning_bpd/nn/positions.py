@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 POSITION_KINDS = ("sinusoidal", "image", "grid")
@@ -137,7 +138,9 @@ class GridPositions(nn.Module):
         row, col, chan = raster_coordinates(positions, self.shape)
         rows = self.row_weights.to(self.grid.rows) @ self.grid.rows  # (H, D)
         cols = self.col_weights.to(self.grid.cols) @ self.grid.cols  # (W, D)
-        out = rows[row] + cols[col] + self.grid.chans[chan]
+        # F.embedding, not rows[row]: its CPU backward sums repeated indices in a fixed order, so training
+        # (and a resumed run) is bitwise reproducible; advanced indexing's backward is not
+        out = F.embedding(row, rows) + F.embedding(col, cols) + F.embedding(chan, self.grid.chans)
         return out * self.scale if self.scale != 1.0 else out
 
 

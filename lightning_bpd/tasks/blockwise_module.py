@@ -83,9 +83,6 @@ class BlockwiseModule(pl.LightningModule):
             raise ValueError(f"model.frozen_cache_gb must be >= 0 (0 = recompute the frozen base), got {frozen_cache_gb}")
         if not 0.0 <= input_noise < 1.0:
             raise ValueError(f"model.input_noise must lie in [0, 1) (0 = plain teacher forcing), got {input_noise}")
-        if input_noise > 0 and freeze_base:
-            raise ValueError("model.input_noise trains the base to distrust its inputs, and a frozen base does not train: "
-                             "set model.freeze_base: false or model.input_noise: 0")
         if input_noise_kind not in NOISE_KINDS:
             raise ValueError(f"model.input_noise_kind must be one of {NOISE_KINDS}, got {input_noise_kind!r}")
         self.input_noise, self.input_noise_kind = input_noise, input_noise_kind
@@ -173,7 +170,7 @@ class BlockwiseModule(pl.LightningModule):
         (B,): dataset indices of a training batch (the frozen base's states are cached by them).
         """
         tgt_in = decoder_inputs(tgt, self.model.bos_id)  # (B, T)
-        if self.training and self.input_noise > 0:
+        if self.training and self.input_noise > 0 and not self.freeze:  # a frozen base has nothing to learn from it
             tgt_in = self.corrupt_inputs(tgt_in, generator)
         kernel = self.train_kernel() if self.training else None  # evaluation scores the plain cross-entropy
         reads_source = getattr(self.model.head, "source_attention", False) and max(heads) > 0
