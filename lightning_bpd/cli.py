@@ -23,6 +23,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from jsonargparse import Namespace
+from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from pytorch_lightning.loggers import WandbLogger
@@ -32,8 +33,9 @@ from lightning_bpd.config_bases import add_config_arguments
 from lightning_bpd.nn.warm_start import CheckpointMismatchError
 from lightning_bpd.tasks.translation.text_files import DataError
 
-# Errors that mean "the input is wrong", reported as one line instead of a traceback.
-USER_ERRORS = (DataError, CheckpointMismatchError, FileNotFoundError, ValueError)
+# Errors that mean "the input is wrong", reported as one line instead of a traceback (Lightning's
+# MisconfigurationException: a trainer setting it refuses, e.g. max_time "00:00:7:00").
+USER_ERRORS = (DataError, CheckpointMismatchError, FileNotFoundError, ValueError, MisconfigurationException)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"

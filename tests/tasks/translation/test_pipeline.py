@@ -63,6 +63,13 @@ def test_a_vocab_size_given_that_is_not_the_tokenizers_is_one_error(tmp_path, mo
     assert str(err.value).startswith("error: tokenizer has ") and "the model was built for 50" in str(err.value)
 
 
+def test_a_trainer_setting_lightning_refuses_is_one_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as err:
+        main(["fit", *TINY, "--trainer.max_time=00:00:7:00", "--trainer.logger=false", "--run_dir=runs/t"])
+    assert str(err.value).startswith("error: ") and "is not a valid duration" in str(err.value)
+
+
 def test_wandb_offline_run_has_the_callback_values(fitted):
     root, _, cli = fitted
     callback = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "DecodeEval")
