@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-vocab-from", default=None, help="target-language text (.gz allowed) to count tokens in")
     p.add_argument("--lazy-verify", action="store_true",
                    help="verify prefix rules position by position (fewer projections, a host read per position)")
+    p.add_argument("--fixed-shape", action="store_true",
+                   help="greedy and deterministic rules with fixed shapes (finished rows stay, the whole KV cache "
+                        "read under a mask, no host read inside an iteration), replayed as CUDA graphs on CUDA")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None, help="write the results here")
     return p
@@ -90,12 +93,12 @@ def batched(module, rows: list[torch.Tensor], size: int) -> list[EvalBatch]:
     return out
 
 
-def build_methods(module, specs: list[str], ks: list[int] | None, draft,
-                  lazy: bool = False) -> tuple[list[str], dict[str, DecodeMethod]]:
+def build_methods(module, specs: list[str], ks: list[int] | None, draft, lazy: bool = False,
+                  fixed_shape: bool = False) -> tuple[list[str], dict[str, DecodeMethod]]:
     """The methods to time, baselines first: ``(order, methods)``. With several ``ks`` every method
     runs at each k and is named ``<spec>@k<k>``."""
     def make(spec: str, k: int | None = None) -> DecodeMethod:
-        return make_method(spec, module.make_criterion, module.model, k, draft, lazy=lazy)
+        return make_method(spec, module.make_criterion, module.model, k, draft, lazy=lazy, fixed_shape=fixed_shape)
 
     if ks is None or len(ks) == 1:
         k = ks[0] if ks else None
@@ -195,14 +198,14 @@ def main(argv: list[str] | None = None) -> dict:
         module = load_model(args.ckpt, args.device)
         set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
         draft = load_model(args.draft, args.device).model if args.draft else None
-        order, methods = build_methods(module, args.criteria, args.k, draft, args.lazy_verify)
+        order, methods = build_methods(module, args.criteria, args.k, draft, args.lazy_verify, args.fixed_shape)
         inputs = load_inputs(module, args)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"bench: {err}")
     k = (args.k[0] if len(args.k) == 1 else args.k) if args.k else module.model.k
     result = {"ckpt": args.ckpt, "draft": args.draft, "k": k, "device": str(module.device),
               "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(inputs),
-              "lazy_verify": args.lazy_verify, "draft_vocab": args.draft_vocab,
+              "lazy_verify": args.lazy_verify, "fixed_shape": args.fixed_shape, "draft_vocab": args.draft_vocab,
               "batch_sizes": {}}
     print(f"device: {result['device_name']}; ms/call = wall-clock per decoder call (a greedy step or a blockwise "
           "iteration), x base = that cost over the baseline's")

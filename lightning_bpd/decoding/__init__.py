@@ -1,4 +1,5 @@
-"""Task-agnostic decoding core (torch only): greedy, blockwise parallel decoding, beam search and their references."""
+"""Task-agnostic decoding core (torch only): greedy, blockwise parallel decoding (eager, and with fixed shapes for
+CUDA graphs), beam search and their references."""
 
 from lightning_bpd.decoding.agreement import head_agreement
 from lightning_bpd.decoding.beam import BeamResult, beam_search, beam_search_reference
@@ -15,6 +16,7 @@ from lightning_bpd.decoding.criteria import (
 from lightning_bpd.decoding.greedy import greedy_decode, greedy_decode_reference
 from lightning_bpd.decoding.protocol import DecodeResult
 from lightning_bpd.decoding.reference import blockwise_decode_reference
+from lightning_bpd.decoding.static import StaticDecoder, static_decode
 
 __all__ = [
     "BeamResult",
@@ -24,6 +26,7 @@ __all__ = [
     "Exact",
     "MinBlock",
     "SpeculativeSampling",
+    "StaticDecoder",
     "TopK",
     "beam_search",
     "beam_search_reference",
@@ -33,4 +36,5 @@ __all__ = [
     "greedy_decode_reference",
     "head_agreement",
     "parse_criterion",
+    "static_decode",
 ]

@@ -25,11 +25,12 @@ from torch import Tensor
 
 from lightning_bpd.decoding.beam import beam_search
 from lightning_bpd.decoding.blockwise import blockwise_decode, resolve_k
-from lightning_bpd.decoding.criteria import Criterion, SpeculativeSampling
+from lightning_bpd.decoding.criteria import Criterion, Exact, SpeculativeSampling
 from lightning_bpd.decoding.draft import check_draft_args, draft_decode
 from lightning_bpd.decoding.greedy import greedy_decode
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult
 from lightning_bpd.decoding.sampling import check_sampling_args, new_generator, sample_decode
+from lightning_bpd.decoding.static import static_decode
 
 DRAFT_PREFIX = "draft:"
 
@@ -81,6 +82,7 @@ class DecodeMethod:
     lazy: bool = False  # blockwise prefix rules: verify position by position (see blockwise.verify_lazily)
     beam: int | None = None  # beam search with this beam size (and ``alpha``)
     alpha: float = 0.6
+    fixed_shape: bool = False  # greedy / deterministic rules: fixed shapes, CUDA graphs on CUDA (decoding.static)
 
     @property
     def is_baseline(self) -> bool:
@@ -113,6 +115,9 @@ class DecodeMethod:
     def __call__(self, model: BlockwiseModel, src: Tensor, max_len: int) -> DecodeResult:
         if self.beam is not None:
             return beam_search(model, src, max_len, beam_size=self.beam, alpha=self.alpha)
+        if self.fixed_shape:  # greedy (k = 1) or a deterministic rule with the model's own heads
+            k = 1 if self.criterion is None else self.k
+            return static_decode(model, src, self.criterion or Exact(), max_len, k=k)
         if self.criterion is None:
             if self.temperature is None:
                 return greedy_decode(model, src, max_len)
@@ -131,15 +136,31 @@ def make_method(
     draft: BlockwiseModel | None = None,
     seed: int | None = 0,
     lazy: bool = False,
+    fixed_shape: bool = False,
 ) -> DecodeMethod:
     """Build (and check) the method named ``spec`` for ``model``; raise ValueError saying what to fix.
 
     ``make_criterion`` turns a criterion name into a rule (tasks add their intensity values for eps).
     ``k`` is the number of heads used (default: all) or, for a draft, the block size (default: the
     model's k, at least 2). ``seed`` seeds the random numbers of sampling methods (reseeded at
-    every decode call). ``lazy`` makes blockwise prefix rules verify position by position.
+    every decode call). ``lazy`` makes blockwise prefix rules verify position by position;
+    ``fixed_shape`` decodes greedy and the deterministic rules with fixed shapes
+    (:mod:`~lightning_bpd.decoding.static`: CUDA graphs on CUDA, no row compaction).
     """
     s = spec.strip()
+    method = build_method(s, make_criterion, model, k, draft, seed, lazy)
+    if fixed_shape:
+        if method.beam is not None or method.draft is not None or method.is_sampling or method.temperature is not None:
+            raise ValueError(f"method {spec!r} has no fixed-shape decoder: fixed shapes cover greedy and the "
+                             "deterministic rules of the model's own heads (exact, topN, epsX, minL_...)")
+        method.fixed_shape = True
+    return method
+
+
+def build_method(s: str, make_criterion: Callable[[str], Criterion], model: BlockwiseModel, k: int | None,
+                 draft: BlockwiseModel | None, seed: int | None, lazy: bool) -> DecodeMethod:
+    """:func:`make_method` before the fixed-shape choice."""
+    spec = s
     if s == "greedy":
         return DecodeMethod(s)
     if s.startswith("beam"):

@@ -114,11 +114,15 @@ def cached_span(positions: Tensor, window: int | None, cache: KVCache) -> tuple[
     """The cache slots that queries at ``positions`` (B, T) can see, and their mask (B, 1, T, S').
 
     Only the span that some query can see is read, so a local window keeps the cost bounded on
-    long outputs; with a ring cache every slot is read and masked by the position it holds.
+    long outputs; with a ring cache every slot is read and masked by the position it holds, and so
+    with a static cache (:meth:`~lightning_bpd.nn.kv_cache.KVCache.make_static`).
     """
     if cache.ring:
         k_pos = cache.slot_positions(positions[:, -1])  # (B, R)
         return (0, cache.ring), causal_mask(positions, k_pos, window) & (k_pos >= 0)[:, None, None, :]
+    if cache.static:  # fixed shapes: every slot, masked by position
+        k_pos = torch.arange(cache.capacity, device=positions.device)
+        return (0, cache.capacity), causal_mask(positions, k_pos, window)
     low, high = cache.length_bounds()  # the new positions are lengths .. lengths + T - 1 (no device read)
     stop = high + positions.shape[1]
     start = 0 if window is None else max(0, low - window + 1)

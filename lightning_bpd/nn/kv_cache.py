@@ -16,6 +16,10 @@ The cache also keeps host-side bounds (lowest, highest) of ``lengths`` as Python
 appends and loose after a ``select``, so that sizing a step (room left, the span of slots a query can
 see) needs no device-to-host copy; a crop that is not told the new bounds forgets them, and they are
 read back from the device the next time they are needed.
+
+A *static* cache (:meth:`KVCache.make_static`, for fixed-shape decoding and CUDA graphs) has no
+host-side bounds at all: every call reads all slots under a mask built from ``lengths`` on the device,
+crops update ``lengths`` in place, and the decode loop, not the cache, guarantees the room.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, S, H, Dh)
         self._lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
         self.bounds: tuple[int, int] | None = (0, 0)  # host-side (min, max) of lengths; None: unknown
+        self.static = False  # fixed shapes: every slot read, lengths only changed in place
 
     @property
     def lengths(self) -> Tensor:
@@ -59,8 +64,18 @@ class KVCache:
 
     @lengths.setter
     def lengths(self, value: Tensor) -> None:  # set from outside: the host-side bounds are unknown
+        if self.static:
+            self._lengths.copy_(value)
+            return
         self._lengths = value
         self.bounds = None
+
+    def make_static(self) -> None:
+        """Fixed shapes from now on: :meth:`length_bounds` is (0, capacity) without a device read, every
+        slot is read, :meth:`check_room` is the caller's job and lengths change in place only (the
+        tensors a CUDA graph recorded stay the ones it replays on)."""
+        self.static = True
+        self.bounds = (0, self.max_positions)
 
     @property
     def capacity(self) -> int:
@@ -78,12 +93,16 @@ class KVCache:
     def length_bounds(self) -> tuple[int, int]:
         """(lowest, highest) row length, or bounds on them, as Python ints (read from the device only
         when unknown)."""
+        if self.static:
+            return 0, self.max_positions
         if self.bounds is None:
             self.bounds = (int(self.lengths.min()), int(self.lengths.max()))
         return self.bounds
 
     def check_room(self, n_new: int) -> None:
-        """Raise if some row cannot take ``n_new`` more tokens."""
+        """Raise if some row cannot take ``n_new`` more tokens (static caches: the caller's job)."""
+        if self.static:
+            return
         longest = self.length_bounds()[1] + n_new
         if longest > self.capacity:
             raise RuntimeError(f"KV cache overflow: a row needs {longest} positions, capacity is {self.capacity}")
@@ -108,7 +127,7 @@ class KVCache:
     def advance(self, n_new: int) -> None:
         """Commit ``n_new`` written positions in every row (after all layers wrote them)."""
         self._lengths += n_new
-        if self.bounds is not None:
+        if self.bounds is not None and not self.static:
             self.bounds = (self.bounds[0] + n_new, self.bounds[1] + n_new)
 
     def crop(self, lengths: Tensor, bounds: tuple[int, int] | None = None, check: bool = True) -> None:
@@ -121,12 +140,17 @@ class KVCache:
             raise ValueError(f"crop lengths must have shape {tuple(self.lengths.shape)}, got {tuple(lengths.shape)}")
         if check and (bool((lengths > self.lengths).any()) or bool((lengths < 0).any())):
             raise ValueError("crop lengths must lie in [0, current length] for every row")
+        if self.static:
+            self._lengths.copy_(lengths)
+            return
         self._lengths = lengths.to(self._lengths)
         self.bounds = bounds
 
     def select(self, rows: Tensor) -> None:
         """Keep only batch ``rows`` (a 1-D index tensor), in that order (for finished rows and beams).
         The host-side bounds stay valid as bounds."""
+        if self.static:
+            raise RuntimeError("a static KV cache keeps its batch: finished rows stay (fixed-shape decoding)")
         self.k = self.k.index_select(1, rows)
         self.v = self.v.index_select(1, rows)
         self._lengths = self._lengths.index_select(0, rows)

@@ -76,3 +76,18 @@ def test_acceptance_rate_leaves_out_each_rows_last_block():
     assert acceptance_rate([[4, 4, 2], [1, 3, 1]], 4) == pytest.approx((3 + 3 + 0 + 2) / (4 * 3))
     assert acceptance_rate([[4, 4, 4, 1]], 4) == 1.0
     assert acceptance_rate([[2], [3]], 4) != acceptance_rate([[2], [3]], 4)  # NaN: no complete block
+
+
+def test_fixed_shape_methods_decode_like_the_eager_ones():
+    model = random_model(k=4, seed=1)
+    model.eos_id = 5
+    src = random_sources(5, seed=1)
+    for spec, k in [("greedy", None), ("exact", None), ("top2", 3), ("eps1", 2)]:
+        eager = make_method(spec, parse_criterion, model, k)(model, src, 12)
+        fixed = make_method(spec, parse_criterion, model, k, fixed_shape=True)
+        assert fixed.fixed_shape
+        out = fixed(model, src, 12)
+        assert torch.equal(out.tokens, eager.tokens) and out.block_sizes == eager.block_sizes
+    for spec in ["ancestral", "sample_t0.7", "beam2"]:
+        with pytest.raises(ValueError, match="has no fixed-shape decoder"):
+            make_method(spec, parse_criterion, model, fixed_shape=True)
