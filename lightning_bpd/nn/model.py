@@ -25,6 +25,8 @@ from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
 # before them; "chained_attn": chained heads that also attend over the source
 # (:mod:`lightning_bpd.nn.chained_head`).
 HEAD_TYPES = ("paper", "chained", "chained_attn")
+# Which input intensities direct conditioning adds under a target pixel (:func:`source_taps`).
+CONDITIONING = ("nearest", "bilinear")
 
 
 @dataclass
@@ -39,7 +41,9 @@ class ModelConfig:
     ``src_positions = tgt_positions = "grid"``: both rasters on one shared row / column grid;
     ``scale_positions``: image position vectors are scaled to the token vectors' size (RMS 1, like
     ``embedding * sqrt(d)``); ``direct_conditioning``: the decoder input at target intensity
-    (r, c, channel) adds the source embedding of the input intensity at (r / f, c / f, channel).
+    (r, c, channel) adds the source embedding of the input intensity at (r / f, c / f, channel);
+    ``conditioning``: which input intensity it adds, ``nearest`` (the one under the target pixel) or
+    ``bilinear`` (the bilinear interpolation of the four around the target pixel's centre, rounded).
     """
 
     src_vocab_size: int
@@ -65,6 +69,7 @@ class ModelConfig:
     tie_output_to_source: bool = False
     scale_positions: bool = False
     direct_conditioning: bool = False
+    conditioning: str = "nearest"
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int | None = 2
@@ -100,6 +105,8 @@ class ModelConfig:
         if self.tie_output_to_source and (self.tie_output or self.share_embeddings):
             raise ValueError("tie_output_to_source needs tie_output off and share_embeddings off "
                              "(a source embedding of its own to tie the output to)")
+        if self.conditioning not in CONDITIONING:
+            raise ValueError(f"conditioning must be one of {CONDITIONING}, got {self.conditioning!r}")
         if self.direct_conditioning:
             if not images:
                 raise ValueError("direct_conditioning needs src_image_shape and tgt_image_shape")
@@ -118,6 +125,35 @@ def source_index(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, int
     row, col, chan = raster_coordinates(torch.arange(th * tw * c), tgt_shape)
     fr, fc = th // src_shape[0], tw // sw
     return ((row // fr) * sw + col // fc) * c + chan
+
+
+def bilinear_taps(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, int]) -> tuple[Tensor, Tensor]:
+    """For every target raster position, the raster positions of the 4 source intensities around the
+    target pixel's centre and their bilinear weights (align_corners=False, edges clamped, as
+    ``F.interpolate(mode="bilinear")``): ((T, 4) long, (T, 4) float, rows summing to 1)."""
+    (sh, sw, c), (th, tw, _) = src_shape, tgt_shape
+    row, col, chan = raster_coordinates(torch.arange(th * tw * c), tgt_shape)
+
+    def axis(index: Tensor, n_src: int, n_tgt: int) -> tuple[Tensor, Tensor, Tensor]:
+        x = ((index.double() + 0.5) * n_src / n_tgt - 0.5).clamp(min=0)  # source coordinate
+        lo = x.floor().long().clamp(max=n_src - 1)
+        hi = (lo + 1).clamp(max=n_src - 1)
+        return lo, hi, (x - lo).clamp(0, 1)
+
+    r0, r1, fr = axis(row, sh, th)
+    c0, c1, fc = axis(col, sw, tw)
+    index = torch.stack([(r * sw + q) * c + chan for r in (r0, r1) for q in (c0, c1)], dim=-1)  # (T, 4)
+    weight = torch.stack([(1 - fr) * (1 - fc), (1 - fr) * fc, fr * (1 - fc), fr * fc], dim=-1)  # (T, 4)
+    return index, weight.float()
+
+
+def source_taps(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, int], mode: str) -> tuple[Tensor, Tensor]:
+    """Direct conditioning's source positions (T, n) and weights (T, n) per target position: n = 1 for
+    ``nearest`` (:func:`source_index`, weight 1), 4 for ``bilinear`` (:func:`bilinear_taps`)."""
+    if mode == "bilinear":
+        return bilinear_taps(src_shape, tgt_shape)
+    index = source_index(src_shape, tgt_shape)[:, None]  # (T, 1)
+    return index, torch.ones(index.shape)
 
 
 class BlockwiseTransformer(nn.Module):
@@ -141,7 +177,9 @@ class BlockwiseTransformer(nn.Module):
             nn.init.normal_(self.out_proj.weight, std=c.d_model**-0.5)
             nn.init.zeros_(self.out_proj.bias)
         if c.direct_conditioning:
-            self.register_buffer("cond_index", source_index(c.src_image_shape, c.tgt_image_shape), persistent=False)
+            index, weight = source_taps(c.src_image_shape, c.tgt_image_shape, c.conditioning)  # (T, n) each
+            self.register_buffer("cond_index", index, persistent=False)
+            self.register_buffer("cond_weight", weight, persistent=False)
         self.encoder = Encoder(c.n_encoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout)
         self.decoder = Decoder(c.n_decoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.window)
         self.chained_heads = c.head_type in ("chained", "chained_attn") and c.k > 1
@@ -168,21 +206,30 @@ class BlockwiseTransformer(nn.Module):
         pos = torch.arange(src.shape[1], device=src.device).expand_as(src)
         x = self.drop(self.src_embed(src) * self.scale + self.src_pos(pos, src.shape[1]).to(self.src_embed.weight.dtype))
         memory = self.encoder(x, src_valid)  # (B, S, D)
-        cond = self.src_embed(src) * self.scale if self.config.direct_conditioning else None  # (B, S, D)
-        return EncoderContext(memory, src_valid, self.decoder.cross_kv(memory), cond)
+        cond = self.src_embed(self.conditioning_ids(src)) * self.scale if self.config.direct_conditioning else None
+        return EncoderContext(memory, src_valid, self.decoder.cross_kv(memory), cond)  # cond: (B, T, D)
+
+    def conditioning_ids(self, src: Tensor) -> Tensor:
+        """Source intensities (B, S) -> the input intensity id that direct conditioning adds at every
+        target position (B, T): the one under the pixel, or the taps' weighted mean rounded half up (bilinear:
+        the weights are multiples of 1/64, so the sum is exact and rounding is the same everywhere)."""
+        taps = src[:, self.cond_index]  # (B, T, n)
+        if taps.shape[-1] == 1:
+            return taps[..., 0]
+        return ((taps.to(self.cond_weight.dtype) * self.cond_weight).sum(-1) + 0.5).floor().long()  # ties up
 
     # ---- decoder -------------------------------------------------------------------------------
     def embed_tgt(self, tokens: Tensor, positions: Tensor, context: EncoderContext | None = None,
                   limit: int | None = None) -> Tensor:
         """Decoder inputs (B, T) at absolute ``positions`` (B, T) -> (B, T, D); with direct conditioning
-        the ``context`` adds the source intensity under each target position. ``limit``: a host-side
+        the ``context`` adds the input intensity of each target position (:meth:`conditioning_ids`). ``limit``: a host-side
         bound (exclusive) on ``positions``, so that no device value is read."""
         x = self.tgt_embed(tokens) * self.scale + self.tgt_pos(positions, limit).to(self.tgt_embed.weight.dtype)
         if self.config.direct_conditioning:
             if context is None or context.cond is None:
                 raise ValueError("direct_conditioning: embed_tgt needs the encoder context of the sources")
-            src_at = self.cond_index[positions.clamp(max=self.cond_index.shape[0] - 1)]  # (B, T) source index
-            x = x + context.cond.gather(1, src_at[..., None].expand(*src_at.shape, x.shape[-1]))
+            at = positions.clamp(max=self.cond_index.shape[0] - 1)  # (B, T) target positions
+            x = x + context.cond.gather(1, at[..., None].expand(*at.shape, x.shape[-1]))
         return self.drop(x)  # (B, T, D)
 
     def decode_full(self, tgt_in: Tensor, context: EncoderContext) -> Tensor:

@@ -25,8 +25,8 @@ class EncoderContext:
     """What the decoder needs from one encoded source batch; computed once per source.
 
     memory: (B, S, D); src_valid: (B, S) True for real tokens; cross_kv: per decoder layer, the
-    cross-attention keys and values (B, S, H, Dh); cond: (B, S, D) source vectors that the model adds
-    to its decoder inputs (direct conditioning), or None.
+    cross-attention keys and values (B, S, H, Dh); cond: (B, T, D) per target position, the input vector
+    that the model adds to its decoder input there (direct conditioning), or None.
     """
 
     memory: Tensor

@@ -2,7 +2,9 @@
 
 import pytest
 import torch
+from torch.nn import functional as F
 
+from lightning_bpd.nn.model import bilinear_taps, source_index
 from tests.models import random_model, random_sources
 
 
@@ -124,6 +126,8 @@ IMAGE_OPTIONS = {
             "direct_conditioning": True},
     "source_output": {"tie_output": False, "tie_output_to_source": True, "share_embeddings": False,
                       "direct_conditioning": True},
+    "bilinear": {"tie_output": False, "tie_output_to_source": True, "share_embeddings": False,
+                 "direct_conditioning": True, "conditioning": "bilinear"},
 }
 
 
@@ -174,6 +178,28 @@ def test_direct_conditioning_adds_the_source_intensity_under_each_target_pixel()
         torch.testing.assert_close(added[0, (r * 8 + c) * 3 + ch], expected, rtol=0, atol=1e-12)
 
 
+def test_bilinear_conditioning_adds_the_interpolated_input_intensity():
+    """``conditioning: bilinear``: target (r, c, ch) reads the input intensity that bilinear interpolation
+    (align_corners=False, as F.interpolate computes it in float64) gives there, rounded half up; the nearest
+    taps are the intensity under the pixel."""
+    model = random_model(k=1, vocab=300, **{**IMAGE, "src_image_shape": (4, 4, 3), "tgt_image_shape": (16, 16, 3),
+                                            "direct_conditioning": True, "conditioning": "bilinear"})
+    values = torch.randint(0, 256, (3, 4, 4, 3), generator=torch.Generator().manual_seed(0))  # (B, H, W, C)
+    src = values.flatten(1) + 3  # (B, 48) raster ids, intensity + 3
+    up = F.interpolate(values.permute(0, 3, 1, 2).double(), scale_factor=4, mode="bilinear", align_corners=False)
+    expected = (up + 0.5).floor().long().permute(0, 2, 3, 1).flatten(1) + 3  # (B, 768), ties rounded up
+    assert torch.equal(model.conditioning_ids(src), expected)
+    context = model.encode(src)
+    tokens, pos = torch.full((3, 768), 5), torch.arange(768).expand(3, -1)
+    added = model.embed_tgt(tokens, pos, context) - (model.tgt_embed(tokens) * model.scale + model.tgt_pos(pos))
+    torch.testing.assert_close(added, model.src_embed(expected) * model.scale, rtol=0, atol=1e-12)
+    index, weight = bilinear_taps((4, 4, 3), (16, 16, 3))
+    assert index.shape == weight.shape == (768, 4) and torch.allclose(weight.sum(-1), torch.ones(768))
+    nearest = random_model(k=1, vocab=300, **{**IMAGE, "src_image_shape": (4, 4, 3), "tgt_image_shape": (16, 16, 3),
+                                              "direct_conditioning": True})
+    assert torch.equal(nearest.conditioning_ids(src), src[:, source_index((4, 4, 3), (16, 16, 3))])
+
+
 def test_default_options_keep_the_translation_layout():
     """The image options are off by default: no new tensors, the tied projection."""
     model = random_model(k=2)
@@ -189,6 +215,7 @@ def test_default_options_keep_the_translation_layout():
     ({"src_positions": "pixels"}, "positions must be one of"),
     ({"tie_output_to_source": True}, "tie_output_to_source needs tie_output off and share_embeddings off"),
     ({"tie_output_to_source": True, "tie_output": False}, "tie_output_to_source needs"),
+    ({"direct_conditioning": True, "conditioning": "bicubic"}, "conditioning must be one of"),
 ])
 def test_bad_image_options_are_refused(bad, match):
     """One message each, naming the option to change."""

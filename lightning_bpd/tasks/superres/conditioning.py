@@ -8,7 +8,8 @@ prediction repeats the decoder's input token (the previous intensity): a model s
 input scores near 1, while real faces repeat the previous intensity only a few percent of the time
 (``repeat_share_truth``).
 
-:func:`nearest_upsample` is the trivial baseline: every input pixel copied into its f x f block.
+:func:`nearest_upsample` is the trivial baseline: every input pixel copied into its f x f block;
+:func:`smooth_upsample` gives the stronger classical ones (bilinear, bicubic).
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ from lightning_bpd.nn.loss import decoder_inputs
 def nearest_upsample(low: Tensor, factor: int) -> Tensor:
     """(..., H, W, C) images -> (..., f H, f W, C), each pixel repeated over an f x f block."""
     return low.repeat_interleave(factor, -3).repeat_interleave(factor, -2)
+
+
+def smooth_upsample(low: Tensor, factor: int, mode: str) -> Tensor:
+    """(N, H, W, C) images -> (N, f H, f W, C) float intensities, ``bilinear`` or ``bicubic``
+    interpolation (align_corners=False), rounded half up and clipped to [0, 255] like decoded intensities."""
+    up = F.interpolate(low.permute(0, 3, 1, 2).float(), scale_factor=factor, mode=mode, align_corners=False)
+    return (up + 0.5).floor().clamp(0, 255).permute(0, 2, 3, 1)  # (N, fH, fW, C)
 
 
 def teacher_forced(model, src: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -21,9 +21,9 @@ from torchmetrics.functional.image import peak_signal_noise_ratio, structural_si
 from lightning_bpd.decoding import Criterion, parse_criterion
 from lightning_bpd.evaluation import EvalBatch
 from lightning_bpd.nn.loss import gaussian_kernel
-from lightning_bpd.nn.model import ModelConfig
+from lightning_bpd.nn.model import CONDITIONING, ModelConfig
 from lightning_bpd.tasks.blockwise_module import BlockwiseModule
-from lightning_bpd.tasks.superres.conditioning import conditioning_diagnostic, nearest_upsample
+from lightning_bpd.tasks.superres.conditioning import conditioning_diagnostic, nearest_upsample, smooth_upsample
 from lightning_bpd.tasks.superres.pixels import (
     BOS_ID,
     OFFSET,
@@ -82,13 +82,17 @@ class SuperResolutionModule(BlockwiseModule):
         scale_positions: position vectors at the size of the token vectors (RMS 1) instead of ~0.15.
         direct_conditioning: the decoder input at target (r, c, channel) adds the embedding of the
             input intensity at (r // 4, c // 4, channel).
+        conditioning: which input intensity direct conditioning adds: ``nearest`` (the one under the pixel)
+            or ``bilinear`` (the bilinear interpolation of the 4 around the pixel's centre, rounded): with
+            ``source_output`` the untrained model's argmax is then bilinear upsampling.
         source_output: the output layer is the embedding of the input intensities, a table of its own
             apart from the decoder's input embedding (needs ``direct_conditioning``, ``tie_output`` off):
             the input intensity under the predicted position then votes for itself, so the model starts
             from nearest-neighbour upsampling and learns the detail, instead of voting for the last token.
         input_noise, input_noise_kind: share of the decoder's teacher-forced input intensities replaced while
-            training the base, by intensities from elsewhere in the image (``shuffle``) or uniform ones
-            (:meth:`~lightning_bpd.tasks.blockwise_module.BlockwiseModule.corrupt_inputs`).
+            training the base: by intensities from elsewhere in the image (``shuffle``), uniform ones,
+            runs copied from elsewhere (``span``) or the model's own greedy guesses (``self``: one extra
+            forward pass per step) (:meth:`~lightning_bpd.tasks.blockwise_module.BlockwiseModule.corrupt_inputs`).
         intensity_sigma: train towards a Gaussian of this width (intensity levels) around the true intensity
             instead of a one-hot target (0 = one-hot): intensities are ordinal, and the argmax of a
             distribution trained so is a smoothed mode, not a spike at a saturated value such as 0 or 255
@@ -127,6 +131,7 @@ class SuperResolutionModule(BlockwiseModule):
         positions: str = "grid",
         scale_positions: bool = True,
         direct_conditioning: bool = True,
+        conditioning: str = "nearest",
         smooth_intensities: bool = True,
         source_output: bool = True,
         input_noise: float = 0.0,
@@ -135,6 +140,8 @@ class SuperResolutionModule(BlockwiseModule):
     ) -> None:
         if intensity_sigma < 0:
             raise ValueError(f"model.intensity_sigma must be >= 0 (0 = one-hot targets), got {intensity_sigma}")
+        if conditioning not in CONDITIONING:
+            raise ValueError(f"model.conditioning must be one of {CONDITIONING}, got {conditioning!r}")
         if positions not in POSITIONS:
             raise ValueError(f"model.positions must be one of {POSITIONS}, got {positions!r}")
         if source_output and (tie_output or not direct_conditioning):
@@ -147,7 +154,7 @@ class SuperResolutionModule(BlockwiseModule):
             share_embeddings=not source_output, tie_output_to_source=source_output,
             src_positions=positions, tgt_positions=positions, src_image_shape=LOW, tgt_image_shape=HIGH,
             window=window, tie_output=tie_output, scale_positions=scale_positions,
-            direct_conditioning=direct_conditioning, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=None,
+            direct_conditioning=direct_conditioning, conditioning=conditioning, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=None,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
                          seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb,
@@ -266,12 +273,17 @@ class SuperResolutionModule(BlockwiseModule):
         return metrics
 
     def decode_eval_extras(self, batches: list[EvalBatch]) -> dict[str, float]:
-        """Beside the decoders' rows: nearest-neighbour upsampling scored by the same code on the same
-        images (``nearest/psnr``, ``nearest/ssim``), and the conditioning diagnostic (``cond/*``)."""
+        """Beside the decoders' rows: nearest-neighbour, bilinear and bicubic upsampling scored by the same
+        code on the same images (``nearest/psnr``, ``bilinear/ssim``, ...), and the conditioning diagnostic
+        (``cond/*``)."""
         lows = torch.stack([s for b in batches for s in b.sources])  # (N, 8, 8, 3) uint8
         highs = torch.stack([r for b in batches for r in b.references])  # (N, 32, 32, 3) uint8
         up = nearest_upsample(lows, FACTOR).permute(0, 3, 1, 2).float()
-        extras = {f"nearest/{key}": value for key, value in image_quality(up, highs.permute(0, 3, 1, 2).float()).items()}
+        truth = highs.permute(0, 3, 1, 2).float()
+        extras = {f"nearest/{key}": value for key, value in image_quality(up, truth).items()}
+        for mode in ("bilinear", "bicubic"):
+            smooth = smooth_upsample(lows, FACTOR, mode).permute(0, 3, 1, 2)
+            extras.update({f"{mode}/{key}": value for key, value in image_quality(smooth, truth).items()})
         if lows.shape[0] >= 2:
             src, tgt = image_to_tokens(lows).to(self.device), image_to_tokens(highs).to(self.device)
             extras.update(conditioning_diagnostic(self.model, src, tgt, GREY_ID, batch_size=16))

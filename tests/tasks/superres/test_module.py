@@ -15,7 +15,7 @@ from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
 from lightning_bpd.evaluation import EvalBatch
 from lightning_bpd.tasks.superres import SuperResolutionModule
-from lightning_bpd.tasks.superres.conditioning import nearest_upsample
+from lightning_bpd.tasks.superres.conditioning import nearest_upsample, smooth_upsample
 from lightning_bpd.tasks.superres.module import LEGACY_DESIGN, image_quality
 from lightning_bpd.tasks.superres.pixels import image_to_tokens
 
@@ -38,12 +38,15 @@ def test_extras_score_nearest_upsampling_with_the_same_code():
     lows, highs = torch.stack(batches[0].sources), torch.stack(batches[0].references)
     expected = image_quality(nearest_upsample(lows, 4).permute(0, 3, 1, 2).float(), highs.permute(0, 3, 1, 2).float())
     assert extras["nearest/psnr"] == expected["psnr"] and extras["nearest/ssim"] == expected["ssim"]
+    for mode in ("bilinear", "bicubic"):
+        smooth = image_quality(smooth_upsample(lows, 4, mode).permute(0, 3, 1, 2), highs.permute(0, 3, 1, 2).float())
+        assert extras[f"{mode}/psnr"] == smooth["psnr"] and extras[f"{mode}/ssim"] == smooth["ssim"]
     assert {"cond/loss_true", "cond/gap_rolled", "cond/gap_constant", "cond/repeat_share"} <= set(extras)
     # a no-model row in the printed table, beside the methods
     metrics = {"greedy/psnr": 9.0, "greedy/mean_accepted_block_size": 1.0, "greedy/model_calls": 3072.0,
                "greedy/seconds": 1.0, "greedy/speedup": 1.0, **extras}
     table = format_summary(metrics, ["greedy"], "psnr")
-    assert "nearest (no model)" in table and "gap_rolled=" in table
+    assert "nearest (no model)" in table and "bicubic (no model)" in table and "gap_rolled=" in table
 
 
 def test_sample_rows_need_no_wandb(monkeypatch):
@@ -57,11 +60,12 @@ def test_sample_rows_need_no_wandb(monkeypatch):
     assert isinstance(rows[0][0], np.ndarray) and rows[0][0].shape == (32, 32, 3) and rows[0][-1] == 2.0
 
 
-@pytest.mark.parametrize("design", ["grid_untied", "source_output"])
+@pytest.mark.parametrize("design", ["grid_untied", "source_output", "bilinear"])
 @pytest.mark.parametrize("k", [1, 3])
 def test_new_designs_decode_blockwise_exactly_like_greedy(k, design):
     torch.manual_seed(0)
-    options = {**NEW_DESIGN, "source_output": False} if design == "grid_untied" else SOURCE_OUTPUT
+    options = {"grid_untied": {**NEW_DESIGN, "source_output": False}, "source_output": SOURCE_OUTPUT,
+               "bilinear": {**SOURCE_OUTPUT, "conditioning": "bilinear"}}[design]
     module = SuperResolutionModule(**TINY, k=k, head_hidden=8, **options).double().eval()
     src = torch.randint(3, 259, (2, 192))
     out = blockwise_decode(module.model, src, module.make_criterion("exact"), max_len=60)
@@ -95,9 +99,11 @@ def test_a_checkpoint_of_another_design_fails_with_one_message(tmp_path):
         module.warm_start(str(tmp_path / "old.ckpt"))
 
 
-def test_unknown_positions_are_refused():
+def test_unknown_positions_and_conditioning_are_refused():
     with pytest.raises(ValueError, match="model.positions must be one of"):
         SuperResolutionModule(**TINY, positions="pixels")
+    with pytest.raises(ValueError, match=r"model.conditioning must be one of \('nearest', 'bilinear'\), got 'bicubic'"):
+        SuperResolutionModule(**TINY, conditioning="bicubic")
 
 
 def test_source_output_starts_from_nearest_neighbour_upsampling():
@@ -119,6 +125,23 @@ def test_source_output_starts_from_nearest_neighbour_upsampling():
     assert module.model.src_embed is not module.model.tgt_embed and not hasattr(module.model, "out_proj")
     assert shares[True] > 0.7 and errors[True] < 5  # (grid positions at token scale dilute the vote a little)
     assert shares[False] < 0.1 and errors[False] > 40
+
+
+def test_bilinear_conditioning_starts_from_bilinear_upsampling():
+    """With ``conditioning: bilinear`` the input intensity on the residual stream is the bilinear
+    interpolation, and the source-tied output layer votes for it: a fresh model's p_1 is (nearly)
+    bilinear upsampling, which is smoother than the nearest-neighbour start."""
+    from lightning_bpd.nn.loss import decoder_inputs
+
+    lows = torch.randint(0, 256, (2, 8, 8, 3), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    smooth = image_to_tokens(smooth_upsample(lows, 4, "bilinear").to(torch.uint8))  # (2, 3072)
+    torch.manual_seed(0)
+    module = SuperResolutionModule(d_model=64, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, window=32,
+                                   dropout=0.0, conditioning="bilinear").eval()
+    with torch.no_grad():
+        logits = module.model.logits_first(module.model(image_to_tokens(lows), decoder_inputs(smooth, module.model.bos_id)))
+    assert float((logits.argmax(-1) == smooth).float().mean()) > 0.7
+    assert float((logits.argmax(-1) - smooth).abs().float().mean()) < 5
 
 
 @pytest.mark.parametrize("bad", [{"tie_output": True}, {"direct_conditioning": False}])
