@@ -28,7 +28,7 @@ logger = logging.getLogger("lightning_bpd")
 MAX_K = 16
 
 
-NOISE_KINDS = ("shuffle", "uniform", "span")  # how corrupt_inputs replaces decoder inputs
+NOISE_KINDS = ("shuffle", "uniform", "span", "self")  # how corrupt_inputs replaces decoder inputs
 SPAN_MAX = 64  # longest run of inputs one ``span`` corruption replaces
 
 
@@ -171,7 +171,8 @@ class BlockwiseModule(pl.LightningModule):
         """
         tgt_in = decoder_inputs(tgt, self.model.bos_id)  # (B, T)
         if self.training and self.input_noise > 0 and not self.freeze:  # a frozen base has nothing to learn from it
-            tgt_in = self.corrupt_inputs(tgt_in, generator)
+            own = self.own_predictions(src, tgt_in) if self.input_noise_kind == "self" else None
+            tgt_in = self.corrupt_inputs(tgt_in, generator, own)
         kernel = self.train_kernel() if self.training else None  # evaluation scores the plain cross-entropy
         reads_source = getattr(self.model.head, "source_attention", False) and max(heads) > 0
         context = self.model.encode(src) if reads_source else None
@@ -201,12 +202,30 @@ class BlockwiseModule(pl.LightningModule):
         m = self.model
         return max(m.pad_id, m.bos_id, m.eos_id if m.eos_id is not None else -1) + 1, m.config.tgt_vocab_size
 
-    def corrupt_inputs(self, tgt_in: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    @torch.no_grad()
+    def own_predictions(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """The model's own greedy guesses as decoder inputs (B, T): position t + 1 holds the argmax of p_1
+        (over ordinary tokens) at position t given the clean teacher-forced inputs; BOS stays first.
+        One extra forward pass without gradients and without dropout, as when decoding (parallel scheduled
+        sampling, Duckworth et al. 2019)."""
+        low, high = self.ordinary_tokens()
+        was_training = self.training
+        self.train(False)
+        try:
+            logits = self.model.logits_first(self.model(src, tgt_in))  # (B, T, V)
+        finally:
+            self.train(was_training)
+        guess = logits[..., low:high].argmax(dim=-1) + low  # (B, T): the model's guess of target t
+        return decoder_inputs(guess, self.model.bos_id)  # (B, T)
+
+    def corrupt_inputs(self, tgt_in: Tensor, generator: torch.Generator | None = None,
+                       own: Tensor | None = None) -> Tensor:
         """Teacher-forced decoder inputs (B, T) with a share ``input_noise`` of the non-BOS, non-pad tokens
         replaced: ``shuffle`` by the token at a random other position of the same row (a plausible but
         misplaced value, like the ones greedy decoding copies forward once it has made one), ``uniform``
         by a uniformly drawn ordinary token, ``span`` by runs of 1..64 tokens copied from elsewhere in
-        the row (a whole run of misplaced values, as when greedy decoding has drifted). The targets
+        the row (a whole run of misplaced values, as when greedy decoding has drifted), ``self`` by the
+        model's own guess there (``own`` (B, T), :meth:`own_predictions`: the mistakes it really makes). The targets
         stay clean: the model learns not to trust its last tokens blindly, which greedy decoding
         punishes when they are its own (exposure bias; super-resolution decodes 3,072 of them)."""
         m = self.model
@@ -214,7 +233,11 @@ class BlockwiseModule(pl.LightningModule):
         if self.input_noise_kind == "span":
             return self.corrupt_spans(tgt_in, generator)
         draw = torch.rand(tgt_in.shape, generator=generator)  # (B, T)
-        if self.input_noise_kind == "uniform":
+        if self.input_noise_kind == "self":
+            if own is None:
+                raise ValueError("input_noise_kind 'self' needs the model's own guesses: pass own=own_predictions(...)")
+            noise = own
+        elif self.input_noise_kind == "uniform":
             noise = torch.randint(*self.ordinary_tokens(), tgt_in.shape, generator=generator).to(tgt_in.device)
         else:  # a random position of the row among its real tokens (after BOS, before padding)
             real = ((tgt_in != m.pad_id).sum(dim=1, keepdim=True) - 1).clamp(min=1).cpu()  # (B, 1)

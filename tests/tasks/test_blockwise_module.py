@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_bpd.nn.loss import shifted_targets
+from lightning_bpd.nn.loss import decoder_inputs, shifted_targets
 from lightning_bpd.tasks.translation import TranslationModule
 
 SHAPE = {"vocab_size": 40, "d_model": 32, "n_heads": 2, "d_ff": 64, "n_encoder_layers": 1, "n_decoder_layers": 1,
@@ -160,3 +160,32 @@ def test_span_noise_copies_runs_from_the_same_row():
     # runs: a changed token's neighbour inside the same copied run is its successor in the original
     i = int(changed[0].nonzero()[0])
     assert int(noisy[0, i + 1] - noisy[0, i]) % 256 == 1 or not changed[0, i + 1]
+
+
+def test_self_noise_feeds_the_models_own_greedy_guesses():
+    from lightning_bpd.tasks.superres import SuperResolutionModule
+
+    torch.manual_seed(0)
+    module = SuperResolutionModule(d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, window=16,
+                                   input_noise=0.3, input_noise_kind="self")
+    src, tgt = torch.randint(3, 259, (2, 192)), torch.randint(3, 259, (2, 3072))
+    tgt_in = decoder_inputs(tgt, module.model.bos_id)
+    own = module.train().own_predictions(src, tgt_in)  # without dropout (as decoding), the mode kept
+    assert module.training and module.model.decoder.training
+    module.eval()
+    assert own.shape == tgt_in.shape and bool((own[:, 0] == module.model.bos_id).all())
+    assert int(own[:, 1:].min()) >= 3  # ordinary intensities only
+    # reference: input t + 1 is the argmax of p_1 after the clean prefix tgt_in[:, : t + 1] (causal: nothing later)
+    for t in (0, 5, 40):
+        with torch.no_grad():
+            logits = module.model.logits_first(module.model(src, tgt_in[:, : t + 1]))[:, -1]  # (B, V)
+        assert torch.equal(own[:, t + 1], logits[:, 3:].argmax(dim=-1) + 3)
+    noisy = module.corrupt_inputs(tgt_in, torch.Generator().manual_seed(1), own)
+    changed = noisy != tgt_in
+    assert not changed[:, 0].any() and torch.equal(noisy[changed], own[changed])
+    assert 0.05 < float(changed.float().mean()) <= 0.31
+    with pytest.raises(ValueError, match="own guesses"):
+        module.corrupt_inputs(tgt_in, torch.Generator().manual_seed(1))
+    module.train()
+    noisy_loss = module.blockwise_step(src, tgt, [0], generator=torch.Generator().manual_seed(0)).loss
+    assert noisy_loss != module.eval().blockwise_step(src, tgt, [0]).loss
