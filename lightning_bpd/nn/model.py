@@ -17,6 +17,7 @@ from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.draft_vocab import DraftVocabulary
 from lightning_bpd.nn.fast_linear import linear
+from lightning_bpd.nn.intensity_prior import RESERVED, IntensityPrior
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.positions import ImageGrid, build_positions, raster_coordinates
 from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
@@ -43,7 +44,10 @@ class ModelConfig:
     ``embedding * sqrt(d)``); ``direct_conditioning``: the decoder input at target intensity
     (r, c, channel) adds the source embedding of the input intensity at (r / f, c / f, channel);
     ``conditioning``: which input intensity it adds, ``nearest`` (the one under the target pixel) or
-    ``bilinear`` (the bilinear interpolation of the four around the target pixel's centre, rounded).
+    ``bilinear`` (the bilinear interpolation of the four around the target pixel's centre, rounded);
+    ``intensity_prior``: a Gaussian prior of this initial width (intensity levels; 0 = off) over every
+    output distribution, centred on that input intensity (:mod:`~lightning_bpd.nn.intensity_prior`);
+    ``intensity_offset``: the first intensity id (the target vocabulary's ids from there on are intensities).
     """
 
     src_vocab_size: int
@@ -70,6 +74,8 @@ class ModelConfig:
     scale_positions: bool = False
     direct_conditioning: bool = False
     conditioning: str = "nearest"
+    intensity_prior: float = 0.0
+    intensity_offset: int = 3
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int | None = 2
@@ -116,6 +122,14 @@ class ModelConfig:
                                  f"of the source {sh}x{sw}x{sc} (same channels)")
             if not self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
                 raise ValueError("direct_conditioning needs one vocabulary for source and target intensities")
+        if self.intensity_prior < 0:
+            raise ValueError(f"intensity_prior must be >= 0 intensity levels (0 = off), got {self.intensity_prior}")
+        if self.intensity_prior > 0 and (not self.direct_conditioning or self.d_model <= RESERVED):
+            raise ValueError("intensity_prior is centred on the input intensity that direct conditioning adds: it "
+                             f"needs direct_conditioning and d_model > {RESERVED}")
+        if self.intensity_prior > 0 and not 0 <= self.intensity_offset <= self.tgt_vocab_size - 2:
+            raise ValueError(f"intensity_offset {self.intensity_offset} leaves fewer than two intensity ids in a "
+                             f"vocabulary of {self.tgt_vocab_size}: set it to the first intensity id")
 
 
 def source_index(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, int]) -> Tensor:
@@ -180,6 +194,10 @@ class BlockwiseTransformer(nn.Module):
             index, weight = source_taps(c.src_image_shape, c.tgt_image_shape, c.conditioning)  # (T, n) each
             self.register_buffer("cond_index", index, persistent=False)
             self.register_buffer("cond_weight", weight, persistent=False)
+        self.prior = None
+        if c.intensity_prior > 0:
+            self.prior = IntensityPrior(c.tgt_vocab_size, c.intensity_offset, c.tgt_vocab_size - c.intensity_offset,
+                                        c.intensity_prior)
         self.encoder = Encoder(c.n_encoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout)
         self.decoder = Decoder(c.n_decoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.window)
         self.chained_heads = c.head_type in ("chained", "chained_attn") and c.k > 1
@@ -206,8 +224,10 @@ class BlockwiseTransformer(nn.Module):
         pos = torch.arange(src.shape[1], device=src.device).expand_as(src)
         x = self.drop(self.src_embed(src) * self.scale + self.src_pos(pos, src.shape[1]).to(self.src_embed.weight.dtype))
         memory = self.encoder(x, src_valid)  # (B, S, D)
-        cond = self.src_embed(self.conditioning_ids(src)) * self.scale if self.config.direct_conditioning else None
-        return EncoderContext(memory, src_valid, self.decoder.cross_kv(memory), cond)  # cond: (B, T, D)
+        ids = self.conditioning_ids(src) if self.config.direct_conditioning else None  # (B, T)
+        cond = None if ids is None else self.src_embed(ids) * self.scale  # (B, T, D)
+        prior = None if self.prior is None else self.prior.centres(ids)  # (B, T)
+        return EncoderContext(memory, src_valid, self.decoder.cross_kv(memory), cond, prior)
 
     def conditioning_ids(self, src: Tensor) -> Tensor:
         """Source intensities (B, S) -> the input intensity id that direct conditioning adds at every
@@ -235,13 +255,25 @@ class BlockwiseTransformer(nn.Module):
     def decode_full(self, tgt_in: Tensor, context: EncoderContext) -> Tensor:
         """Uncached decoder over whole prefixes (B, T) starting with BOS -> hidden (B, T, D)."""
         pos = torch.arange(tgt_in.shape[1], device=tgt_in.device).expand_as(tgt_in)
-        return self.decoder(self.embed_tgt(tgt_in, pos, context), context)
+        return self.mark_prior(self.decoder(self.embed_tgt(tgt_in, pos, context), context), pos, context)
 
     def decode_step(self, tokens: Tensor, context: EncoderContext, cache: KVCache) -> Tensor:
         """T >= 1 new decoder inputs per row (B, T) after what ``cache`` holds -> hidden (B, T, D)."""
         n_new = tokens.shape[1]
         limit = cache.length_bounds()[1] + n_new  # host-side: no device read once the cache knows its bounds
-        return self.decoder.step(self.embed_tgt(tokens, cache.positions(n_new), context, limit), context, cache)
+        pos = cache.positions(n_new)  # (B, T)
+        return self.mark_prior(self.decoder.step(self.embed_tgt(tokens, pos, context, limit), context, cache), pos,
+                               context)
+
+    def mark_prior(self, hidden: Tensor, positions: Tensor, context: EncoderContext) -> Tensor:
+        """With ``intensity_prior``: the decoder output (B, T, D) carries the prior's centre at each of
+        ``positions`` (B, T) in its reserved coordinates (:meth:`IntensityPrior.mark`); else unchanged."""
+        if self.prior is None:
+            return hidden
+        if context.prior is None:
+            raise ValueError("intensity_prior: the decoder needs the encoder context of the sources")
+        at = positions.clamp(max=context.prior.shape[1] - 1)  # (B, T)
+        return self.prior.mark(hidden, context.prior.gather(1, at))
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         w = self.tgt_embed.weight
@@ -286,10 +318,12 @@ class BlockwiseTransformer(nn.Module):
         """Weight (V, D) and bias of the vocabulary projection: the target embedding (``tie_output``),
         the source embedding (``tie_output_to_source``) or a layer of its own."""
         if self.config.tie_output:
-            return self.tgt_embed.weight, None
-        if self.config.tie_output_to_source:
-            return self.src_embed.weight, None
-        return self.out_proj.weight, self.out_proj.bias
+            weight, bias = self.tgt_embed.weight, None
+        elif self.config.tie_output_to_source:
+            weight, bias = self.src_embed.weight, None
+        else:
+            weight, bias = self.out_proj.weight, self.out_proj.bias
+        return (weight, bias) if self.prior is None else (self.prior.output_weight(weight), bias)
 
     def use_draft_vocab(self, ids: Tensor) -> None:
         """Let the heads propose only these token ids (:mod:`lightning_bpd.nn.draft_vocab`)."""

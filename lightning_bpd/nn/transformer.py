@@ -26,13 +26,15 @@ class EncoderContext:
 
     memory: (B, S, D); src_valid: (B, S) True for real tokens; cross_kv: per decoder layer, the
     cross-attention keys and values (B, S, H, Dh); cond: (B, T, D) per target position, the input vector
-    that the model adds to its decoder input there (direct conditioning), or None.
+    that the model adds to its decoder input there (direct conditioning), or None; prior: (B, T) the
+    centre of the intensity prior at each target position (:mod:`~lightning_bpd.nn.intensity_prior`), or None.
     """
 
     memory: Tensor
     src_valid: Tensor
     cross_kv: list[tuple[Tensor, Tensor]]
     cond: Tensor | None = None
+    prior: Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -45,6 +47,7 @@ class EncoderContext:
             src_valid=self.src_valid.index_select(0, rows),
             cross_kv=[(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross_kv],
             cond=None if self.cond is None else self.cond.index_select(0, rows),
+            prior=None if self.prior is None else self.prior.index_select(0, rows),
         )
 
 

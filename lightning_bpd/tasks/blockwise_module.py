@@ -273,6 +273,8 @@ class BlockwiseModule(pl.LightningModule):
             self.log(f"train/head{i}_loss", out.head_loss[i], batch_size=n)
             self.log(f"train/head{i}_acc", out.head_acc[i], batch_size=n)
         self.log("train/tokens", (batch["tgt"] != self.model.pad_id).sum().float(), reduce_fx="sum", batch_size=n)
+        if self.model.prior is not None:  # the intensity prior's learned width, in intensity levels
+            self.log("train/prior_sigma", self.model.prior.sigma, batch_size=n)
         return out.loss
 
     def eval_step(self, batch: dict[str, Tensor], prefix: str) -> None:

@@ -128,6 +128,9 @@ IMAGE_OPTIONS = {
                       "direct_conditioning": True},
     "bilinear": {"tie_output": False, "tie_output_to_source": True, "share_embeddings": False,
                  "direct_conditioning": True, "conditioning": "bilinear"},
+    "prior": {"tie_output": False, "tie_output_to_source": True, "share_embeddings": False,
+              "direct_conditioning": True, "conditioning": "bilinear", "intensity_prior": 3.0},
+    "prior_untied": {"tie_output": False, "direct_conditioning": True, "intensity_prior": 3.0},
 }
 
 
@@ -216,6 +219,9 @@ def test_default_options_keep_the_translation_layout():
     ({"tie_output_to_source": True}, "tie_output_to_source needs tie_output off and share_embeddings off"),
     ({"tie_output_to_source": True, "tie_output": False}, "tie_output_to_source needs"),
     ({"direct_conditioning": True, "conditioning": "bicubic"}, "conditioning must be one of"),
+    ({"intensity_prior": 4.0}, "intensity_prior is centred on the input intensity .* needs direct_conditioning"),
+    ({"direct_conditioning": True, "intensity_prior": -1.0}, "intensity_prior must be >= 0"),
+    ({"direct_conditioning": True, "intensity_prior": 4.0, "intensity_offset": 19}, "fewer than two intensity ids"),
 ])
 def test_bad_image_options_are_refused(bad, match):
     """One message each, naming the option to change."""

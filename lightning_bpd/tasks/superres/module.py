@@ -42,8 +42,8 @@ GREY_ID = OFFSET + 128  # the constant source of the conditioning diagnostic
 POSITIONS = ("image", "grid")
 # The image options before they existed (checkpoints that lack them were trained this way).
 LEGACY_DESIGN = {"tie_output": True, "positions": "image", "scale_positions": False, "direct_conditioning": False,
-                 "source_output": False}
-DESIGN_KEYS = ("out_proj.", "src_pos.", "tgt_pos.")
+                 "source_output": False, "conditioning": "nearest", "intensity_prior": 0.0}
+DESIGN_KEYS = ("out_proj.", "src_pos.", "tgt_pos.", "prior.")
 
 
 def image_quality(pred: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
@@ -97,6 +97,11 @@ class SuperResolutionModule(BlockwiseModule):
             instead of a one-hot target (0 = one-hot): intensities are ordinal, and the argmax of a
             distribution trained so is a smoothed mode, not a spike at a saturated value such as 0 or 255
             (whose copies greedy decoding spreads into blank regions). Validation scores plain NLL.
+        intensity_prior: a Gaussian prior of this initial width (intensity levels, learned from there; 0 = off)
+            in every output distribution, centred on the input intensity that direct conditioning adds
+            (:mod:`~lightning_bpd.nn.intensity_prior`): the network's logits are added to it, so drifting
+            into a blob of saturated values costs ``(distance / sigma)^2 / 2`` nats that its own context cannot
+            take back.
         smooth_intensities: initialize the intensity embeddings (and an untied output layer) with sin/cos
             features of the intensity, so that nearby intensities start alike (initialization only).
     """
@@ -137,6 +142,7 @@ class SuperResolutionModule(BlockwiseModule):
         input_noise: float = 0.0,
         input_noise_kind: str = "shuffle",
         intensity_sigma: float = 0.0,
+        intensity_prior: float = 0.0,
     ) -> None:
         if intensity_sigma < 0:
             raise ValueError(f"model.intensity_sigma must be >= 0 (0 = one-hot targets), got {intensity_sigma}")
@@ -154,7 +160,8 @@ class SuperResolutionModule(BlockwiseModule):
             share_embeddings=not source_output, tie_output_to_source=source_output,
             src_positions=positions, tgt_positions=positions, src_image_shape=LOW, tgt_image_shape=HIGH,
             window=window, tie_output=tie_output, scale_positions=scale_positions,
-            direct_conditioning=direct_conditioning, conditioning=conditioning, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=None,
+            direct_conditioning=direct_conditioning, conditioning=conditioning, intensity_prior=intensity_prior,
+            intensity_offset=OFFSET, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=None,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
                          seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb,
@@ -213,7 +220,8 @@ class SuperResolutionModule(BlockwiseModule):
         hp = {key: self.hparams.get(key) for key in LEGACY_DESIGN}
         return (f"{path}: the checkpoint was trained with another image design than this model "
                 f"({', '.join(f'{k}={v}' for k, v in hp.items())}); differing: {', '.join(keys[:6])}. "
-                f"Set model.init_args.tie_output / positions / scale_positions / direct_conditioning / source_output as the "
+                f"Set model.init_args.tie_output / positions / scale_positions / direct_conditioning / source_output / "
+                f"conditioning / intensity_prior as the "
                 f"checkpoint was trained (before these options: {LEGACY_DESIGN}).")
 
     def design_differences(self, checkpoint: dict[str, Any]) -> list[str]:

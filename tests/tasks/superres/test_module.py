@@ -60,12 +60,13 @@ def test_sample_rows_need_no_wandb(monkeypatch):
     assert isinstance(rows[0][0], np.ndarray) and rows[0][0].shape == (32, 32, 3) and rows[0][-1] == 2.0
 
 
-@pytest.mark.parametrize("design", ["grid_untied", "source_output", "bilinear"])
+@pytest.mark.parametrize("design", ["grid_untied", "source_output", "bilinear", "prior"])
 @pytest.mark.parametrize("k", [1, 3])
 def test_new_designs_decode_blockwise_exactly_like_greedy(k, design):
     torch.manual_seed(0)
     options = {"grid_untied": {**NEW_DESIGN, "source_output": False}, "source_output": SOURCE_OUTPUT,
-               "bilinear": {**SOURCE_OUTPUT, "conditioning": "bilinear"}}[design]
+               "bilinear": {**SOURCE_OUTPUT, "conditioning": "bilinear"},
+               "prior": {**SOURCE_OUTPUT, "conditioning": "bilinear", "intensity_prior": 15.0}}[design]
     module = SuperResolutionModule(**TINY, k=k, head_hidden=8, **options).double().eval()
     src = torch.randint(3, 259, (2, 192))
     out = blockwise_decode(module.model, src, module.make_criterion("exact"), max_len=60)
@@ -158,6 +159,28 @@ def test_a_base_without_source_output_cannot_warm_start_one(tmp_path):
         SuperResolutionModule(**TINY, **SOURCE_OUTPUT).warm_start(str(tmp_path / "base.ckpt"))
     with pytest.raises(ValueError, match=r"another image design.*source_output"):
         SuperResolutionModule(**TINY, **SOURCE_OUTPUT).on_load_checkpoint(torch.load(tmp_path / "base.ckpt"))
+
+
+def test_a_base_without_the_intensity_prior_cannot_warm_start_one(tmp_path):
+    torch.manual_seed(0)
+    base = SuperResolutionModule(**TINY, conditioning="bilinear")
+    torch.save({"state_dict": base.state_dict(), "hyper_parameters": dict(base.hparams)}, tmp_path / "base.ckpt")
+    with pytest.raises(ValueError, match=r"init_from=.*another image design.*intensity_prior 0.0 vs 15.0"):
+        SuperResolutionModule(**TINY, conditioning="bilinear", intensity_prior=15.0).warm_start(str(tmp_path / "base.ckpt"))
+    with pytest.raises(ValueError, match=r"another image design.*conditioning bilinear vs nearest"):
+        SuperResolutionModule(**TINY).warm_start(str(tmp_path / "base.ckpt"))
+    with pytest.raises(ValueError, match=r"intensity_prior must be >= 0"):
+        SuperResolutionModule(**TINY, intensity_prior=-2.0)
+
+
+def test_the_intensity_prior_width_is_logged_while_training():
+    torch.manual_seed(0)
+    module = SuperResolutionModule(**TINY, intensity_prior=15.0)
+    logged = {}
+    module.log = lambda name, value, **kwargs: logged.__setitem__(name, value)  # no trainer needed
+    batch = {"src": torch.randint(3, 259, (2, 192)), "tgt": torch.randint(3, 259, (2, 3072))}
+    module.training_step(batch, 0)
+    assert logged["train/prior_sigma"] == pytest.approx(15.0)
 
 
 def test_intensity_sigma_trains_towards_neighbouring_intensities_and_validates_plain_nll():

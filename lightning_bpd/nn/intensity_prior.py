@@ -1,0 +1,69 @@
+"""A Gaussian prior over output intensities, centred on the input's intensity under each target pixel.
+
+Autoregressive image models decode greedily into blobs: once a wrong saturated value appears, the last
+few tokens say "more of the same" louder than the low-resolution input says "skin", and the model
+copies its own mistake forward. The prior puts the input into every output distribution with a weight
+the network cannot forget:
+
+    logit(v) = learned(v) - precision / 2 * (u(v) - u(c))^2 (+ a constant per position)
+
+where u maps intensities to [-1, 1] and c is the input intensity that direct conditioning adds at that
+target position (nearest or bilinear). The square expands into a dot product, so it rides through the
+model as two *reserved coordinates* of the decoder's output state, ``(u(c), -1/2)``, and two fixed
+columns of the output layer, ``precision * (u(v), u(v)^2)``. Every consumer of the hidden state (p_1,
+the blockwise heads, verification, the agreement measure) therefore sees the prior without knowing of
+it, and the decoding core stays task-agnostic. Ids that are not intensities get ``u = 0, u^2 = 4``:
+farther than any intensity. ``precision`` is learned (its logarithm), starting at ``(127.5 / sigma)^2``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+RESERVED = 2  # hidden coordinates (the last ones) that carry the prior's coefficients
+OUTSIDE = 4.0  # u^2 of ids that are no intensity (u^2 <= 1 for every intensity)
+
+
+class IntensityPrior(nn.Module):
+    """The prior's learned precision and fixed intensity features for a vocabulary of ``vocab_size`` ids,
+    of which ``levels`` intensities start at id ``offset``; ``sigma``: its initial width in intensity levels."""
+
+    def __init__(self, vocab_size: int, offset: int, levels: int, sigma: float) -> None:
+        super().__init__()
+        if sigma <= 0:
+            raise ValueError(f"the intensity prior's sigma must be > 0 intensity levels, got {sigma}")
+        if offset < 0 or levels < 2 or offset + levels > vocab_size:
+            raise ValueError(f"intensities {offset}..{offset + levels - 1} do not fit a vocabulary of {vocab_size}")
+        self.offset, self.half = offset, (levels - 1) / 2
+        u = torch.zeros(vocab_size)
+        u[offset : offset + levels] = (torch.arange(levels) - self.half) / self.half  # [-1, 1]
+        square = torch.full((vocab_size,), OUTSIDE)
+        square[offset : offset + levels] = u[offset : offset + levels] ** 2
+        self.register_buffer("features", torch.stack([u, square], dim=-1), persistent=False)  # (V, 2)
+        self.log_precision = nn.Parameter(torch.tensor(2 * math.log(self.half / sigma)))
+
+    @property
+    def sigma(self) -> float:
+        """The prior's current width in intensity levels."""
+        return float(self.half * torch.exp(-0.5 * self.log_precision.detach()))
+
+    def centres(self, ids: Tensor) -> Tensor:
+        """Intensity ids (B, T) -> their u in [-1, 1] (B, T), the prior's centre at each target position."""
+        return ((ids - self.offset).to(self.features.dtype) - self.half) / self.half
+
+    def mark(self, hidden: Tensor, centre: Tensor) -> Tensor:
+        """Decoder output (B, T, D) -> the same with its last two coordinates set to (centre, -1/2);
+        ``centre`` (B, T) from :meth:`centres`."""
+        coefficients = torch.stack([centre, torch.full_like(centre, -0.5)], dim=-1).to(hidden.dtype)  # (B, T, 2)
+        return torch.cat([hidden[..., :-RESERVED], coefficients], dim=-1)
+
+    def columns(self) -> Tensor:
+        """The output layer's last two columns (V, 2): precision * (u(v), u(v)^2)."""
+        return self.features * self.log_precision.exp()
+
+    def output_weight(self, weight: Tensor) -> Tensor:
+        """An output layer's weight (V, D) with its last two columns replaced by :meth:`columns`."""
+        return torch.cat([weight[:, :-RESERVED], self.columns().to(weight.dtype)], dim=-1)
