@@ -14,6 +14,13 @@ columns of the output layer, ``precision * (u(v), u(v)^2)``. Every consumer of t
 the blockwise heads, verification, the agreement measure) therefore sees the prior without knowing of
 it, and the decoding core stays task-agnostic. Ids that are not intensities get ``u = 0, u^2 = 4``:
 farther than any intensity. ``precision`` is learned (its logarithm), starting at ``(127.5 / sigma)^2``.
+
+``gaussian=True`` makes the prior the whole output distribution: a discretized Gaussian per intensity
+whose centre ``u(c) + delta`` and width ``sigma * exp(rho)`` the network predicts (``delta, rho`` from a
+zero-initialized linear map of the other coordinates), with no categorical part. Its mode is its mean,
+so greedy decoding writes the model's estimate of the conditional mean, the intensity that minimizes
+the expected squared error, instead of the most likely of 256 values (which in flat regions is "the same
+as the last one", and greedy images go flat).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 RESERVED = 2  # hidden coordinates (the last ones) that carry the prior's coefficients
+MAX_LOG_WIDTH = 2.0  # |rho|: the predicted width stays within exp(+-2) of the prior's
 OUTSIDE = 4.0  # u^2 of ids that are no intensity (u^2 <= 1 for every intensity)
 
 
@@ -31,7 +39,8 @@ class IntensityPrior(nn.Module):
     """The prior's learned precision and fixed intensity features for a vocabulary of ``vocab_size`` ids,
     of which ``levels`` intensities start at id ``offset``; ``sigma``: its initial width in intensity levels."""
 
-    def __init__(self, vocab_size: int, offset: int, levels: int, sigma: float) -> None:
+    def __init__(self, vocab_size: int, offset: int, levels: int, sigma: float, d_model: int | None = None,
+                 gaussian: bool = False) -> None:
         super().__init__()
         if sigma <= 0:
             raise ValueError(f"the intensity prior's sigma must be > 0 intensity levels, got {sigma}")
@@ -44,6 +53,13 @@ class IntensityPrior(nn.Module):
         square[offset : offset + levels] = u[offset : offset + levels] ** 2
         self.register_buffer("features", torch.stack([u, square], dim=-1), persistent=False)  # (V, 2)
         self.log_precision = nn.Parameter(torch.tensor(2 * math.log(self.half / sigma)))
+        self.gaussian = gaussian
+        if gaussian:
+            if d_model is None or d_model <= RESERVED:
+                raise ValueError(f"a gaussian intensity output needs d_model > {RESERVED}, got {d_model}")
+            self.adapt = nn.Linear(d_model - RESERVED, 2)  # (delta, rho) per position
+            nn.init.zeros_(self.adapt.weight)
+            nn.init.zeros_(self.adapt.bias)
 
     @property
     def sigma(self) -> float:
@@ -56,14 +72,21 @@ class IntensityPrior(nn.Module):
 
     def mark(self, hidden: Tensor, centre: Tensor) -> Tensor:
         """Decoder output (B, T, D) -> the same with its last two coordinates set to (centre, -1/2);
-        ``centre`` (B, T) from :meth:`centres`."""
-        coefficients = torch.stack([centre, torch.full_like(centre, -0.5)], dim=-1).to(hidden.dtype)  # (B, T, 2)
-        return torch.cat([hidden[..., :-RESERVED], coefficients], dim=-1)
+        ``centre`` (B, T) from :meth:`centres`. Gaussian: (centre + delta, -1/2) * exp(-2 rho)."""
+        rest = hidden[..., :-RESERVED]  # (B, T, D - 2)
+        centre = centre.to(hidden.dtype)
+        if not self.gaussian:
+            return torch.cat([rest, torch.stack([centre, torch.full_like(centre, -0.5)], dim=-1)], dim=-1)
+        delta, rho = self.adapt(rest).unbind(-1)  # (B, T) each
+        scale = torch.exp(-2 * rho.clamp(-MAX_LOG_WIDTH, MAX_LOG_WIDTH))  # precision relative to the prior's
+        return torch.cat([rest, torch.stack([(centre + delta) * scale, -0.5 * scale], dim=-1)], dim=-1)
 
     def columns(self) -> Tensor:
         """The output layer's last two columns (V, 2): precision * (u(v), u(v)^2)."""
         return self.features * self.log_precision.exp()
 
     def output_weight(self, weight: Tensor) -> Tensor:
-        """An output layer's weight (V, D) with its last two columns replaced by :meth:`columns`."""
-        return torch.cat([weight[:, :-RESERVED], self.columns().to(weight.dtype)], dim=-1)
+        """An output layer's weight (V, D) with its last two columns replaced by :meth:`columns` (gaussian:
+        and the others zero, so that the Gaussian is the whole distribution)."""
+        rest = torch.zeros_like(weight[:, :-RESERVED]) if self.gaussian else weight[:, :-RESERVED]
+        return torch.cat([rest, self.columns().to(weight.dtype)], dim=-1)

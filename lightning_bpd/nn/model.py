@@ -28,6 +28,8 @@ from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
 HEAD_TYPES = ("paper", "chained", "chained_attn")
 # Which input intensities direct conditioning adds under a target pixel (:func:`source_taps`).
 CONDITIONING = ("nearest", "bilinear")
+# The output distribution over intensities (:mod:`lightning_bpd.nn.intensity_prior`).
+INTENSITY_OUTPUTS = ("categorical", "gaussian")
 
 
 @dataclass
@@ -47,6 +49,8 @@ class ModelConfig:
     ``bilinear`` (the bilinear interpolation of the four around the target pixel's centre, rounded);
     ``intensity_prior``: a Gaussian prior of this initial width (intensity levels; 0 = off) over every
     output distribution, centred on that input intensity (:mod:`~lightning_bpd.nn.intensity_prior`);
+    ``intensity_output``: ``categorical`` (a softmax over the vocabulary, plus the prior) or ``gaussian``
+    (a discretized Gaussian per intensity around the input intensity, shift and width predicted);
     ``intensity_offset``: the first intensity id (the target vocabulary's ids from there on are intensities).
     """
 
@@ -75,6 +79,7 @@ class ModelConfig:
     direct_conditioning: bool = False
     conditioning: str = "nearest"
     intensity_prior: float = 0.0
+    intensity_output: str = "categorical"
     intensity_offset: int = 3
     pad_id: int = 0
     bos_id: int = 1
@@ -127,6 +132,10 @@ class ModelConfig:
         if self.intensity_prior > 0 and (not self.direct_conditioning or self.d_model <= RESERVED):
             raise ValueError("intensity_prior is centred on the input intensity that direct conditioning adds: it "
                              f"needs direct_conditioning and d_model > {RESERVED}")
+        if self.intensity_output not in INTENSITY_OUTPUTS:
+            raise ValueError(f"intensity_output must be one of {INTENSITY_OUTPUTS}, got {self.intensity_output!r}")
+        if self.intensity_output == "gaussian" and self.intensity_prior <= 0:
+            raise ValueError("intensity_output 'gaussian' needs intensity_prior > 0 (its initial width in levels)")
         if self.intensity_prior > 0 and not 0 <= self.intensity_offset <= self.tgt_vocab_size - 2:
             raise ValueError(f"intensity_offset {self.intensity_offset} leaves fewer than two intensity ids in a "
                              f"vocabulary of {self.tgt_vocab_size}: set it to the first intensity id")
@@ -197,7 +206,7 @@ class BlockwiseTransformer(nn.Module):
         self.prior = None
         if c.intensity_prior > 0:
             self.prior = IntensityPrior(c.tgt_vocab_size, c.intensity_offset, c.tgt_vocab_size - c.intensity_offset,
-                                        c.intensity_prior)
+                                        c.intensity_prior, c.d_model, gaussian=c.intensity_output == "gaussian")
         self.encoder = Encoder(c.n_encoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout)
         self.decoder = Decoder(c.n_decoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.window)
         self.chained_heads = c.head_type in ("chained", "chained_attn") and c.k > 1

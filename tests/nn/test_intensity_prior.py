@@ -69,6 +69,40 @@ def test_the_precision_is_learned_and_the_output_layer_keeps_its_other_columns()
     assert model.prior.log_precision.grad is not None and float(model.prior.log_precision.grad) != 0.0
 
 
+def test_a_gaussian_output_is_a_discretized_gaussian_around_the_predicted_mean():
+    """``intensity_output: gaussian``: over the intensities the logits are exactly quadratic, peaked at
+    u(c) + delta with precision P exp(-2 rho) (delta, rho from the predicted shift and width); every other
+    id scores lower; an untrained model (delta = rho = 0) decodes the conditioning intensities."""
+    model = random_model(k=2, vocab=20, intensity_prior=2.0, intensity_output="gaussian", conditioning="bilinear",
+                         identity_first=True, **IMAGE)  # p_1 reads the decoder state itself
+    src = torch.randint(3, 20, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # as initialized (random_model scrambles every matrix)
+        torch.nn.init.zeros_(model.prior.adapt.weight)
+        torch.nn.init.zeros_(model.prior.adapt.bias)
+    assert torch.equal(greedy_decode(model, src, 192).tokens, model.conditioning_ids(src))
+    with torch.no_grad():
+        torch.nn.init.normal_(model.prior.adapt.weight, std=0.05)
+        torch.nn.init.normal_(model.prior.adapt.bias, std=0.05)
+    tgt_in = torch.randint(3, 20, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        hidden = model(src, tgt_in)  # (2, 40, D)
+        logits = model.logits_first(hidden)  # (2, 40, 20)
+        delta, rho = model.prior.adapt(model.decoder(  # the decoder's own output before marking
+            model.embed_tgt(tgt_in, torch.arange(40).expand(2, -1), model.encode(src)), model.encode(src)
+        )[..., :-2]).unbind(-1)
+    prior = model.prior
+    centre = prior.centres(model.conditioning_ids(src))[:, :40] + delta  # (2, 40)
+    precision = prior.log_precision.exp() * torch.exp(-2 * rho)
+    u = prior.features[3:, 0]  # (17,)
+    gauss = -precision[..., None] / 2 * (u - centre[..., None]) ** 2  # (2, 40, 17)
+    shift = logits[..., 3:] - gauss
+    torch.testing.assert_close(shift, shift[..., :1].expand_as(shift), rtol=0, atol=1e-9)
+    assert bool((logits[..., :3].amax(-1) < logits[..., 3:].amin(-1)).all())
+    assert torch.equal(logits[..., 3:].argmax(-1), (u - centre[..., None]).abs().argmin(-1))  # mode = nearest to mean
+    out = blockwise_decode(model, src, Exact(), 192)
+    assert torch.equal(out.tokens, blockwise_decode_reference(model, src, Exact(), 192).tokens)
+
+
 def test_bad_prior_arguments():
     with pytest.raises(ValueError, match="sigma must be > 0"):
         IntensityPrior(10, 3, 7, 0.0)

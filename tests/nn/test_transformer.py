@@ -131,6 +131,8 @@ IMAGE_OPTIONS = {
     "prior": {"tie_output": False, "tie_output_to_source": True, "share_embeddings": False,
               "direct_conditioning": True, "conditioning": "bilinear", "intensity_prior": 3.0},
     "prior_untied": {"tie_output": False, "direct_conditioning": True, "intensity_prior": 3.0},
+    "gaussian": {"tie_output": False, "tie_output_to_source": True, "share_embeddings": False,
+                 "direct_conditioning": True, "intensity_prior": 3.0, "intensity_output": "gaussian"},
 }
 
 
@@ -221,6 +223,8 @@ def test_default_options_keep_the_translation_layout():
     ({"direct_conditioning": True, "conditioning": "bicubic"}, "conditioning must be one of"),
     ({"intensity_prior": 4.0}, "intensity_prior is centred on the input intensity .* needs direct_conditioning"),
     ({"direct_conditioning": True, "intensity_prior": -1.0}, "intensity_prior must be >= 0"),
+    ({"direct_conditioning": True, "intensity_output": "gaussian"}, "gaussian' needs intensity_prior > 0"),
+    ({"direct_conditioning": True, "intensity_prior": 3.0, "intensity_output": "logistic"}, "intensity_output must be"),
     ({"direct_conditioning": True, "intensity_prior": 4.0, "intensity_offset": 19}, "fewer than two intensity ids"),
 ])
 def test_bad_image_options_are_refused(bad, match):

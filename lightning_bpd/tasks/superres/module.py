@@ -21,7 +21,7 @@ from torchmetrics.functional.image import peak_signal_noise_ratio, structural_si
 from lightning_bpd.decoding import Criterion, parse_criterion
 from lightning_bpd.evaluation import EvalBatch
 from lightning_bpd.nn.loss import gaussian_kernel
-from lightning_bpd.nn.model import CONDITIONING, ModelConfig
+from lightning_bpd.nn.model import CONDITIONING, INTENSITY_OUTPUTS, ModelConfig
 from lightning_bpd.tasks.blockwise_module import BlockwiseModule
 from lightning_bpd.tasks.superres.conditioning import conditioning_diagnostic, nearest_upsample, smooth_upsample
 from lightning_bpd.tasks.superres.pixels import (
@@ -42,7 +42,8 @@ GREY_ID = OFFSET + 128  # the constant source of the conditioning diagnostic
 POSITIONS = ("image", "grid")
 # The image options before they existed (checkpoints that lack them were trained this way).
 LEGACY_DESIGN = {"tie_output": True, "positions": "image", "scale_positions": False, "direct_conditioning": False,
-                 "source_output": False, "conditioning": "nearest", "intensity_prior": 0.0}
+                 "source_output": False, "conditioning": "nearest", "intensity_prior": 0.0,
+                 "intensity_output": "categorical"}
 DESIGN_KEYS = ("out_proj.", "src_pos.", "tgt_pos.", "prior.")
 
 
@@ -102,6 +103,9 @@ class SuperResolutionModule(BlockwiseModule):
             (:mod:`~lightning_bpd.nn.intensity_prior`): the network's logits are added to it, so drifting
             into a blob of saturated values costs ``(distance / sigma)^2 / 2`` nats that its own context cannot
             take back.
+        intensity_output: ``categorical`` (256-way softmax, the Image Transformer's) or ``gaussian`` (a discretized
+            Gaussian per intensity whose shift from the input intensity and width the network predicts; needs
+            ``intensity_prior``, its initial width): greedy decoding then writes the predicted mean.
         smooth_intensities: initialize the intensity embeddings (and an untied output layer) with sin/cos
             features of the intensity, so that nearby intensities start alike (initialization only).
     """
@@ -143,11 +147,17 @@ class SuperResolutionModule(BlockwiseModule):
         input_noise_kind: str = "shuffle",
         intensity_sigma: float = 0.0,
         intensity_prior: float = 0.0,
+        intensity_output: str = "categorical",
     ) -> None:
         if intensity_sigma < 0:
             raise ValueError(f"model.intensity_sigma must be >= 0 (0 = one-hot targets), got {intensity_sigma}")
         if conditioning not in CONDITIONING:
             raise ValueError(f"model.conditioning must be one of {CONDITIONING}, got {conditioning!r}")
+        if intensity_output not in INTENSITY_OUTPUTS:
+            raise ValueError(f"model.intensity_output must be one of {INTENSITY_OUTPUTS}, got {intensity_output!r}")
+        if intensity_output == "gaussian" and intensity_prior <= 0:
+            raise ValueError("model.intensity_output: gaussian needs model.intensity_prior > 0 (its initial width, "
+                             "in intensity levels; 15 is a good start)")
         if positions not in POSITIONS:
             raise ValueError(f"model.positions must be one of {POSITIONS}, got {positions!r}")
         if source_output and (tie_output or not direct_conditioning):
@@ -161,7 +171,7 @@ class SuperResolutionModule(BlockwiseModule):
             src_positions=positions, tgt_positions=positions, src_image_shape=LOW, tgt_image_shape=HIGH,
             window=window, tie_output=tie_output, scale_positions=scale_positions,
             direct_conditioning=direct_conditioning, conditioning=conditioning, intensity_prior=intensity_prior,
-            intensity_offset=OFFSET, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=None,
+            intensity_output=intensity_output, intensity_offset=OFFSET, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=None,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
                          seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb,
@@ -221,7 +231,7 @@ class SuperResolutionModule(BlockwiseModule):
         return (f"{path}: the checkpoint was trained with another image design than this model "
                 f"({', '.join(f'{k}={v}' for k, v in hp.items())}); differing: {', '.join(keys[:6])}. "
                 f"Set model.init_args.tie_output / positions / scale_positions / direct_conditioning / source_output / "
-                f"conditioning / intensity_prior as the "
+                f"conditioning / intensity_prior / intensity_output as the "
                 f"checkpoint was trained (before these options: {LEGACY_DESIGN}).")
 
     def design_differences(self, checkpoint: dict[str, Any]) -> list[str]:
