@@ -147,10 +147,15 @@ def drop_lr_monitor_without_logger(trainer: Namespace) -> None:
             trainer.callbacks = kept
 
 
-def checkpoints_in_run_folder(trainer: Namespace, run_dir: str) -> None:
-    """ModelCheckpoint callbacks without a ``dirpath`` write into the run folder."""
+def outputs_in_run_folder(trainer: Namespace, run_dir: str) -> None:
+    """What a run writes (the trainer's root folder: the saved config, decode records, samples; and the
+    checkpoints of ModelCheckpoint callbacks without a ``dirpath``) goes into the run folder. A saved
+    config (``runs/<run>/config.yaml``) names its own run's folder in both places: with another
+    ``--run_dir`` they follow it, so that validating from a saved config never overwrites that run's files."""
+    previous = trainer.default_root_dir
+    trainer.default_root_dir = run_dir
     for cb in trainer.callbacks or []:
-        if builds(cb, ModelCheckpoint) and cb.init_args.dirpath is None:
+        if builds(cb, ModelCheckpoint) and cb.init_args.dirpath in (None, previous):
             cb.init_args.dirpath = run_dir
 
 
@@ -199,12 +204,10 @@ class BPDCLI(LightningCLI):
         cfg = self.run_config()
         cfg.run_dir = run_folder(cfg)
         os.environ[RUN_DIR_ENV] = cfg.run_dir
-        if cfg.trainer.default_root_dir is None:
-            cfg.trainer.default_root_dir = cfg.run_dir
         wandb_in_run_folder(cfg.trainer, cfg.run_dir)
         check_ckpt_path(cfg.get("ckpt_path"))
         drop_lr_monitor_without_logger(cfg.trainer)
-        checkpoints_in_run_folder(cfg.trainer, cfg.run_dir)
+        outputs_in_run_folder(cfg.trainer, cfg.run_dir)
         warm_start_tokenizer(cfg.model.init_args, cfg.data.init_args)
 
     def finish_loggers(self) -> None:

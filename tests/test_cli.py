@@ -11,8 +11,8 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from lightning_bpd.cli import (
     DEFAULT_CONFIG,
     RUN_DIR_ENV,
-    checkpoints_in_run_folder,
     drop_lr_monitor_without_logger,
+    outputs_in_run_folder,
     run_folder,
     wandb_in_run_folder,
 )
@@ -44,9 +44,21 @@ def test_loggers_and_checkpoints_write_into_the_run_folder(cfg, monkeypatch):
     wandb_in_run_folder(cfg.trainer, "runs/x")
     assert cfg.trainer.logger.init_args.save_dir == str(Path("runs/x").resolve())
     assert os.environ["WANDB_MODE"] == "offline"  # offline: true in the config
-    checkpoints_in_run_folder(cfg.trainer, "runs/x")
+    outputs_in_run_folder(cfg.trainer, "runs/x")
     dirpaths = {cb.class_path.rsplit(".", 1)[1]: cb.init_args.get("dirpath") for cb in cfg.trainer.callbacks}
     assert dirpaths == {"ModelCheckpoint": "runs/x", "LearningRateMonitor": None, "MyCheckpoint": "runs/x"}
+    assert cfg.trainer.default_root_dir == "runs/x"
+
+
+def test_a_saved_config_with_another_run_dir_writes_into_the_new_folder(cfg):
+    """``validate --config runs/old/config.yaml --run_dir runs/new``: the saved config names runs/old as the
+    trainer's root and the checkpoint folder; both follow the new run folder (a folder chosen elsewhere stays)."""
+    cfg.trainer.default_root_dir = "runs/old"
+    cfg.trainer.callbacks[0].init_args.dirpath = "runs/old"
+    cfg.trainer.callbacks[2].init_args.dirpath = "elsewhere/ckpts"
+    outputs_in_run_folder(cfg.trainer, "runs/new")
+    assert cfg.trainer.default_root_dir == "runs/new"
+    assert [cb.init_args.get("dirpath") for cb in cfg.trainer.callbacks] == ["runs/new", None, "elsewhere/ckpts"]
 
 
 def test_no_logger_leaves_the_lr_monitor_out(cfg):
