@@ -16,10 +16,11 @@ import time
 
 import torch
 
-from lightning_bpd.bench import set_draft_vocab
+from lightning_bpd.bench import add_precision_args, set_draft_vocab
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.methods import make_method
+from lightning_bpd.nn.precision import set_inference_precision
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,12 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-vocab-from", default=None, help="target-language text (.gz allowed) to count tokens in")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_precision_args(p)
     return p
 
 
 def read_input(path: str) -> list[str]:
-    if path == "-":
-        return [line.rstrip("\n") for line in sys.stdin]
+    """The sentences of a file or of stdin (``-``); input that is not UTF-8 is one error naming where."""
     from lightning_bpd.tasks.translation.text_files import read_lines
 
     return read_lines(path)
@@ -59,8 +60,11 @@ def main(argv: list[str] | None = None) -> None:
         module = load_model(args.ckpt, args.device)
         if not hasattr(module, "tokenizer"):
             raise ValueError(f"{args.ckpt} is not a translation checkpoint")
+        set_inference_precision(module.model, args.precision, args.proposal_precision)
         set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
         draft = load_model(args.draft, args.device).model if args.draft else None
+        if draft is not None:
+            set_inference_precision(draft, args.precision)
         method = make_method(args.criterion, parse_criterion, module.model, args.k, draft, seed=args.seed)
         sentences = read_input(args.input)
     except (ValueError, FileNotFoundError) as err:

@@ -1,7 +1,7 @@
 """Does exact blockwise decoding reproduce greedy token for token at a given precision?
 
     python -m lightning_bpd.benchmarks.exact_parity --ckpt runs/x/last.ckpt --images ../shared/data/celeba \
-        --inputs 8 [--dtypes float32 float64] [--json out.json]
+        --inputs 8 [--dtypes float32 bfloat16 float64] [--json out.json]
 
 In exact arithmetic it always does. In floating point, the k-token verify pass and the 1-token greedy
 step multiply matrices of different shapes and round differently; where p_1's top two logits are
@@ -21,9 +21,8 @@ import torch
 from lightning_bpd.bench import batched, load_inputs
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.protocol import DecodeResult
+from lightning_bpd.nn.precision import PRECISIONS, inference_precision
 from lightning_bpd.results import write_json
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def differing_tokens(a: DecodeResult, b: DecodeResult) -> list[int]:
@@ -39,21 +38,16 @@ def differing_tokens(a: DecodeResult, b: DecodeResult) -> list[int]:
 def parity(module, inputs: list[torch.Tensor], dtypes: list[str], batch_size: int) -> dict:
     """Greedy vs exact blockwise decoding of ``inputs`` (single rows (1, S)) with the model in each dtype."""
     model = module.model
-    original = next(model.parameters()).dtype
     result = {}
-    try:
-        for name in dtypes:
-            model.to(DTYPES[name])
-            diffs: list[int] = []
-            with torch.no_grad():
-                for batch in batched(module, inputs, batch_size):
-                    greedy = greedy_decode(model, batch.src, batch.max_len)
-                    exact = blockwise_decode(model, batch.src, Exact(), batch.max_len)
-                    diffs += differing_tokens(greedy, exact)
-            result[name] = {"rows": len(diffs), "identical_rows": sum(d == 0 for d in diffs),
-                            "differing_tokens": sum(diffs)}
-    finally:
-        model.to(original)
+    for name in dtypes:
+        diffs: list[int] = []
+        with inference_precision(model, name), torch.no_grad():
+            for batch in batched(module, inputs, batch_size):
+                greedy = greedy_decode(model, batch.src, batch.max_len)
+                exact = blockwise_decode(model, batch.src, Exact(), batch.max_len)
+                diffs += differing_tokens(greedy, exact)
+        result[name] = {"rows": len(diffs), "identical_rows": sum(d == 0 for d in diffs),
+                        "differing_tokens": sum(diffs)}
     return result
 
 
@@ -65,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--images", default=None, help="super-resolution: CelebA folder (default: synthetic faces); val split")
     p.add_argument("--inputs", type=int, default=8, help="number of inputs")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    p.add_argument("--dtypes", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS))
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     from lightning_bpd.checkpoints import load_model

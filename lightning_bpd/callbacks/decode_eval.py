@@ -26,6 +26,7 @@ from pytorch_lightning.loggers import WandbLogger
 from lightning_bpd.decoding import Criterion, head_agreement
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 from lightning_bpd.evaluation import BatchRun, EvalBatch, MethodRun, run_batch
+from lightning_bpd.nn.precision import inference_precision, model_dtype, parse_precision, precision_name
 
 __all__ = ["BatchRun", "DecodeEval", "EvalBatch", "MethodRun", "run_decode_eval"]
 
@@ -201,6 +202,8 @@ class DecodeEval(pl.Callback):
         every_n_epochs: run while fitting every this many validation epochs.
         num_samples: rows of the logged sample table.
         quality_key: the task metric shown in the console summary.
+        precision: decode with the model cast to ``float32``, ``bfloat16`` or ``float64`` (None: as it
+            trains); the weights are restored bitwise afterwards (:mod:`lightning_bpd.nn.precision`).
     """
 
     def __init__(
@@ -211,8 +214,12 @@ class DecodeEval(pl.Callback):
         every_n_epochs: int = 1,
         num_samples: int = 8,
         quality_key: str = "bleu",
+        precision: str | None = None,
     ) -> None:
         super().__init__()
+        if precision is not None:
+            parse_precision(precision)  # an unknown name fails here, not after a training epoch
+        self.precision = precision
         if subset < 1 or batch_size < 1 or every_n_epochs < 1 or num_samples < 0:
             raise ValueError("DecodeEval: subset, batch_size and every_n_epochs must be >= 1, num_samples >= 0")
         self.criteria = list(criteria) if criteria is not None else ["exact", "top2", "top3"]
@@ -238,7 +245,8 @@ class DecodeEval(pl.Callback):
         build_methods(pl_module, self.criteria)  # fail on a bad method before spending time decoding
         batches = pl_module.decode_eval_batches(stage, limit, self.batch_size)
         world, rank = trainer.world_size, trainer.global_rank
-        shard = decode_shard(pl_module, batches, self.criteria, rank=rank, world_size=world)
+        with inference_precision(pl_module.model, self.precision):
+            shard = decode_shard(pl_module, batches, self.criteria, rank=rank, world_size=world)
         shards = gather_shards(shard, world)
         folder = Path(trainer.log_dir or trainer.default_root_dir)  # a collective under DDP: every rank asks
         if not trainer.is_global_zero:
@@ -272,7 +280,9 @@ class DecodeEval(pl.Callback):
         record = {"stage": stage, "fn": str(trainer.state.fn), "global_step": trainer.global_step,
                   "ckpt_path": str(trainer.ckpt_path) if trainer.ckpt_path else None,
                   "k": pl_module.model.k, "criteria": self.criteria, "batch_size": self.batch_size,
-                  "signature": signature, "metrics": metrics}
+                  "signature": signature, "metrics": metrics,
+                  "precision": precision_name(parse_precision(self.precision) if self.precision
+                                              else model_dtype(pl_module.model))}
         (folder / f"decode_{stage}{suffix}.json").write_text(json.dumps(record, indent=2))
 
     def log_samples(self, trainer: pl.Trainer, pl_module: Any, stage: str, runs: dict[str, MethodRun],

@@ -7,7 +7,8 @@ times); ``(W @ x.T).T`` streams W once for any count but has a higher fixed cost
 CPUs (1 thread, medians, ``F.linear`` / ``(W @ x.T).T``): 8000 x 256 with 3 rows 346 / 687 us, with
 8 rows 976 / 700 us; 1024 x 256 with 8 rows 44 / 86 us, with 16 rows 90 / 78 us. So the second
 layout is used from 8 rows for a large W (>= 1M entries) and from 16 rows otherwise, up to 64
-rows. Training, GPUs and other row counts keep ``F.linear``. The result differs from
+rows. Training, GPUs, other row counts and other dtypes keep ``F.linear`` (bfloat16's oneDNN products
+are fast for several rows already, and batch-invariant: :mod:`lightning_bpd.nn.precision`). The result differs from
 ``F.linear`` only by float rounding.
 """
 
@@ -24,7 +25,7 @@ LARGE = 1 << 20  # weight entries from which 8 rows already favour (W @ x.T).T
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``: (..., in) -> (..., out)."""
     rows = x.numel() // max(1, x.shape[-1])
-    if torch.is_grad_enabled() or x.device.type != "cpu" or rows > MAX_ROWS or rows < (
+    if torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32 or rows > MAX_ROWS or rows < (
             8 if weight.numel() >= LARGE else 16):
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])  # (rows, in)

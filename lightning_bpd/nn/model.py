@@ -7,6 +7,7 @@ through the small protocol in :mod:`lightning_bpd.decoding.protocol`.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.intensity_prior import RESERVED, IntensityPrior
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.positions import ImageGrid, build_positions, raster_coordinates
+from lightning_bpd.nn.precision import parse_precision
 from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
 
 # "paper": the paper's parallel head (section 6); "chained": heads that see the tokens proposed
@@ -179,6 +181,25 @@ def source_taps(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, int]
     return index, torch.ones(index.shape)
 
 
+@dataclass
+class ProposalPath:
+    """A copy of the heads and the output projection (weight (V, D), bias) in ``dtype`` for proposals."""
+
+    head: nn.Module
+    weight: Tensor
+    bias: Tensor | None
+    dtype: torch.dtype
+    cast: tuple[Tensor, ChainSource] | None = None  # the last source cast, keyed by its keys tensor
+
+    def source_in_dtype(self, source: ChainSource) -> ChainSource:
+        """``source`` with keys and values in ``dtype``, cast once per source tensor (every link of every
+        iteration reads the same one); holding the key tensor keeps its identity from being reused."""
+        if self.cast is None or self.cast[0] is not source.keys or self.cast[1].valid is not source.valid:
+            self.cast = (source.keys, ChainSource(source.keys.to(self.dtype), source.values.to(self.dtype),
+                                                  source.valid))
+        return self.cast[1]
+
+
 class BlockwiseTransformer(nn.Module):
     """Encoder + decoder + :class:`BlockwiseHead`, with the vocabulary projection tied to the target
     embedding (or its own layer). Embeddings are N(0, d^-1/2) and scaled by sqrt(d) on input."""
@@ -221,6 +242,7 @@ class BlockwiseTransformer(nn.Module):
         self.draft_vocab = DraftVocabulary(c.tgt_vocab_size, c.draft_vocab) if c.draft_vocab else None
         self.drop = nn.Dropout(c.dropout)
         self.scale = math.sqrt(c.d_model)
+        self.proposal: ProposalPath | None = None  # cheap proposals (set_proposal_precision); not saved
 
     # ---- encoder -------------------------------------------------------------------------------
     def encode(self, src: Tensor) -> EncoderContext:
@@ -323,6 +345,20 @@ class BlockwiseTransformer(nn.Module):
         keys, values = context.cross_kv[-1]  # the last decoder layer's cross-attention, (B, S, nh, dh) each
         return ChainSource(keys, values, context.src_valid)
 
+    def set_proposal_precision(self, precision: str | torch.dtype | None) -> None:
+        """Deterministic proposals from a copy of the heads and the output projection in ``precision``
+        (e.g. ``bfloat16``; None or the model's own dtype: the model itself). Verification keeps the
+        model's precision, so exact decoding still reproduces greedy. The copy is taken now: call this
+        again after the weights change. It is not part of the state dict."""
+        dtype = parse_precision(precision) if isinstance(precision, str) else precision
+        weight, bias = self.output_layer()
+        if dtype is None or dtype == weight.dtype:
+            self.proposal = None
+            return
+        with torch.no_grad():
+            self.proposal = ProposalPath(copy.deepcopy(self.head).to(dtype).eval(), weight.detach().to(dtype),
+                                         None if bias is None else bias.detach().to(dtype), dtype)
+
     def output_layer(self) -> tuple[Tensor, Tensor | None]:
         """Weight (V, D) and bias of the vocabulary projection: the target embedding (``tie_output``),
         the source embedding (``tie_output_to_source``) or a layer of its own."""
@@ -344,10 +380,22 @@ class BlockwiseTransformer(nn.Module):
     def draft_tokens(self, h: Tensor, heads: list[int] | range) -> Tensor:
         """Paper head, deterministic proposals: each listed head's argmax at h (b, D) over the draft
         vocabulary (every token without one) -> (b, len(heads)) token ids."""
-        states = self.head.select(h, heads)  # type: ignore[call-arg]  # (b, n, D)
+        head, weight, bias = self.proposal_parts()
+        states = head.select(h.to(weight.dtype), heads)  # type: ignore[call-arg]  # (b, n, D)
+        return self.proposal_argmax(states, weight, bias)
+
+    def proposal_parts(self) -> tuple[nn.Module, Tensor, Tensor | None]:
+        """The head and output projection that deterministic proposals use: the model's own, or the
+        reduced-precision copy of :meth:`set_proposal_precision`."""
+        if self.proposal is None:
+            return self.head, *self.output_layer()
+        return self.proposal.head, self.proposal.weight, self.proposal.bias
+
+    def proposal_argmax(self, states: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """Argmax token ids (...) of proposal states (..., D), over the draft vocabulary when there is one."""
         if self.draft_vocab is None:
-            return self.project(states).argmax(dim=-1)
-        return self.draft_vocab.argmax(states, *self.output_layer())
+            return linear(states, weight, bias).argmax(dim=-1)
+        return self.draft_vocab.argmax(states, weight, bias)
 
     def restrict_draft(self, logits: Tensor) -> Tensor:
         """Logits (..., V) of a proposing head as the draft vocabulary sees them (-inf outside it)."""
@@ -356,10 +404,11 @@ class BlockwiseTransformer(nn.Module):
     def chain_draft(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> tuple[Tensor, Tensor]:
         """Chained heads, deterministic proposals: head ``i``'s state (b, D) and its argmax token (b,)
         over the draft vocabulary (every token without one)."""
-        z = self.head.step(z, self.embed_tokens(token), i, source)  # type: ignore[union-attr]
-        if self.draft_vocab is None:
-            return z, self.project(z).argmax(dim=-1)
-        return z, self.draft_vocab.argmax(z, *self.output_layer())
+        head, weight, bias = self.proposal_parts()
+        if source is not None and self.proposal is not None:
+            source = self.proposal.source_in_dtype(source)
+        z = head.step(z.to(weight.dtype), self.embed_tokens(token).to(weight.dtype), i, source)  # type: ignore[operator]
+        return z, self.proposal_argmax(z, weight, bias)
 
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> tuple[Tensor, Tensor]:
         """Chained heads, decoding: head ``i`` (0-based, >= 1) from head i-1's state z (b, D) and the

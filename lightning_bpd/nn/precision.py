@@ -1,0 +1,87 @@
+"""Inference precision: the model's weights (and so its KV cache) in float32, bfloat16 or float64. Torch only.
+
+Exact blockwise decoding reproduces greedy decoding *in the same precision*: both run the model cast
+to one dtype. What makes that hold token for token is that p_1 at a position comes out bitwise the
+same whether the decoder computed it in a k-token verify pass or a 1-token greedy step. In bfloat16
+the CPU's matrix products (oneDNN, AMX) are batch-invariant: a row's result does not depend on how
+many rows were multiplied with it (checked for 1..300 rows of the model's shapes,
+``tests/nn/test_precision.py``), which float32's MKL products are not (its small-row panels round
+differently), so near-ties break the same way in both decoders. bfloat16 is also where these CPUs
+are fast for several rows at once (AMX): a 256 -> 8000 projection of 8 rows costs about what 1 row
+costs, so a k-token verify pass costs about what a greedy step costs.
+
+Cheap proposals (:meth:`~lightning_bpd.nn.model.BlockwiseTransformer.set_proposal_precision`) use a
+reduced-precision copy of the proposal path only (the heads and the output projection they argmax
+over) while verification keeps the model's own precision: exact decoding stays exact, a proposal
+that rounding changed is rejected like any wrong one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+ALIASES = {"fp32": "float32", "32": "float32", "bf16": "bfloat16", "fp64": "float64", "64": "float64"}
+
+
+def parse_precision(name: str) -> torch.dtype:
+    """``float32`` / ``bfloat16`` / ``float64`` (or ``fp32``, ``bf16``, ``fp64``) -> the torch dtype."""
+    key = ALIASES.get(str(name).lower(), str(name).lower())
+    if key not in PRECISIONS:
+        raise ValueError(f"unknown precision {name!r}: use one of {', '.join(PRECISIONS)} (or bf16, fp32)")
+    return PRECISIONS[key]
+
+
+def precision_name(dtype: torch.dtype) -> str:
+    """The canonical name of a precision dtype (``torch.bfloat16`` -> ``bfloat16``)."""
+    for name, value in PRECISIONS.items():
+        if value == dtype:
+            return name
+    raise ValueError(f"no inference precision for dtype {dtype}")
+
+
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's floating-point parameters."""
+    return next(p.dtype for p in model.parameters() if p.is_floating_point())
+
+
+@contextmanager
+def inference_precision(model: nn.Module, precision: str | torch.dtype | None) -> Iterator[nn.Module]:
+    """Cast ``model`` to ``precision`` (None: leave it) for the ``with`` block, then cast it back.
+
+    A float32 -> bfloat16 -> float32 round trip loses bits, so the original parameters and buffers are
+    kept aside and restored bitwise.
+    """
+    dtype = parse_precision(precision) if isinstance(precision, str) else precision
+    original = model_dtype(model)
+    if dtype is None or dtype == original:
+        yield model
+        return
+    tensors = lambda: {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    saved = {name: t.detach().clone() for name, t in tensors().items() if t.is_floating_point()}
+    model.to(dtype)
+    try:
+        yield model
+    finally:
+        model.to(original)
+        with torch.no_grad():
+            now = tensors()
+            for name, value in saved.items():
+                now[name].copy_(value)
+
+
+def set_inference_precision(model: nn.Module, precision: str | None = None, proposals: str | None = None) -> None:
+    """For decoding only (``decode``, ``bench``): cast ``model`` to ``precision`` (None: keep it), then let
+    its deterministic proposals use a copy in ``proposals`` precision (None: the model's own), when the
+    model has a proposal path (``set_proposal_precision``)."""
+    if precision is not None:
+        model.to(parse_precision(precision))
+    if proposals is not None:
+        setter = getattr(model, "set_proposal_precision", None)
+        if setter is None:
+            raise ValueError(f"{type(model).__name__} has no proposal path to give another precision")
+        setter(proposals)
