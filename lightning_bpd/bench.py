@@ -28,9 +28,11 @@ from pathlib import Path
 
 import torch
 
+from lightning_bpd.benchmarks.ctranslate2_peer import Peers, PeerUnavailableError
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 from lightning_bpd.evaluation import EvalBatch, pad_rows, run_batch
+from lightning_bpd.nn.precision import model_dtype, precision_name, set_inference_precision
 from lightning_bpd.results import write_json
 
 
@@ -59,7 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="greedy and deterministic rules with fixed shapes (finished rows stay, the whole KV cache "
                         "read under a mask, no host read inside an iteration), replayed as CUDA graphs on CUDA")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_precision_args(p)
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--peers", nargs="*", default=[], choices=["ctranslate2"],
+                   help="also time CTranslate2 (float32 and int8) greedy decoding of a random-weight Transformer of "
+                        "the checkpoint's shape, forced to greedy's output lengths (pip install -e '.[peers]')")
     return p
 
 
@@ -94,11 +100,12 @@ def batched(module, rows: list[torch.Tensor], size: int) -> list[EvalBatch]:
 
 
 def build_methods(module, specs: list[str], ks: list[int] | None, draft, lazy: bool = False,
-                  fixed_shape: bool = False) -> tuple[list[str], dict[str, DecodeMethod]]:
+                  fixed_shape: bool = False, stop_below: float | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
     """The methods to time, baselines first: ``(order, methods)``. With several ``ks`` every method
     runs at each k and is named ``<spec>@k<k>``."""
     def make(spec: str, k: int | None = None) -> DecodeMethod:
-        return make_method(spec, module.make_criterion, module.model, k, draft, lazy=lazy, fixed_shape=fixed_shape)
+        return make_method(spec, module.make_criterion, module.model, k, draft, lazy=lazy, fixed_shape=fixed_shape,
+                           stop_below=stop_below)
 
     if ks is None or len(ks) == 1:
         k = ks[0] if ks else None
@@ -109,18 +116,24 @@ def build_methods(module, specs: list[str], ks: list[int] | None, draft, lazy: b
 
 
 def bench_batch_size(module, inputs: list[torch.Tensor], batch_size: int, order: list[str],
-                     methods: dict[str, DecodeMethod], warmup: int) -> dict:
+                     methods: dict[str, DecodeMethod], warmup: int, peers=None) -> dict:
+    """Each method's report; ``peers`` (:class:`~lightning_bpd.benchmarks.ctranslate2_peer.Peers`) decode
+    every batch after the methods, forced to greedy's output lengths (its totals: ``peers.report()``)."""
     model = module.model
     batches = batched(module, inputs, batch_size)
     for batch in batches[:warmup]:
         for name in order:
-            run_batch(methods[name], model, batch)
+            result, _ = run_batch(methods[name], model, batch)
+            if peers is not None and name == order[0]:
+                peers.run(batch.src, model.pad_id, result.lengths.tolist(), record=False)
     per_input = {n: [] for n in order}
     totals = {n: {"seconds": 0.0, "tokens": 0, "iterations": 0, "model_calls": 0} for n in order}
     same = {n: True for n in order}
     blocks: dict[str, list[list[int]]] = {n: [] for n in order}
     for batch in batches:
         runs = {name: run_batch(methods[name], model, batch) for name in order}
+        if peers is not None:  # greedy's output lengths (the first baseline's without greedy)
+            peers.run(batch.src, model.pad_id, runs.get("greedy", runs[order[0]])[0].lengths.tolist())
         for name, (result, run) in runs.items():
             sec = run.seconds
             per_input[name].append(sec / batch.src.shape[0])
@@ -145,7 +158,8 @@ def bench_batch_size(module, inputs: list[torch.Tensor], batch_size: int, order:
             "ms_per_call": ms_per_call,
             "call_cost_vs_baseline": ms_per_call / max(1e-12, 1000 * base["seconds"] / max(1, base["model_calls"])),
             "seconds_per_input_median": statistics.median(secs), "seconds_per_input_iqr": [q[0], q[2]],
-            "tokens_per_second": t["tokens"] / max(t["seconds"], 1e-9), "iterations": t["iterations"],
+            "tokens_per_second": t["tokens"] / max(t["seconds"], 1e-9),
+            "ms_per_output_token": 1000 * t["seconds"] / max(1, t["tokens"]), "iterations": t["iterations"],
             "model_calls": t["model_calls"], "mean_accepted_block_size": block, "speedup": speedup,
             "efficiency": speedup / block,
         }
@@ -154,6 +168,20 @@ def bench_batch_size(module, inputs: list[torch.Tensor], batch_size: int, order:
         elif not method.is_baseline and "greedy" in totals:
             report[name]["equals_greedy"] = same[name]
     return report
+
+
+def add_precision_args(p: argparse.ArgumentParser) -> None:
+    """``--precision``, ``--proposal-precision`` (:func:`~lightning_bpd.nn.precision.set_inference_precision`) and
+    ``--stop-below`` (the confidence stop of :func:`~lightning_bpd.decoding.blockwise.propose`)."""
+    p.add_argument("--stop-below", type=float, default=None,
+                   help="confidence stop: a block ends before the first head whose probability of its own token "
+                        "is below this in every row (deterministic rules; exact decoding stays exact)")
+    p.add_argument("--precision", default=None,
+                   help="decode with the model in float32, bfloat16 (AMX on recent Xeons; batch-invariant, so exact "
+                        "blockwise equals greedy in bfloat16) or float64 (default: as trained)")
+    p.add_argument("--proposal-precision", default=None,
+                   help="the heads propose from a copy in this precision (e.g. bfloat16) while verification keeps "
+                        "--precision: exact decoding stays exact")
 
 
 def set_draft_vocab(module, size: int | None, text: str | None) -> None:
@@ -196,29 +224,45 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit("bench: --batch-sizes and --inputs must be >= 1")
     try:
         module = load_model(args.ckpt, args.device)
+        set_inference_precision(module.model, args.precision, args.proposal_precision)
         set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
         draft = load_model(args.draft, args.device).model if args.draft else None
-        order, methods = build_methods(module, args.criteria, args.k, draft, args.lazy_verify, args.fixed_shape)
+        if draft is not None:
+            set_inference_precision(draft, args.precision)
+        order, methods = build_methods(module, args.criteria, args.k, draft, args.lazy_verify, args.fixed_shape,
+                                       args.stop_below)
         inputs = load_inputs(module, args)
-    except (ValueError, FileNotFoundError) as err:
+        peers = Peers.build(args.peers, module)
+    except (ValueError, FileNotFoundError, PeerUnavailableError) as err:
         sys.exit(f"bench: {err}")
     k = (args.k[0] if len(args.k) == 1 else args.k) if args.k else module.model.k
     result = {"ckpt": args.ckpt, "draft": args.draft, "k": k, "device": str(module.device),
               "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(inputs),
               "lazy_verify": args.lazy_verify, "fixed_shape": args.fixed_shape, "draft_vocab": args.draft_vocab,
+              "precision": precision_name(model_dtype(module.model)), "proposal_precision": args.proposal_precision,
+              "stop_below": args.stop_below,
               "batch_sizes": {}}
+    if peers is not None:
+        result["peers"] = {**peers.info, "batch_sizes": {}}
     print(f"device: {result['device_name']}; ms/call = wall-clock per decoder call (a greedy step or a blockwise "
-          "iteration), x base = that cost over the baseline's")
-    print(f"{'batch':>5s} {'method':18s} {'s/input':>9s} {'tok/s':>8s} {'block':>6s} {'calls':>6s} {'ms/call':>8s} "
-          f"{'x base':>6s} {'speedup':>7s} {'effic.':>6s} {'=greedy/accept':>14s}")
+          "iteration), x base = that cost over the baseline's, ms/tok = wall-clock per output token, "
+          "ct2_* = CTranslate2 peers")
+    print(f"{'batch':>5s} {'method':18s} {'s/input':>9s} {'tok/s':>8s} {'ms/tok':>7s} {'block':>6s} {'calls':>6s} "
+          f"{'ms/call':>8s} {'x base':>6s} {'speedup':>7s} {'effic.':>6s} {'=greedy/accept':>14s}")
     for bs in args.batch_sizes:
-        report = bench_batch_size(module, inputs, bs, order, methods, args.warmup)
+        report = bench_batch_size(module, inputs, bs, order, methods, args.warmup, peers)
         result["batch_sizes"][str(bs)] = report
         for name, r in report.items():
             print(f"{bs:5d} {name:18s} {r['seconds_per_input_median']:9.4f} {r['tokens_per_second']:8.1f} "
+                  f"{r['ms_per_output_token']:7.3f} "
                   f"{r['mean_accepted_block_size']:6.2f} {r['model_calls']:6d} {r['ms_per_call']:8.2f} "
                   f"{r['call_cost_vs_baseline']:6.2f} {r['speedup']:7.2f} "
                   f"{r['efficiency']:6.2f} {last_column(r):>14s}", flush=True)
+        if peers is not None:
+            result["peers"]["batch_sizes"][str(bs)] = peer_report = peers.report()
+            for name, r in peer_report.items():
+                print(f"{bs:5d} {name.replace('ctranslate2', 'ct2'):18s} {r['seconds_per_input_median']:9.4f} "
+                      f"{r['tokens_per_second']:8.1f} {r['ms_per_output_token']:7.3f}", flush=True)
     if args.json:
         write_json(args.json, result)
     return result

@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         draft = load_model(args.draft, args.device).model if args.draft else None
         if draft is not None:
             set_inference_precision(draft, args.precision)
-        method = make_method(args.criterion, parse_criterion, module.model, args.k, draft, seed=args.seed)
+        method = make_method(args.criterion, parse_criterion, module.model, args.k, draft, seed=args.seed,
+                             stop_below=args.stop_below)
         sentences = read_input(args.input)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"decode: {err}")

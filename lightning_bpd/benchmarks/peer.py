@@ -1,13 +1,16 @@
-"""Greedy decoding against a peer implementation: Hugging Face ``transformers`` Marian of the same shape.
+"""Greedy decoding against peer implementations: Hugging Face ``transformers`` Marian of the same shape
+and, when installed, that Marian converted for CTranslate2 (float32 and int8).
 
     python -m lightning_bpd.benchmarks.peer --tokens 40 --inputs 20 [--device cuda] [--json out.json]
 
-Both models get random weights of one shape (default: the Multi30k base, d_model 256, 3+3 layers,
+All models get random weights of one shape (default: the Multi30k base, d_model 256, 3+3 layers,
 ff 1024, 4 heads, vocabulary 8000) and decode the same random sources greedily to a forced length
-(our EOS disabled; Marian's ``min_new_tokens = max_new_tokens``), one batch at a time, alternating,
-so the per-token cost compares the decoding loops and kernels, not what the models learned. Reports
-milliseconds per generated token (median over batches) of each and their ratio. ``transformers`` is
-an optional dependency (``pip install transformers``).
+(our EOS disabled; Marian's ``min_new_tokens = max_new_tokens``; CTranslate2's ``min_decoding_length
+= max_decoding_length``), one batch at a time, alternating, so the per-token cost compares the decoding
+loops and kernels, not what the models learned. Reports milliseconds per generated token (median over
+batches) of each and each peer's ratio to ours. The peers are an optional extra
+(``pip install -e '.[peers]'``); without ``ctranslate2`` (or with ``--no-ctranslate2``) its rows are left
+out. The Marian / CTranslate2 build is :mod:`lightning_bpd.benchmarks.ctranslate2_peer`'s.
 """
 
 from __future__ import annotations
@@ -17,6 +20,15 @@ import statistics
 
 import torch
 
+from lightning_bpd.benchmarks.ctranslate2_peer import (
+    MarianShape,
+    PeerUnavailableError,
+    build_ctranslate2_peers,
+    build_marian,
+    ct2_device,
+    require,
+    source_tokens,
+)
 from lightning_bpd.decoding import greedy_decode
 from lightning_bpd.evaluation import timed
 from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
@@ -32,19 +44,28 @@ def build_ours(args: argparse.Namespace) -> BlockwiseTransformer:
     return model
 
 
+def peer_shape(args: argparse.Namespace) -> MarianShape:
+    return MarianShape(vocab=args.vocab, d_model=args.d_model, encoder_layers=args.layers, decoder_layers=args.layers,
+                       heads=args.heads, d_ff=args.d_ff, max_positions=max(512, args.tokens + 2, args.source_length))
+
+
 def build_peer(args: argparse.Namespace):
     try:
-        from transformers import MarianConfig, MarianMTModel
-    except ImportError:
-        raise SystemExit("peer: the transformers package is needed (pip install transformers)") from None
-    torch.manual_seed(0)
-    config = MarianConfig(vocab_size=args.vocab, d_model=args.d_model, encoder_layers=args.layers,
-                          decoder_layers=args.layers, encoder_attention_heads=args.heads,
-                          decoder_attention_heads=args.heads, encoder_ffn_dim=args.d_ff, decoder_ffn_dim=args.d_ff,
-                          max_position_embeddings=max(512, args.tokens + 2), pad_token_id=0, eos_token_id=2,
-                          decoder_start_token_id=1, forced_eos_token_id=None, dropout=0.0)
-    return MarianMTModel(config).eval()
+        return build_marian(peer_shape(args))
+    except PeerUnavailableError as err:
+        raise SystemExit(f"peer: {err}") from None
 
+
+def build_ct2(args: argparse.Namespace, marian) -> list:
+    """The CTranslate2 conversions of ``marian`` (float32, int8), or none without ctranslate2 / when disabled."""
+    if args.no_ctranslate2:
+        return []
+    try:
+        require("ctranslate2")
+    except PeerUnavailableError as err:
+        print(f"peer: no CTranslate2 rows: {err}")
+        return []
+    return build_ctranslate2_peers(peer_shape(args), device=ct2_device(args.device), model=marian.cpu())
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -61,14 +82,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--d-ff", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--no-ctranslate2", action="store_true", help="leave the CTranslate2 rows out")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if min(args.tokens, args.inputs, args.batch, args.source_length) < 1:
         raise SystemExit("peer: --tokens, --inputs, --batch and --source-length must be >= 1")
     device = torch.device(args.device)
-    ours, peer = build_ours(args).to(device), build_peer(args).to(device)
+    marian = build_peer(args)
+    ct2 = build_ct2(args, marian)
+    ours, peer = build_ours(args).to(device), marian.to(device)
     g = torch.Generator().manual_seed(1)
-    times: dict[str, list[float]] = {"lightning_bpd": [], "transformers": []}
+    times: dict[str, list[float]] = {"lightning_bpd": [], "transformers": [], **{p.name: [] for p in ct2}}
     with torch.no_grad():
         for i in range(args.warmup + args.inputs):
             src = torch.randint(3, args.vocab, (args.batch, args.source_length), generator=g).to(device)
@@ -77,17 +101,32 @@ def main(argv: list[str] | None = None) -> dict:
                                 do_sample=False, num_beams=1)
             if out.tokens.shape[1] != args.tokens or gen.shape[1] != args.tokens + 1:  # Marian keeps its start token
                 raise RuntimeError(f"forced length not reached: {out.tokens.shape[1]} / {gen.shape[1] - 1}")
+            sources = source_tokens(src, None)
+            ct2_s = {p.name: p.translate(sources, args.tokens) for p in ct2}
+            if any(lengths != [args.tokens] * args.batch for lengths, _ in ct2_s.values()):
+                raise RuntimeError(f"forced length not reached by CTranslate2: {ct2_s}")
             if i >= args.warmup:
                 times["lightning_bpd"].append(1000 * ours_s / args.tokens)
                 times["transformers"].append(1000 * peer_s / args.tokens)
+                for name, (_, seconds) in ct2_s.items():
+                    times[name].append(1000 * seconds / args.tokens)
     result = {"device": str(device), "threads": torch.get_num_threads(), "batch": args.batch, "tokens": args.tokens,
               "inputs": args.inputs, "shape": {k: getattr(args, k) for k in ("d_model", "layers", "heads", "d_ff", "vocab")}}
     for name, values in times.items():
         result[name] = {"ms_per_token_median": statistics.median(values)}
-        print(f"{name:14s} {statistics.median(values):8.3f} ms per token (batch {args.batch})")
-    ratio = result["transformers"]["ms_per_token_median"] / result["lightning_bpd"]["ms_per_token_median"]
-    result["peer_over_ours"] = ratio
-    print(f"transformers / lightning_bpd: {ratio:.2f}x the time per token")
+        print(f"{name:19s} {statistics.median(values):8.3f} ms per token (batch {args.batch})")
+    ours_ms = result["lightning_bpd"]["ms_per_token_median"]
+    result["peer_over_ours"] = result["transformers"]["ms_per_token_median"] / ours_ms
+    if ct2:
+        import ctranslate2
+
+        result["ctranslate2_version"] = ctranslate2.__version__
+        result["ctranslate2_device"] = ct2_device(device)
+    for name in times:
+        if name != "lightning_bpd":
+            ratio = result[name]["ms_per_token_median"] / ours_ms
+            result[name]["over_ours"] = ratio
+            print(f"{name} / lightning_bpd: {ratio:.2f}x the time per token")
     if args.json:
         write_json(args.json, result)
     return result

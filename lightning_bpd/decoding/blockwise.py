@@ -44,6 +44,16 @@ def resolve_k(model: BlockwiseModel, k: int | None) -> int:
     return k
 
 
+def check_stop_below(stop_below: float | None, criterion: Criterion) -> None:
+    """The confidence stop is a probability in (0, 1) and needs a deterministic rule."""
+    if stop_below is None:
+        return
+    if not 0.0 < stop_below < 1.0:
+        raise ValueError(f"stop_below (the confidence stop) must lie in (0, 1), got {stop_below}")
+    if criterion.stochastic:
+        raise ValueError(f"the confidence stop takes deterministic rules (exact, topN, epsX, ...), not {criterion.name}")
+
+
 def chain_source(model: BlockwiseModel, context: Context) -> object | None:
     """What source-attending chained heads read (``model.chain_source``), or None."""
     get = getattr(model, "chain_source", None)
@@ -51,7 +61,7 @@ def chain_source(model: BlockwiseModel, context: Context) -> object | None:
 
 
 def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None = None,
-            source: object | None = None) -> Block:
+            source: object | None = None, stop_below: float | None = None) -> Block:
     """Next block (b, k) from the hidden state (b, D) of each row's last accepted position.
 
     Deterministic rules: token 1 is ``first`` (b,), greedy's next token from the verdict, or else the
@@ -60,6 +70,12 @@ def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, firs
     Sampling rules: the heads' draws, ``first`` (-1: none) replacing token 1 where a residual token was
     drawn. Chained heads (``model.chained_heads``) propose one token at a time, each step fed the
     token before it (and, source-attending ones, the ``source`` of each row: :func:`chain_source`).
+
+    ``stop_below`` (deterministic rules, the model's own heads): the confidence stop. A row's proposal
+    ends before its first head whose probability of its own token is below it (``Block.widths``; the
+    verdict never accepts past it, so a row's output does not depend on the other rows), and the block
+    is as wide as the widest row (a chain stops computing links once every row stopped): the verify
+    pass checks fewer tokens that would mostly be rejected. Exact decoding stays exact.
     """
     chained = getattr(model, "chained_heads", False) and k > 1
     if criterion.stochastic:
@@ -71,25 +87,50 @@ def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, firs
     if k == 1:
         return Block(first[:, None])
     if chained:
-        return Block(chain_tokens(model, criterion, h, k, first, source))
+        return chain_tokens(model, criterion, h, k, first, source, stop_below)
     draft = getattr(model, "draft_tokens", None)
-    rest = draft(h, range(1, k)) if draft is not None else criterion.propose(model.logits_heads(h, range(1, k)))
-    return Block(torch.cat([first[:, None], rest], dim=1))  # (b, k)
+    if stop_below is None:
+        rest = draft(h, range(1, k)) if draft is not None else criterion.propose(model.logits_heads(h, range(1, k)))
+        return Block(torch.cat([first[:, None], rest], dim=1))  # (b, k)
+    if draft is not None:
+        rest, p = draft(h, range(1, k), confidence=True)  # (b, k - 1) each
+    else:
+        logits = model.logits_heads(h, range(1, k))  # (b, k - 1, V)
+        rest = criterion.propose(logits)
+        p = confidence_of(logits, rest)
+    widths = 1 + (p >= stop_below).long().cumprod(dim=1).sum(dim=1)  # (b,): up to the first unsure head
+    width = int(widths.max())  # host read: the verify pass's width
+    return Block(torch.cat([first[:, None], rest[:, : width - 1]], dim=1), widths=widths)  # (b, width)
+
+
+def confidence_of(logits: Tensor, tokens: Tensor) -> Tensor:
+    """The probability (...) that logits (..., V) give to ``tokens`` (...)."""
+    return (logits.gather(-1, tokens[..., None])[..., 0] - logits.logsumexp(dim=-1)).float().exp()
 
 
 def chain_tokens(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor,
-                 source: object | None = None) -> Tensor:
-    """Chained heads, deterministic: tokens (b, k), token i+1 the argmax of head i+1 fed token i."""
+                 source: object | None = None, stop_below: float | None = None) -> Block:
+    """Chained heads, deterministic: the block (b, <= k), token i+1 the argmax of head i+1 fed token i.
+    With ``stop_below`` a row's width ends before its first head below that probability, and the chain
+    stops once no row is still going (a host read per link)."""
     draft = getattr(model, "chain_draft", None)
+    sure = stop_below is not None
     tokens, z = [first], h
+    going = widths = torch.ones_like(first) if sure else None  # (b,) rows whose heads were all sure so far
     for i in range(1, k):
         if draft is not None:
-            z, token = draft(z, tokens[-1], i, source)  # (b, D), (b,)
+            z, token, *p = draft(z, tokens[-1], i, source, confidence=True) if sure else draft(z, tokens[-1], i, source)
         else:
             z, logits = model.chain_step(z, tokens[-1], i, source)  # (b, D), (b, V)
             token = criterion.propose(logits[:, None])[:, 0]
+            p = [confidence_of(logits, token)] if sure else []
+        if sure:
+            going = going * (p[0] >= stop_below).long()
+            if not bool(going.any()):
+                break
+            widths = widths + going
         tokens.append(token)
-    return torch.stack(tokens, dim=1)
+    return Block(torch.stack(tokens, dim=1), widths=widths)
 
 
 def propose_chained_sampled(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None,
@@ -116,7 +157,7 @@ def verify(model: BlockwiseModel, criterion: Criterion, block: Block, hidden: Te
     if criterion.stochastic:
         verdict = criterion.judge(block, model.logits_first(hidden[:, :-1]))
         return verdict.accepted, verdict.next_first
-    if lazy and criterion.prefix_checks:
+    if lazy and criterion.prefix_checks and block.widths is None:
         return verify_lazily(model, criterion, block.tokens, hidden)
     logits = model.logits_first(hidden)  # (b, k, V): p_1 after each proposed token
     best = logits.argmax(dim=-1)  # (b, k)
@@ -124,6 +165,8 @@ def verify(model: BlockwiseModel, criterion: Criterion, block: Block, hidden: Te
         accepted = 1 + (block.tokens[:, 1:] == best[:, :-1]).long().cumprod(dim=-1).sum(dim=-1)
     else:
         accepted = criterion.accept(block.tokens, logits[:, :-1])  # (b,)
+    if block.widths is not None:  # a confidence stop: nothing past a row's own proposals
+        accepted = torch.minimum(accepted, block.widths)
     return accepted, best.gather(1, (accepted - 1)[:, None]).squeeze(1)
 
 
@@ -163,18 +206,21 @@ def blockwise_decode(
     max_len: int = 256,
     k: int | None = None,
     lazy: bool = False,
+    stop_below: float | None = None,
 ) -> DecodeResult:
     """Decode ``src`` (B, S) with blockwise parallel decoding.
 
     ``criterion`` defaults to :class:`Exact`, which reproduces greedy decoding token for token.
     ``k`` defaults to the model's number of heads. Rows accept different numbers of tokens and
     finish at different times (EOS inside a block ends the row; nothing after it is emitted).
-    ``lazy`` verifies prefix rules position by position (:func:`verify_lazily`).
+    ``lazy`` verifies prefix rules position by position (:func:`verify_lazily`). ``stop_below`` is the
+    confidence stop of deterministic rules (:func:`propose`): blocks may be shorter than k.
     """
     criterion = criterion if criterion is not None else Exact()
     check_decode_args(model, src, max_len)
     k = resolve_k(model, k)
     criterion.validate(k)
+    check_stop_below(stop_below, criterion)
     criterion.reset(src.device)
     batch = src.shape[0]
     context = model.encode(src)
@@ -182,10 +228,11 @@ def blockwise_decode(
     book = RowBook(batch, max_len, k, model.pad_id, src.device)
     bos = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=src.device)
     block = propose(model, criterion, model.decode_step(bos, context, cache)[:, -1], k,
-                    source=chain_source(model, context))  # tokens (B, k)
+                    source=chain_source(model, context), stop_below=stop_below)  # tokens (B, <= k)
     calls = 1
     while True:
-        hidden = model.decode_step(block.tokens, context, cache)  # (b, k, D)
+        width = block.tokens.shape[1]  # k, or fewer after a confidence stop
+        hidden = model.decode_step(block.tokens, context, cache)  # (b, width, D)
         calls += 1
         accepted, first = verify(model, criterion, block, hidden, lazy)  # (b,), (b,) or None
         n, done = book.commit(block.tokens, accepted, model.eos_id)
@@ -199,6 +246,6 @@ def blockwise_decode(
             first = first[rows] if first is not None else None
             cache.select(rows)
         # keep BOS and every committed token (a live row kept all it accepted)
-        cache.crop(cache.lengths - k + accepted, bounds=book.length_bounds(offset=1), check=False)
-        block = propose(model, criterion, last, k, first, chain_source(model, context))
+        cache.crop(cache.lengths - width + accepted, bounds=book.length_bounds(offset=1), check=False)
+        block = propose(model, criterion, last, k, first, chain_source(model, context), stop_below)
     return book.result(calls)

@@ -44,6 +44,7 @@ class Block:
 
     tokens: Tensor  # (B, k) long
     probs: Tensor | None = None  # (B, k, V): q_i for token i (column 0, from p_1 or a carried token, is unused)
+    widths: Tensor | None = None  # (B,) long: tokens each row proposes (the rest fills the block); None: all
 
     @staticmethod
     def cat(parts: list[Block]) -> Block:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from lightning_bpd.decoding.beam import beam_search
-from lightning_bpd.decoding.blockwise import blockwise_decode, resolve_k
+from lightning_bpd.decoding.blockwise import blockwise_decode, check_stop_below, resolve_k
 from lightning_bpd.decoding.criteria import Criterion, Exact, SpeculativeSampling
 from lightning_bpd.decoding.draft import check_draft_args, draft_decode
 from lightning_bpd.decoding.greedy import greedy_decode
@@ -83,6 +83,7 @@ class DecodeMethod:
     beam: int | None = None  # beam search with this beam size (and ``alpha``)
     alpha: float = 0.6
     fixed_shape: bool = False  # greedy / deterministic rules: fixed shapes, CUDA graphs on CUDA (decoding.static)
+    stop_below: float | None = None  # deterministic rules: the confidence stop (blockwise.propose)
 
     @property
     def is_baseline(self) -> bool:
@@ -125,7 +126,8 @@ class DecodeMethod:
             return sample_decode(model, src, max_len, self.temperature, self.top_p, generator)
         if self.draft is not None:
             return draft_decode(model, self.draft, src, self.criterion, max_len, k=int(self.k))  # type: ignore[arg-type]
-        return blockwise_decode(model, src, self.criterion, max_len, k=self.k, lazy=self.lazy)
+        return blockwise_decode(model, src, self.criterion, max_len, k=self.k, lazy=self.lazy,
+                                stop_below=self.stop_below)
 
 
 def make_method(
@@ -137,6 +139,7 @@ def make_method(
     seed: int | None = 0,
     lazy: bool = False,
     fixed_shape: bool = False,
+    stop_below: float | None = None,
 ) -> DecodeMethod:
     """Build (and check) the method named ``spec`` for ``model``; raise ValueError saying what to fix.
 
@@ -145,10 +148,17 @@ def make_method(
     model's k, at least 2). ``seed`` seeds the random numbers of sampling methods (reseeded at
     every decode call). ``lazy`` makes blockwise prefix rules verify position by position;
     ``fixed_shape`` decodes greedy and the deterministic rules with fixed shapes
-    (:mod:`~lightning_bpd.decoding.static`: CUDA graphs on CUDA, no row compaction).
+    (:mod:`~lightning_bpd.decoding.static`: CUDA graphs on CUDA, no row compaction). ``stop_below`` is the
+    confidence stop of the deterministic rules with the model's own heads (:func:`~lightning_bpd.decoding.
+    blockwise.propose`); other methods ignore it, so one value can apply to a whole list of methods.
     """
     s = spec.strip()
     method = build_method(s, make_criterion, model, k, draft, seed, lazy)
+    if stop_below is not None and method.criterion is not None and method.draft is None and not method.is_sampling:
+        check_stop_below(stop_below, method.criterion)
+        if fixed_shape:
+            raise ValueError("the confidence stop makes blocks shorter than k: fixed-shape decoding cannot take it")
+        method.stop_below = stop_below
     if fixed_shape:
         if method.beam is not None or method.draft is not None or method.is_sampling or method.temperature is not None:
             raise ValueError(f"method {spec!r} has no fixed-shape decoder: fixed shapes cover greedy and the "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.blockwise import chain_source, resolve_k
+from lightning_bpd.decoding.blockwise import chain_source, check_stop_below, resolve_k
 from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
@@ -22,17 +22,25 @@ def chained(model: BlockwiseModel) -> bool:
 
 
 def reference_proposals(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int,
-                        source: object | None = None) -> Tensor:
+                        source: object | None = None, stop_below: float | None = None) -> Tensor:
     """The k proposals (1, k) at hidden state h (1, D). Chained heads: head i is evaluated through the
-    teacher-forced (training) path, fed the proposals of heads 1..i-1 made so far (and the source)."""
+    teacher-forced (training) path, fed the proposals of heads 1..i-1 made so far (and the source).
+    ``stop_below``: the proposals end before the first head (2..k) that gives its own token less
+    probability (the confidence stop; (1, <= k))."""
     restrict = getattr(model, "restrict_draft", None) or (lambda logits: logits)  # heads 2..k: the draft vocabulary
     if not chained(model):
         logits = model.logits_heads(h, range(k))  # (1, k, V)
-        return torch.cat([criterion.propose(logits[:, :1]), criterion.propose(restrict(logits[:, 1:]))], dim=1)
-    tokens = criterion.propose(model.logits_heads(h, [0]))  # (1, 1)
+        heads = [restrict(logits[:, i : i + 1]) for i in range(1, k)]
+        tokens = criterion.propose(logits[:, :1])  # (1, 1)
+    else:
+        tokens, heads = criterion.propose(model.logits_heads(h, [0])), []
     for i in range(1, k):
-        logits = model.logits_heads(h, [i], prev_tokens=tokens, source=source)  # (1, 1, V)
-        tokens = torch.cat([tokens, criterion.propose(restrict(logits))], dim=1)  # (1, i + 1)
+        if chained(model):
+            heads.append(restrict(model.logits_heads(h, [i], prev_tokens=tokens, source=source)))  # (1, 1, V)
+        token = criterion.propose(heads[i - 1])  # (1, 1)
+        if stop_below is not None and float(torch.softmax(heads[i - 1].double(), -1)[0, 0, token[0, 0]]) < stop_below:
+            break
+        tokens = torch.cat([tokens, token], dim=1)  # (1, i + 1)
     return tokens
 
 
@@ -43,12 +51,14 @@ def blockwise_decode_reference(
     criterion: Criterion | None = None,
     max_len: int = 256,
     k: int | None = None,
+    stop_below: float | None = None,
 ) -> DecodeResult:
     """Same contract and results as :func:`~lightning_bpd.decoding.blockwise.blockwise_decode`."""
     criterion = criterion if criterion is not None else Exact()
     check_decode_args(model, src, max_len)
     k = resolve_k(model, k)
     criterion.validate(k)
+    check_stop_below(stop_below, criterion)
     rows, blocks = [], []
     for row_src in strip_padding(src, model.pad_id):
         context = model.encode(row_src)
@@ -58,14 +68,16 @@ def blockwise_decode_reference(
             prefix = [model.bos_id, *out]
             # Predict: every head at the last prefix position.
             h = model.decode_full(torch.tensor([prefix], device=src.device), context)  # (1, T, D)
-            proposals = reference_proposals(model, criterion, h[:, -1], k, chain_source(model, context))  # (1, k)
+            proposals = reference_proposals(model, criterion, h[:, -1], k, chain_source(model, context),
+                                            stop_below)  # (1, m), m <= k
             # Verify: the extended prefix, every head everywhere (the paper's head; head 1 only for
             # chained heads, whose other heads need proposals), then keep p_1 after each proposal.
+            m = proposals.shape[1]
             extended = torch.tensor([prefix + proposals[0].tolist()], device=src.device)
-            h = model.decode_full(extended, context)  # (1, T + k, D)
-            all_heads = model.logits_heads(h, [0] if chained(model) else range(k))  # (1, T + k, k or 1, V)
-            verify = all_heads[:, len(prefix) : len(prefix) + k - 1, 0]  # (1, k - 1, V)
-            n = int(criterion.accept(proposals, verify)[0])
+            h = model.decode_full(extended, context)  # (1, T + m, D)
+            all_heads = model.logits_heads(h, [0] if chained(model) else range(k))  # (1, T + m, k or 1, V)
+            verify = all_heads[:, len(prefix) : len(prefix) + m - 1, 0]  # (1, m - 1, V)
+            n = min(int(criterion.accept(proposals, verify)[0]), m)
             # Accept: up to n tokens, stopping after EOS and at max_len.
             block = proposals[0, :n].tolist()
             if model.eos_id in block:

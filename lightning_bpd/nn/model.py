@@ -377,12 +377,14 @@ class BlockwiseTransformer(nn.Module):
             self.config.draft_vocab = len(ids)
         self.draft_vocab.set_ids(ids)
 
-    def draft_tokens(self, h: Tensor, heads: list[int] | range) -> Tensor:
+    def draft_tokens(self, h: Tensor, heads: list[int] | range,
+                     confidence: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Paper head, deterministic proposals: each listed head's argmax at h (b, D) over the draft
-        vocabulary (every token without one) -> (b, len(heads)) token ids."""
+        vocabulary (every token without one) -> (b, len(heads)) token ids; with ``confidence`` also each
+        head's probability of its token (b, len(heads))."""
         head, weight, bias = self.proposal_parts()
         states = head.select(h.to(weight.dtype), heads)  # type: ignore[call-arg]  # (b, n, D)
-        return self.proposal_argmax(states, weight, bias)
+        return self.proposal_argmax(states, weight, bias, confidence)
 
     def proposal_parts(self) -> tuple[nn.Module, Tensor, Tensor | None]:
         """The head and output projection that deterministic proposals use: the model's own, or the
@@ -391,24 +393,35 @@ class BlockwiseTransformer(nn.Module):
             return self.head, *self.output_layer()
         return self.proposal.head, self.proposal.weight, self.proposal.bias
 
-    def proposal_argmax(self, states: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        """Argmax token ids (...) of proposal states (..., D), over the draft vocabulary when there is one."""
-        if self.draft_vocab is None:
-            return linear(states, weight, bias).argmax(dim=-1)
-        return self.draft_vocab.argmax(states, weight, bias)
+    def proposal_argmax(self, states: Tensor, weight: Tensor, bias: Tensor | None,
+                        confidence: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Argmax token ids (...) of proposal states (..., D), over the draft vocabulary when there is one;
+        with ``confidence`` also the proposing distribution's probability of that token (...)."""
+        if self.draft_vocab is not None:
+            weight, bias = self.draft_vocab.rows(weight, bias)
+        logits = linear(states, weight, bias)  # (..., V or N)
+        best = logits.argmax(dim=-1)
+        token = best if self.draft_vocab is None else self.draft_vocab.ids[best]
+        if not confidence:
+            return token
+        top = logits.gather(-1, best[..., None])[..., 0]
+        return token, (top - logits.logsumexp(dim=-1)).float().exp()
 
     def restrict_draft(self, logits: Tensor) -> Tensor:
         """Logits (..., V) of a proposing head as the draft vocabulary sees them (-inf outside it)."""
         return logits if self.draft_vocab is None else self.draft_vocab.restrict(logits)
 
-    def chain_draft(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> tuple[Tensor, Tensor]:
+    def chain_draft(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None,
+                    confidence: bool = False) -> tuple[Tensor, ...]:
         """Chained heads, deterministic proposals: head ``i``'s state (b, D) and its argmax token (b,)
-        over the draft vocabulary (every token without one)."""
+        over the draft vocabulary (every token without one); with ``confidence`` also head i's
+        probability of that token (b,)."""
         head, weight, bias = self.proposal_parts()
         if source is not None and self.proposal is not None:
             source = self.proposal.source_in_dtype(source)
         z = head.step(z.to(weight.dtype), self.embed_tokens(token).to(weight.dtype), i, source)  # type: ignore[operator]
-        return z, self.proposal_argmax(z, weight, bias)
+        out = self.proposal_argmax(z, weight, bias, confidence)
+        return (z, *out) if confidence else (z, out)
 
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> tuple[Tensor, Tensor]:
         """Chained heads, decoding: head ``i`` (0-based, >= 1) from head i-1's state z (b, D) and the

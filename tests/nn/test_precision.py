@@ -80,7 +80,7 @@ def test_bfloat16_chain_proposes_what_the_float32_chain_proposes_on_clear_margin
     h = model.decode_full(torch.ones(6, 1, dtype=torch.long), context)[:, -1]
     first = model.project(h).argmax(-1)
     with torch.no_grad():
-        want = chain_tokens(model, Exact(), h, 5, first, model.chain_source(context))
+        want = chain_tokens(model, Exact(), h, 5, first, model.chain_source(context)).tokens
         model.set_proposal_precision("bfloat16")
-        got = chain_tokens(model, Exact(), h, 5, first, model.chain_source(context))
+        got = chain_tokens(model, Exact(), h, 5, first, model.chain_source(context)).tokens
     assert (got == want).float().mean() >= 0.9
