@@ -23,7 +23,9 @@ from typing import Any
 
 import torch
 
+from lightning_bpd.bench import add_precision_args
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
+from lightning_bpd.nn.precision import model_dtype, precision_name, set_inference_precision
 from lightning_bpd.results import write_json
 
 TIMED = ("encode", "decode_step", "logits_first", "logits_heads", "draft_tokens", "chain_draft", "chain_step")
@@ -52,14 +54,16 @@ class TimedModel:
         return timed
 
 
-def profile(module: Any, inputs: list[torch.Tensor], k: int | None, criterion: str | None) -> dict[str, Any]:
-    """Time one method over ``inputs`` (greedy when ``criterion`` is None)."""
+def profile(module: Any, inputs: list[torch.Tensor], k: int | None, criterion: str | None,
+            stop_below: float | None = None) -> dict[str, Any]:
+    """Time one method over ``inputs`` (greedy when ``criterion`` is None; ``stop_below``: the confidence stop)."""
     proxy = TimedModel(module.model)
     rule = module.make_criterion(criterion) if criterion else None
     start, steps = time.perf_counter(), 0
     for src in inputs:
         max_len = module.max_decode_len(src)
-        result = greedy_decode(proxy, src, max_len) if rule is None else blockwise_decode(proxy, src, rule, max_len, k=k)
+        result = greedy_decode(proxy, src, max_len) if rule is None else blockwise_decode(proxy, src, rule, max_len, k=k,
+                                                                                             stop_below=stop_below)
         steps += int(result.iterations.sum())
     total = time.perf_counter() - start
     parts = {name: proxy.seconds[name] for name in TIMED}
@@ -79,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--k", type=int, nargs="+", default=None, help="block sizes (default: the model's k)")
     p.add_argument("--criterion", default="exact")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    add_precision_args(p)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.threads:
@@ -88,15 +93,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     try:
         module = load_model(args.ckpt, "cpu")
+        set_inference_precision(module.model, args.precision, args.proposal_precision)
         inputs = load_inputs(module, args)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"where_time_goes: {err}") from None
     ks = args.k or [module.model.k]
-    profile(module, inputs[:2], ks[0], args.criterion)  # warm-up
+    profile(module, inputs[:2], ks[0], args.criterion, args.stop_below)  # warm-up
     report: dict[str, Any] = {"ckpt": args.ckpt, "inputs": len(inputs), "threads": torch.get_num_threads(),
-                              "criterion": args.criterion, "methods": {"greedy": profile(module, inputs, None, None)}}
+                              "criterion": args.criterion, "precision": precision_name(model_dtype(module.model)),
+                              "proposal_precision": args.proposal_precision, "stop_below": args.stop_below,
+                              "methods": {"greedy": profile(module, inputs, None, None)}}
     for k in ks:
-        report["methods"][f"{args.criterion}@k{k}"] = profile(module, inputs, k, args.criterion)
+        report["methods"][f"{args.criterion}@k{k}"] = profile(module, inputs, k, args.criterion, args.stop_below)
     greedy_ms = report["methods"]["greedy"]["ms_per_step"]
     print(f"{'method':12s} {'ms/step':>8s} {'x greedy':>8s}  " + " ".join(f"{n:>13s}" for n in (*TIMED, "loop")))
     for name, r in report["methods"].items():

@@ -58,10 +58,13 @@ class DraftVocabulary(nn.Module):
             self._rows = (key, weight[self.ids], None if bias is None else bias[self.ids])
         return self._rows[1], self._rows[2]
 
+    def logits(self, h: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        """Logits (..., N) of the draft tokens only, for states h (..., D) under ``weight`` (V, D)."""
+        return linear(h, *self.rows(weight, bias))
+
     def argmax(self, h: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """Token ids (...) of the most likely draft token of states h (..., D) under ``weight`` (V, D)."""
-        w, b = self.rows(weight, bias)
-        return self.ids[linear(h, w, b).argmax(dim=-1)]
+        return self.ids[self.logits(h, weight, bias).argmax(dim=-1)]
 
     def restrict(self, logits: Tensor) -> Tensor:
         """Full-vocabulary logits (..., V) with every token outside the list at -inf (the reference's view)."""

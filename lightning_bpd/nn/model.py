@@ -397,9 +397,10 @@ class BlockwiseTransformer(nn.Module):
                         confidence: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Argmax token ids (...) of proposal states (..., D), over the draft vocabulary when there is one;
         with ``confidence`` also the proposing distribution's probability of that token (...)."""
-        if self.draft_vocab is not None:
-            weight, bias = self.draft_vocab.rows(weight, bias)
-        logits = linear(states, weight, bias)  # (..., V or N)
+        if self.draft_vocab is None:
+            logits = linear(states, weight, bias)  # (..., V)
+        else:
+            logits = self.draft_vocab.logits(states, weight, bias)  # (..., N)
         best = logits.argmax(dim=-1)
         token = best if self.draft_vocab is None else self.draft_vocab.ids[best]
         if not confidence:
