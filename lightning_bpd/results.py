@@ -1,18 +1,21 @@
-"""The measured results in ``results/``: load them, tabulate them (README) and feed the notebook's plots.
+"""The measured results in ``results/``: load them, tabulate them (README.md, docs/results.md) and feed the
+notebook's plots.
 
 Every record is a JSON file with a ``label`` (what was measured) and the ``command`` that made it,
-beside the data of one of four kinds:
+beside the data of one of five kinds:
 
 - ``decode``: a ``decode_<stage>.json`` of the :class:`~lightning_bpd.callbacks.decode_eval.DecodeEval`
   callback (``metrics`` holds ``<method>/bleu`` or ``<method>/psnr``, ``<method>/mean_accepted_block_size``, ...);
 - ``bench``: the JSON of ``python -m lightning_bpd bench`` (``batch_sizes`` -> method -> timings);
 - ``step_cost``: the JSON of ``python -m lightning_bpd.benchmarks.step_cost``;
-- ``where_time_goes``: the JSON of ``python -m lightning_bpd.benchmarks.where_time_goes``.
+- ``where_time_goes``: the JSON of ``python -m lightning_bpd.benchmarks.where_time_goes``;
+- ``peer``: the JSON of ``python -m lightning_bpd.benchmarks.peer`` (our greedy against peer systems).
 
 ``python -m lightning_bpd.results add RUN/decode_test.json results/x.json --label L --command C`` files a
 run's record with its provenance; ``python -m lightning_bpd.results table [results]`` prints the
-Markdown tables, and ``python -m lightning_bpd.results readme`` writes them into README.md between
-its markers.
+Markdown tables of every record, and ``python -m lightning_bpd.results readme`` rewrites the generated
+blocks of README.md (the default run's printout and the headline tables, :func:`headline_tables`) and
+of docs/results.md (every record, :func:`markdown_tables`) between their markers.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ QUALITY_KEYS = ("bleu", "psnr")
 @dataclass
 class Record:
     path: Path
-    kind: str  # decode | bench | step_cost | where_time_goes
+    kind: str  # decode | bench | step_cost | where_time_goes | peer
     label: str
     command: str
     data: dict[str, Any]
+    root: Path | None = None  # the folder it was loaded from
 
 
 def kind_of(data: dict[str, Any]) -> str | None:
@@ -45,6 +49,8 @@ def kind_of(data: dict[str, Any]) -> str | None:
         return "step_cost"
     if isinstance(data.get("methods"), dict) and all("ms_per_step_by_part" in m for m in data["methods"].values()):
         return "where_time_goes"
+    if "peer_over_ours" in data:
+        return "peer"
     return None
 
 
@@ -59,7 +65,7 @@ def load(folder: str | Path) -> list[Record]:
         kind = kind_of(data) if isinstance(data, dict) else None
         if kind is None:
             continue
-        records.append(Record(path, kind, data.get("label", path.stem), data.get("command", ""), data))
+        records.append(Record(path, kind, data.get("label", path.stem), data.get("command", ""), data, Path(folder)))
     return records
 
 
@@ -121,7 +127,7 @@ def ablation_rows(records: list[Record]) -> list[dict[str, Any]]:
         rows.append({**{key: meta.get(key, "") for key in ABLATION_KEYS}, "label": rec.label,
                      "bleu": m.get("exact/bleu", math.nan), "block": m["exact/mean_accepted_block_size"],
                      "matches_greedy": m.get("exact/matches_greedy"), "agreement": agreement,
-                     "command": rec.command})
+                     "command": rec.command, "recipe": meta.get("recipe"), "path": rec.path})
     return sorted(rows, key=lambda r: (-int(r["k"] or 0), str(r["base"]), str(r["targets"]), str(r["head"])))
 
 
@@ -141,6 +147,36 @@ def time_rows(records: list[Record]) -> list[dict[str, Any]]:
     return rows
 
 
+def peer_rows(records: list[Record]) -> list[dict[str, Any]]:
+    """One row per (record, system) of greedy decoding against peer systems: the ``peer`` records of
+    ``benchmarks.peer`` (every system with ``ms_per_token_median``), and the ``peers`` entry of ``bench``
+    records (``ms_per_output_token`` per batch size, beside the record's own greedy)."""
+    rows = []
+    for rec in records:
+        if rec.kind == "peer":
+            ours = rec.data.get("lightning_bpd", {}).get("ms_per_token_median")
+            for name, r in rec.data.items():
+                if isinstance(r, dict) and "ms_per_token_median" in r:
+                    rows.append({"label": rec.label, "batch": rec.data.get("batch"), "system": name,
+                                 "ms_per_token": r["ms_per_token_median"],
+                                 "x_ours": r["ms_per_token_median"] / ours if ours else math.nan,
+                                 "command": rec.command, "path": rec.path})
+        elif rec.kind == "bench" and isinstance(rec.data.get("peers"), dict):
+            for batch, peers in rec.data["peers"].get("batch_sizes", {}).items():
+                ours = rec.data["batch_sizes"].get(batch, {}).get("greedy", {})
+                ours_ms = ours.get("ms_per_output_token")
+                if ours_ms is None and ours.get("tokens_per_second"):
+                    ours_ms = 1000 / ours["tokens_per_second"]
+                for name, r in [("lightning_bpd", {"ms_per_output_token": ours_ms}), *peers.items()]:
+                    if r.get("ms_per_output_token") is None:
+                        continue
+                    rows.append({"label": rec.label, "batch": int(batch), "system": name,
+                                 "ms_per_token": r["ms_per_output_token"],
+                                 "x_ours": r["ms_per_output_token"] / ours_ms if ours_ms else math.nan,
+                                 "command": rec.command, "path": rec.path})
+    return rows
+
+
 def fmt(value: Any, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
@@ -152,7 +188,8 @@ def fmt(value: Any, digits: int = 2) -> str:
 
 
 def markdown_tables(records: list[Record]) -> str:
-    """The README's result tables: quality and accepted block size, then wall-clock speed."""
+    """Every record as tables (docs/results.md): quality and accepted block size, the acceptance ablation,
+    wall-clock speed, where the time goes and the peers."""
     lines = ["| run | stage | method | quality | mean accepted block size | = greedy |",
              "|---|---|---|---:|---:|---:|"]
     for r in quality_rows(records):
@@ -183,6 +220,12 @@ def markdown_tables(records: list[Record]) -> str:
         for r in times:
             parts = ", ".join(f"{name} {ms:.2f}" for name, ms in r["parts"].items())
             lines.append(f"| {r['label']} | {r['method']} | {fmt(r['ms'])} | {fmt(r['x_greedy'])} | {parts} |")
+    peers = peer_rows(records)
+    if peers:
+        lines += ["", "| run | batch | greedy of | ms per output token | x ours |", "|---|---:|---|---:|---:|"]
+        for r in peers:
+            lines.append(f"| {r['label']} | {r['batch']} | {r['system']} | {fmt(r['ms_per_token'], 3)} | "
+                         f"{fmt(r['x_ours'])} |")
     return "\n".join(lines)
 
 
@@ -223,22 +266,199 @@ def add(source: str | Path, dest: str | Path, label: str, command: str, meta: di
     return write_json(dest, data)
 
 
-BEGIN, END = "<!-- results:begin (python -m lightning_bpd.results readme) -->", "<!-- results:end -->"
+# --- The README's headline: which records fill which cell. A cell whose record is missing prints "-".
+# Stern et al. (2018), Table 1 (WMT14 En-De, k = 8, mean accepted block size) and Table 2 (CelebA, the
+# "both" column: fine-tuned and approximate acceptance eps = 2): the paper's values, not measured here.
+PAPER_TABLE1 = {8: (1.76, 1.91, 3.01, 4.69)}
+PAPER_TABLE2_BOTH = {4: 3.75, 8: 6.36}
+# Table 1 columns: (name, training targets, base) as in the records' ``meta``.
+TABLE1_COLUMNS = (("regular", "gold", "frozen"), ("distillation", "self-distilled", "frozen"),
+                  ("fine-tuning", "gold", "fine-tuned"), ("both", "self-distilled", "fine-tuned"))
+# Table 1 rows: (head, k, the recipes (``python -m lightning_bpd recipe <name>``) that make the row's cells).
+TABLE1_ROWS = (("paper", 8, "`recipe multi30k-paper-k8-gold` (gold), `recipe multi30k-paper-k8` (self-distilled)"),
+               ("paper", 4, ""), ("chained", 8, ""), ("chained_attn", 4, ""),
+               ("chained_attn", 8, "`recipe multi30k-k8` (self-distilled)"))
+TABLE1_BASE = "multi30k/acceptance/base_k1_test.json"
+TABLE2_BASE = "superres/i14_gaussian_base_60min_val64.json"
+TABLE2_CELL = "superres/table2g_k{k}_{base}.json"  # base: frozen | finetune
+TABLE2_KS = (2, 4, 8)
+TABLE2_RECIPES = {8: "`recipe celeba-table2`"}
+DEFAULT_RUN = "default/translation_fresh_clone.json"
+# Wall-clock rows: (record, batch (None: a decode record), method, what, how it is made).
+SPEED_ROWS = (
+    (DEFAULT_RUN, None, "exact", "built-in default: k=4 chained heads, synthetic val", "`python -m lightning_bpd fit`"),
+    ("multi30k/bench_k8_chainedattn_finetune.json", 1, "greedy", "Multi30k k=8 `chained_attn`, test",
+     "`recipe multi30k-k8` (bench stage)"),
+    ("multi30k/bench_k8_chainedattn_finetune.json", 1, "exact@k8", "Multi30k k=8 `chained_attn`, test",
+     "`recipe multi30k-k8` (bench stage)"),
+    ("multi30k/bench_k8_chainedattn_finetune.json", 1, "exact@k4", "same model, k=4 of its 8 heads",
+     "`recipe multi30k-k8` (bench stage)"),
+    ("multi30k/bench_k8_chainedattn_finetune_dv1000.json", 1, "exact@k4",
+     "same, heads propose from 1,000 frequent tokens", "`bench` with `--draft-vocab 1000`"),
+    ("multi30k/bench_k8_chainedattn_finetune.json", 32, "exact@k8", "Multi30k k=8 `chained_attn`, test",
+     "`recipe multi30k-k8` (bench stage)"),
+)
 
 
-def readme_block(text: str) -> str:
-    """The generated tables between the README's markers."""
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"the README has no {BEGIN} ... {END} block")
-    return text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip("\n")
+def find(records: list[Record], rel: str) -> Record | None:
+    """The record whose path ends with ``rel`` (a path under the results folder)."""
+    return next((r for r in records if r.path.as_posix().endswith("/" + rel) or r.path.as_posix() == rel), None)
+
+
+def rel_link(rec: Record) -> str:
+    """``[name](results/...)``: a link to the record from the folder that holds the results folder."""
+    path = (Path(rec.root.name) / rec.path.relative_to(rec.root)).as_posix() if rec.root else rec.path.as_posix()
+    return f"[{rec.path.name}]({path})"
+
+
+def table1_cell(rows: list[dict[str, Any]], head: str, k: int, targets: str, base: str) -> dict[str, Any] | None:
+    """The acceptance-ablation row of (head, k, targets, base); among several, one filed with
+    ``--meta recipe=<name>`` wins, then the last by path."""
+    found = [r for r in rows if (r["head"], r["k"], r["targets"], r["base"]) == (head, k, targets, base)]
+    found.sort(key=lambda r: (bool(r.get("recipe")), str(r["path"])))
+    return found[-1] if found else None
+
+
+def headline_tables(records: list[Record]) -> str:
+    """The README's headline: Table 1 analog (translation), Table 2 analog (super-resolution) and
+    wall-clock speed, each cell from a record in ``results/`` (cells without one print ``-``)."""
+    lines: list[str] = []
+    base = find(records, TABLE1_BASE)
+    bm = base.data["metrics"] if base else {}
+    rows = ablation_rows(records)
+    lines += [(f"**Table 1 analog: translation** (Multi30k En->De, {int(bm.get('examples', 0)):,} test_2016_flickr "
+              "sentences; mean accepted block size with exact acceptance, BLEU in brackets; the k=1 base scores "
+              f"BLEU {fmt(bm.get('greedy/bleu'))} and every frozen cell decodes exactly its greedy output)"), "",
+              "| head | k | regular | distillation | fine-tuning | both | made by |",
+              "|---|---:|---:|---:|---:|---:|---|"]
+    for k, paper in PAPER_TABLE1.items():
+        lines.append(f"| Stern et al. 2018, WMT14 | {k} | " + " | ".join(f"{v:.2f}" for v in paper) + " | the paper |")
+    for head, k, recipes in TABLE1_ROWS:
+        cells = []
+        for _, targets, base_kind in TABLE1_COLUMNS:
+            r = table1_cell(rows, head, k, targets, base_kind)
+            cells.append(f"{fmt(r['block'])} ({fmt(r['bleu'])})" if r else "-")
+        made = recipes or "the record's `command`"
+        lines.append(f"| `{head}` | {k} | " + " | ".join(cells) + f" | {made} |")
+    lines += ["", ("Regular = gold targets, base frozen; distillation = self-distilled targets; fine-tuning = base "
+              "fine-tuned jointly with the heads; both = both; - = no record on this recipe yet. Every cell's record "
+              "in `results/multi30k/acceptance/` holds its exact `command`."), ""]
+
+    sr_base = find(records, TABLE2_BASE)
+    sm = sr_base.data["metrics"] if sr_base else {}
+    lines += [(f"**Table 2 analog: super-resolution** (CelebA 8x8 -> 32x32, {int(sm.get('examples', 0))} val "
+              "faces, paper heads on the "
+              f"Gaussian-output base; mean accepted block size, PSNR dB in brackets; base greedy "
+              f"{fmt(sm.get('greedy/psnr'))} dB, nearest-neighbour {fmt(sm.get('nearest/psnr'))}, bicubic "
+              f"{fmt(sm.get('bicubic/psnr'))})"), "",
+              "| k | regular | approximate (eps=2) | fine-tuned | both | paper, both | made by |",
+              "|---:|---:|---:|---:|---:|---:|---|"]
+    for k in TABLE2_KS:
+        cells = []
+        for base_kind, method in (("frozen", "exact"), ("frozen", "eps2"), ("finetune", "exact"),
+                                  ("finetune", "eps2")):
+            rec = find(records, TABLE2_CELL.format(k=k, base=base_kind))
+            m = rec.data["metrics"] if rec else {}
+            block = m.get(f"{method}/mean_accepted_block_size")
+            cells.append(f"{fmt(block)} ({fmt(m.get(f'{method}/psnr'))})" if block is not None else "-")
+        paper = PAPER_TABLE2_BOTH.get(k)
+        made = TABLE2_RECIPES.get(k, "the record's `command`")
+        lines.append(f"| {k} | " + " | ".join(cells) + f" | {fmt(paper) if paper else '-'} | {made} |")
+    lines += ["", "Records: `results/superres/table2g_*.json`.", ""]
+
+    lines += [("**Wall-clock** (CPU; exact acceptance, outputs identical to greedy; speedup = our greedy's time / "
+              "blockwise's in the same run; threads and machine load in each record's label)"),
+              "", "| model | batch | rule | mean accepted block | speedup | ms per output token | made by | record |",
+              "|---|---:|---|---:|---:|---:|---|---|"]
+    for rel, batch, method, what, made in SPEED_ROWS:
+        rec = find(records, rel)
+        if rec is None:
+            lines.append(f"| {what} | {batch or 1} | {method} | - | - | - | {made} | `{rel}` (missing) |")
+            continue
+        if batch is None:
+            m = rec.data["metrics"]
+            r = {"mean_accepted_block_size": m.get(f"{method}/mean_accepted_block_size"),
+                 "speedup": m.get(f"{method}/speedup")}
+        else:
+            r = rec.data["batch_sizes"].get(str(batch), {}).get(method, {})
+        ms = r.get("ms_per_output_token")
+        if ms is None and r.get("tokens_per_second"):
+            ms = 1000 / r["tokens_per_second"]
+        lines.append(f"| {what} | {batch or rec.data.get('batch_size', 1)} | {method} | "
+                     f"{fmt(r.get('mean_accepted_block_size'))} | {fmt(r.get('speedup'))} | {fmt(ms, 3)} | {made} | "
+                     f"{rel_link(rec)} |")
+    peers = peer_rows(records)
+    lines.append("")
+    if peers:
+        lines += ["Peers (greedy decoding, a random-weight Transformer of the same shape; ms per output token):", "",
+                  "| run | batch | system | ms per output token | x ours | record |", "|---|---:|---|---:|---:|---|"]
+        for r in peers:
+            rec = next(x for x in records if x.path == r["path"])
+            lines.append(f"| {r['label']} | {r['batch']} | {r['system']} | {fmt(r['ms_per_token'], 3)} | "
+                         f"{fmt(r['x_ours'])} | {rel_link(rec)} |")
+    else:
+        lines.append("Peers (Hugging Face `transformers`, CTranslate2 float32 / int8): no record in `results/` yet; "
+                     "see [docs/speed.md](docs/speed.md).")
+    return "\n".join(lines)
+
+
+def default_run_printout(records: list[Record]) -> str:
+    """What ``python -m lightning_bpd fit`` prints at the end, rebuilt from its record."""
+    from lightning_bpd.callbacks.decode_eval import format_summary
+
+    rec = find(records, DEFAULT_RUN)
+    if rec is None:
+        return f"(no record {DEFAULT_RUN})"
+    m, d = rec.data["metrics"], rec.data
+    return "\n".join([
+        "```",
+        f"[{d.get('stage', 'val')} decode, {int(m['examples'])} examples, k={d.get('k')}, 1 process(es)]",
+        format_summary(m, methods_of(m), "bleu"),
+        "run folder: runs/translation-<date>-<time>; W&B run: runs/translation-<date>-<time>/wandb/offline-run-<...>",
+        f"bleu signature: {d['signature']}" if d.get("signature") else "",
+        "```",
+    ]).replace("\n\n```", "\n```")
+
+
+# Generated blocks: name -> the function of the records that fills it. ``results`` (every record) lives in
+# docs/results.md; ``default-run`` and ``headline`` in README.md.
+GENERATED = {"results": markdown_tables, "default-run": default_run_printout, "headline": headline_tables}
+GENERATED_FILES = ("README.md", "docs/results.md")
+
+
+def markers(name: str) -> tuple[str, str]:
+    """The begin and end markers of the generated block ``name``."""
+    return f"<!-- {name}:begin (python -m lightning_bpd.results readme) -->", f"<!-- {name}:end -->"
+
+
+BEGIN, END = markers("results")
+
+
+def readme_block(text: str, name: str = "results") -> str:
+    """The generated block ``name`` between its markers."""
+    begin, end = markers(name)
+    if begin not in text or end not in text:
+        raise ValueError(f"no {begin} ... {end} block")
+    return text[text.index(begin) + len(begin) : text.index(end)].strip("\n")
+
+
+def blocks_in(text: str) -> list[str]:
+    """The names of the generated blocks in ``text``."""
+    return [name for name in GENERATED if markers(name)[0] in text and markers(name)[1] in text]
 
 
 def update_readme(readme: str | Path, folder: str | Path) -> None:
-    """Rewrite the README's generated block from the records in ``folder``."""
+    """Rewrite every generated block of a Markdown file from the records in ``folder``."""
     text = Path(readme).read_text()
-    readme_block(text)  # both markers present
-    head, tail = text[: text.index(BEGIN) + len(BEGIN)], text[text.index(END) :]
-    Path(readme).write_text(f"{head}\n{markdown_tables(load(folder))}\n{tail}")
+    names = blocks_in(text)
+    if not names:
+        raise ValueError(f"{readme} has no generated block (markers like {BEGIN} ... {END})")
+    records = load(folder)
+    for name in names:
+        begin, end = markers(name)
+        head, tail = text[: text.index(begin) + len(begin)], text[text.index(end) :]
+        text = f"{head}\n{GENERATED[name](records)}\n{tail}"
+    Path(readme).write_text(text)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -247,8 +467,8 @@ def main(argv: list[str] | None = None) -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("table", help="print the Markdown result tables")
     t.add_argument("folder", nargs="?", default="results")
-    r = sub.add_parser("readme", help="rewrite the README's generated result tables")
-    r.add_argument("readme", nargs="?", default="README.md")
+    r = sub.add_parser("readme", help="rewrite the generated blocks of README.md and docs/results.md")
+    r.add_argument("files", nargs="*", default=list(GENERATED_FILES))
     r.add_argument("--folder", default="results")
     a = sub.add_parser("add", help="file a run's JSON with its label and command")
     a.add_argument("source")
@@ -262,7 +482,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.cmd == "table":
             print(markdown_tables(load(args.folder)))
         elif args.cmd == "readme":
-            update_readme(args.readme, args.folder)
+            for path in args.files:
+                update_readme(path, args.folder)
         else:
             print(add(args.source, args.dest, args.label, args.command, parse_meta(args.meta)))
     except (ValueError, FileNotFoundError) as err:

@@ -70,13 +70,41 @@ def test_notebook_executes_and_draws(tmp_path, monkeypatch):
     assert any("toy bench" in o.get("data", {}).get("text/markdown", "") for o in outputs)
 
 
-def test_readme_tables_are_generated_from_the_repository_results():
-    from lightning_bpd.results import readme_block
+ROOT = NOTEBOOK.parents[1]
 
-    root = NOTEBOOK.parents[1]
-    block = readme_block((root / "README.md").read_text())
-    assert block == markdown_tables(load(root / "results")), \
-        "README out of date: run `python -m lightning_bpd.results readme`"
+
+def test_readme_and_docs_are_generated_from_the_repository_results():
+    from lightning_bpd.results import GENERATED, readme_block
+
+    records = load(ROOT / "results")
+    stale = "out of date: run `python -m lightning_bpd.results readme`"
+    docs = (ROOT / "docs" / "results.md").read_text()
+    assert readme_block(docs) == markdown_tables(records), f"docs/results.md {stale}"
+    readme = (ROOT / "README.md").read_text()
+    for name in ("default-run", "headline"):
+        assert readme_block(readme, name) == GENERATED[name](records), f"README.md ({name}) {stale}"
+
+
+def test_readme_is_short_and_has_ci_commands():
+    """The README stays a five-minute read, and its set-up and test commands are the ones CI runs."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    ci = (ROOT / ".ci" / "run").read_text()
+    for line in ('python -m pip install torch==2.14.1 torchvision==0.29.1', 'python -m pip install -e ".[dev]"'):
+        assert line in readme and line.replace("pip install", "pip install -q") in ci
+    assert "\npython -m pytest -q\n" in readme and ci.rstrip().endswith("\npython -m pytest -q")
+
+
+def test_relative_links_in_readme_and_docs_resolve():
+    import re
+
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken
 
 
 def test_update_readme_rewrites_only_the_marked_block(tmp_path):
@@ -110,3 +138,51 @@ def test_ablation_rows_from_records_filed_with_meta(tmp_path):
     assert table.count("| 8 | chained |") == 1
     with pytest.raises(ValueError, match="--meta takes key=value"):
         parse_meta(["steps"])
+
+
+def test_headline_cells_come_from_records_and_missing_ones_print_a_dash(tmp_path):
+    from lightning_bpd.results import default_run_printout, headline_tables
+
+    results = tmp_path / "results"
+    cell = {"label": "k=8 paper gold frozen", "command": "python -m lightning_bpd test ...", "stage": "test", "k": 8,
+            "meta": {"k": 8, "head": "paper", "targets": "gold", "base": "frozen"},
+            "metrics": {"greedy/bleu": 30.0, "greedy/mean_accepted_block_size": 1.0, "exact/bleu": 30.0,
+                        "exact/mean_accepted_block_size": 1.5, "examples": 10.0}}
+    (results / "multi30k/acceptance").mkdir(parents=True)
+    (results / "multi30k/acceptance/a.json").write_text(json.dumps(cell))
+    newer = {**cell, "meta": {**cell["meta"], "recipe": "multi30k-paper-k8-gold"},
+             "metrics": {**cell["metrics"], "exact/mean_accepted_block_size": 1.7}}
+    (results / "multi30k/acceptance/0_recipe.json").write_text(json.dumps(newer))  # sorts first, wins by its recipe
+    records = load(results)
+    text = headline_tables(records)
+    assert "| `paper` | 8 | 1.70 (30.00) | - | - | - |" in text
+    assert "| `chained_attn` | 8 | - | - | - | - |" in text
+    assert "| 1.76 | 1.91 | 3.01 | 4.69 |" in text  # the paper's own values
+    assert "(missing)" in text and "no record in `results/` yet" in text
+    assert default_run_printout(records).startswith("(no record")
+
+
+def test_peer_rows_from_peer_and_bench_records(tmp_path):
+    from lightning_bpd.results import headline_tables, peer_rows
+
+    peer = {"label": "peer toy", "command": "python -m lightning_bpd.benchmarks.peer", "batch": 1, "tokens": 40,
+            "lightning_bpd": {"ms_per_token_median": 2.0}, "transformers": {"ms_per_token_median": 3.0},
+            "peer_over_ours": 1.5}
+    bench = {"label": "bench toy", "command": "python -m lightning_bpd bench --peers ctranslate2", "k": 4,
+             "batch_sizes": {"1": {"greedy": {"baseline": "greedy", "seconds_per_input_median": 0.1,
+                                              "mean_accepted_block_size": 1.0, "speedup": 1.0, "efficiency": 1.0,
+                                              "ms_per_output_token": 2.5}}},
+             "peers": {"ctranslate2_version": "x", "batch_sizes": {"1": {
+                 "ctranslate2_int8": {"ms_per_output_token": 0.5, "tokens_per_second": 2000.0}}}}}
+    (tmp_path / "peer.json").write_text(json.dumps(peer))
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    records = load(tmp_path)
+    assert sorted(r.kind for r in records) == ["bench", "peer"]
+    rows = {(r["label"], r["system"]): r for r in peer_rows(records)}
+    assert rows[("peer toy", "transformers")]["x_ours"] == 1.5
+    assert rows[("bench toy", "ctranslate2_int8")]["x_ours"] == 0.2
+    assert rows[("bench toy", "lightning_bpd")]["ms_per_token"] == 2.5
+    table = markdown_tables(records)
+    assert "| peer toy | 1 | transformers | 3.000 | 1.50 |" in table
+    assert "| bench toy | 1 | ctranslate2_int8 | 0.500 | 0.20 |" in table
+    assert "ctranslate2_int8 | 0.500 | 0.20 | [bench.json]" in headline_tables(records)
