@@ -49,6 +49,7 @@ COMMANDS = {
     "bench": "time greedy against blockwise decoding of a checkpoint (table and JSON)",
     "distill": "beam-decode a training corpus with a teacher (sequence-level distillation), sharded, resumable",
     "human-eval": "export side-by-side image pairs for raters (export) and score their answers (analyze)",
+    "recipe": "run a whole pipeline from conf/recipes/<name>.yaml (stages resumable; --dry-run prints them)",
 }
 
 # Commands that are plain functions: ``main(argv)`` of these modules.
@@ -57,6 +58,7 @@ PLAIN_COMMANDS = {
     "bench": "lightning_bpd.bench",
     "distill": "lightning_bpd.distill",
     "human-eval": "lightning_bpd.human_eval",
+    "recipe": "lightning_bpd.recipe",
 }
 
 USAGE = "usage: python -m lightning_bpd {" + ",".join(COMMANDS) + "} [options]\n\n" + "\n".join(
@@ -71,6 +73,7 @@ USAGE = "usage: python -m lightning_bpd {" + ",".join(COMMANDS) + "} [options]\n
     "  python -m lightning_bpd decode --ckpt runs/<name>/last.ckpt --k 8 --criterion exact < input.en\n"
     "  python -m lightning_bpd bench --ckpt runs/<name>/last.ckpt --input input.en --batch-sizes 1 32\n"
     "  python -m lightning_bpd distill --ckpt runs/<name>/last.ckpt --data-root <corpus> --out runs/distill/<name>\n"
+    "  python -m lightning_bpd recipe multi30k-k8 --dry-run\n"
     "\n'python -m lightning_bpd <command> --help' lists every option of a command.\n"
 )
 
@@ -209,6 +212,15 @@ class BPDCLI(LightningCLI):
         drop_lr_monitor_without_logger(cfg.trainer)
         outputs_in_run_folder(cfg.trainer, cfg.run_dir)
         warm_start_tokenizer(cfg.model.init_args, cfg.data.init_args)
+
+    def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
+        """The data module checks its data (``check_data(stage)``) first: a missing folder or split file, or files
+        that are misaligned or not UTF-8, end as one error line before the trainer exists and so before anything is
+        written (the logger objects exist, but W&B makes its run folder when the trainer first touches them)."""
+        check_data = getattr(self.datamodule, "check_data", None)
+        if self.subcommand and callable(check_data):
+            check_data(self.subcommand)
+        return super().instantiate_trainer(**kwargs)
 
     def finish_loggers(self) -> None:
         """Close the W&B run so its offline file is complete (and a next run in this process is new)."""

@@ -1,17 +1,24 @@
-"""The CLI's preparation of a parsed config before anything is built: run folder, loggers, callbacks."""
+"""The CLI's preparation of a parsed config before anything is built: run folder, loggers, callbacks; and the data
+check of every fit before it writes anything."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.loggers import WandbLogger
 
 from lightning_bpd.cli import (
+    CONF_DIR,
     DEFAULT_CONFIG,
+    REPO_ROOT,
     RUN_DIR_ENV,
     drop_lr_monitor_without_logger,
+    main,
     outputs_in_run_folder,
     run_folder,
     wandb_in_run_folder,
@@ -67,3 +74,82 @@ def test_no_logger_leaves_the_lr_monitor_out(cfg):
     cfg.trainer.logger = False
     drop_lr_monitor_without_logger(cfg.trainer)
     assert [cb.class_path.rsplit(".", 1)[1] for cb in cfg.trainer.callbacks] == ["ModelCheckpoint", "MyCheckpoint"]
+
+
+CELEBA = ["--config", str(CONF_DIR / "superres" / "celeba_base.yaml")]
+# the default translation config (W&B offline) on the folder d, the tokenizer cached outside runs/
+TEXTS = ["--data.init_args.root=d", "--data.init_args.vocab_size=40", "--data.init_args.cache_dir=cache"]
+
+
+def nothing_written(root: Path) -> bool:
+    """No run folder (runs/) and no W&B files (wandb/, offline-run-*) anywhere under ``root``."""
+    return not (root / "runs").exists() and not any("wandb" in p.name or "offline-run" in p.name
+                                                     for p in root.rglob("*"))
+
+
+def celeba_folder_only(root: Path) -> None:
+    (root / "cel/img_align_celeba").mkdir(parents=True)
+
+
+def celeba_no_train_image(root: Path) -> None:
+    celeba_folder_only(root)
+    (root / "cel/list_eval_partition.txt").write_text("000001.jpg 0\n000002.jpg 1\n")
+
+
+def parallel_texts(root: Path, val_de: bytes | None) -> None:
+    (root / "d").mkdir()
+    for lang, words in (("en", "the dog number {} sleeps"), ("de", "der hund nummer {} schlaeft")):
+        (root / f"d/train.{lang}").write_text("".join(words.format(i) + "\n" for i in range(50)))
+    (root / "d/val.en").write_text("a\nb\nc\n")
+    if val_de is not None:
+        (root / "d/val.de").write_bytes(val_de)
+
+
+@pytest.mark.parametrize("make, args, message", [
+    (None, [*CELEBA, "--data.init_args.root=nowhere"],
+     ("CelebA not found under nowhere (that folder does not exist): expected the torchvision layout "
+      "nowhere/celeba/img_align_celeba/ and nowhere/celeba/list_eval_partition.txt, or the plain layout "
+      "nowhere/img_align_celeba/ and nowhere/list_eval_partition.txt; check data.root")),
+    (celeba_folder_only, [*CELEBA, "--data.init_args.root=cel"],
+     "CelebA not found under cel (found only cel/img_align_celeba): expected"),
+    (celeba_no_train_image, [*CELEBA, "--data.init_args.root=cel"],
+     "no images of split 'train' (partition 0) from cel/list_eval_partition.txt are present in cel/img_align_celeba"),
+    (lambda root: parallel_texts(root, None), TEXTS,
+     "Missing file(s) for split 'val' language(s) ['de'] in 'd'. Expected layout: d/val.en(.gz) and d/val.de(.gz)"),
+    (lambda root: parallel_texts(root, b"x\ny\n"), TEXTS,
+     "Parallel files are misaligned: 'd/val.en' has 3 lines but 'd/val.de' has 2 lines"),
+    (lambda root: parallel_texts(root, b"x\ny\nz\xfc\n"), TEXTS,
+     ("'d/val.de' is not UTF-8: line 3 (byte offset 5) has byte 0xfc (invalid start byte); re-encode it as UTF-8, "
+      "e.g. iconv -f latin1 -t utf-8 d/val.de > d/val.de.utf8 (if it is Latin-1)")),
+], ids=["celeba-no-folder", "celeba-no-partition-file", "celeba-no-train-image", "texts-no-val-file",
+        "texts-misaligned", "texts-not-utf8"])
+def test_fit_checks_its_data_before_it_writes_anything(tmp_path, monkeypatch, make, args, message):
+    """Missing or unusable data is one ``error:`` line before W&B or the run folder write anything."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv(RUN_DIR_ENV, "")  # restored afterwards (the CLI sets it)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the CLI sets it
+    # a W&B run left open by another test would be reused without a new folder: fail on any start instead
+    monkeypatch.setattr(WandbLogger, "experiment", property(lambda _: pytest.fail("W&B started before the data check")))
+    if make is not None:
+        make(tmp_path)
+    with pytest.raises(SystemExit) as err:
+        main(["fit", *args, "--trainer.max_steps=1"])
+    assert str(err.value).startswith(f"error: {message}")
+    assert "\n" not in str(err.value)
+    assert nothing_written(tmp_path)
+
+
+def test_fit_with_a_missing_image_folder_is_one_line_in_a_subprocess(tmp_path):
+    """The reported case, as a user runs it: non-zero exit, no traceback, no W&B run folder."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    env.pop(RUN_DIR_ENV, None)
+    proc = subprocess.run([sys.executable, "-m", "lightning_bpd", "fit", *CELEBA, "--data.init_args.root=nowhere"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("Seed set to")]
+    assert len(lines) == 1 and lines[0].startswith("error: CelebA not found under nowhere (that folder does not exist)")
+    assert nothing_written(tmp_path)

@@ -128,7 +128,8 @@ def test_every_recipe_has_the_shared_trainer_logger_and_callbacks(path):
 
 def snapshot(conf_dir: Path = CONF_DIR) -> dict[str, dict]:
     """Every config of ``conf_dir`` (not sweeps, not common parts), resolved."""
-    configs = sorted(p for p in conf_dir.rglob("*.yaml") if not {"sweeps", "common"} & set(p.parts))
+    configs = sorted(p for p in conf_dir.rglob("*.yaml")
+                     if not {"sweeps", "common"} & set(p.parts) and p.parent != conf_dir / "recipes")
     return {str(p.relative_to(conf_dir)): resolved(p) for p in configs}
 
 

@@ -6,8 +6,10 @@ import pytest
 
 from lightning_bpd.cli import BPDCLI, CONF_DIR, to_plain
 
-# conf/common/ holds the shared parts that recipes name in their _base_, not configs to run
-CONFIGS = sorted(p for p in CONF_DIR.rglob("*.yaml") if not {"sweeps", "common"} & set(p.parts))
+# conf/common/ holds the shared parts that recipes name in their _base_, not configs to run; conf/recipes/*.yaml
+# are pipelines (python -m lightning_bpd recipe), their stage configs are in conf/recipes/<recipe>/
+CONFIGS = sorted(p for p in CONF_DIR.rglob("*.yaml")
+                 if not {"sweeps", "common"} & set(p.parts) and p.parent != CONF_DIR / "recipes")
 
 
 class ParseOnly(BPDCLI):

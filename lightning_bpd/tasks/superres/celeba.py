@@ -22,7 +22,7 @@ from PIL import Image
 
 from lightning_bpd.tasks.superres.preprocess import HIGH_SIZE, LOW_SIZE, preprocess
 
-__all__ = ["IMAGE_DIR", "PARTITION_FILE", "SPLITS", "find_celeba", "load_split", "read_partition"]
+__all__ = ["IMAGE_DIR", "PARTITION_FILE", "SPLITS", "check_split", "find_celeba", "load_split", "read_partition"]
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +44,24 @@ def find_celeba(root: str | os.PathLike[str]) -> tuple[Path, Path]:
         image_dir, partition = base / IMAGE_DIR, base / PARTITION_FILE
         if image_dir.is_dir() and partition.is_file():
             return image_dir, partition
+    if not root.is_dir():
+        found = "that folder does not exist"
+    else:
+        present = [str(p) for base in (root / "celeba", root) for p in (base / IMAGE_DIR, base / PARTITION_FILE)
+                   if p.exists()]
+        found = f"found only {', '.join(present)}" if present else "neither is there"
     raise FileNotFoundError(
-        f"CelebA not found under {root}. Expected either\n"
-        f"  torchvision layout: {root / 'celeba' / IMAGE_DIR}/ and {root / 'celeba' / PARTITION_FILE}\n"
-        f"  or plain layout:    {root / IMAGE_DIR}/ and {root / PARTITION_FILE}"
+        f"CelebA not found under {root} ({found}): expected the torchvision layout "
+        f"{root / 'celeba' / IMAGE_DIR}/ and {root / 'celeba' / PARTITION_FILE}, or the plain layout "
+        f"{root / IMAGE_DIR}/ and {root / PARTITION_FILE}; check data.root"
     )
+
+
+def check_split(root: str | os.PathLike[str], split: str) -> int:
+    """Fail (one line: the folder, the partition file or the split's images missing) unless ``root`` holds CelebA
+    images of ``split``; else the number of them. Decodes nothing."""
+    image_dir, partition_file = find_celeba(root)
+    return len(_split_files(image_dir, partition_file, split))
 
 
 def read_partition(partition_file: str | os.PathLike[str]) -> dict[str, int]:

@@ -12,9 +12,10 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_bpd.tasks import STAGE_SPLITS
 from lightning_bpd.tasks.eval_sampler import UnrepeatedSampler
 from lightning_bpd.tasks.resumable import ResumableLoader, ShuffledSampler
-from lightning_bpd.tasks.superres.celeba import load_split
+from lightning_bpd.tasks.superres.celeba import check_split, load_split
 from lightning_bpd.tasks.superres.pixels import image_to_tokens
 from lightning_bpd.tasks.superres.synthetic_faces import synthetic_split
 
@@ -93,8 +94,16 @@ class SuperResolutionDataModule(pl.LightningDataModule):
             self.datasets[split] = ImagePairDataset(*self.split_images(split))
         return self.datasets[split]
 
+    def check_data(self, stage: str | None = "fit") -> None:
+        """Fail now, with one line, if the CelebA images of ``stage`` (fit: train and val) are missing: no folder, no
+        partition file, or no image of a split. The CLI calls this before it builds the trainer, so that nothing
+        (W&B, the run folder) is written first. Decodes nothing; the synthetic faces need no check."""
+        if self.root is not None:
+            for split in STAGE_SPLITS.get(stage or "fit", []):
+                check_split(self.root, self.split_names[split])
+
     def setup(self, stage: str | None = None) -> None:
-        for split in {"fit": ["train", "val"], "validate": ["val"], "test": ["test"]}.get(stage or "fit", []):
+        for split in STAGE_SPLITS.get(stage or "fit", []):
             self.dataset(split)
 
     def loader(self, split: str, shuffle: bool) -> DataLoader:

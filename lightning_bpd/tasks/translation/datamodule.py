@@ -22,6 +22,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_bpd.tasks import STAGE_SPLITS
 from lightning_bpd.tasks.resumable import ResumableLoader
 from lightning_bpd.tasks.translation.datamodule_utils import TokenBatchSampler, TokenPairDataset, collate_pairs
 from lightning_bpd.tasks.translation.synthetic import write_corpus
@@ -158,6 +159,14 @@ class TranslationDataModule(pl.LightningDataModule):
         return self.tokenizer.vocab_size
 
     # ---- Lightning hooks -------------------------------------------------------------------------
+    def check_data(self, stage: str | None = "fit") -> None:
+        """Fail now, with one line, if the data of ``stage`` (fit: train and val) is missing or unusable: no folder,
+        no split files, files that are not UTF-8 or not aligned, or no sentence pairs. The CLI calls this before it
+        builds the trainer, so that nothing (W&B, the run folder) is written first; the texts read are kept for
+        :meth:`setup`."""
+        for split in STAGE_SPLITS.get(stage or "fit", []):
+            self.split_texts(split)
+
     def prepare_data(self) -> None:
         self.tokenizer  # noqa: B018 (train and cache it once, before any split is encoded)
 
@@ -169,8 +178,7 @@ class TranslationDataModule(pl.LightningDataModule):
         return self.datasets[split]
 
     def setup(self, stage: str | None = None) -> None:
-        splits = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"]}.get(stage or "fit", [])
-        for split in splits:
+        for split in STAGE_SPLITS.get(stage or "fit", []):
             self.dataset(split)
 
     def loader(self, split: str, shuffle: bool) -> DataLoader:

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import logging
+import shlex
+import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DataError", "FilterStats", "file_sha256", "read_lines", "read_parallel", "resolve_split_files"]
+__all__ = ["DataError", "FilterStats", "file_sha256", "not_utf8_message", "read_lines", "read_parallel",
+           "resolve_split_files"]
 
 logger = logging.getLogger("lightning_bpd")
 
@@ -51,24 +56,74 @@ class FilterStats:
         return self.empty + self.too_long
 
 
+STDIN = "-"
+
+
+def not_utf8_message(name: str, lineno: int, offset: int, byte: int, reason: str, gz: bool = False) -> str:
+    """One line: where the input stops being UTF-8 (line, byte offset) and how to re-encode it."""
+    where = "standard input" if name == STDIN else f"'{name}'"
+    text = " of the gunzipped text" if gz else ""
+    if name == STDIN:
+        fix = "pipe it through iconv -f latin1 -t utf-8"
+    elif gz:
+        fix = f"zcat {shlex.quote(name)} | iconv -f latin1 -t utf-8 | gzip > {shlex.quote(name[:-3] + '.utf8.gz')}"
+    else:
+        fix = f"iconv -f latin1 -t utf-8 {shlex.quote(name)} > {shlex.quote(name + '.utf8')}"
+    return (f"{where} is not UTF-8: line {lineno} (byte offset {offset}{text}) has byte 0x{byte:02x} ({reason}); "
+            f"re-encode it as UTF-8, e.g. {fix} (if it is Latin-1)")
+
+
+def _strip(lines: Iterable[str]) -> list[str]:
+    return [line.rstrip("\n").rstrip("\r") for line in lines]
+
+
+def _not_utf8(f: Iterable[bytes], name: str, gz: bool = False) -> DataError:
+    """The error for the first line of a binary stream that is not UTF-8 (line and byte offset)."""
+    offset = 0
+    for lineno, raw in enumerate(f, 1):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return DataError(not_utf8_message(name, lineno, offset + e.start, raw[e.start], e.reason, gz))
+        offset += len(raw)
+    return DataError(f"{name} is not UTF-8")  # not reached: the text was not decodable
+
+
 def read_lines(path: str | Path) -> list[str]:
-    """Read a UTF-8 text file (transparently gunzipping ``*.gz``) into lines without their line terminators.
+    """Read a UTF-8 text file (transparently gunzipping ``*.gz``; ``-`` is standard input) into lines without their
+    line terminators.
 
     Lines are split on ``\\n`` only (a trailing ``\\r`` is removed), so that stray Unicode separators such as
     U+2028 or a lone ``\\r`` inside a sentence cannot shift the alignment of parallel files.
+
+    Raises:
+        FileNotFoundError: if the file does not exist.
+        DataError: if it is not UTF-8 (one line naming the line and byte offset, and how to re-encode it), or a
+            ``.gz`` file is not gzip.
     """
+    if str(path) == STDIN:
+        if not hasattr(sys.stdin, "buffer"):  # a text stream put in place of stdin (tests): already decoded
+            return _strip(sys.stdin)
+        data = sys.stdin.buffer.read()
+        try:
+            return _strip(io.StringIO(data.decode("utf-8"), newline="\n"))
+        except UnicodeDecodeError:
+            raise _not_utf8(io.BytesIO(data), STDIN) from None
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
             f"Text file not found: '{path}'. Check `data.root` and the split/language file names in the config "
             f"(expected files like <data.root>/<split>.<lang> or <data.root>/<split>.<lang>.gz)."
         )
-    opener = gzip.open if path.suffix == ".gz" else open
+    gz = path.suffix == ".gz"
+    opener = gzip.open if gz else open
     try:
-        with opener(path, "rt", encoding="utf-8", newline="\n") as f:
-            return [line.rstrip("\n").rstrip("\r") for line in f]
-    except UnicodeDecodeError as e:
-        raise DataError(f"File '{path}' is not valid UTF-8: {e}") from e
+        try:
+            with opener(path, "rt", encoding="utf-8", newline="\n") as f:
+                return _strip(f)
+        except UnicodeDecodeError:  # read it again as bytes to say where (the decoder's position is per chunk)
+            with opener(path, "rb") as f:
+                raise _not_utf8(f, str(path), gz) from None
     except (gzip.BadGzipFile, EOFError) as e:
         raise DataError(f"File '{path}' has a .gz suffix but is not a valid gzip file: {e}") from e
 
@@ -126,11 +181,9 @@ def read_parallel(
 
 def _layout_hint(root: Path, split_prefix: str, src_lang: str, tgt_lang: str) -> str:
     return (
-        "Expected layout:\n"
-        f"  {root / f'{split_prefix}.{src_lang}'}(.gz)\n"
-        f"  {root / f'{split_prefix}.{tgt_lang}'}(.gz)\n"
-        "(one sentence per line, both files aligned line by line). Check `data.root` and the language/split "
-        "names in the config."
+        f"Expected layout: {root / f'{split_prefix}.{src_lang}'}(.gz) and {root / f'{split_prefix}.{tgt_lang}'}(.gz), "
+        "one sentence per line, both files aligned line by line; check `data.root` and the language/split names in "
+        "the config."
     )
 
 
@@ -149,7 +202,8 @@ def resolve_split_files(root: str | Path, split_prefix: str, src_lang: str, tgt_
     """Locate the source/target files of one split, preferring the uncompressed file when both exist.
 
     Raises:
-        FileNotFoundError: if ``root`` or one of the files is missing; the message shows the expected layout.
+        FileNotFoundError: if ``root`` or one of the files is missing; the message (one line) shows the expected
+            layout.
     """
     root = Path(root)
     hint = _layout_hint(root, split_prefix, src_lang, tgt_lang)
@@ -160,7 +214,7 @@ def resolve_split_files(root: str | Path, split_prefix: str, src_lang: str, tgt_
     if missing:
         present = sorted(p.name for p in root.iterdir())[:20]
         raise FileNotFoundError(
-            f"Missing file(s) for split '{split_prefix}' language(s) {missing} in '{root}'. {hint}\n"
+            f"Missing file(s) for split '{split_prefix}' language(s) {missing} in '{root}'. {hint} "
             f"Files present there (first 20): {present}"
         )
     src_file, tgt_file = found[src_lang], found[tgt_lang]

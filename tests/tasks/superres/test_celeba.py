@@ -9,7 +9,7 @@ import PIL.Image
 import pytest
 import torch
 
-from lightning_bpd.tasks.superres.celeba import find_celeba, load_split
+from lightning_bpd.tasks.superres.celeba import check_split, find_celeba, load_split
 
 COLORS = {"000001.jpg": (200, 40, 40), "000002.jpg": (30, 160, 60), "000003.jpg": (20, 40, 220)}
 PARTITION = {
@@ -94,9 +94,13 @@ def test_missing_folder_message(tmp_path: Path) -> None:
     assert "torchvision layout" in msg and "plain layout" in msg
     assert str(tmp_path / "nowhere" / "celeba" / "img_align_celeba") in msg
     assert str(tmp_path / "nowhere" / "list_eval_partition.txt") in msg
+    assert "\n" not in msg and "that folder does not exist" in msg
     (tmp_path / "img_align_celeba").mkdir()  # folder without partition file
-    with pytest.raises(FileNotFoundError, match="plain layout"):
+    with pytest.raises(FileNotFoundError, match="plain layout") as info:
         load_split(tmp_path, "train", None)
+    assert f"found only {tmp_path / 'img_align_celeba'}" in str(info.value)
+    with pytest.raises(FileNotFoundError, match="plain layout"):
+        check_split(tmp_path, "train")
 
 
 def test_split_without_images_and_bad_split(tmp_path: Path) -> None:
@@ -106,3 +110,6 @@ def test_split_without_images_and_bad_split(tmp_path: Path) -> None:
     assert "img_align_celeba" in str(info.value)
     with pytest.raises(ValueError, match="unknown split"):
         load_split(root, "validation", None)
+    assert check_split(root, "train") == 3  # present in the folder (one of them corrupt: not decoded here)
+    with pytest.raises(FileNotFoundError, match="'test'"):
+        check_split(root, "test")

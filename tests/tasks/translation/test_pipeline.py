@@ -4,13 +4,17 @@ decode and load_model, and the one-line errors for bad input."""
 from __future__ import annotations
 
 import gzip
+import io
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from lightning_bpd.cli import main
+from lightning_bpd.cli import REPO_ROOT, main
 from lightning_bpd.evaluation import EvalBatch
 from tests.wandb_reader import find_run_file, history, rows_with
 
@@ -141,6 +145,52 @@ def test_bench_command_writes_json(fitted, capsys):
         assert r["exact"]["speedup"] == pytest.approx(per_call ** -1 * r["greedy"]["model_calls"] / r["exact"]["model_calls"])
     assert result["device_name"].endswith("threads)")
     assert "speedup" in capsys.readouterr().out
+
+
+LATIN1 = "The dog sleeps.\nThe café is open.\n".encode("latin1")  # byte 23 (line 2) is 0xe9
+NOT_UTF8 = "line 2 (byte offset 23{}) has byte 0xe9 (invalid continuation byte); re-encode it as UTF-8, e.g. "
+
+
+def test_input_that_is_not_utf8_is_one_line(fitted, monkeypatch):
+    """decode (a file, a .gz file, stdin) and bench --input: which input, its line and byte offset, how to fix it."""
+    root, _, _ = fitted
+    ckpt = str(root / "runs/b/last.ckpt")
+    monkeypatch.chdir(root)
+    Path("latin1.en").write_bytes(LATIN1)
+    with gzip.open("latin1.en.gz", "wb") as f:
+        f.write(LATIN1)
+    file_fix = "iconv -f latin1 -t utf-8 latin1.en > latin1.en.utf8 (if it is Latin-1)"
+    gz_fix = "zcat latin1.en.gz | iconv -f latin1 -t utf-8 | gzip > latin1.en.utf8.gz (if it is Latin-1)"
+    for args, message in [
+        (["decode", "--ckpt", ckpt, "--input", "latin1.en"],
+         "decode: 'latin1.en' is not UTF-8: " + NOT_UTF8.format("") + file_fix),
+        (["decode", "--ckpt", ckpt, "--input", "latin1.en.gz"],
+         "decode: 'latin1.en.gz' is not UTF-8: " + NOT_UTF8.format(" of the gunzipped text") + gz_fix),
+        (["bench", "--ckpt", ckpt, "--input", "latin1.en.gz"],
+         "bench: 'latin1.en.gz' is not UTF-8: " + NOT_UTF8.format(" of the gunzipped text") + gz_fix),
+    ]:
+        with pytest.raises(SystemExit) as err:
+            main(args)
+        assert str(err.value) == message
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(LATIN1)))
+    with pytest.raises(SystemExit) as err:
+        main(["decode", "--ckpt", ckpt])
+    assert str(err.value) == ("decode: standard input is not UTF-8: " + NOT_UTF8.format("")
+                              + "pipe it through iconv -f latin1 -t utf-8 (if it is Latin-1)")
+
+
+def test_decode_of_stdin_that_is_not_utf8_in_a_subprocess(fitted):
+    """The reported case (``decode < latin1.txt`` ended in a TypeError traceback): one line, exit status 1."""
+    root, _, _ = fitted
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-m", "lightning_bpd", "decode", "--ckpt", str(root / "runs/b/last.ckpt")],
+                          input=LATIN1, cwd=root, env=env, capture_output=True, timeout=300, check=False)
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 1 and proc.stdout == b""
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines() == ["decode: standard input is not UTF-8: " + NOT_UTF8.format("")
+                                           + "pipe it through iconv -f latin1 -t utf-8 (if it is Latin-1)"]
 
 
 @pytest.mark.parametrize("args, message", [

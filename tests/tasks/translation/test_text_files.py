@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import io
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,35 @@ def test_read_lines_only_splits_on_newline(tmp_path: Path) -> None:
     path = tmp_path / "x.en"
     path.write_bytes("a\u2028b\r\nc\rd\n".encode())
     assert read_lines(path) == ["a\u2028b", "c\rd"]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_not_utf8_is_one_line_with_line_offset_and_fix(tmp_path: Path, gz: bool) -> None:
+    """The line and the byte offset in the whole (gunzipped) file, not in the decoder's chunk, and how to fix it."""
+    data = b"ok\n" * 5000 + "Caf\u00e9 ".encode() + "Caf\xe9\n".encode("latin1")
+    path = tmp_path / ("x.en.gz" if gz else "x.en")
+    if gz:
+        with gzip.open(path, "wb") as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+    with pytest.raises(DataError) as exc:
+        read_lines(path)
+    msg = str(exc.value)
+    offset = 3 * 5000 + len("Caf\u00e9 Caf".encode())
+    assert msg.startswith(f"'{path}' is not UTF-8: line 5001 (byte offset {offset}")
+    assert "has byte 0xe9" in msg and "\n" not in msg and "iconv -f latin1 -t utf-8" in msg
+    assert ("zcat" in msg and "gunzipped" in msg) == gz
+
+
+def test_read_lines_from_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``-`` reads standard input's bytes, split on \\n only like files; not UTF-8 is the same one line."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("a\u2028b\r\nc\rd\n".encode())))
+    assert read_lines("-") == ["a\u2028b", "c\rd"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"fine\nCaf\xe9\n")))
+    with pytest.raises(DataError, match=r"^standard input is not UTF-8: line 2 \(byte offset 8\) has byte 0xe9 .*"
+                                        r"pipe it through iconv -f latin1 -t utf-8"):
+        read_lines("-")
 
 
 def test_read_lines_missing_file_message(tmp_path: Path) -> None:
@@ -97,6 +128,7 @@ def test_resolve_missing_folder_shows_layout(tmp_path: Path) -> None:
     msg = str(exc.value)
     assert str(root) in msg
     assert f"{root / 'train.en'}(.gz)" in msg and f"{root / 'train.de'}(.gz)" in msg
+    assert "\n" not in msg  # one line
 
 
 def test_resolve_missing_file_shows_layout(tmp_path: Path) -> None:
@@ -105,3 +137,4 @@ def test_resolve_missing_file_shows_layout(tmp_path: Path) -> None:
         resolve_split_files(tmp_path, "valid", "en", "de")
     msg = str(exc.value)
     assert "'de'" in msg and f"{tmp_path / 'valid.de'}(.gz)" in msg and "valid.en" in msg
+    assert "\n" not in msg  # one line
