@@ -26,6 +26,15 @@ def causal_mask(q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Tens
     return mask
 
 
+def additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask as the additive one SDPA turns it into (0 where visible, -inf elsewhere), in ``dtype``.
+
+    Converted once per decoder call instead of once per attention call (SDPA converts boolean masks
+    itself, three ops each time); the attention output is bitwise the same.
+    """
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 def padding_mask(key_valid: Tensor) -> Tensor:
     """Boolean mask (B, 1, 1, S) from ``key_valid`` (B, S), True for real (non-pad) keys."""
     return key_valid[:, None, None, :]

@@ -109,6 +109,11 @@ class KVCache:
 
     def write(self, layer: int, positions: Tensor, k: Tensor, v: Tensor) -> None:
         """Store new keys/values ``(B, T, H, Dh)`` of ``layer`` at ``positions`` (B, T)."""
+        if self.ring is None and not self.static and self.bounds is not None and self.bounds[0] == self.bounds[1]:
+            start = self.bounds[0]  # every row holds this many positions: the new ones are one slice
+            self.k[layer, :, start : start + k.shape[1]] = k
+            self.v[layer, :, start : start + k.shape[1]] = v
+            return
         rows = torch.arange(positions.shape[0], device=positions.device)[:, None]  # (B, 1)
         slots = positions % self.ring if self.ring else positions
         self.k[layer, rows, slots] = k

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.nn.attention import MultiHeadAttention, attend_cached, cached_span, causal_mask, padding_mask
+from lightning_bpd.nn.attention import (
+    MultiHeadAttention,
+    additive,
+    attend_cached,
+    cached_span,
+    causal_mask,
+    padding_mask,
+)
 from lightning_bpd.nn.kv_cache import KVCache
 
 # Slots a ring cache keeps beyond the window: the most tokens one cached call may write (k <= 16).
@@ -151,7 +158,8 @@ class Decoder(nn.Module):
             raise ValueError(f"a ring KV cache takes at most {RING_MARGIN} new tokens per call, got {n_new}")
         positions = cache.positions(n_new)  # (B, T)
         span, self_mask = cached_span(positions, self.window, cache)
-        cross_mask = padding_mask(context.src_valid)
+        self_mask = additive(self_mask, x.dtype)  # (B, 1, T, S'): converted once for all layers
+        cross_mask = additive(padding_mask(context.src_valid), x.dtype)  # (B, 1, 1, S)
         for i, (layer, kv) in enumerate(zip(self.layers, context.cross_kv)):
             x = x + layer.drop(attend_cached(layer.self_attn, layer.norm1(x), positions, cache, i, span, self_mask))
             x = layer.cross_and_ff(x, kv, cross_mask)

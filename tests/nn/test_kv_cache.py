@@ -42,3 +42,16 @@ def test_ring_cache_maps_positions_to_slots():
     cache.write(0, pos, torch.tensor([[[[6.0]], [[7.0]]], [[[2.0]], [[3.0]]]]), torch.zeros(2, 2, 1, 1))
     assert cache.k[0, 0, :, 0, 0].tolist()[1:3] == [6.0, 7.0]
     assert cache.slot_positions(pos[:, -1]).tolist() == [[5, 6, 7, 3, 4], [0, 1, 2, 3, -1]]
+
+
+@pytest.mark.parametrize("bounds", [(3, 3), None], ids=["equal-lengths-slice", "unknown-bounds-index"])
+def test_writes_land_at_each_rows_positions_whatever_the_path(bounds):
+    """Rows of one length are written as one slice (the bounds say so), others per row: same buffers."""
+    cache = KVCache(1, 2, 8, 1, 2)
+    cache.write(0, cache.positions(3), torch.ones(2, 3, 1, 2), torch.ones(2, 3, 1, 2))
+    cache.advance(3)
+    cache.crop(torch.tensor([3, 3]), bounds=bounds, check=False)
+    k = torch.arange(8.0).view(2, 2, 1, 2)
+    cache.write(0, cache.positions(2), k, -k)
+    assert torch.equal(cache.k[0, :, 3:5], k) and torch.equal(cache.v[0, :, 3:5], -k)
+    assert torch.equal(cache.k[0, :, :3], torch.ones(2, 3, 1, 2)) and not cache.k[0, :, 5:].any()
