@@ -50,6 +50,9 @@ def test_metrics_per_method():
 def test_invalid_callback_settings():
     with pytest.raises(ValueError, match="subset"):
         DecodeEval(subset=0)
+    with pytest.raises(ValueError, match="unknown precision 'fp16'"):
+        DecodeEval(precision="fp16")
+    assert DecodeEval(precision="bf16").precision == "bf16"
 
 
 class RandomTask(StubTask):

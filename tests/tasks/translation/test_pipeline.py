@@ -147,6 +147,36 @@ def test_bench_command_writes_json(fitted, capsys):
     assert "speedup" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("options", [["--precision", "bf16", "--stop-below", "0.3"],
+                                     ["--proposal-precision", "bfloat16", "--stop-below", "0.5"]],
+                         ids=["bf16-with-stop", "fp32-with-bf16-proposals"])
+def test_bench_and_decode_in_reduced_precision_with_a_confidence_stop(fitted, options):
+    """The options reach the model and the record; exact output stays greedy's in the same precision."""
+    import json
+
+    root, _, _ = fitted
+    ckpt = str(root / "runs/b/last.ckpt")
+    src = root / "bench_prec.en"
+    src.write_text("The teacher reads a book.\nThe dog sleeps.\nA man runs.\n")
+    out = root / "bench_prec.json"
+    main(["bench", "--ckpt", ckpt, "--input", str(src), "--criteria", "exact", "--batch-sizes", "1", "3",
+          "--inputs", "3", "--warmup", "0", "--json", str(out), *options])
+    result = json.loads(out.read_text())
+    assert result["precision"] == ("bfloat16" if "--precision" in options else "float32")
+    assert result["stop_below"] == float(options[-1])
+    assert result["proposal_precision"] == ("bfloat16" if "--proposal-precision" in options else None)
+    for bs in ("1", "3"):
+        assert result["batch_sizes"][bs]["exact"]["equals_greedy"] is True
+    texts = {}
+    for criterion in ("greedy", "exact"):
+        dest = root / f"prec.{criterion}.de"
+        main(["decode", "--ckpt", ckpt, "--input", str(src), "--output", str(dest), "--criterion", criterion, *options])
+        texts[criterion] = dest.read_text()
+    assert texts["exact"] == texts["greedy"] and texts["greedy"].count("\n") == 3
+    with pytest.raises(SystemExit, match="unknown precision 'half'"):
+        main(["bench", "--ckpt", ckpt, "--input", str(src), "--precision", "half"])
+
+
 LATIN1 = "The dog sleeps.\nThe café is open.\n".encode("latin1")  # byte 23 (line 2) is 0xe9
 NOT_UTF8 = "line 2 (byte offset 23{}) has byte 0xe9 (invalid continuation byte); re-encode it as UTF-8, e.g. "
 
