@@ -175,10 +175,10 @@ def add_precision_args(p: argparse.ArgumentParser) -> None:
     ``--stop-below`` (the confidence stop of :func:`~lightning_bpd.decoding.blockwise.propose`)."""
     p.add_argument("--stop-below", type=float, default=None,
                    help="confidence stop: a block ends before the first head whose probability of its own token "
-                        "is below this in every row (deterministic rules; exact decoding stays exact)")
+                        "is below this (deterministic rules; exact decoding stays exact)")
     p.add_argument("--precision", default=None,
-                   help="decode with the model in float32, bfloat16 (AMX on recent Xeons; batch-invariant, so exact "
-                        "blockwise equals greedy in bfloat16) or float64 (default: as trained)")
+                   help="decode with the model in float32, bfloat16 (fast several-row products on AVX-512-BF16 / "
+                        "AMX CPUs; exact blockwise is compared with greedy in bfloat16) or float64 (default: as trained)")
     p.add_argument("--proposal-precision", default=None,
                    help="the heads propose from a copy in this precision (e.g. bfloat16) while verification keeps "
                         "--precision: exact decoding stays exact")

@@ -1,14 +1,16 @@
 """Inference precision: the model's weights (and so its KV cache) in float32, bfloat16 or float64. Torch only.
 
 Exact blockwise decoding reproduces greedy decoding *in the same precision*: both run the model cast
-to one dtype. What makes that hold token for token is that p_1 at a position comes out bitwise the
-same whether the decoder computed it in a k-token verify pass or a 1-token greedy step. In bfloat16
-the CPU's matrix products (oneDNN, AMX) are batch-invariant: a row's result does not depend on how
-many rows were multiplied with it (checked for 1..300 rows of the model's shapes,
-``tests/nn/test_precision.py``), which float32's MKL products are not (its small-row panels round
-differently), so near-ties break the same way in both decoders. bfloat16 is also where these CPUs
-are fast for several rows at once (AMX): a 256 -> 8000 projection of 8 rows costs about what 1 row
-costs, so a k-token verify pass costs about what a greedy step costs.
+to one dtype. It does so token for token when p_1 at a position comes out the same from the k-token
+verify pass as from the 1-token greedy step. In bfloat16 the CPU's matrix products (oneDNN) are
+batch-invariant: a row's result does not depend on how many rows were multiplied with it (checked
+for 1..300 rows of the model's shapes, ``tests/nn/test_precision.py``), which float32's MKL products
+are not (its small-row panels round differently). Attention is not strictly invariant in either
+precision (the fused kernel blocks a k-query pass differently from a 1-query step: differences of
+~1e-7 relative, in float32 accumulators), so exactness is measured on data (``bench``'s
+``equals_greedy``, ``test``'s ``exact/matches_greedy``). bfloat16 is also where these CPUs are fast for
+several rows at once: a 256 -> 8000 projection of 8 rows costs little more than 1 row, so a k-token
+verify pass costs about what a greedy step costs.
 
 Cheap proposals (:meth:`~lightning_bpd.nn.model.BlockwiseTransformer.set_proposal_precision`) use a
 reduced-precision copy of the proposal path only (the heads and the output projection they argmax
