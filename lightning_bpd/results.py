@@ -284,19 +284,26 @@ TABLE2_CELL = "superres/table2g_k{k}_{base}.json"  # base: frozen | finetune
 TABLE2_KS = (2, 4, 8)
 TABLE2_RECIPES = {8: "`recipe celeba-table2`"}
 DEFAULT_RUN = "default/translation_fresh_clone.json"
+RECIPE_BENCH = "multi30k/speed/recipe_k8_bench_{}.json"  # issue 26: the recipe's model, with CTranslate2 peers
 # Wall-clock rows: (record, batch (None: a decode record), method, what, how it is made).
 SPEED_ROWS = (
     (DEFAULT_RUN, None, "exact", "built-in default: k=4 chained heads, synthetic val", "`python -m lightning_bpd fit`"),
-    ("multi30k/bench_k8_chainedattn_finetune.json", 1, "greedy", "Multi30k k=8 `chained_attn`, test",
+    (RECIPE_BENCH.format("fp32"), 1, "greedy", "Multi30k k=8 `chained_attn` (recipe), test, float32",
      "`recipe multi30k-k8` (bench stage)"),
-    ("multi30k/bench_k8_chainedattn_finetune.json", 1, "exact@k8", "Multi30k k=8 `chained_attn`, test",
+    (RECIPE_BENCH.format("fp32"), 1, "exact@k8", "same", "`recipe multi30k-k8` (bench stage)"),
+    (RECIPE_BENCH.format("fp32"), 1, "exact@k4", "same, k=4 of its 8 heads", "`recipe multi30k-k8` (bench stage)"),
+    (RECIPE_BENCH.format("fp32_bf16prop_dv1000"), 1, "exact@k8",
+     "same, bfloat16 proposals from 1,000 frequent tokens (float32 verification)",
+     "`bench --proposal-precision bfloat16 --draft-vocab 1000`"),
+    (RECIPE_BENCH.format("fp32_bf16prop_dv1000"), 1, "exact@k4", "same, k=4",
+     "`bench --proposal-precision bfloat16 --draft-vocab 1000`"),
+    (RECIPE_BENCH.format("bf16_dv1000"), 1, "exact@k8",
+     "same model in bfloat16, proposals from 1,000 tokens (speedup over bfloat16 greedy)",
+     "`bench --precision bfloat16 --draft-vocab 1000`"),
+    (RECIPE_BENCH.format("fp32"), 32, "exact@k8", "Multi30k k=8 `chained_attn` (recipe), test, float32",
      "`recipe multi30k-k8` (bench stage)"),
-    ("multi30k/bench_k8_chainedattn_finetune.json", 1, "exact@k4", "same model, k=4 of its 8 heads",
-     "`recipe multi30k-k8` (bench stage)"),
-    ("multi30k/bench_k8_chainedattn_finetune_dv1000.json", 1, "exact@k4",
-     "same, heads propose from 1,000 frequent tokens", "`bench` with `--draft-vocab 1000`"),
-    ("multi30k/bench_k8_chainedattn_finetune.json", 32, "exact@k8", "Multi30k k=8 `chained_attn`, test",
-     "`recipe multi30k-k8` (bench stage)"),
+    (RECIPE_BENCH.format("bf16_dv1000"), 32, "exact@k4", "same model in bfloat16, proposals from 1,000 tokens",
+     "`bench --precision bfloat16 --draft-vocab 1000`"),
 )
 
 
@@ -387,15 +394,17 @@ def headline_tables(records: list[Record]) -> str:
         lines.append(f"| {what} | {batch or rec.data.get('batch_size', 1)} | {method} | "
                      f"{fmt(r.get('mean_accepted_block_size'))} | {fmt(r.get('speedup'))} | {fmt(ms, 3)} | {made} | "
                      f"{rel_link(rec)} |")
-    peers = peer_rows(records)
+    peer_rec = find(records, RECIPE_BENCH.format("fp32"))
+    peers = [r for r in peer_rows(records) if peer_rec is not None and r["path"] == peer_rec.path]
     lines.append("")
     if peers:
-        lines += ["Peers (greedy decoding, a random-weight Transformer of the same shape; ms per output token):", "",
-                  "| run | batch | system | ms per output token | x ours | record |", "|---|---:|---|---:|---:|---|"]
+        lines += [("Peers: greedy decoding of the same 96 sentences, forced to our greedy's output lengths, by "
+                   "CTranslate2 on a random-weight Transformer of the same shape, in the same run "
+                   f"({rel_link(peer_rec)}; every peer row is in [docs/results.md](docs/results.md)):"), "",
+                  "| batch | system | ms per output token | x our float32 greedy |", "|---:|---|---:|---:|"]
         for r in peers:
-            rec = next(x for x in records if x.path == r["path"])
-            lines.append(f"| {r['label']} | {r['batch']} | {r['system']} | {fmt(r['ms_per_token'], 3)} | "
-                         f"{fmt(r['x_ours'])} | {rel_link(rec)} |")
+            name = "lightning_bpd greedy (float32)" if r["system"] == "lightning_bpd" else r["system"]
+            lines.append(f"| {r['batch']} | {name} | {fmt(r['ms_per_token'], 3)} | {fmt(r['x_ours'])} |")
     else:
         lines.append("Peers (Hugging Face `transformers`, CTranslate2 float32 / int8): no record in `results/` yet; "
                      "see [docs/speed.md](docs/speed.md).")

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from lightning_bpd.bench import add_precision_args
+from lightning_bpd.bench import add_precision_args, set_draft_vocab
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
 from lightning_bpd.nn.precision import model_dtype, precision_name, set_inference_precision
 from lightning_bpd.results import write_json
@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--criterion", default="exact")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     add_precision_args(p)
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="translation: the heads propose only this many most frequent target tokens of --draft-vocab-from")
+    p.add_argument("--draft-vocab-from", default=None, help="target-language text (.gz allowed) to count tokens in")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.threads:
@@ -94,6 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         module = load_model(args.ckpt, "cpu")
         set_inference_precision(module.model, args.precision, args.proposal_precision)
+        set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
         inputs = load_inputs(module, args)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"where_time_goes: {err}") from None
@@ -102,6 +106,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {"ckpt": args.ckpt, "inputs": len(inputs), "threads": torch.get_num_threads(),
                               "criterion": args.criterion, "precision": precision_name(model_dtype(module.model)),
                               "proposal_precision": args.proposal_precision, "stop_below": args.stop_below,
+                              "draft_vocab": args.draft_vocab,
                               "methods": {"greedy": profile(module, inputs, None, None)}}
     for k in ks:
         report["methods"][f"{args.criterion}@k{k}"] = profile(module, inputs, k, args.criterion, args.stop_below)
