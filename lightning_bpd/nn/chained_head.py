@@ -112,10 +112,11 @@ class ChainedHead(nn.Module):
         return self.cells[i - 1](z, e, source)
 
     def select(self, h: Tensor, heads: Sequence[int], prev: Tensor | None, embed: Callable[[Tensor], Tensor],
-               source: ChainSource | None = None) -> Tensor:
+               source: ChainSource | None = None, link_input: Callable[[Tensor, int], Tensor] | None = None) -> Tensor:
         """Teacher-forced states of the listed heads: h (..., D), prev (..., m) long with m >= max(heads)
         holding the token proposed for heads 1..m (0-based 0..m-1) -> (..., len(heads), D). ``source``:
-        one row per leading index of h ((B, D) or (B, T, D) states)."""
+        one row per leading index of h ((B, D) or (B, T, D) states). ``link_input(z, i)``: what link i reads
+        of head i-1's state z (default z itself; images tag it with the input under head i's pixel)."""
         heads = list(heads)
         if any(not 0 <= i < self.k for i in heads):
             raise ValueError(f"heads must lie in [0, {self.k - 1}], got {heads}")
@@ -125,5 +126,6 @@ class ChainedHead(nn.Module):
             raise ValueError(f"chained heads up to {last + 1} need prev tokens of shape {(*h.shape[:-1], last)}, got {got}")
         states = [h]
         for i in range(1, last + 1):
-            states.append(self.step(states[-1], embed(prev[..., i - 1]), i, source))  # type: ignore[index]
+            z = states[-1] if link_input is None else link_input(states[-1], i)
+            states.append(self.step(z, embed(prev[..., i - 1]), i, source))  # type: ignore[index]
         return torch.stack([states[i] for i in heads], dim=-2)

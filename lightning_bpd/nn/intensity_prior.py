@@ -73,13 +73,19 @@ class IntensityPrior(nn.Module):
     def mark(self, hidden: Tensor, centre: Tensor) -> Tensor:
         """Decoder output (B, T, D) -> the same with its last two coordinates set to (centre, -1/2);
         ``centre`` (B, T) from :meth:`centres`. Gaussian: (centre + delta, -1/2) * exp(-2 rho)."""
+        if not self.gaussian:
+            return self.tag(hidden, centre)
         rest = hidden[..., :-RESERVED]  # (B, T, D - 2)
         centre = centre.to(hidden.dtype)
-        if not self.gaussian:
-            return torch.cat([rest, torch.stack([centre, torch.full_like(centre, -0.5)], dim=-1)], dim=-1)
         delta, rho = self.adapt(rest).unbind(-1)  # (B, T) each
         scale = torch.exp(-2 * rho.clamp(-MAX_LOG_WIDTH, MAX_LOG_WIDTH))  # precision relative to the prior's
         return torch.cat([rest, torch.stack([(centre + delta) * scale, -0.5 * scale], dim=-1)], dim=-1)
+
+    def tag(self, hidden: Tensor, centre: Tensor) -> Tensor:
+        """The reserved coordinates of ``hidden`` (..., D) set to (centre, -1/2) (..., D): a state that
+        says which input intensity lies under the pixel it is about (a head's input; no width, no shift)."""
+        centre = centre.to(hidden.dtype)
+        return torch.cat([hidden[..., :-RESERVED], torch.stack([centre, torch.full_like(centre, -0.5)], dim=-1)], dim=-1)
 
     def columns(self) -> Tensor:
         """The output layer's last two columns (V, 2): precision * (u(v), u(v)^2)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,9 @@ HEAD_TYPES = ("paper", "chained", "chained_attn")
 CONDITIONING = ("nearest", "bilinear")
 # The output distribution over intensities (:mod:`lightning_bpd.nn.intensity_prior`).
 INTENSITY_OUTPUTS = ("categorical", "gaussian")
+# Where head i's intensity prior is centred: "first": on the input intensity under the position p_1
+# predicts (t; the original design), "own": under the position head i predicts (t + i).
+HEAD_CENTRES = ("first", "own")
 
 
 @dataclass
@@ -53,7 +57,10 @@ class ModelConfig:
     output distribution, centred on that input intensity (:mod:`~lightning_bpd.nn.intensity_prior`);
     ``intensity_output``: ``categorical`` (a softmax over the vocabulary, plus the prior) or ``gaussian``
     (a discretized Gaussian per intensity around the input intensity, shift and width predicted);
-    ``intensity_offset``: the first intensity id (the target vocabulary's ids from there on are intensities).
+    ``intensity_offset``: the first intensity id (the target vocabulary's ids from there on are intensities);
+    ``head_centres``: with the prior and k > 1, ``own`` centres head i's distribution on the input
+    intensity under the position *it* predicts (t + i), ``first`` on the one under p_1's (t; the original
+    design, in which heads 2..k cannot see the input under their own pixel).
     """
 
     src_vocab_size: int
@@ -83,6 +90,7 @@ class ModelConfig:
     intensity_prior: float = 0.0
     intensity_output: str = "categorical"
     intensity_offset: int = 3
+    head_centres: str = "first"
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int | None = 2
@@ -138,6 +146,8 @@ class ModelConfig:
             raise ValueError(f"intensity_output must be one of {INTENSITY_OUTPUTS}, got {self.intensity_output!r}")
         if self.intensity_output == "gaussian" and self.intensity_prior <= 0:
             raise ValueError("intensity_output 'gaussian' needs intensity_prior > 0 (its initial width in levels)")
+        if self.head_centres not in HEAD_CENTRES:
+            raise ValueError(f"head_centres must be one of {HEAD_CENTRES}, got {self.head_centres!r}")
         if self.intensity_prior > 0 and not 0 <= self.intensity_offset <= self.tgt_vocab_size - 2:
             raise ValueError(f"intensity_offset {self.intensity_offset} leaves fewer than two intensity ids in a "
                              f"vocabulary of {self.tgt_vocab_size}: set it to the first intensity id")
@@ -240,6 +250,9 @@ class BlockwiseTransformer(nn.Module):
                 c.d_model, c.head_hidden or c.d_ff, c.k, identity_first=c.identity_first, dropout=c.dropout
             )
         self.draft_vocab = DraftVocabulary(c.tgt_vocab_size, c.draft_vocab) if c.draft_vocab else None
+        # Own centres: the decoder output carries k more coordinates, the prior's centres at t..t+k-1
+        # (:meth:`mark_prior`); every head is marked with its own one when it is read out.
+        self.own_centres = self.prior is not None and c.k > 1 and c.head_centres == "own"
         self.drop = nn.Dropout(c.dropout)
         self.scale = math.sqrt(c.d_model)
         self.proposal: ProposalPath | None = None  # cheap proposals (set_proposal_precision); not saved
@@ -298,13 +311,45 @@ class BlockwiseTransformer(nn.Module):
 
     def mark_prior(self, hidden: Tensor, positions: Tensor, context: EncoderContext) -> Tensor:
         """With ``intensity_prior``: the decoder output (B, T, D) carries the prior's centre at each of
-        ``positions`` (B, T) in its reserved coordinates (:meth:`IntensityPrior.mark`); else unchanged."""
+        ``positions`` (B, T) in its reserved coordinates (:meth:`IntensityPrior.mark`); else unchanged.
+
+        With own centres (``head_centres="own"``) the output is (B, T, D + k): the state tagged with the
+        centre at t (:meth:`IntensityPrior.tag`, what the heads read), then the centres at t..t+k-1 (the
+        last positions clamped), with which :meth:`readout` marks head i. Only the model's own methods
+        look inside a hidden state, so the decoding core passes it along unchanged."""
         if self.prior is None:
             return hidden
         if context.prior is None:
             raise ValueError("intensity_prior: the decoder needs the encoder context of the sources")
-        at = positions.clamp(max=context.prior.shape[1] - 1)  # (B, T)
-        return self.prior.mark(hidden, context.prior.gather(1, at))
+        last = context.prior.shape[1] - 1
+        if not self.own_centres:
+            return self.prior.mark(hidden, context.prior.gather(1, positions.clamp(max=last)))
+        b, t = positions.shape
+        at = (positions[..., None] + torch.arange(self.k, device=positions.device)).clamp(max=last)  # (B, T, k)
+        centres = context.prior.gather(1, at.reshape(b, t * self.k)).reshape(b, t, self.k).to(hidden.dtype)
+        return torch.cat([self.prior.tag(hidden, centres[..., 0]), centres], dim=-1)  # (B, T, D + k)
+
+    def split_centres(self, h: Tensor) -> tuple[Tensor, Tensor | None]:
+        """A hidden state (..., D [+ k]) -> (the state (..., D), the centres at t..t+k-1 (..., k) or None)."""
+        if not self.own_centres:
+            return h, None
+        return h[..., : -self.k], h[..., -self.k :]
+
+    def readout(self, states: Tensor, centres: Tensor | None) -> Tensor:
+        """Head states (..., D) as the output layer reads them: with own centres, marked with the prior's
+        centre of the position each one predicts (``centres`` (...)); else unchanged. The mark is taken in
+        the prior's precision and the result returned in the states'."""
+        if centres is None:
+            return states
+        dtype = self.prior.log_precision.dtype  # type: ignore[union-attr]
+        return self.prior.mark(states.to(dtype), centres.to(dtype)).to(states.dtype)  # type: ignore[union-attr]
+
+    def chain_input(self, centres: Tensor | None) -> Callable[[Tensor, int], Tensor] | None:
+        """Own centres: what chain link i reads, head i-1's state tagged with the centre under head i's
+        own position (``centres`` (..., k)); None otherwise."""
+        if centres is None:
+            return None
+        return lambda z, i: self.prior.tag(z, centres[..., i])  # type: ignore[union-attr]
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         w = self.tgt_embed.weight
@@ -317,9 +362,9 @@ class BlockwiseTransformer(nn.Module):
 
     def logits_first(self, h: Tensor) -> Tensor:
         """p_1 logits, the scoring model: (..., D) -> (..., V)."""
-        if self.chained_heads:
-            return self.project(h)
-        return self.project(self.head.first(h))
+        h, centres = self.split_centres(h)
+        state = h if self.chained_heads else self.head.first(h)
+        return self.project(self.readout(state, None if centres is None else centres[..., 0]))
 
     def logits_heads(self, h: Tensor, heads: list[int] | range | None = None, prev_tokens: Tensor | None = None,
                      source: ChainSource | None = None) -> Tensor:
@@ -329,10 +374,14 @@ class BlockwiseTransformer(nn.Module):
         target at) heads 1..m, m >= the highest listed head (0-based); source-attending ones also the
         ``source`` of each leading row of h (:meth:`chain_source`). The paper's head ignores both.
         """
-        heads = range(self.k) if heads is None else heads
+        heads = list(range(self.k) if heads is None else heads)
+        h, centres = self.split_centres(h)
         if self.chained_heads:
-            return self.project(self.head.select(h, heads, prev_tokens, self.embed_tokens, source))  # type: ignore[call-arg]
-        return self.project(self.head.select(h, heads))  # type: ignore[call-arg]
+            states = self.head.select(h, heads, prev_tokens, self.embed_tokens, source,  # type: ignore[call-arg]
+                                      self.chain_input(centres))
+        else:
+            states = self.head.select(h, heads)  # type: ignore[call-arg]  # (..., n, D)
+        return self.project(self.readout(states, None if centres is None else centres[..., heads]))
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """Token embeddings as the decoder sees them, without positions: (...) -> (..., D)."""
@@ -383,7 +432,9 @@ class BlockwiseTransformer(nn.Module):
         vocabulary (every token without one) -> (b, len(heads)) token ids; with ``confidence`` also each
         head's probability of its token (b, len(heads))."""
         head, weight, bias = self.proposal_parts()
+        h, centres = self.split_centres(h)
         states = head.select(h.to(weight.dtype), heads)  # type: ignore[call-arg]  # (b, n, D)
+        states = self.readout(states, None if centres is None else centres[..., list(heads)])
         return self.proposal_argmax(states, weight, bias, confidence)
 
     def proposal_parts(self) -> tuple[nn.Module, Tensor, Tensor | None]:
@@ -420,15 +471,25 @@ class BlockwiseTransformer(nn.Module):
         head, weight, bias = self.proposal_parts()
         if source is not None and self.proposal is not None:
             source = self.proposal.source_in_dtype(source)
-        z = head.step(z.to(weight.dtype), self.embed_tokens(token).to(weight.dtype), i, source)  # type: ignore[operator]
-        out = self.proposal_argmax(z, weight, bias, confidence)
+        z, centres = self.split_centres(z)
+        z = z.to(weight.dtype) if centres is None else self.prior.tag(z.to(weight.dtype), centres[..., i])  # type: ignore[union-attr]
+        z = head.step(z, self.embed_tokens(token).to(weight.dtype), i, source)  # type: ignore[operator]
+        out = self.proposal_argmax(self.readout(z, None if centres is None else centres[..., i]), weight, bias,
+                                   confidence)
+        if centres is not None:
+            z = torch.cat([z, centres.to(z.dtype)], dim=-1)
         return (z, *out) if confidence else (z, out)
 
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> tuple[Tensor, Tensor]:
         """Chained heads, decoding: head ``i`` (0-based, >= 1) from head i-1's state z (b, D) and the
-        token (b,) proposed for head i-1 -> (its state (b, D), its logits (b, V))."""
+        token (b,) proposed for head i-1 -> (its state (b, D), its logits (b, V)). With own centres the
+        states carry the centres too (b, D + k), as the decoder output does."""
+        z, centres = self.split_centres(z)
+        if centres is not None:
+            z = self.prior.tag(z, centres[..., i])  # type: ignore[union-attr]
         z = self.head.step(z, self.embed_tokens(token), i, source)  # type: ignore[union-attr]
-        return z, self.project(z)
+        logits = self.project(self.readout(z, None if centres is None else centres[..., i]))
+        return (z, logits) if centres is None else (torch.cat([z, centres.to(z.dtype)], dim=-1), logits)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced decoder hidden states (B, T, D); heads are applied by the caller."""

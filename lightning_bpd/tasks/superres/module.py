@@ -21,7 +21,7 @@ from torchmetrics.functional.image import peak_signal_noise_ratio, structural_si
 from lightning_bpd.decoding import Criterion, parse_criterion
 from lightning_bpd.evaluation import EvalBatch
 from lightning_bpd.nn.loss import gaussian_kernel
-from lightning_bpd.nn.model import CONDITIONING, INTENSITY_OUTPUTS, ModelConfig
+from lightning_bpd.nn.model import CONDITIONING, HEAD_CENTRES, INTENSITY_OUTPUTS, ModelConfig
 from lightning_bpd.tasks.blockwise_module import BlockwiseModule
 from lightning_bpd.tasks.superres.conditioning import conditioning_diagnostic, nearest_upsample, smooth_upsample
 from lightning_bpd.tasks.superres.pixels import (
@@ -44,6 +44,9 @@ POSITIONS = ("image", "grid")
 LEGACY_DESIGN = {"tie_output": True, "positions": "image", "scale_positions": False, "direct_conditioning": False,
                  "source_output": False, "conditioning": "nearest", "intensity_prior": 0.0,
                  "intensity_output": "categorical"}
+# Head options before they existed: heads 2..k centred their prior where p_1 does. Any base can warm-start
+# either kind of head, so these are not compared with a base's design.
+LEGACY_HEADS = {"head_centres": "first"}
 DESIGN_KEYS = ("out_proj.", "src_pos.", "tgt_pos.", "prior.")
 
 
@@ -106,6 +109,9 @@ class SuperResolutionModule(BlockwiseModule):
         intensity_output: ``categorical`` (256-way softmax, the Image Transformer's) or ``gaussian`` (a discretized
             Gaussian per intensity whose shift from the input intensity and width the network predicts; needs
             ``intensity_prior``, its initial width): greedy decoding then writes the predicted mean.
+        head_centres: ``own`` (default): head i's intensity prior (or Gaussian) is centred on the input intensity
+            under the position it predicts, t + i, and each chain link reads that intensity; ``first``: every head
+            centred where p_1 is, at t (checkpoints from before this option).
         smooth_intensities: initialize the intensity embeddings (and an untied output layer) with sin/cos
             features of the intensity, so that nearby intensities start alike (initialization only).
     """
@@ -148,6 +154,7 @@ class SuperResolutionModule(BlockwiseModule):
         intensity_sigma: float = 0.0,
         intensity_prior: float = 0.0,
         intensity_output: str = "categorical",
+        head_centres: str = "own",
     ) -> None:
         if intensity_sigma < 0:
             raise ValueError(f"model.intensity_sigma must be >= 0 (0 = one-hot targets), got {intensity_sigma}")
@@ -158,6 +165,8 @@ class SuperResolutionModule(BlockwiseModule):
         if intensity_output == "gaussian" and intensity_prior <= 0:
             raise ValueError("model.intensity_output: gaussian needs model.intensity_prior > 0 (its initial width, "
                              "in intensity levels; 15 is a good start)")
+        if head_centres not in HEAD_CENTRES:
+            raise ValueError(f"model.head_centres must be one of {HEAD_CENTRES}, got {head_centres!r}")
         if positions not in POSITIONS:
             raise ValueError(f"model.positions must be one of {POSITIONS}, got {positions!r}")
         if source_output and (tie_output or not direct_conditioning):
@@ -171,7 +180,8 @@ class SuperResolutionModule(BlockwiseModule):
             src_positions=positions, tgt_positions=positions, src_image_shape=LOW, tgt_image_shape=HIGH,
             window=window, tie_output=tie_output, scale_positions=scale_positions,
             direct_conditioning=direct_conditioning, conditioning=conditioning, intensity_prior=intensity_prior,
-            intensity_output=intensity_output, intensity_offset=OFFSET, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=None,
+            intensity_output=intensity_output, intensity_offset=OFFSET, head_centres=head_centres, pad_id=PAD_ID,
+            bos_id=BOS_ID, eos_id=None,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
                          seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb,
@@ -218,7 +228,7 @@ class SuperResolutionModule(BlockwiseModule):
     def legacy_hparams(cls, hparams: dict[str, Any]) -> dict[str, Any]:
         """Image options a checkpoint's hyperparameters lack: it predates them, so it was trained with
         the original design (:data:`LEGACY_DESIGN`); :func:`~lightning_bpd.checkpoints.load_model` passes these."""
-        return {key: value for key, value in LEGACY_DESIGN.items() if key not in hparams}
+        return {key: value for key, value in {**LEGACY_DESIGN, **LEGACY_HEADS}.items() if key not in hparams}
 
     def design_mismatch(self, state: dict[str, Any], prefix: str = "model.") -> list[str]:
         """Keys of the image design (output layer, positions) that differ between ``state`` and this model."""
