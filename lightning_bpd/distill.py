@@ -11,6 +11,10 @@ run that is killed and started again skips the finished shards. With ``--devices
 
     python -m lightning_bpd distill --ckpt runs/m30k-base/last.ckpt \\
         --data-root ../shared/data/translation/multi30k --out runs/distill/multi30k
+
+A super-resolution checkpoint is distilled greedily (``--beam 1``) on its own training faces (the data
+of the checkpoint's run; ``--data-root`` points at another CelebA copy) into ``<out>/train_targets.pt``,
+which ``fit`` reads with ``--data.init_args.distilled=<out>`` (:mod:`lightning_bpd.tasks.superres.distill`).
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ from lightning_bpd.tasks.translation.text_files import read_lines, resolve_split
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd distill", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="teacher checkpoint (a translation run)")
-    p.add_argument("--data-root", required=True, help="folder of the gold corpus")
+    p.add_argument("--ckpt", required=True, help="teacher checkpoint (a translation or super-resolution run)")
+    p.add_argument("--data-root", default=None, help="folder of the gold corpus (translation: required; "
+                   "super-resolution: default the checkpoint's own data)")
     p.add_argument("--out", required=True, help="output data folder")
     p.add_argument("--prefix", default="train", help="split to distill (default: train)")
     p.add_argument("--copy", nargs="*", default=["val", "test", "test_2016_flickr"],
@@ -121,14 +126,48 @@ def merge(args: argparse.Namespace, lines: list[str], src_path: Path) -> None:
     print(f"distilled {len(lines)} lines of {src_path} into {out}", file=sys.stderr)
 
 
+def distill_superres(module, args: argparse.Namespace) -> None:
+    """Greedy targets of a super-resolution base for its training faces (one process)."""
+    from lightning_bpd.tasks.superres.datamodule import SuperResolutionDataModule
+    from lightning_bpd.tasks.superres.distill import distill_images
+
+    if args.beam != 1 or args.devices != 1:
+        sys.exit("distill: super-resolution targets are the base's greedy outputs: use --beam 1 --devices 1")
+    ckpt = torch.load(args.ckpt, map_location="cpu", weights_only=False)
+    hp = {key: value for key, value in (ckpt.get("datamodule_hyper_parameters") or {}).items()
+          if not key.startswith("_") and key != "distilled"}  # jsonargparse adds _class_path
+    if args.data_root is not None:
+        hp["root"] = args.data_root
+    try:
+        data = SuperResolutionDataModule(**hp)
+        data.check_data("fit")
+        low, _ = data.split_images("train")
+    except (ValueError, FileNotFoundError, TypeError) as err:
+        sys.exit(f"distill: the training faces of {args.ckpt}: {err}")
+    out = Path(args.out)
+    start = time.perf_counter()
+    high = distill_images(module.model, low, out, args.batch_size, args.shard_size)
+    print(f"distilled {high.shape[0]} training faces ({data.root or 'synthetic'}) into {out / 'train_targets.pt'} "
+          f"in {time.perf_counter() - start:.1f} s ({torch.get_num_threads()} thread(s)); train on them with "
+          f"--data.init_args.distilled={out}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if min(args.beam, args.batch_size, args.shard_size, args.devices) < 1 or args.alpha < 0:
         sys.exit("distill: --beam, --batch-size, --shard-size and --devices must be >= 1, --alpha >= 0")
     try:
+        module = load_model(args.ckpt)  # fail early on a bad checkpoint, before spawning anything
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"distill: {err}")
+    if type(module).__name__ == "SuperResolutionModule":
+        module.eval()
+        return distill_superres(module, args)
+    if args.data_root is None:
+        sys.exit("distill: --data-root (the folder of the gold corpus) is required for a translation checkpoint")
+    try:
         src_path, _ = resolve_split_files(args.data_root, args.prefix, args.src_lang, args.tgt_lang)
         lines = [line.strip() for line in read_lines(src_path)]
-        load_model(args.ckpt)  # fail early on a bad checkpoint, before spawning anything
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"distill: {err}")
     (Path(args.out) / "shards").mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,8 @@ there is no EOS. With ``root: null`` the procedurally drawn faces of :mod:`.synt
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytorch_lightning as pl
 import torch
 from torch import Tensor
@@ -16,6 +18,7 @@ from lightning_bpd.tasks import STAGE_SPLITS
 from lightning_bpd.tasks.eval_sampler import UnrepeatedSampler
 from lightning_bpd.tasks.resumable import ResumableLoader, ShuffledSampler
 from lightning_bpd.tasks.superres.celeba import check_split, load_split
+from lightning_bpd.tasks.superres.distill import TARGETS, load_targets
 from lightning_bpd.tasks.superres.pixels import image_to_tokens
 from lightning_bpd.tasks.superres.synthetic_faces import synthetic_split
 
@@ -49,6 +52,9 @@ class SuperResolutionDataModule(pl.LightningDataModule):
         synthetic_sizes: images per split of the synthetic faces.
         batch_size, eval_batch_size: images per training / validation batch.
         cache_dir: where preprocessed tensors are cached (JPEGs are decoded once).
+        distilled: a folder made by ``python -m lightning_bpd distill`` from a base checkpoint: the training
+            targets become that base's greedy outputs (self-distillation, :mod:`.distill`); inputs,
+            validation and test stay gold.
     """
 
     def __init__(
@@ -64,12 +70,13 @@ class SuperResolutionDataModule(pl.LightningDataModule):
         cache_dir: str = "runs/cache",
         seed: int = 0,
         num_workers: int = 0,
+        distilled: str | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1 or eval_batch_size < 1:
             raise ValueError("data.batch_size and data.eval_batch_size must be >= 1")
         self.save_hyperparameters()
-        self.root, self.cache_dir, self.seed = root, cache_dir, seed
+        self.root, self.cache_dir, self.seed, self.distilled = root, cache_dir, seed, distilled
         self.split_names = {"train": train_split, "val": val_split, "test": test_split}
         self.limits = dict(limits or {})
         self.synthetic_sizes = synthetic_sizes or {"train": 4000, "val": 64, "test": 64}
@@ -87,6 +94,9 @@ class SuperResolutionDataModule(pl.LightningDataModule):
             else:
                 low, high, _ = load_split(self.root, name, self.cache_dir, limit)
                 self.images[split] = (low, high)
+            if split == "train" and self.distilled is not None:
+                low = self.images[split][0]
+                self.images[split] = (low, load_targets(self.distilled, low))
         return self.images[split]
 
     def dataset(self, split: str) -> ImagePairDataset:
@@ -101,6 +111,10 @@ class SuperResolutionDataModule(pl.LightningDataModule):
         if self.root is not None:
             for split in STAGE_SPLITS.get(stage or "fit", []):
                 check_split(self.root, self.split_names[split])
+        if self.distilled is not None and "train" in STAGE_SPLITS.get(stage or "fit", []):
+            if not (Path(self.distilled) / TARGETS).is_file():
+                raise FileNotFoundError(f"data.distilled: no {Path(self.distilled) / TARGETS}; make it with "
+                                        f"python -m lightning_bpd distill --ckpt <base.ckpt> --out {self.distilled}")
 
     def setup(self, stage: str | None = None) -> None:
         for split in STAGE_SPLITS.get(stage or "fit", []):
