@@ -15,6 +15,7 @@ and reports how many rows are identical and how many tokens differ.
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 
@@ -41,13 +42,19 @@ def parity(module, inputs: list[torch.Tensor], dtypes: list[str], batch_size: in
     result = {}
     for name in dtypes:
         diffs: list[int] = []
+        seconds = {"greedy": 0.0, "exact": 0.0}
         with inference_precision(model, name), torch.no_grad():
             for batch in batched(module, inputs, batch_size):
+                start = time.perf_counter()
                 greedy = greedy_decode(model, batch.src, batch.max_len)
+                middle = time.perf_counter()
                 exact = blockwise_decode(model, batch.src, Exact(), batch.max_len)
+                seconds["greedy"] += middle - start
+                seconds["exact"] += time.perf_counter() - middle
                 diffs += differing_tokens(greedy, exact)
         result[name] = {"rows": len(diffs), "identical_rows": sum(d == 0 for d in diffs),
-                        "differing_tokens": sum(diffs)}
+                        "differing_tokens": sum(diffs), "greedy_seconds": round(seconds["greedy"], 3),
+                        "exact_seconds": round(seconds["exact"], 3)}
     return result
 
 
@@ -59,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--images", default=None, help="super-resolution: CelebA folder (default: synthetic faces); val split")
     p.add_argument("--inputs", type=int, default=8, help="number of inputs")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--dtypes", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS))
+    p.add_argument("--dtypes", nargs="+", default=["float32", "float32-invariant", "float64"], choices=list(PRECISIONS))
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     from lightning_bpd.checkpoints import load_model

@@ -25,7 +25,7 @@ import torch
 
 from lightning_bpd.bench import add_precision_args, set_draft_vocab
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
-from lightning_bpd.nn.precision import model_dtype, precision_name, set_inference_precision
+from lightning_bpd.nn.precision import active_precision_name, set_inference_precision
 from lightning_bpd.results import write_json
 
 TIMED = ("encode", "decode_step", "logits_first", "logits_heads", "draft_tokens", "chain_draft", "chain_step")
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ks = args.k or [module.model.k]
     profile(module, inputs[:2], ks[0], args.criterion, args.stop_below)  # warm-up
     report: dict[str, Any] = {"ckpt": args.ckpt, "inputs": len(inputs), "threads": torch.get_num_threads(),
-                              "criterion": args.criterion, "precision": precision_name(model_dtype(module.model)),
+                              "criterion": args.criterion, "precision": active_precision_name(module.model),
                               "proposal_precision": args.proposal_precision, "stop_below": args.stop_below,
                               "draft_vocab": args.draft_vocab,
                               "methods": {"greedy": profile(module, inputs, None, None)}}

@@ -26,7 +26,13 @@ from pytorch_lightning.loggers import WandbLogger
 from lightning_bpd.decoding import Criterion, head_agreement
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 from lightning_bpd.evaluation import BatchRun, EvalBatch, MethodRun, run_batch
-from lightning_bpd.nn.precision import inference_precision, model_dtype, parse_precision, precision_name
+from lightning_bpd.nn.precision import (
+    canonical_precision,
+    inference_precision,
+    model_dtype,
+    parse_precision,
+    precision_name,
+)
 
 __all__ = ["BatchRun", "DecodeEval", "EvalBatch", "MethodRun", "run_decode_eval"]
 
@@ -281,8 +287,8 @@ class DecodeEval(pl.Callback):
                   "ckpt_path": str(trainer.ckpt_path) if trainer.ckpt_path else None,
                   "k": pl_module.model.k, "criteria": self.criteria, "batch_size": self.batch_size,
                   "signature": signature, "metrics": metrics,
-                  "precision": precision_name(parse_precision(self.precision) if self.precision
-                                              else model_dtype(pl_module.model))}
+                  "precision": canonical_precision(self.precision) if self.precision
+                  else precision_name(model_dtype(pl_module.model))}
         (folder / f"decode_{stage}{suffix}.json").write_text(json.dumps(record, indent=2))
 
     def log_samples(self, trainer: pl.Trainer, pl_module: Any, stage: str, runs: dict[str, MethodRun],

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_bpd.nn.fast_linear import linear
+from lightning_bpd.nn.invariant import attention
 from lightning_bpd.nn.kv_cache import KVCache
 
 
@@ -64,20 +66,20 @@ class MultiHeadAttention(nn.Module):
 
     def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention: Q, K, V of ``x`` (B, T, D), each (B, T, H, Dh)."""
-        return self.split(self.qkv_proj(x)).chunk(3, dim=2)
+        return self.split(linear(x, self.qkv_proj.weight, self.qkv_proj.bias)).chunk(3, dim=2)
 
     def query(self, x: Tensor) -> Tensor:
         """Cross-attention queries (B, T, H, Dh)."""
-        return self.split(self.q_proj(x))
+        return self.split(linear(x, self.q_proj.weight, self.q_proj.bias))
 
     def key_value(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention keys and values of ``memory`` (B, S, D), each (B, S, H, Dh)."""
-        k, v = self.split(self.kv_proj(memory)).chunk(2, dim=2)
+        k, v = self.split(linear(memory, self.kv_proj.weight, self.kv_proj.bias)).chunk(2, dim=2)
         return k, v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         """q (B, T, H, Dh), k/v (B, S, H, Dh), mask broadcastable to (B, H, T, S) -> (B, T, D)."""
-        out = F.scaled_dot_product_attention(
+        out = attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
@@ -85,7 +87,7 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
         )  # (B, H, T, Dh)
         out = out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)  # (B, T, D)
-        return self.o_proj(out)
+        return linear(out, self.o_proj.weight, self.o_proj.bias)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """Uncached self-attention of ``x`` (B, T, D) under ``mask``."""
@@ -95,7 +97,7 @@ class MultiHeadAttention(nn.Module):
         """Uncached causal sliding-window self-attention of ``x`` (B, T, D) in O(T * window)."""
         q, k, v = self.qkv(x)
         out = local_attention(q, k, v, window, self.dropout if self.training else 0.0)
-        return self.o_proj(out.reshape(x.shape))
+        return linear(out.reshape(x.shape), self.o_proj.weight, self.o_proj.bias)
 
 
 def attend_cached(
@@ -163,5 +165,5 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, dropout_p: flo
     c = torch.arange(2 * w, device=q.device)[None, :]
     mask = ((c > a) & (c <= w + a)).expand(nb, w, 2 * w).clone()  # key (i-1)*w + c for query i*w + a
     mask[0, :, :w] = False  # nothing before the first block
-    out = F.scaled_dot_product_attention(qb, k2, v2, attn_mask=mask[None, :, None], dropout_p=dropout_p)
+    out = attention(qb, k2, v2, attn_mask=mask[None, :, None], dropout_p=dropout_p)
     return out.transpose(2, 3).reshape(b, nb * w, h, d)[:, :t]  # (B, T, H, Dh)

@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_bpd.nn.fast_linear import linear
+from lightning_bpd.nn.invariant import attention
 
 
 @dataclass
@@ -81,8 +81,8 @@ class ChainCell(nn.Module):
         b, _, nh, dh = source.keys.shape
         q = linear(x, self.query.weight, self.query.bias)
         q = (q[:, None] if x.dim() == 2 else q).reshape(b, -1, nh, dh).transpose(1, 2)  # (B, nh, T, dh)
-        out = F.scaled_dot_product_attention(q, source.keys.transpose(1, 2), source.values.transpose(1, 2),
-                                             attn_mask=source.valid[:, None, None, :])  # (B, nh, T, dh)
+        out = attention(q, source.keys.transpose(1, 2), source.values.transpose(1, 2),
+                        attn_mask=source.valid[:, None, None, :])  # (B, nh, T, dh)
         out = out.transpose(1, 2).reshape(b, -1, nh * dh)  # (B, T, D)
         return out[:, 0] if x.dim() == 2 else out
 

@@ -30,6 +30,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from lightning_bpd.nn.fast_linear import linear
+
 RESERVED = 2  # hidden coordinates (the last ones) that carry the prior's coefficients
 MAX_LOG_WIDTH = 2.0  # |rho|: the predicted width stays within exp(+-2) of the prior's
 OUTSIDE = 4.0  # u^2 of ids that are no intensity (u^2 <= 1 for every intensity)
@@ -77,7 +79,7 @@ class IntensityPrior(nn.Module):
             return self.tag(hidden, centre)
         rest = hidden[..., :-RESERVED]  # (B, T, D - 2)
         centre = centre.to(hidden.dtype)
-        delta, rho = self.adapt(rest).unbind(-1)  # (B, T) each
+        delta, rho = linear(rest, self.adapt.weight, self.adapt.bias).unbind(-1)  # (B, T) each
         scale = torch.exp(-2 * rho.clamp(-MAX_LOG_WIDTH, MAX_LOG_WIDTH))  # precision relative to the prior's
         return torch.cat([rest, torch.stack([(centre + delta) * scale, -0.5 * scale], dim=-1)], dim=-1)
 

@@ -12,6 +12,12 @@ precision (the fused kernel blocks a k-query pass differently from a 1-query ste
 several rows at once: a 256 -> 8000 projection of 8 rows costs little more than 1 row, so a k-token
 verify pass costs about what a greedy step costs.
 
+``float32-invariant`` keeps float32 weights, activations and cache but takes every matrix product and
+attention in float64, rounded back to float32 (:mod:`~lightning_bpd.nn.invariant`): the verify pass
+and the greedy step then agree bit for bit (up to a ~2^-29 chance per value), so exact decoding
+reproduces float32-invariant greedy decoding even with the Gaussian intensity output, for ~1.3x the
+cost of a float32 step.
+
 Cheap proposals (:meth:`~lightning_bpd.nn.model.BlockwiseTransformer.set_proposal_precision`) use a
 reduced-precision copy of the proposal path only (the heads and the output projection they argmax
 over) while verification keeps the model's own precision: exact decoding stays exact, a proposal
@@ -26,16 +32,33 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
-ALIASES = {"fp32": "float32", "32": "float32", "bf16": "bfloat16", "fp64": "float64", "64": "float64"}
+from lightning_bpd.nn import invariant
+
+PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64,
+              "float32-invariant": torch.float32}
+ALIASES = {"fp32": "float32", "32": "float32", "bf16": "bfloat16", "fp64": "float64", "64": "float64",
+           "fp32i": "float32-invariant", "fp32-invariant": "float32-invariant"}
+INVARIANT = "float32-invariant"  # float32 storage, float64 products (:mod:`lightning_bpd.nn.invariant`)
+
+
+def canonical_precision(name: str) -> str:
+    """``float32`` / ``bfloat16`` / ``float64`` / ``float32-invariant`` (or ``fp32``, ``bf16``, ``fp64``,
+    ``fp32i``) -> its canonical name; one clear error for any other."""
+    key = ALIASES.get(str(name).lower(), str(name).lower())
+    if key not in PRECISIONS:
+        raise ValueError(f"unknown precision {name!r}: use one of {', '.join(PRECISIONS)} (or bf16, fp32, fp32i)")
+    return key
 
 
 def parse_precision(name: str) -> torch.dtype:
-    """``float32`` / ``bfloat16`` / ``float64`` (or ``fp32``, ``bf16``, ``fp64``) -> the torch dtype."""
-    key = ALIASES.get(str(name).lower(), str(name).lower())
-    if key not in PRECISIONS:
-        raise ValueError(f"unknown precision {name!r}: use one of {', '.join(PRECISIONS)} (or bf16, fp32)")
-    return PRECISIONS[key]
+    """A precision name (:func:`canonical_precision`) -> the dtype of the model's weights."""
+    return PRECISIONS[canonical_precision(name)]
+
+
+def active_precision_name(model: nn.Module) -> str:
+    """The precision ``model`` decodes in now: its dtype's name, ``float32-invariant`` while that is on."""
+    dtype = model_dtype(model)
+    return INVARIANT if dtype == torch.float32 and invariant._state["on"] else precision_name(dtype)
 
 
 def precision_name(dtype: torch.dtype) -> str:
@@ -59,15 +82,18 @@ def inference_precision(model: nn.Module, precision: str | torch.dtype | None) -
     kept aside and restored bitwise.
     """
     dtype = parse_precision(precision) if isinstance(precision, str) else precision
+    wide = isinstance(precision, str) and canonical_precision(precision) == INVARIANT
     original = model_dtype(model)
     if dtype is None or dtype == original:
-        yield model
+        with invariant.batch_invariant(wide):
+            yield model
         return
     tensors = lambda: {**dict(model.named_parameters()), **dict(model.named_buffers())}
     saved = {name: t.detach().clone() for name, t in tensors().items() if t.is_floating_point()}
     model.to(dtype)
     try:
-        yield model
+        with invariant.batch_invariant(wide):
+            yield model
     finally:
         model.to(original)
         with torch.no_grad():
@@ -79,9 +105,10 @@ def inference_precision(model: nn.Module, precision: str | torch.dtype | None) -
 def set_inference_precision(model: nn.Module, precision: str | None = None, proposals: str | None = None) -> None:
     """For decoding only (``decode``, ``bench``): cast ``model`` to ``precision`` (None: keep it), then let
     its deterministic proposals use a copy in ``proposals`` precision (None: the model's own), when the
-    model has a proposal path (``set_proposal_precision``)."""
+    model has a proposal path (``set_proposal_precision``). ``float32-invariant`` stays on for the process."""
     if precision is not None:
         model.to(parse_precision(precision))
+        invariant.set_batch_invariant(canonical_precision(precision) == INVARIANT)
     if proposals is not None:
         setter = getattr(model, "set_proposal_precision", None)
         if setter is None:

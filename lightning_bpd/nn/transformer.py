@@ -21,6 +21,7 @@ from lightning_bpd.nn.attention import (
     causal_mask,
     padding_mask,
 )
+from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.kv_cache import KVCache
 
 # Slots a ring cache keeps beyond the window: the most tokens one cached call may write (k <= 16).
@@ -64,7 +65,9 @@ class FeedForward(nn.Module):
         self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
+        first, _, drop, second = self.net
+        h = torch.relu(linear(x, first.weight, first.bias))
+        return linear(drop(h) if self.training else h, second.weight, second.bias)
 
 
 class EncoderLayer(nn.Module):

@@ -27,7 +27,9 @@ def test_parity_per_dtype_and_the_model_keeps_its_dtype():
     model.eos_id = 5
     module = SimpleNamespace(model=model, make_criterion=parse_criterion, max_decode_len=lambda src: 12)
     inputs = [row[None] for row in random_sources(5, seed=2)]
-    r = parity(module, inputs, ["float32", "float64"], batch_size=2)
-    assert r["float64"] == {"rows": 5, "identical_rows": 5, "differing_tokens": 0}
+    r = parity(module, inputs, ["float32", "float64", "float32-invariant"], batch_size=2)
+    counts = lambda name: {key: r[name][key] for key in ("rows", "identical_rows", "differing_tokens")}
+    assert counts("float64") == counts("float32-invariant") == {"rows": 5, "identical_rows": 5, "differing_tokens": 0}
     assert r["float32"]["rows"] == 5 and 0 <= r["float32"]["identical_rows"] <= 5
+    assert r["float64"]["greedy_seconds"] > 0 and r["float64"]["exact_seconds"] > 0
     assert next(model.parameters()).dtype == torch.float64

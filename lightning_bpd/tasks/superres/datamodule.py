@@ -111,10 +111,10 @@ class SuperResolutionDataModule(pl.LightningDataModule):
         if self.root is not None:
             for split in STAGE_SPLITS.get(stage or "fit", []):
                 check_split(self.root, self.split_names[split])
-        if self.distilled is not None and "train" in STAGE_SPLITS.get(stage or "fit", []):
-            if not (Path(self.distilled) / TARGETS).is_file():
-                raise FileNotFoundError(f"data.distilled: no {Path(self.distilled) / TARGETS}; make it with "
-                                        f"python -m lightning_bpd distill --ckpt <base.ckpt> --out {self.distilled}")
+        reads_train = "train" in STAGE_SPLITS.get(stage or "fit", [])
+        if self.distilled is not None and reads_train and not (Path(self.distilled) / TARGETS).is_file():
+            raise FileNotFoundError(f"data.distilled: no {Path(self.distilled) / TARGETS}; make it with "
+                                    f"python -m lightning_bpd distill --ckpt <base.ckpt> --out {self.distilled}")
 
     def setup(self, stage: str | None = None) -> None:
         for split in STAGE_SPLITS.get(stage or "fit", []):
