@@ -16,6 +16,10 @@ activations between the products, and the KV cache stay float32, so the outputs 
 (they differ from plain float32 ones only where plain float32 rounding itself was ambiguous). Measured
 cost on these CPUs: about 1.3x a plain float32 decoder step (float64 copies of the weights are made
 once per context). Both greedy and blockwise decoding must run inside the same context.
+
+A bfloat16 model needs only its attention widened: oneDNN's bfloat16 products are batch-invariant on
+these CPUs already (:mod:`~lightning_bpd.nn.precision`), so inside the context its products stay
+bfloat16 and attention is taken in float64 and rounded to bfloat16 (``bfloat16-invariant``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 _state = {"on": False}
+WIDENED = (torch.float32, torch.bfloat16)  # attention in these dtypes is taken in float64 (products: float32 only)
 _wide: dict[int, tuple[Tensor, int, Tensor]] = {}  # id(weight) -> (weight, its version, float64 copy)
 
 
@@ -76,11 +81,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
-    """``F.scaled_dot_product_attention`` of (B, H, T, Dh) tensors, batch-invariant inside
-    :func:`batch_invariant` (float64, rounded to float32), the plain kernel otherwise."""
-    if not is_active(q):
+    """``F.scaled_dot_product_attention`` of (B, H, T, Dh) tensors; inside :func:`batch_invariant` taken in
+    float64 and rounded back to the inputs' dtype (float32 or bfloat16), the plain kernel otherwise."""
+    if not (_state["on"] and q.dtype in WIDENED and not torch.is_grad_enabled()):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
     if attn_mask is not None and attn_mask.is_floating_point():
         attn_mask = attn_mask.double()
     return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=attn_mask,
-                                          dropout_p=dropout_p).float()
+                                          dropout_p=dropout_p).to(q.dtype)

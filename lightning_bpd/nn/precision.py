@@ -12,6 +12,7 @@ precision (the fused kernel blocks a k-query pass differently from a 1-query ste
 several rows at once: a 256 -> 8000 projection of 8 rows costs little more than 1 row, so a k-token
 verify pass costs about what a greedy step costs.
 
+``bfloat16-invariant`` is bfloat16 with attention taken in float64 (its products are invariant already).
 ``float32-invariant`` keeps float32 weights, activations and cache but takes every matrix product and
 attention in float64, rounded back to float32 (:mod:`~lightning_bpd.nn.invariant`): the verify pass
 and the greedy step then agree bit for bit (up to a ~2^-29 chance per value), so exact decoding
@@ -35,18 +36,21 @@ from torch import nn
 from lightning_bpd.nn import invariant
 
 PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64,
-              "float32-invariant": torch.float32}
+              "float32-invariant": torch.float32, "bfloat16-invariant": torch.bfloat16}
 ALIASES = {"fp32": "float32", "32": "float32", "bf16": "bfloat16", "fp64": "float64", "64": "float64",
-           "fp32i": "float32-invariant", "fp32-invariant": "float32-invariant"}
-INVARIANT = "float32-invariant"  # float32 storage, float64 products (:mod:`lightning_bpd.nn.invariant`)
+           "fp32i": "float32-invariant", "fp32-invariant": "float32-invariant", "bf16i": "bfloat16-invariant",
+           "bf16-invariant": "bfloat16-invariant"}
+# batch-invariant precisions (:mod:`lightning_bpd.nn.invariant`): float32 with float64 products and attention;
+# bfloat16 (its oneDNN products are invariant already) with float64 attention
+INVARIANT = ("float32-invariant", "bfloat16-invariant")
 
 
 def canonical_precision(name: str) -> str:
     """``float32`` / ``bfloat16`` / ``float64`` / ``float32-invariant`` (or ``fp32``, ``bf16``, ``fp64``,
-    ``fp32i``) -> its canonical name; one clear error for any other."""
+    ``fp32i``, ``bf16i``) -> its canonical name; one clear error for any other."""
     key = ALIASES.get(str(name).lower(), str(name).lower())
     if key not in PRECISIONS:
-        raise ValueError(f"unknown precision {name!r}: use one of {', '.join(PRECISIONS)} (or bf16, fp32, fp32i)")
+        raise ValueError(f"unknown precision {name!r}: use one of {', '.join(PRECISIONS)} (or bf16, fp32, fp32i, bf16i)")
     return key
 
 
@@ -57,8 +61,8 @@ def parse_precision(name: str) -> torch.dtype:
 
 def active_precision_name(model: nn.Module) -> str:
     """The precision ``model`` decodes in now: its dtype's name, ``float32-invariant`` while that is on."""
-    dtype = model_dtype(model)
-    return INVARIANT if dtype == torch.float32 and invariant._state["on"] else precision_name(dtype)
+    name = precision_name(model_dtype(model))
+    return f"{name}-invariant" if invariant._state["on"] and f"{name}-invariant" in INVARIANT else name
 
 
 def precision_name(dtype: torch.dtype) -> str:
@@ -82,7 +86,7 @@ def inference_precision(model: nn.Module, precision: str | torch.dtype | None) -
     kept aside and restored bitwise.
     """
     dtype = parse_precision(precision) if isinstance(precision, str) else precision
-    wide = isinstance(precision, str) and canonical_precision(precision) == INVARIANT
+    wide = isinstance(precision, str) and canonical_precision(precision) in INVARIANT
     original = model_dtype(model)
     if dtype is None or dtype == original:
         with invariant.batch_invariant(wide):
@@ -108,7 +112,7 @@ def set_inference_precision(model: nn.Module, precision: str | None = None, prop
     model has a proposal path (``set_proposal_precision``). ``float32-invariant`` stays on for the process."""
     if precision is not None:
         model.to(parse_precision(precision))
-        invariant.set_batch_invariant(canonical_precision(precision) == INVARIANT)
+        invariant.set_batch_invariant(canonical_precision(precision) in INVARIANT)
     if proposals is not None:
         setter = getattr(model, "set_proposal_precision", None)
         if setter is None:

@@ -36,6 +36,22 @@ def test_products_of_one_row_and_of_many_rows_agree_bit_for_bit():
     torch.testing.assert_close(many, F.linear(x, w, b))  # the same function, rounded differently at most
 
 
+def test_bfloat16_attention_is_taken_in_float64_and_products_stay_bfloat16():
+    """bfloat16-invariant: a query's attention does not depend on the other queries; products are not widened
+    (oneDNN's bfloat16 products are batch-invariant already)."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, n, 16, generator=g).bfloat16() for n in (8, 40, 40))
+    mask = torch.ones(8, 40, dtype=torch.bool).tril(32)
+    x, w = torch.randn(3, 16, generator=g).bfloat16(), torch.randn(5, 16, generator=g).bfloat16()
+    with torch.no_grad(), invariant.batch_invariant():
+        att = invariant.attention(q, k, v, attn_mask=mask)
+        assert att.dtype == torch.bfloat16
+        for j in range(8):
+            assert torch.equal(invariant.attention(q[:, :, j : j + 1], k[:, :, : 33 + j], v[:, :, : 33 + j]),
+                               att[:, :, j : j + 1])
+        assert not invariant.is_active(x) and torch.equal(linear(x, w), F.linear(x, w))
+
+
 def test_a_parameter_changed_in_place_gets_a_new_float64_copy():
     layer = torch.nn.Linear(4, 3)
     x = torch.randn(2, 4)
@@ -86,6 +102,7 @@ def test_plain_float32_exact_decoding_drifts_from_greedy_on_these_cpus(one_threa
 
 def test_precision_names_and_the_process_wide_switch():
     assert canonical_precision("fp32i") == canonical_precision("FLOAT32-INVARIANT") == "float32-invariant"
+    assert canonical_precision("bf16i") == "bfloat16-invariant" and parse_precision("bf16i") == torch.bfloat16
     assert parse_precision("fp32i") == torch.float32
     with pytest.raises(ValueError, match="unknown precision 'fp16'"):
         canonical_precision("fp16")
@@ -97,3 +114,17 @@ def test_precision_names_and_the_process_wide_switch():
         assert active_precision_name(model) == "float32"
     finally:
         invariant.set_batch_invariant(False)
+
+
+def test_a_model_in_bfloat16_invariant_decodes_exactly_like_its_greedy(one_thread):
+    from tests.models import random_model, random_sources
+
+    model = random_model(k=3, seed=4).float()
+    model.eos_id = 5
+    src = random_sources(6, seed=3)
+    with torch.no_grad(), inference_precision(model, "bfloat16-invariant"):
+        assert active_precision_name(model) == "bfloat16-invariant" and next(model.parameters()).dtype == torch.bfloat16
+        greedy = greedy_decode(model, src, 20)
+        exact = blockwise_decode(model, src, Exact(), 20)
+    assert torch.equal(exact.tokens, greedy.tokens) and torch.equal(exact.lengths, greedy.lengths)
+    assert next(model.parameters()).dtype == torch.float32 and not invariant._state["on"]
