@@ -179,7 +179,7 @@ def add_precision_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default=None,
                    help="decode with the model in float32, bfloat16 (fast several-row products on AVX-512-BF16 / "
                         "AMX CPUs; exact blockwise is compared with greedy in bfloat16) float64, or float32-invariant (float32 with float64 products: the verify pass and the greedy step round alike, "
-                        "so exact decoding equals greedy even with the Gaussian image output; ~1.3x a float32 step), or "
+                        "so exact decoding equals greedy even with the Gaussian image output; 1.15-1.45x a float32 decode), or "
                         "bfloat16-invariant (bfloat16 with float64 attention) "
                         "(default: as trained)")
     p.add_argument("--proposal-precision", default=None,

@@ -16,8 +16,8 @@ verify pass costs about what a greedy step costs.
 ``float32-invariant`` keeps float32 weights, activations and cache but takes every matrix product and
 attention in float64, rounded back to float32 (:mod:`~lightning_bpd.nn.invariant`): the verify pass
 and the greedy step then agree bit for bit (up to a ~2^-29 chance per value), so exact decoding
-reproduces float32-invariant greedy decoding even with the Gaussian intensity output, for ~1.3x the
-cost of a float32 step.
+reproduces float32-invariant greedy decoding even with the Gaussian intensity output, for 1.15-1.45x
+the cost of a float32 decode.
 
 Cheap proposals (:meth:`~lightning_bpd.nn.model.BlockwiseTransformer.set_proposal_precision`) use a
 reduced-precision copy of the proposal path only (the heads and the output projection they argmax
