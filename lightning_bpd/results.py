@@ -343,6 +343,8 @@ def budget_table1(rows: list[dict[str, Any]], budget: float) -> list[str]:
         return []
     lines = [f"The same table from the recipes at `--budget {budget}` ({TABLE1_BUDGET_NOTE}):", "",
              "| head | k | regular | distillation | fine-tuning | both | made by |", "|---|---:|---:|---:|---:|---:|---|"]
+    for k, paper in PAPER_TABLE1.items():
+        lines.append(f"| Stern et al. 2018, WMT14 | {k} | " + " | ".join(f"{v:.2f}" for v in paper) + " | the paper |")
     for head, k in found:
         cells, made = [], set()
         for _, targets, base_kind in TABLE1_COLUMNS:
