@@ -36,6 +36,11 @@ WIDENED = (torch.float32, torch.bfloat16)  # attention in these dtypes is taken 
 _wide: dict[int, tuple[Tensor, int, Tensor]] = {}  # id(weight) -> (weight, its version, float64 copy)
 
 
+def enabled() -> bool:
+    """Whether batch-invariant inference is on (:func:`batch_invariant` or :func:`set_batch_invariant`)."""
+    return _state["on"]
+
+
 def is_active(x: Tensor) -> bool:
     """Whether products of the float32 tensor ``x`` are to be taken in float64 now (inference only)."""
     return _state["on"] and x.dtype == torch.float32 and not torch.is_grad_enabled()

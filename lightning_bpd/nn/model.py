@@ -471,25 +471,29 @@ class BlockwiseTransformer(nn.Module):
         head, weight, bias = self.proposal_parts()
         if source is not None and self.proposal is not None:
             source = self.proposal.source_in_dtype(source)
-        z, centres = self.split_centres(z)
-        z = z.to(weight.dtype) if centres is None else self.prior.tag(z.to(weight.dtype), centres[..., i])  # type: ignore[union-attr]
-        z = head.step(z, self.embed_tokens(token).to(weight.dtype), i, source)  # type: ignore[operator]
-        out = self.proposal_argmax(self.readout(z, None if centres is None else centres[..., i]), weight, bias,
-                                   confidence)
-        if centres is not None:
-            z = torch.cat([z, centres.to(z.dtype)], dim=-1)
+        z, state = self.chain_link(head, z, self.embed_tokens(token).to(weight.dtype), i, source, weight.dtype)
+        out = self.proposal_argmax(state, weight, bias, confidence)
         return (z, *out) if confidence else (z, out)
 
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> tuple[Tensor, Tensor]:
         """Chained heads, decoding: head ``i`` (0-based, >= 1) from head i-1's state z (b, D) and the
         token (b,) proposed for head i-1 -> (its state (b, D), its logits (b, V)). With own centres the
         states carry the centres too (b, D + k), as the decoder output does."""
+        z, state = self.chain_link(self.head, z, self.embed_tokens(token), i, source)
+        return z, self.project(state)
+
+    def chain_link(self, head: nn.Module, z: Tensor, e: Tensor, i: int, source: ChainSource | None,
+                   dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+        """Link ``i`` of ``head`` (the model's or the proposal copy) from head i-1's state z (b, D [+ k]) and
+        the embedding e (b, D) of its token -> (head i's state, carrying the centres like z; head i's state as
+        the output layer reads it (b, D), :meth:`readout`). ``dtype``: the link's precision (default z's)."""
         z, centres = self.split_centres(z)
+        z = z if dtype is None else z.to(dtype)
         if centres is not None:
             z = self.prior.tag(z, centres[..., i])  # type: ignore[union-attr]
-        z = self.head.step(z, self.embed_tokens(token), i, source)  # type: ignore[union-attr]
-        logits = self.project(self.readout(z, None if centres is None else centres[..., i]))
-        return (z, logits) if centres is None else (torch.cat([z, centres.to(z.dtype)], dim=-1), logits)
+        z = head.step(z, e, i, source)  # type: ignore[operator]
+        state = self.readout(z, None if centres is None else centres[..., i])
+        return (z if centres is None else torch.cat([z, centres.to(z.dtype)], dim=-1)), state
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced decoder hidden states (B, T, D); heads are applied by the caller."""

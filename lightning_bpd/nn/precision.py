@@ -62,7 +62,7 @@ def parse_precision(name: str) -> torch.dtype:
 def active_precision_name(model: nn.Module) -> str:
     """The precision ``model`` decodes in now: its dtype's name, ``float32-invariant`` while that is on."""
     name = precision_name(model_dtype(model))
-    return f"{name}-invariant" if invariant._state["on"] and f"{name}-invariant" in INVARIANT else name
+    return f"{name}-invariant" if invariant.enabled() and f"{name}-invariant" in INVARIANT else name
 
 
 def precision_name(dtype: torch.dtype) -> str:
