@@ -161,7 +161,6 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"distill: {err}")
     if type(module).__name__ == "SuperResolutionModule":
-        module.eval()
         return distill_superres(module, args)
     if args.data_root is None:
         sys.exit("distill: --data-root (the folder of the gold corpus) is required for a translation checkpoint")
