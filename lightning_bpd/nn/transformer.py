@@ -65,9 +65,8 @@ class FeedForward(nn.Module):
         self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
 
     def forward(self, x: Tensor) -> Tensor:
-        first, _, drop, second = self.net
-        h = torch.relu(linear(x, first.weight, first.bias))
-        return linear(drop(h) if self.training else h, second.weight, second.bias)
+        first, _, drop, second = self.net  # Dropout is the identity in eval mode
+        return linear(drop(torch.relu(linear(x, first.weight, first.bias))), second.weight, second.bias)
 
 
 class EncoderLayer(nn.Module):

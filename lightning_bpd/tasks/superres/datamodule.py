@@ -7,8 +7,6 @@ there is no EOS. With ``root: null`` the procedurally drawn faces of :mod:`.synt
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytorch_lightning as pl
 import torch
 from torch import Tensor
@@ -18,7 +16,7 @@ from lightning_bpd.tasks import STAGE_SPLITS
 from lightning_bpd.tasks.eval_sampler import UnrepeatedSampler
 from lightning_bpd.tasks.resumable import ResumableLoader, ShuffledSampler
 from lightning_bpd.tasks.superres.celeba import check_split, load_split
-from lightning_bpd.tasks.superres.distill import TARGETS, load_targets
+from lightning_bpd.tasks.superres.distill import load_targets, targets_file
 from lightning_bpd.tasks.superres.pixels import image_to_tokens
 from lightning_bpd.tasks.superres.synthetic_faces import synthetic_split
 
@@ -111,10 +109,8 @@ class SuperResolutionDataModule(pl.LightningDataModule):
         if self.root is not None:
             for split in STAGE_SPLITS.get(stage or "fit", []):
                 check_split(self.root, self.split_names[split])
-        reads_train = "train" in STAGE_SPLITS.get(stage or "fit", [])
-        if self.distilled is not None and reads_train and not (Path(self.distilled) / TARGETS).is_file():
-            raise FileNotFoundError(f"data.distilled: no {Path(self.distilled) / TARGETS}; make it with "
-                                    f"python -m lightning_bpd distill --ckpt <base.ckpt> --out {self.distilled}")
+        if self.distilled is not None and "train" in STAGE_SPLITS.get(stage or "fit", []):
+            targets_file(self.distilled)
 
     def setup(self, stage: str | None = None) -> None:
         for split in STAGE_SPLITS.get(stage or "fit", []):

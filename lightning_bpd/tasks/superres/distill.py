@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding import greedy_decode
+from lightning_bpd.tasks.superres.module import HIGH, TARGET_LEN
 from lightning_bpd.tasks.superres.pixels import image_to_tokens, tokens_to_image
 
 TARGETS = "train_targets.pt"
@@ -44,8 +45,8 @@ def greedy_images(model, low: Tensor, batch_size: int) -> Tensor:
     out = []
     for start in range(0, low.shape[0], batch_size):
         src = image_to_tokens(low[start : start + batch_size]).to(device)  # (b, 192)
-        tokens = greedy_decode(model, src, 3072).tokens.cpu()  # (b, 3072)
-        out.append(tokens_to_image(tokens, 32, 32))
+        tokens = greedy_decode(model, src, TARGET_LEN).tokens.cpu()  # (b, 3072)
+        out.append(tokens_to_image(tokens, HIGH[0], HIGH[1]))
     return torch.cat(out).to(torch.uint8)
 
 
@@ -81,13 +82,19 @@ def distill_images(model, low: Tensor, out: Path, batch_size: int, shard_size: i
     return high
 
 
-def load_targets(folder: str | Path, low: Tensor) -> Tensor:
-    """The distilled targets (N, 32, 32, 3) uint8 in ``folder`` for the training inputs ``low`` (N, 8, 8, 3);
-    one clear error if they are missing or belong to other faces."""
+def targets_file(folder: str | Path) -> Path:
+    """``folder``'s merged targets file; one clear error if ``distill`` has not made it."""
     path = Path(folder) / TARGETS
     if not path.is_file():
         raise FileNotFoundError(f"data.distilled: no {path}; make it with python -m lightning_bpd distill "
                                 f"--ckpt <base.ckpt> --out {folder}")
+    return path
+
+
+def load_targets(folder: str | Path, low: Tensor) -> Tensor:
+    """The distilled targets (N, 32, 32, 3) uint8 in ``folder`` for the training inputs ``low`` (N, 8, 8, 3);
+    one clear error if they are missing or belong to other faces."""
+    path = targets_file(folder)
     saved = torch.load(path, weights_only=True)
     high = saved["high"]
     if high.shape[0] != low.shape[0] or saved["inputs"] != fingerprint(low):
