@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"distill: {err}")
     if type(module).__name__ == "SuperResolutionModule":
+        if torch.cuda.is_available():  # one process, one device (--devices 1)
+            module = module.to("cuda")
         return distill_superres(module, args)
     if args.data_root is None:
         sys.exit("distill: --data-root (the folder of the gold corpus) is required for a translation checkpoint")
