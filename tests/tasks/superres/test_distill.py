@@ -82,3 +82,22 @@ def test_distilled_targets_of_other_faces_or_none_are_one_clear_error(base_ckpt,
     err = str(exit_info.value.code) + capsys.readouterr().err
     assert "data.distilled: no" in err and "Traceback" not in err
     assert not (root / "runs/never").exists()
+
+
+def test_distill_limit_decodes_the_first_faces_and_fit_trains_on_them_with_the_same_limit(base_ckpt, monkeypatch,
+                                                                                          tmp_path, capsys):
+    root, ckpt = base_ckpt
+    monkeypatch.chdir(root)
+    out = tmp_path / "first4"
+    distill_main(["--ckpt", str(ckpt), "--out", str(out), "--beam", "1", "--shard-size", "3", "--limit", "4"])
+    saved = torch.load(out / TARGETS, weights_only=True)["high"]
+    low, _ = SuperResolutionDataModule(synthetic_sizes={"train": 7, "val": 2, "test": 2}).split_images("train")
+    assert saved.shape[0] == 4 and torch.equal(saved, greedy_images(load_model(ckpt).model, low[:4], 4))
+    limited = SuperResolutionDataModule(synthetic_sizes={"train": 7, "val": 2, "test": 2}, limits={"train": 4},
+                                        distilled=str(out))
+    assert torch.equal(limited.split_images("train")[1], saved)
+    with pytest.raises(ValueError, match="other training faces"):  # without the limit: one clear error
+        SuperResolutionDataModule(synthetic_sizes={"train": 7, "val": 2, "test": 2},
+                                  distilled=str(out)).split_images("train")
+    with pytest.raises(SystemExit, match="--limit must be >= 1"):
+        distill_main(["--ckpt", str(ckpt), "--out", str(out), "--beam", "1", "--limit", "0"])
