@@ -285,9 +285,14 @@ TABLE1_BUDGET_ROWS = (("paper", 8), ("chained_attn", 8))
 TABLE1_BUDGET_NOTE = ("heads 800 steps frozen and 800 fine-tuned, every cell on one base of 1,309 steps: 40 minutes alone "
                       "on 2 cores, greedy test BLEU 32.39; records in `results/multi30k/recipes/`")
 TABLE2_BASE = "superres/i14_gaussian_base_60min_val64.json"
-TABLE2_CELL = "superres/table2g_k{k}_{base}.json"  # base: frozen | finetune
-TABLE2_KS = (2, 4, 8)
-TABLE2_RECIPES = {8: "`recipe celeba-table2`"}
+# Table 2 rows, newest first: (heads, the cell records (k, base: frozen | finetune), the k's, made by).
+TABLE2_SETS = (
+    ("chained, own pixel, self-distilled", "superres/table2c_k{k}_{base}.json", (2, 4, 6, 8),
+     "`recipe celeba-table2-chained`"),
+    ("paper, gold (issue 14)", "superres/table2g_k{k}_{base}.json", (2, 4, 8), "`recipe celeba-table2` (k=8)"),
+)
+TABLE2_COLUMNS = (("frozen", "exact"), ("frozen", "eps2"), ("finetune", "exact"), ("finetune", "eps2"))
+TABLE2_BENCH = "superres/table2c_k8_bench.json"  # the k=8 fine-tuned heads' wall-clock (recipe's bench stage)
 DEFAULT_RUN = "default/translation_fresh_clone.json"
 RECIPE_BENCH = "multi30k/speed/recipe_k8_bench_{}.json"  # issue 26: the recipe's model, with CTranslate2 peers
 # Wall-clock rows: (record, batch (None: a decode record), method, what, how it is made).
@@ -328,7 +333,7 @@ def table1_cell(rows: list[dict[str, Any]], head: str, k: int, targets: str, bas
     """The acceptance-ablation row of (head, k, targets, base) trained at recipe ``budget`` (``--meta budget=F``;
     none = 1); among several, one filed with ``--meta recipe=<name>`` wins, then the last by path."""
     found = [r for r in rows if (r["head"], r["k"], r["targets"], r["base"], r["budget"]) ==
-             (head, k, targets, base, budget)]
+             (head, k, targets, base, budget) and not math.isnan(r["bleu"])]  # translation rows only
     found.sort(key=lambda r: (bool(r.get("recipe")), str(r["path"])))
     return found[-1] if found else None
 
@@ -353,6 +358,52 @@ def budget_table1(rows: list[dict[str, Any]], budget: float) -> list[str]:
                 made.add(f"`recipe {r['recipe']} --budget {budget}`")
         lines.append(f"| `{head}` | {k} | " + " | ".join(cells) + f" | {', '.join(sorted(made))} |")
     return lines + [""]
+
+
+def table2_rows(records: list[Record]) -> list[dict[str, Any]]:
+    """The Table 2 analog's cells: one row per (heads, k) with a record, each column's mean accepted block
+    size and PSNR (None where no record), the paper's "both" value, and who makes it."""
+    rows = []
+    for heads, pattern, ks, made in TABLE2_SETS:
+        for k in ks:
+            cells = []
+            for base_kind, method in TABLE2_COLUMNS:
+                rec = find(records, pattern.format(k=k, base=base_kind))
+                m = rec.data["metrics"] if rec else {}
+                cells.append((m.get(f"{method}/mean_accepted_block_size"), m.get(f"{method}/psnr")))
+            if any(block is not None for block, _ in cells):
+                rows.append({"heads": heads, "k": k, "cells": cells, "paper_both": PAPER_TABLE2_BOTH.get(k),
+                             "made": made})
+    return rows
+
+
+def table2_lines(records: list[Record]) -> list[str]:
+    """The README's Table 2 analog (super-resolution) and the k=8 heads' wall-clock, from the records."""
+    cell = find(records, TABLE2_SETS[0][1].format(k=8, base="frozen")) or find(records, TABLE2_BASE)
+    sm = cell.data["metrics"] if cell else {}
+    lines = [(f"**Table 2 analog: super-resolution** (CelebA 8x8 -> 32x32, {int(sm.get('examples', 0))} val faces; "
+              "mean accepted block size, PSNR dB in brackets; regular and fine-tuned = exact acceptance, every "
+              f"face identical to greedy; base greedy {fmt(sm.get('greedy/psnr'))} dB, bicubic "
+              f"{fmt(sm.get('bicubic/psnr'))}, nearest-neighbour {fmt(sm.get('nearest/psnr'))})"), "",
+             "| heads | k | regular | approximate (eps=2) | fine-tuned | both | paper, both | made by |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in table2_rows(records):
+        cells = [f"{fmt(b)} ({fmt(q)})" if b is not None else "-" for b, q in r["cells"]]
+        lines.append(f"| {r['heads']} | {r['k']} | " + " | ".join(cells) +
+                     f" | {fmt(r['paper_both']) if r['paper_both'] else '-'} | {r['made']} |")
+    lines += ["", ("Records: `results/superres/table2c_*.json` (chained) and `table2g_*.json` (paper heads); each "
+                   "holds its `command` and, in `meta`, the minutes and machine of its training."), ""]
+    bench = find(records, TABLE2_BENCH)
+    if bench is not None:
+        parts = []
+        for batch, methods in sorted(bench.data.get("batch_sizes", {}).items(), key=lambda kv: int(kv[0])):
+            for name, r in methods.items():
+                if name != "greedy" and r.get("speedup") is not None:
+                    parts.append(f"batch {batch} {name}: block {fmt(r.get('mean_accepted_block_size'))}, "
+                                 f"speedup {fmt(r['speedup'])}")
+        lines += [f"Wall-clock of the k=8 fine-tuned heads over their own greedy ({rel_link(bench)}, "
+                  f"{bench.data.get('precision', 'float32')}): " + "; ".join(parts) + ".", ""]
+    return lines
 
 
 def headline_tables(records: list[Record]) -> str:
@@ -381,27 +432,7 @@ def headline_tables(records: list[Record]) -> str:
               "in `results/multi30k/acceptance/` holds its exact `command`."), ""]
     lines += budget_table1(rows, TABLE1_BUDGET)
 
-    sr_base = find(records, TABLE2_BASE)
-    sm = sr_base.data["metrics"] if sr_base else {}
-    lines += [(f"**Table 2 analog: super-resolution** (CelebA 8x8 -> 32x32, {int(sm.get('examples', 0))} val "
-              "faces, paper heads on the "
-              f"Gaussian-output base; mean accepted block size, PSNR dB in brackets; base greedy "
-              f"{fmt(sm.get('greedy/psnr'))} dB, nearest-neighbour {fmt(sm.get('nearest/psnr'))}, bicubic "
-              f"{fmt(sm.get('bicubic/psnr'))})"), "",
-              "| k | regular | approximate (eps=2) | fine-tuned | both | paper, both | made by |",
-              "|---:|---:|---:|---:|---:|---:|---|"]
-    for k in TABLE2_KS:
-        cells = []
-        for base_kind, method in (("frozen", "exact"), ("frozen", "eps2"), ("finetune", "exact"),
-                                  ("finetune", "eps2")):
-            rec = find(records, TABLE2_CELL.format(k=k, base=base_kind))
-            m = rec.data["metrics"] if rec else {}
-            block = m.get(f"{method}/mean_accepted_block_size")
-            cells.append(f"{fmt(block)} ({fmt(m.get(f'{method}/psnr'))})" if block is not None else "-")
-        paper = PAPER_TABLE2_BOTH.get(k)
-        made = TABLE2_RECIPES.get(k, "the record's `command`")
-        lines.append(f"| {k} | " + " | ".join(cells) + f" | {fmt(paper) if paper else '-'} | {made} |")
-    lines += ["", "Records: `results/superres/table2g_*.json`.", ""]
+    lines += table2_lines(records)
 
     lines += [("**Wall-clock** (CPU; exact acceptance, outputs identical to greedy; speedup = our greedy's time / "
               "blockwise's in the same run; threads and machine load in each record's label)"),

@@ -37,6 +37,11 @@ def write_results(folder: Path) -> None:
     (folder / "mt/decode.json").write_text(json.dumps(decode))
     (folder / "sr.json").write_text(json.dumps(superres))
     (folder / "mt/bench.json").write_text(json.dumps(bench))
+    cell = {"label": "toy Table 2 cell", "command": "python -m lightning_bpd validate ...", "stage": "val", "k": 4,
+            "metrics": {"greedy/psnr": 20.0, "exact/psnr": 20.0, "exact/mean_accepted_block_size": 2.0,
+                        "eps2/psnr": 19.9, "eps2/mean_accepted_block_size": 3.0, "examples": 4.0}}
+    (folder / "superres").mkdir()
+    (folder / "superres/table2c_k4_finetune.json").write_text(json.dumps(cell))
     (folder / "notes.json").write_text(json.dumps({"something": "else"}))  # not a record: skipped
     from torchvision.utils import save_image
 
@@ -46,7 +51,7 @@ def write_results(folder: Path) -> None:
 def test_tables_come_from_the_records(tmp_path):
     write_results(tmp_path)
     records = load(tmp_path)
-    assert sorted(r.kind for r in records) == ["bench", "decode", "decode"]
+    assert sorted(r.kind for r in records) == ["bench", "decode", "decode", "decode"]
     table = markdown_tables(records)
     assert "| toy translation k=4 | test | top2 | BLEU 29.10 | 3.25 |  |" in table
     assert "| toy bench | 1 | exact (vs greedy) | 0.0500 | 2.50 | 2.00 | 0.80 | yes |" in table
@@ -64,9 +69,9 @@ def test_notebook_executes_and_draws(tmp_path, monkeypatch):
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(images) == 4  # BLEU plot, speedup plot, PSNR plot, one sample grid
+    assert len(images) == 5  # BLEU plot, speedup plot, PSNR plot, Table 2 bars, one sample grid
     text = "".join(o.get("text", "") for o in outputs)
-    assert "3 records" in text and "1 sample grid(s)" in text
+    assert "4 records" in text and "1 sample grid(s)" in text
     assert any("toy bench" in o.get("data", {}).get("text/markdown", "") for o in outputs)
 
 
@@ -190,3 +195,15 @@ def test_peer_rows_from_peer_and_bench_records(tmp_path):
     front = headline_tables(records)
     assert "| 1 | ctranslate2_int8 | 0.500 | 0.20 |" in front and "[recipe_k8_bench_fp32.json]" in front
     assert "peer toy" not in front  # the README shows the headline bench's peers; docs/results.md shows all
+
+
+def test_table2_rows_and_lines_come_from_the_cell_records(tmp_path):
+    from lightning_bpd.results import headline_tables, table2_rows
+
+    write_results(tmp_path)
+    rows = table2_rows(load(tmp_path))
+    assert [(r["heads"], r["k"]) for r in rows] == [("chained, own pixel, self-distilled", 4)]
+    assert rows[0]["cells"] == [(None, None), (None, None), (2.0, 20.0), (3.0, 19.9)]
+    assert rows[0]["paper_both"] == 3.75
+    text = headline_tables(load(tmp_path))
+    assert "| chained, own pixel, self-distilled | 4 | - | - | 2.00 (20.00) | 3.00 (19.90) | 3.75 |" in text
