@@ -110,12 +110,13 @@ def blockwise_loss(
     if logits.shape[-2] != len(heads):
         raise ValueError(f"logits have {logits.shape[-2]} heads but {len(heads)} head indices were given")
     losses, head_loss, head_acc = [], {}, {}
+    per_head = logits.unbind(-2)  # one view per head; its backward stacks the h gradients once
     for j, i in enumerate(heads):
         tgt = shifted_targets(targets, i, pad_id)  # (B, T)
         if positions is not None:
             tgt = tgt[positions]  # (N,)
         mask = tgt != pad_id
-        lg = logits[..., j, :].float()  # (B, T, V) or (N, V)
+        lg = per_head[j].float()  # (B, T, V) or (N, V)
         if target_kernel is None:
             loss = F.cross_entropy(
                 lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1), ignore_index=pad_id, reduction="sum",
