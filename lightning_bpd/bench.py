@@ -185,6 +185,9 @@ def add_precision_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proposal-precision", default=None,
                    help="the heads propose from a copy in this precision (e.g. bfloat16) while verification keeps "
                         "--precision: exact decoding stays exact")
+    p.add_argument("--unfused-chain", action="store_true",
+                   help="chained heads propose through the reference links (ChainedHead.step) instead of the fused "
+                        "ones (lightning_bpd/nn/fused_chain.py); for timing the difference")
 
 
 def set_draft_vocab(module, size: int | None, text: str | None) -> None:
@@ -228,6 +231,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         module = load_model(args.ckpt, args.device)
         set_inference_precision(module.model, args.precision, args.proposal_precision)
+        module.model.fuse_chain = not args.unfused_chain
         set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
         draft = load_model(args.draft, args.device).model if args.draft else None
         if draft is not None:
@@ -243,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
               "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(inputs),
               "lazy_verify": args.lazy_verify, "fixed_shape": args.fixed_shape, "draft_vocab": args.draft_vocab,
               "precision": active_precision_name(module.model), "proposal_precision": args.proposal_precision,
-              "stop_below": args.stop_below,
+              "stop_below": args.stop_below, "fused_chain": not args.unfused_chain,
               "batch_sizes": {}}
     if peers is not None:
         result["peers"] = {**peers.info, "batch_sizes": {}}

@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         if not hasattr(module, "tokenizer"):
             raise ValueError(f"{args.ckpt} is not a translation checkpoint")
         set_inference_precision(module.model, args.precision, args.proposal_precision)
+        module.model.fuse_chain = not args.unfused_chain
         set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
         draft = load_model(args.draft, args.device).model if args.draft else None
         if draft is not None:

@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         module = load_model(args.ckpt, "cpu")
         set_inference_precision(module.model, args.precision, args.proposal_precision)
+        module.model.fuse_chain = not args.unfused_chain
         set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
         inputs = load_inputs(module, args)
     except (ValueError, FileNotFoundError) as err:
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {"ckpt": args.ckpt, "inputs": len(inputs), "threads": torch.get_num_threads(),
                               "criterion": args.criterion, "precision": active_precision_name(module.model),
                               "proposal_precision": args.proposal_precision, "stop_below": args.stop_below,
-                              "draft_vocab": args.draft_vocab,
+                              "draft_vocab": args.draft_vocab, "fused_chain": not args.unfused_chain,
                               "methods": {"greedy": profile(module, inputs, None, None)}}
     for k in ks:
         report["methods"][f"{args.criterion}@k{k}"] = profile(module, inputs, k, args.criterion, args.stop_below)

@@ -19,6 +19,7 @@ from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.draft_vocab import DraftVocabulary
 from lightning_bpd.nn.fast_linear import linear
+from lightning_bpd.nn.fused_chain import FusedChain
 from lightning_bpd.nn.intensity_prior import RESERVED, IntensityPrior
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.positions import ImageGrid, build_positions, raster_coordinates
@@ -256,6 +257,8 @@ class BlockwiseTransformer(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.scale = math.sqrt(c.d_model)
         self.proposal: ProposalPath | None = None  # cheap proposals (set_proposal_precision); not saved
+        self.fuse_chain = True  # chained proposals through fused links (:mod:`~lightning_bpd.nn.fused_chain`)
+        self.fused: tuple[tuple, FusedChain] | None = None  # (what it was made from, the fused links)
 
     # ---- encoder -------------------------------------------------------------------------------
     def encode(self, src: Tensor) -> EncoderContext:
@@ -467,31 +470,48 @@ class BlockwiseTransformer(nn.Module):
                     confidence: bool = False) -> tuple[Tensor, ...]:
         """Chained heads, deterministic proposals: head ``i``'s state (b, D) and its argmax token (b,)
         over the draft vocabulary (every token without one); with ``confidence`` also head i's
-        probability of that token (b,)."""
+        probability of that token (b,). Links run fused (:mod:`~lightning_bpd.nn.fused_chain`) unless
+        ``fuse_chain`` is off; :meth:`chain_step` is the unfused reference."""
         head, weight, bias = self.proposal_parts()
-        if source is not None and self.proposal is not None:
-            source = self.proposal.source_in_dtype(source)
-        z, state = self.chain_link(head, z, self.embed_tokens(token).to(weight.dtype), i, source, weight.dtype)
+        fused = self.fused_chain(head, weight.dtype) if self.fuse_chain and not torch.is_grad_enabled() else None
+        if fused is not None:
+            z, state = self.chain_link(lambda x: fused.step(x, token, i, source), z, i, weight.dtype)
+        else:
+            if source is not None and self.proposal is not None:
+                source = self.proposal.source_in_dtype(source)
+            e = self.embed_tokens(token).to(weight.dtype)
+            z, state = self.chain_link(lambda x: head.step(x, e, i, source), z, i, weight.dtype)  # type: ignore[operator]
         out = self.proposal_argmax(state, weight, bias, confidence)
         return (z, *out) if confidence else (z, out)
+
+    def fused_chain(self, head: nn.Module, dtype: torch.dtype) -> FusedChain:
+        """The fused links of ``head`` (the model's or the proposal copy) in ``dtype``, rebuilt when the
+        weights they were made from changed (an optimizer step, a load, a cast)."""
+        watched = (head.cells[0].out.weight, head.cells[-1].z_in.weight, self.tgt_embed.weight)  # type: ignore[index]
+        key = (id(head), dtype, *((p.data_ptr(), p._version) for p in watched))
+        if self.fused is None or self.fused[0] != key:
+            embed = (self.tgt_embed.weight.detach() * self.scale).to(dtype)  # (V, D): as embed_tokens scales it
+            self.fused = (key, FusedChain(head, embed))  # type: ignore[arg-type]
+        return self.fused[1]
 
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> tuple[Tensor, Tensor]:
         """Chained heads, decoding: head ``i`` (0-based, >= 1) from head i-1's state z (b, D) and the
         token (b,) proposed for head i-1 -> (its state (b, D), its logits (b, V)). With own centres the
         states carry the centres too (b, D + k), as the decoder output does."""
-        z, state = self.chain_link(self.head, z, self.embed_tokens(token), i, source)
+        e = self.embed_tokens(token)
+        z, state = self.chain_link(lambda x: self.head.step(x, e, i, source), z, i)  # type: ignore[operator]
         return z, self.project(state)
 
-    def chain_link(self, head: nn.Module, z: Tensor, e: Tensor, i: int, source: ChainSource | None,
+    def chain_link(self, step: Callable[[Tensor], Tensor], z: Tensor, i: int,
                    dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
-        """Link ``i`` of ``head`` (the model's or the proposal copy) from head i-1's state z (b, D [+ k]) and
-        the embedding e (b, D) of its token -> (head i's state, carrying the centres like z; head i's state as
-        the output layer reads it (b, D), :meth:`readout`). ``dtype``: the link's precision (default z's)."""
+        """Link ``i`` from head i-1's state z (b, D [+ k]): ``step`` maps the state the link reads (b, D) to head
+        i's state -> (head i's state, carrying the centres like z; head i's state as the output layer reads it
+        (b, D), :meth:`readout`). ``dtype``: the link's precision (default z's)."""
         z, centres = self.split_centres(z)
         z = z if dtype is None else z.to(dtype)
         if centres is not None:
             z = self.prior.tag(z, centres[..., i])  # type: ignore[union-attr]
-        z = head.step(z, e, i, source)  # type: ignore[operator]
+        z = step(z)
         state = self.readout(z, None if centres is None else centres[..., i])
         return (z if centres is None else torch.cat([z, centres.to(z.dtype)], dim=-1)), state
 

@@ -1,0 +1,126 @@
+"""Fused chain links for decoding: a :class:`~lightning_bpd.nn.chained_head.ChainedHead` with its weights
+rearranged so that one link is a few products instead of a dozen ops. Torch only; inference only.
+
+A link of the chain (:class:`~lightning_bpd.nn.chained_head.ChainCell`) computes, for the state z and the
+token y proposed for the position before it (e(y) its scaled embedding)::
+
+    q = W_q (z + e(y)) + b_q                       (source-attending cells only)
+    a = relu(W_z z + b_z + W_e e(y) + W_c attend(q, source))
+    z' = z + W_o a + b_o
+
+Here the token's terms are looked up, not multiplied: the table ``E W_e^T`` (V, H) (and ``E W_q^T``
+(V, D)) holds them for every token, so e(y) is never formed; ``W_z`` and ``W_q`` are stacked into one
+product of z; the products read weights stored input-major, which a one-row product streams fastest on
+these CPUs; and the source's keys and values are laid out for ``bmm`` once per source. At batch 1 on the
+Multi30k k = 8 model (hidden 512, source attention, 1 thread) a link with its draft-vocabulary argmax costs
+0.17 ms instead of 0.31 ms (``python -m lightning_bpd.benchmarks.where_time_goes``). A link is bound by
+the bytes of its weights once they no longer fit the cache, so what it saves is the ops around them.
+
+The products are plain (never the float64 ones of :mod:`~lightning_bpd.nn.invariant`): proposals only
+decide what the verify pass checks, so rounding in them cannot change an exact decode's output, only
+(rarely) which near-tie token is proposed. :meth:`ChainedHead.step` is the reference; the tests check
+that both give the same states up to float rounding and that exact decoding still equals greedy.
+Tables cost V * (H + D) numbers per link (Multi30k k = 8: 7 * 8000 * 768 floats = 172 MB); above
+``table_budget`` bytes the token's terms are multiplied instead, in one stacked product.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
+
+TABLE_BUDGET = 512 * 2**20  # bytes of token tables above which the token's terms are multiplied instead
+
+
+@dataclass
+class FusedLink:
+    """One link's weights, laid out for one-row products (``*_t``: input-major, (in, out))."""
+
+    zq_t: Tensor  # (D, H [+ D]): W_z (and W_q) stacked, transposed
+    zq_b: Tensor  # (H [+ D],): b_z (and b_q)
+    tok_table: Tensor | None  # (V, H [+ D]): the token's terms E W_e^T (and E W_q^T); None: multiply
+    tok_t: Tensor | None  # (D, H [+ D]): W_e (and W_q) stacked, transposed, when there is no table
+    c_t: Tensor | None  # (D, H): W_c transposed (source attention)
+    out_t: Tensor  # (H, D)
+    out_b: Tensor  # (D,)
+
+
+@dataclass
+class LaidOutSource:
+    """A :class:`ChainSource` laid out for ``bmm``: keys (B * nh, dh, S), values (B * nh, S, dh), additive mask."""
+
+    keys_t: Tensor
+    values: Tensor
+    mask: Tensor  # (B * nh, 1, S): 0 for real source tokens, -inf for padding
+    heads: int
+
+
+class FusedChain:
+    """The links of ``head`` for decoding, from the scaled target embedding ``embed`` (V, D).
+
+    Built from the weights as they are now (a snapshot, in their dtype): rebuild after they change.
+    """
+
+    def __init__(self, head: ChainedHead, embed: Tensor, table_budget: int = TABLE_BUDGET) -> None:
+        self.hidden, self.source_attention = head.cells[0].z_in.out_features if len(head.cells) else 0, head.source_attention
+        self.links: list[FusedLink] = []
+        cells = list(head.cells)
+        per_link = embed.shape[0] * (self.hidden + (embed.shape[1] if head.source_attention else 0))
+        tables = per_link * len(cells) * embed.element_size() <= table_budget
+        with torch.no_grad():
+            for cell in cells:
+                z_w, z_b, e_w = cell.z_in.weight, cell.z_in.bias, cell.e_in.weight  # (H, D), (H,), (H, D)
+                if cell.source_attention:
+                    z_w = torch.cat([z_w, cell.query.weight])  # (H + D, D): q reads z + e
+                    z_b = torch.cat([z_b, cell.query.bias])
+                    e_w = torch.cat([e_w, cell.query.weight])
+                self.links.append(FusedLink(
+                    zq_t=z_w.t().contiguous(), zq_b=z_b.clone(),
+                    tok_table=(embed @ e_w.t()).contiguous() if tables else None,  # (V, H [+ D])
+                    tok_t=None if tables else e_w.t().contiguous(),
+                    c_t=cell.c_in.weight.t().contiguous() if cell.source_attention else None,
+                    out_t=cell.out.weight.t().contiguous(), out_b=cell.out.bias.clone()))
+        self.embed = embed.detach()
+        self.laid_out: tuple[ChainSource, LaidOutSource] | None = None
+
+    def lay_out(self, source: ChainSource) -> LaidOutSource:
+        """``source`` for :meth:`step`, laid out once per source (every link of every iteration reads it)."""
+        if self.laid_out is not None and self.laid_out[0].keys is source.keys and self.laid_out[0].valid is source.valid:
+            return self.laid_out[1]  # (holding the source keeps its tensors' identities from being reused)
+        b, s, nh, dh = source.keys.shape
+        dtype = self.links[0].zq_t.dtype
+        keys_t = source.keys.to(dtype).permute(0, 2, 3, 1).reshape(b * nh, dh, s)  # (B * nh, dh, S)
+        values = source.values.to(dtype).permute(0, 2, 1, 3).reshape(b * nh, s, dh)  # (B * nh, S, dh)
+        mask = torch.zeros(b, s, dtype=dtype, device=keys_t.device).masked_fill(~source.valid, float("-inf"))
+        out = LaidOutSource(keys_t.contiguous(), values.contiguous(),
+                            mask[:, None, None, :].expand(b, nh, 1, s).reshape(b * nh, 1, s), nh)
+        self.laid_out = (source, out)
+        return out
+
+    def step(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> Tensor:
+        """State of head ``i`` (0-based, >= 1) from head i-1's state z (b, D) and the token (b,) proposed
+        for head i-1: (b, D), as :meth:`ChainedHead.step` with the token's scaled embedding."""
+        link = self.links[i - 1]
+        h = self.hidden
+        zq = torch.addmm(link.zq_b, z, link.zq_t)  # (b, H [+ D])
+        if link.tok_table is not None:
+            zq = zq + link.tok_table.index_select(0, token)
+        else:
+            zq = torch.addmm(zq, self.embed.index_select(0, token), link.tok_t)
+        if not self.source_attention:
+            a = zq.relu_()
+        else:
+            if source is None:
+                raise ValueError("a source-attending chain needs the source (model.chain_source(context))")
+            laid = self.lay_out(source)
+            b, d = z.shape
+            dh = d // laid.heads
+            q = zq[:, h:].reshape(b * laid.heads, 1, dh)  # (B * nh, 1, dh)
+            scores = torch.baddbmm(laid.mask, q, laid.keys_t, alpha=dh**-0.5)  # (B * nh, 1, S)
+            c = torch.bmm(scores.softmax(dim=-1), laid.values).reshape(b, d)  # (b, D)
+            a = torch.addmm(zq[:, :h], c, link.c_t).relu_()  # (b, H)
+        return torch.addmm(z + link.out_b, a, link.out_t)  # (b, D)

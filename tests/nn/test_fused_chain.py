@@ -1,0 +1,81 @@
+"""Fused chain links (decoding) against the reference links of :class:`ChainedHead`."""
+
+import pytest
+import torch
+
+from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
+from lightning_bpd.decoding.criteria import Distance
+from lightning_bpd.nn.fused_chain import FusedChain
+from tests.models import random_model, random_sources
+from tests.nn.test_head_centres import image_model, sources
+
+
+def scramble_chain(model, seed: int = 5, std: float = 0.3) -> None:
+    """Give the chain cells weights large enough to change the proposals (a random model's are ~0)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.head.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * std)
+
+
+@pytest.mark.parametrize("tables", [True, False])
+@pytest.mark.parametrize("head_type", ["chained", "chained_attn"])
+def test_fused_links_give_the_reference_states(head_type, tables):
+    model = random_model(k=4, seed=3, head_type=head_type)
+    scramble_chain(model)
+    src = random_sources(3)  # rows with different source lengths (padding masked)
+    context = model.encode(src)
+    source = model.chain_source(context)
+    embed = model.tgt_embed.weight * model.scale
+    fused = FusedChain(model.head, embed, table_budget=2**40 if tables else 0)
+    assert (fused.links[0].tok_table is not None) == tables
+    z_ref = z_fused = torch.randn(3, 32, dtype=torch.float64)
+    for i in range(1, 4):
+        token = torch.randint(3, 16, (3,))
+        z_ref = model.head.step(z_ref, model.embed_tokens(token), i, source)
+        z_fused = fused.step(z_fused, token, i, source)
+        torch.testing.assert_close(z_fused, z_ref, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(z_ref, z_ref.new_zeros(z_ref.shape))
+
+
+@pytest.mark.parametrize("criterion", [Exact(), Distance(2.0)])
+@pytest.mark.parametrize("head_type", ["chained", "chained_attn"])
+def test_fused_and_reference_proposals_decode_alike_and_exact_equals_greedy(head_type, criterion):
+    model = random_model(k=4, seed=4, head_type=head_type)
+    scramble_chain(model, std=0.05)
+    src = random_sources(5)
+    model.fuse_chain = True
+    fused = blockwise_decode(model, src, criterion, 20)
+    model.fuse_chain = False
+    ref = blockwise_decode(model, src, criterion, 20)
+    assert torch.equal(fused.tokens, ref.tokens) and fused.block_sizes == ref.block_sizes
+    if isinstance(criterion, Exact):
+        assert torch.equal(fused.tokens, greedy_decode(model, src, 20).tokens)
+    assert max(max(sizes) for sizes in fused.block_sizes) > 1
+
+
+def test_fused_links_with_own_centres_decode_like_the_reference():
+    """Image models tag the state with the input under the pixel before the link: the fused step slots in."""
+    model = image_model("own", "chained", "gaussian")
+    with torch.no_grad():
+        torch.nn.init.normal_(model.prior.adapt.weight, std=0.05)
+    src = sources()
+    fused = blockwise_decode(model, src, Exact(), 192)
+    model.fuse_chain = False
+    ref = blockwise_decode(model, src, Exact(), 192)
+    assert torch.equal(fused.tokens, ref.tokens) and fused.block_sizes == ref.block_sizes
+
+
+def test_fused_links_are_rebuilt_when_the_weights_change():
+    model = random_model(k=3, seed=3, head_type="chained")
+    scramble_chain(model)
+    h, token = torch.randn(2, 32, dtype=torch.float64), torch.tensor([4, 5])
+    with torch.no_grad():
+        before = model.chain_draft(h, token, 1)[0]
+        first = model.fused[1]
+        assert model.chain_draft(h, token, 1)[0] is not before and model.fused[1] is first  # reused
+        model.head.cells[0].out.weight.mul_(2.0)  # an in-place update, as an optimizer step makes
+        after = model.chain_draft(h, token, 1)[0]
+        assert model.fused[1] is not first
+        model.fuse_chain = False
+        torch.testing.assert_close(after, model.chain_draft(h, token, 1)[0], rtol=1e-12, atol=1e-12)
