@@ -33,6 +33,7 @@ from torch import Tensor
 from lightning_bpd.decoding.criteria import Block, Criterion, Exact
 from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args
 from lightning_bpd.decoding.row_book import RowBook
+from lightning_bpd.nn.argmax import argmax
 
 
 def resolve_k(model: BlockwiseModel, k: int | None) -> int:
@@ -160,7 +161,7 @@ def verify(model: BlockwiseModel, criterion: Criterion, block: Block, hidden: Te
     if lazy and criterion.prefix_checks and block.widths is None:
         return verify_lazily(model, criterion, block.tokens, hidden)
     logits = model.logits_first(hidden)  # (b, k, V): p_1 after each proposed token
-    best = logits.argmax(dim=-1)  # (b, k)
+    best = argmax(logits)  # (b, k)
     if isinstance(criterion, Exact):  # the same verdict as criterion.accept, from the argmax already taken
         accepted = 1 + (block.tokens[:, 1:] == best[:, :-1]).long().cumprod(dim=-1).sum(dim=-1)
     else:
@@ -189,12 +190,12 @@ def verify_lazily(model: BlockwiseModel, criterion: Criterion, tokens: Tensor, h
         logits = model.logits_first(hidden[rows, j])[:, None]  # (a, 1, V)
         ok = criterion.matches(tokens[rows, j + 1 : j + 2], logits)[:, 0]  # (a,)
         if not bool(ok.all()):
-            next_first[rows[~ok]] = logits[~ok, 0].argmax(dim=-1)
+            next_first[rows[~ok]] = argmax(logits[~ok, 0])
             rows = rows[ok]
         accepted[rows] += 1
         if rows.numel() == 0:
             return accepted, next_first
-    next_first[rows] = model.logits_first(hidden[rows, k - 1]).argmax(dim=-1)  # all k accepted
+    next_first[rows] = argmax(model.logits_first(hidden[rows, k - 1]))  # all k accepted
     return accepted, next_first
 
 

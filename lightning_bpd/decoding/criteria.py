@@ -36,6 +36,7 @@ from lightning_bpd.decoding.sampling import (
     residual,
     sample,
 )
+from lightning_bpd.nn.argmax import argmax
 
 
 @dataclass
@@ -101,7 +102,7 @@ class Criterion(ABC):
 
     def propose(self, logits: Tensor) -> Tensor:
         """Proposals from the heads' logits (B, k, V) -> tokens (B, k): the argmax of each head."""
-        return logits.argmax(dim=-1)
+        return argmax(logits)
 
     @abstractmethod
     def matches(self, proposals: Tensor, verify_logits: Tensor) -> Tensor:
@@ -123,7 +124,7 @@ class Exact(Criterion):
     prefix_checks = True
 
     def matches(self, proposals: Tensor, verify_logits: Tensor) -> Tensor:
-        return proposals == verify_logits.argmax(dim=-1)
+        return proposals == argmax(verify_logits)
 
     @property
     def name(self) -> str:
@@ -167,7 +168,7 @@ class Distance(Criterion):
         self.values = values
 
     def matches(self, proposals: Tensor, verify_logits: Tensor) -> Tensor:
-        best = verify_logits.argmax(dim=-1)  # (B, m)
+        best = argmax(verify_logits)  # (B, m)
         if self.values is None:
             u, v = proposals.to(torch.float64), best.to(torch.float64)
         else:

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
+from lightning_bpd.nn.argmax import argmax
 
 
 @torch.no_grad()
@@ -18,7 +19,7 @@ def greedy_decode(model: BlockwiseModel, src: Tensor, max_len: int) -> DecodeRes
     this stays a fair (no wasted work) baseline for blockwise decoding.
     """
     check_decode_args(model, src, max_len)
-    return token_by_token(model, src, max_len, lambda logits: logits.argmax(dim=-1))
+    return token_by_token(model, src, max_len, argmax)
 
 
 def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int, pick: Callable[[Tensor], Tensor]) -> DecodeResult:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
+from lightning_bpd.nn.argmax import argmax
 from lightning_bpd.nn.fast_linear import linear
 
 
@@ -64,7 +65,7 @@ class DraftVocabulary(nn.Module):
 
     def argmax(self, h: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """Token ids (...) of the most likely draft token of states h (..., D) under ``weight`` (V, D)."""
-        return self.ids[self.logits(h, weight, bias).argmax(dim=-1)]
+        return self.ids[argmax(self.logits(h, weight, bias))]
 
     def restrict(self, logits: Tensor) -> Tensor:
         """Full-vocabulary logits (..., V) with every token outside the list at -inf (the reference's view)."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from lightning_bpd.nn.argmax import argmax
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.draft_vocab import DraftVocabulary
@@ -455,7 +456,7 @@ class BlockwiseTransformer(nn.Module):
             logits = linear(states, weight, bias)  # (..., V)
         else:
             logits = self.draft_vocab.logits(states, weight, bias)  # (..., N)
-        best = logits.argmax(dim=-1)
+        best = argmax(logits)
         token = best if self.draft_vocab is None else self.draft_vocab.ids[best]
         if not confidence:
             return token

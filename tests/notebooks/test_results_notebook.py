@@ -168,7 +168,7 @@ def test_headline_cells_come_from_records_and_missing_ones_print_a_dash(tmp_path
 
 
 def test_peer_rows_from_peer_and_bench_records(tmp_path):
-    from lightning_bpd.results import RECIPE_BENCH, headline_tables, peer_rows
+    from lightning_bpd.results import HEADLINE_BENCH, headline_tables, peer_rows
 
     peer = {"label": "peer toy", "command": "python -m lightning_bpd.benchmarks.peer", "batch": 1, "tokens": 40,
             "lightning_bpd": {"ms_per_token_median": 2.0}, "transformers": {"ms_per_token_median": 3.0},
@@ -180,7 +180,7 @@ def test_peer_rows_from_peer_and_bench_records(tmp_path):
              "peers": {"ctranslate2_version": "x", "batch_sizes": {"1": {
                  "ctranslate2_int8": {"ms_per_output_token": 0.5, "tokens_per_second": 2000.0}}}}}
     (tmp_path / "peer.json").write_text(json.dumps(peer))
-    headline = tmp_path / RECIPE_BENCH.format("fp32")  # the bench record whose peers the README shows
+    headline = tmp_path / HEADLINE_BENCH  # the bench record whose peers the README shows
     headline.parent.mkdir(parents=True)
     headline.write_text(json.dumps(bench))
     records = load(tmp_path)
@@ -193,7 +193,7 @@ def test_peer_rows_from_peer_and_bench_records(tmp_path):
     assert "| peer toy | 1 | transformers | 3.000 | 1.50 |" in table
     assert "| bench toy | 1 | ctranslate2_int8 | 0.500 | 0.20 |" in table
     front = headline_tables(records)
-    assert "| 1 | ctranslate2_int8 | 0.500 | 0.20 |" in front and "[recipe_k8_bench_fp32.json]" in front
+    assert "| 1 | ctranslate2_int8 | 0.500 | 0.20 |" in front and "[recipe_k8_bench_fp32_dv1000_fused.json]" in front
     assert "peer toy" not in front  # the README shows the headline bench's peers; docs/results.md shows all
 
 
