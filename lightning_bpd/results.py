@@ -309,6 +309,11 @@ SPEED_ROWS = (
     (HEADLINE_BENCH, 32, "exact@k8",
      "Multi30k k=8 `chained_attn` (recipe), fused links, 1,000 tokens", "`bench --draft-vocab 1000`"),
     (HEADLINE_BENCH, 32, "exact@k4", "same, k=4", "`bench --draft-vocab 1000`"),
+    (RECIPE_BENCH.format("bf16i_fp32prop_dv1000"), 1, "exact@k4",
+     "same model in bfloat16-invariant, float32 proposals (speedup over its greedy)",
+     "`bench --precision bfloat16-invariant --proposal-precision float32 --draft-vocab 1000`"),
+    (RECIPE_BENCH.format("bf16i_fp32prop_dv1000"), 32, "exact@k4", "same",
+     "`bench --precision bfloat16-invariant --proposal-precision float32 --draft-vocab 1000`"),
 )
 
 
