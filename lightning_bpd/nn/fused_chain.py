@@ -12,9 +12,10 @@ Here the token's terms are looked up, not multiplied: the table ``E W_e^T`` (V, 
 (V, D)) holds them for every token, so e(y) is never formed; ``W_z`` and ``W_q`` are stacked into one
 product of z; the products read weights stored input-major, which a one-row product streams fastest on
 these CPUs; and the source's keys and values are laid out for ``bmm`` once per source. At batch 1 on the
-Multi30k k = 8 model (hidden 512, source attention, 1 thread) a link with its draft-vocabulary argmax costs
-0.17 ms instead of 0.31 ms (``python -m lightning_bpd.benchmarks.where_time_goes``). A link is bound by
-the bytes of its weights once they no longer fit the cache, so what it saves is the ops around them.
+Multi30k k = 8 model (hidden 512, source attention, 1 thread) the seven links of an iteration with their
+draft-vocabulary argmaxes cost 2.05 ms instead of 3.11 (``python -m lightning_bpd.benchmarks.where_time_goes``,
+``--unfused-chain`` for the reference). A link is bound by the bytes of its weights once they no longer fit
+the cache, so what it saves is the ops around them.
 
 The products are plain (never the float64 ones of :mod:`~lightning_bpd.nn.invariant`): proposals only
 decide what the verify pass checks, so rounding in them cannot change an exact decode's output, only

@@ -259,7 +259,7 @@ class BlockwiseTransformer(nn.Module):
         self.scale = math.sqrt(c.d_model)
         self.proposal: ProposalPath | None = None  # cheap proposals (set_proposal_precision); not saved
         self.fuse_chain = True  # chained proposals through fused links (:mod:`~lightning_bpd.nn.fused_chain`)
-        self.fused: tuple[tuple, FusedChain] | None = None  # (what it was made from, the fused links)
+        self.fused: tuple[tuple, FusedChain, list] | None = None  # (what it was made from, the links, what to watch)
 
     # ---- encoder -------------------------------------------------------------------------------
     def encode(self, src: Tensor) -> EncoderContext:
@@ -474,7 +474,7 @@ class BlockwiseTransformer(nn.Module):
         probability of that token (b,). Links run fused (:mod:`~lightning_bpd.nn.fused_chain`) unless
         ``fuse_chain`` is off; :meth:`chain_step` is the unfused reference."""
         head, weight, bias = self.proposal_parts()
-        fused = self.fused_chain(head, weight.dtype) if self.fuse_chain and not torch.is_grad_enabled() else None
+        fused = self.fused_chain(head, weight.dtype, check=i == 1) if self.fuse_chain and not torch.is_grad_enabled() else None
         if fused is not None:
             z, state = self.chain_link(lambda x: fused.step(x, token, i, source), z, i, weight.dtype)
         else:
@@ -485,14 +485,18 @@ class BlockwiseTransformer(nn.Module):
         out = self.proposal_argmax(state, weight, bias, confidence)
         return (z, *out) if confidence else (z, out)
 
-    def fused_chain(self, head: nn.Module, dtype: torch.dtype) -> FusedChain:
-        """The fused links of ``head`` (the model's or the proposal copy) in ``dtype``, rebuilt when the
-        weights they were made from changed (an optimizer step, a load, a cast)."""
-        watched = (head.cells[0].out.weight, head.cells[-1].z_in.weight, self.tgt_embed.weight)  # type: ignore[index]
+    def fused_chain(self, head: nn.Module, dtype: torch.dtype, check: bool = True) -> FusedChain:
+        """The fused links of ``head`` (the model's or the proposal copy) in ``dtype``, rebuilt when a weight
+        they were made from changed (in place: its version; or replaced: its storage). ``check=False`` reuses
+        the links without looking (the chain checks at its first link, once per iteration)."""
+        made = self.fused
+        if made is not None and made[0][:2] == (id(head), dtype):
+            if not check or made[0][2:] == tuple((p.data_ptr(), p._version) for p in made[2]):
+                return made[1]
+        watched = [*head.parameters(), self.tgt_embed.weight]
         key = (id(head), dtype, *((p.data_ptr(), p._version) for p in watched))
-        if self.fused is None or self.fused[0] != key:
-            embed = (self.tgt_embed.weight.detach() * self.scale).to(dtype)  # (V, D): as embed_tokens scales it
-            self.fused = (key, FusedChain(head, embed))  # type: ignore[arg-type]
+        embed = (self.tgt_embed.weight.detach() * self.scale).to(dtype)  # (V, D): as embed_tokens scales it
+        self.fused = (key, FusedChain(head, embed), watched)  # type: ignore[arg-type]
         return self.fused[1]
 
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> tuple[Tensor, Tensor]:
