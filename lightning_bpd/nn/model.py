@@ -490,9 +490,9 @@ class BlockwiseTransformer(nn.Module):
         they were made from changed (in place: its version; or replaced: its storage). ``check=False`` reuses
         the links without looking (the chain checks at its first link, once per iteration)."""
         made = self.fused
-        if made is not None and made[0][:2] == (id(head), dtype):
-            if not check or made[0][2:] == tuple((p.data_ptr(), p._version) for p in made[2]):
-                return made[1]
+        if made is not None and made[0][:2] == (id(head), dtype) and (
+                not check or made[0][2:] == tuple((p.data_ptr(), p._version) for p in made[2])):
+            return made[1]
         watched = [*head.parameters(), self.tgt_embed.weight]
         key = (id(head), dtype, *((p.data_ptr(), p._version) for p in watched))
         embed = (self.tgt_embed.weight.detach() * self.scale).to(dtype)  # (V, D): as embed_tokens scales it
