@@ -16,6 +16,6 @@ SMALL = 4096  # elements below which argmax itself is used
 
 def argmax(x: Tensor) -> Tensor:
     """Index of the largest value along the last dimension, (..., V) -> (...) long, ties to the lowest."""
-    if x.device.type == "cpu" and x.numel() >= SMALL and x.dim() > 0:
+    if x.device.type == "cpu" and x.numel() >= SMALL:  # (a 0-d tensor has 1 element: argmax)
         return x.max(dim=-1).indices
     return x.argmax(dim=-1)

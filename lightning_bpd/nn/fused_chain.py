@@ -67,7 +67,8 @@ class FusedChain:
     """
 
     def __init__(self, head: ChainedHead, embed: Tensor, table_budget: int = TABLE_BUDGET) -> None:
-        self.hidden, self.source_attention = head.cells[0].z_in.out_features if len(head.cells) else 0, head.source_attention
+        self.hidden = head.cells[0].z_in.out_features if len(head.cells) else 0  # H (no cells: k = 1)
+        self.source_attention = head.source_attention
         self.links: list[FusedLink] = []
         cells = list(head.cells)
         per_link = embed.shape[0] * (self.hidden + (embed.shape[1] if head.source_attention else 0))
