@@ -180,14 +180,31 @@ def add_precision_args(p: argparse.ArgumentParser) -> None:
                    help="decode with the model in float32, bfloat16 (fast several-row products on AVX-512-BF16 / "
                         "AMX CPUs; exact blockwise is compared with greedy in bfloat16) float64, or float32-invariant (float32 with float64 products: the verify pass and the greedy step round alike, "
                         "so exact decoding equals greedy even with the Gaussian image output; 1.15-1.45x a float32 decode), or "
-                        "bfloat16-invariant (bfloat16 with float64 attention) "
-                        "(default: as trained)")
+                        "bfloat16-invariant (bfloat16 with float64 attention), or int8 (float32 weights multiplied "
+                        "in int8 with a scale per weight row and per activation row, float64 attention: batch-"
+                        "invariant, so exact decoding equals int8 greedy; CPU) (default: as trained)")
     p.add_argument("--proposal-precision", default=None,
-                   help="the heads propose from a copy in this precision (e.g. bfloat16) while verification keeps "
-                        "--precision: exact decoding stays exact")
+                   help="the heads propose from a copy in this precision (e.g. bfloat16; int8: a float32 copy whose "
+                        "chain links and projection multiply in int8) while verification keeps --precision: exact "
+                        "decoding stays exact")
+    p.add_argument("--screened-argmax", action="store_true",
+                   help="greedy decoding and exact verification take p_1's argmax through an int8 screen of the "
+                        "vocabulary and float64 logits of the candidates it leaves (lightning_bpd/nn/"
+                        "screened_argmax.py): the float64 logits' argmax, the same in a k-token verify pass as in a "
+                        "1-token step; CPU, float32 translation models")
     p.add_argument("--unfused-chain", action="store_true",
                    help="chained heads propose through the reference links (ChainedHead.step) instead of the fused "
                         "ones (lightning_bpd/nn/fused_chain.py); for timing the difference")
+
+
+def apply_precision_args(model, args: argparse.Namespace) -> None:
+    """What :func:`add_precision_args` asked for, applied to ``model`` (raises ValueError on what it cannot take)."""
+    set_inference_precision(model, args.precision, args.proposal_precision)
+    model.fuse_chain = not args.unfused_chain
+    if args.screened_argmax:
+        if not hasattr(model, "set_screened_argmax"):
+            raise ValueError(f"--screened-argmax: {type(model).__name__} has no screened argmax")
+        model.set_screened_argmax(True)
 
 
 def set_draft_vocab(module, size: int | None, text: str | None) -> None:
@@ -230,8 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit("bench: --batch-sizes and --inputs must be >= 1")
     try:
         module = load_model(args.ckpt, args.device)
-        set_inference_precision(module.model, args.precision, args.proposal_precision)
-        module.model.fuse_chain = not args.unfused_chain
+        apply_precision_args(module.model, args)
         set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
         draft = load_model(args.draft, args.device).model if args.draft else None
         if draft is not None:
@@ -248,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
               "lazy_verify": args.lazy_verify, "fixed_shape": args.fixed_shape, "draft_vocab": args.draft_vocab,
               "precision": active_precision_name(module.model), "proposal_precision": args.proposal_precision,
               "stop_below": args.stop_below, "fused_chain": not args.unfused_chain,
-              "batch_sizes": {}}
+              "screened_argmax": args.screened_argmax, "batch_sizes": {}}
     if peers is not None:
         result["peers"] = {**peers.info, "batch_sizes": {}}
     print(f"device: {result['device_name']}; ms/call = wall-clock per decoder call (a greedy step or a blockwise "

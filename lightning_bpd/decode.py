@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from lightning_bpd.bench import add_precision_args, set_draft_vocab
+from lightning_bpd.bench import add_precision_args, apply_precision_args, set_draft_vocab
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.methods import make_method
@@ -60,8 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         module = load_model(args.ckpt, args.device)
         if not hasattr(module, "tokenizer"):
             raise ValueError(f"{args.ckpt} is not a translation checkpoint")
-        set_inference_precision(module.model, args.precision, args.proposal_precision)
-        module.model.fuse_chain = not args.unfused_chain
+        apply_precision_args(module.model, args)
         set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
         draft = load_model(args.draft, args.device).model if args.draft else None
         if draft is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 from wandb.proto import wandb_internal_pb2 as pb
@@ -13,8 +14,21 @@ HEADER = 7  # checksum (4), length (2), type (1)
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
-def read_records(path: str | Path) -> list[pb.Record]:
-    data = Path(path).read_bytes()
+def read_records(path: str | Path, settle: float = 10.0) -> list[pb.Record]:
+    """Every complete record of the run file. W&B's service process writes the file on its own time, so a
+    file read just after a run ends can stop inside a record: it is read again until its last record is
+    whole (for up to ``settle`` seconds), and a record still cut short then is left out."""
+    deadline = time.monotonic() + settle
+    while True:
+        data = Path(path).read_bytes()
+        records, complete = parse_records(data, path)
+        if complete or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
+def parse_records(data: bytes, path: str | Path) -> tuple[list[pb.Record], bool]:
+    """(the records of ``data``, whether the last one was whole)."""
     assert data[:4] == b":W&B", f"{path} is not a W&B run file"
     pos, records, pending = 7, [], b""
     while pos + HEADER <= len(data):
@@ -23,6 +37,8 @@ def read_records(path: str | Path) -> list[pb.Record]:
             pos += room
             continue
         _, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
+        if pos + HEADER + length > len(data):  # written only in part so far
+            return records, False
         chunk = data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind == 0 and length == 0:
@@ -41,7 +57,7 @@ def read_records(path: str | Path) -> list[pb.Record]:
         rec.ParseFromString(pending)
         records.append(rec)
         pending = b""
-    return records
+    return records, not pending
 
 
 def history(path: str | Path) -> list[dict]:

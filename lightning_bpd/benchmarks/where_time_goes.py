@@ -23,12 +23,13 @@ from typing import Any
 
 import torch
 
-from lightning_bpd.bench import add_precision_args, set_draft_vocab
+from lightning_bpd.bench import add_precision_args, apply_precision_args, set_draft_vocab
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
-from lightning_bpd.nn.precision import active_precision_name, set_inference_precision
+from lightning_bpd.nn.precision import active_precision_name
 from lightning_bpd.results import write_json
 
-TIMED = ("encode", "decode_step", "logits_first", "logits_heads", "draft_tokens", "chain_draft", "chain_step")
+TIMED = ("encode", "decode_step", "logits_first", "argmax_first", "logits_heads", "draft_tokens", "chain_draft",
+         "chain_step")
 
 
 class TimedModel:
@@ -96,8 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     try:
         module = load_model(args.ckpt, "cpu")
-        set_inference_precision(module.model, args.precision, args.proposal_precision)
-        module.model.fuse_chain = not args.unfused_chain
+        apply_precision_args(module.model, args)
         set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
         inputs = load_inputs(module, args)
     except (ValueError, FileNotFoundError) as err:
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "criterion": args.criterion, "precision": active_precision_name(module.model),
                               "proposal_precision": args.proposal_precision, "stop_below": args.stop_below,
                               "draft_vocab": args.draft_vocab, "fused_chain": not args.unfused_chain,
+                              "screened_argmax": args.screened_argmax,
                               "methods": {"greedy": profile(module, inputs, None, None)}}
     for k in ks:
         report["methods"][f"{args.criterion}@k{k}"] = profile(module, inputs, k, args.criterion, args.stop_below)

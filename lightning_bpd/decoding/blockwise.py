@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.criteria import Block, Criterion, Exact
-from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args
+from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args, first_argmax
 from lightning_bpd.decoding.row_book import RowBook
 from lightning_bpd.nn.argmax import argmax
 
@@ -83,7 +83,9 @@ def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, firs
         if chained:
             return propose_chained_sampled(model, criterion, h, k, first, source)
         return criterion.draft(model.logits_heads(h, range(k)), first)  # logits (b, k, V)
-    if first is None:
+    if first is None and isinstance(criterion, Exact):
+        first = first_argmax(model, h)  # (b,): greedy's token
+    elif first is None:
         first = criterion.propose(model.logits_first(h)[:, None])[:, 0]  # (b,)
     if k == 1:
         return Block(first[:, None])
@@ -160,11 +162,12 @@ def verify(model: BlockwiseModel, criterion: Criterion, block: Block, hidden: Te
         return verdict.accepted, verdict.next_first
     if lazy and criterion.prefix_checks and block.widths is None:
         return verify_lazily(model, criterion, block.tokens, hidden)
-    logits = model.logits_first(hidden)  # (b, k, V): p_1 after each proposed token
-    best = argmax(logits)  # (b, k)
-    if isinstance(criterion, Exact):  # the same verdict as criterion.accept, from the argmax already taken
+    if isinstance(criterion, Exact):  # the same verdict as criterion.accept, from greedy's argmax
+        best = first_argmax(model, hidden)  # (b, k): greedy's token after each proposed one
         accepted = 1 + (block.tokens[:, 1:] == best[:, :-1]).long().cumprod(dim=-1).sum(dim=-1)
     else:
+        logits = model.logits_first(hidden)  # (b, k, V): p_1 after each proposed token
+        best = argmax(logits)  # (b, k)
         accepted = criterion.accept(block.tokens, logits[:, :-1])  # (b,)
     if block.widths is not None:  # a confidence stop: nothing past a row's own proposals
         accepted = torch.minimum(accepted, block.widths)
@@ -186,16 +189,22 @@ def verify_lazily(model: BlockwiseModel, criterion: Criterion, tokens: Tensor, h
     accepted = torch.ones(b, dtype=torch.long, device=tokens.device)  # (b,)
     next_first = torch.full((b,), -1, dtype=torch.long, device=tokens.device)  # (b,)
     rows = torch.arange(b, device=tokens.device)  # rows whose verdict is still open
+    exact = isinstance(criterion, Exact)
     for j in range(k - 1):
-        logits = model.logits_first(hidden[rows, j])[:, None]  # (a, 1, V)
-        ok = criterion.matches(tokens[rows, j + 1 : j + 2], logits)[:, 0]  # (a,)
+        if exact:  # greedy's token alone decides
+            best = first_argmax(model, hidden[rows, j])  # (a,)
+            ok = tokens[rows, j + 1] == best
+        else:
+            logits = model.logits_first(hidden[rows, j])[:, None]  # (a, 1, V)
+            ok = criterion.matches(tokens[rows, j + 1 : j + 2], logits)[:, 0]  # (a,)
+            best = argmax(logits[:, 0])
         if not bool(ok.all()):
-            next_first[rows[~ok]] = argmax(logits[~ok, 0])
+            next_first[rows[~ok]] = best[~ok]
             rows = rows[ok]
         accepted[rows] += 1
         if rows.numel() == 0:
             return accepted, next_first
-    next_first[rows] = argmax(model.logits_first(hidden[rows, k - 1]))  # all k accepted
+    next_first[rows] = first_argmax(model, hidden[rows, k - 1])  # all k accepted
     return accepted, next_first
 
 

@@ -7,8 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
-from lightning_bpd.nn.argmax import argmax
+from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, first_argmax, pack_rows
 
 
 @torch.no_grad()
@@ -19,11 +18,12 @@ def greedy_decode(model: BlockwiseModel, src: Tensor, max_len: int) -> DecodeRes
     this stays a fair (no wasted work) baseline for blockwise decoding.
     """
     check_decode_args(model, src, max_len)
-    return token_by_token(model, src, max_len, argmax)
+    return token_by_token(model, src, max_len, lambda h: first_argmax(model, h))
 
 
 def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int, pick: Callable[[Tensor], Tensor]) -> DecodeResult:
-    """The cached one-token-per-step loop: ``pick`` turns p_1 logits (b, V) into the next tokens (b,).
+    """The cached one-token-per-step loop: ``pick`` turns the decoder's hidden states (b, D) into the next
+    tokens (b,) (through p_1: its argmax, :func:`first_argmax`, or a draw).
 
     Shared by greedy decoding (argmax) and ancestral sampling (a draw). Rows stop after EOS or at
     ``max_len`` and leave the batch.
@@ -39,7 +39,7 @@ def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int, pick: Calla
     for step in range(max_len):
         h = model.decode_step(inputs, context, cache)[:, -1]  # (b, D)
         steps += 1
-        nxt = pick(model.logits_first(h))  # (b,)
+        nxt = pick(h)  # (b,)
         tokens[live, step] = nxt
         if model.eos_id is not None:
             done = nxt == model.eos_id
@@ -72,7 +72,7 @@ def greedy_decode_reference(model: BlockwiseModel, src: Tensor, max_len: int) ->
         out: list[int] = []
         while len(out) < max_len:
             prefix = torch.tensor([[model.bos_id, *out]], device=src.device)
-            nxt = int(model.logits_first(model.decode_full(prefix, context)[0, -1]).argmax())
+            nxt = int(first_argmax(model, model.decode_full(prefix, context)[0, -1:])[0])
             out.append(nxt)
             if nxt == model.eos_id:
                 break

@@ -14,6 +14,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from lightning_bpd.nn.argmax import argmax
+
 
 class Context(Protocol):
     """Per-source state computed once (encoder output, cross-attention K/V)."""
@@ -96,6 +98,13 @@ class DecodeResult:
     def sequences(self) -> list[list[int]]:
         """Each row's tokens as a list, up to its length (EOS included when produced)."""
         return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths.tolist())]
+
+
+def first_argmax(model: BlockwiseModel, h: Tensor) -> Tensor:
+    """Greedy's next tokens (...) at hidden states h (..., D): ``model.argmax_first`` when the model has one
+    (e.g. a screened argmax that needs no float32 logits), else the argmax of ``model.logits_first``."""
+    own = getattr(model, "argmax_first", None)
+    return own(h) if own is not None else argmax(model.logits_first(h))
 
 
 def check_decode_args(model: BlockwiseModel, src: Tensor, max_len: int) -> None:

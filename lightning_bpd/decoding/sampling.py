@@ -139,4 +139,5 @@ def sample_decode(
     """
     check_decode_args(model, src, max_len)
     check_sampling_args(temperature, top_p)
-    return token_by_token(model, src, max_len, lambda logits: sample(probabilities(logits, temperature, top_p), generator))
+    return token_by_token(model, src, max_len,
+                          lambda h: sample(probabilities(model.logits_first(h), temperature, top_p), generator))

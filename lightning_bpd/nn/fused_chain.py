@@ -23,6 +23,11 @@ decide what the verify pass checks, so rounding in them cannot change an exact d
 that both give the same states up to float rounding and that exact decoding still equals greedy.
 Tables cost V * (H + D) numbers per link (Multi30k k = 8: 7 * 8000 * 768 floats = 172 MB); above
 ``table_budget`` bytes the token's terms are multiplied instead, in one stacked product.
+
+With ``int8`` (``--proposal-precision int8``) the three products of z, the source read-out and the hidden
+layer run in int8 (weights per output row, activations per call: fbgemm's dynamic product,
+:mod:`~lightning_bpd.nn.screened_argmax`), which streams a quarter of the bytes; the token tables, the
+attention over the source and the residual stay float32.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
+from lightning_bpd.nn.screened_argmax import int8_linear, pack_int8
 
 TABLE_BUDGET = 512 * 2**20  # bytes of token tables above which the token's terms are multiplied instead
 
@@ -48,6 +54,7 @@ class FusedLink:
     c_t: Tensor | None  # (D, H): W_c transposed (source attention)
     out_t: Tensor  # (H, D)
     out_b: Tensor  # (D,)
+    int8: dict[str, object] | None = None  # packed int8 weights of the zq, c and out products (int8 links)
 
 
 @dataclass
@@ -66,7 +73,8 @@ class FusedChain:
     Built from the weights as they are now (a snapshot, in their dtype): rebuild after they change.
     """
 
-    def __init__(self, head: ChainedHead, embed: Tensor, table_budget: int = TABLE_BUDGET) -> None:
+    def __init__(self, head: ChainedHead, embed: Tensor, table_budget: int = TABLE_BUDGET, int8: bool = False) -> None:
+        self.int8 = int8
         self.hidden = head.cells[0].z_in.out_features if len(head.cells) else 0  # H (no cells: k = 1)
         self.source_attention = head.source_attention
         self.links: list[FusedLink] = []
@@ -85,9 +93,20 @@ class FusedChain:
                     tok_table=(embed @ e_w.t()).contiguous() if tables else None,  # (V, H [+ D])
                     tok_t=None if tables else e_w.t().contiguous(),
                     c_t=cell.c_in.weight.t().contiguous() if cell.source_attention else None,
-                    out_t=cell.out.weight.t().contiguous(), out_b=cell.out.bias.clone()))
+                    out_t=cell.out.weight.t().contiguous(), out_b=cell.out.bias.clone(),
+                    int8=self.pack(cell, z_w, z_b, tables, e_w) if int8 else None))
         self.embed = embed.detach()
         self.laid_out: tuple[ChainSource, LaidOutSource] | None = None
+
+    @staticmethod
+    def pack(cell, z_w: Tensor, z_b: Tensor, tables: bool, e_w: Tensor) -> dict[str, object]:
+        """A link's products as packed int8 weights (bias included where the product adds one)."""
+        packed: dict[str, object] = {"zq": pack_int8(z_w, z_b), "out": pack_int8(cell.out.weight, cell.out.bias)}
+        if cell.source_attention:
+            packed["c"] = pack_int8(cell.c_in.weight)
+        if not tables:
+            packed["tok"] = pack_int8(e_w)
+        return packed
 
     def lay_out(self, source: ChainSource) -> LaidOutSource:
         """``source`` for :meth:`step`, laid out once per source (every link of every iteration reads it)."""
@@ -107,22 +126,31 @@ class FusedChain:
         """State of head ``i`` (0-based, >= 1) from head i-1's state z (b, D) and the token (b,) proposed
         for head i-1: (b, D), as :meth:`ChainedHead.step` with the token's scaled embedding."""
         link = self.links[i - 1]
-        h = self.hidden
-        zq = torch.addmm(link.zq_b, z, link.zq_t)  # (b, H [+ D])
+        h, q8 = self.hidden, link.int8
+        width = link.zq_t.shape[1]  # H [+ D]
+        zq = int8_linear(z, q8["zq"], width) if q8 else torch.addmm(link.zq_b, z, link.zq_t)  # (b, H [+ D])
         if link.tok_table is not None:
             zq = zq + link.tok_table.index_select(0, token)
+        elif q8:
+            zq = zq + int8_linear(self.embed.index_select(0, token), q8["tok"], width)
         else:
             zq = torch.addmm(zq, self.embed.index_select(0, token), link.tok_t)
         if not self.source_attention:
             a = zq.relu_()
         else:
-            if source is None:
-                raise ValueError("a source-attending chain needs the source (model.chain_source(context))")
-            laid = self.lay_out(source)
-            b, d = z.shape
-            dh = d // laid.heads
-            q = zq[:, h:].reshape(b * laid.heads, 1, dh)  # (B * nh, 1, dh)
-            scores = torch.baddbmm(laid.mask, q, laid.keys_t, alpha=dh**-0.5)  # (B * nh, 1, S)
-            c = torch.bmm(scores.softmax(dim=-1), laid.values).reshape(b, d)  # (b, D)
-            a = torch.addmm(zq[:, :h], c, link.c_t).relu_()  # (b, H)
+            c = self.read_source(zq[:, h:], source)  # (b, D)
+            a = zq[:, :h] + int8_linear(c, q8["c"], h) if q8 else torch.addmm(zq[:, :h], c, link.c_t)
+            a = a.relu_()  # (b, H)
+        if q8:
+            return z + int8_linear(a, q8["out"], z.shape[1])
         return torch.addmm(z + link.out_b, a, link.out_t)  # (b, D)
+
+    def read_source(self, q: Tensor, source: ChainSource | None) -> Tensor:
+        """Attention of one query per row q (b, D) over the laid-out source -> (b, D)."""
+        if source is None:
+            raise ValueError("a source-attending chain needs the source (model.chain_source(context))")
+        laid = self.lay_out(source)
+        b, d = q.shape
+        dh = d // laid.heads
+        scores = torch.baddbmm(laid.mask, q.reshape(b * laid.heads, 1, dh), laid.keys_t, alpha=dh**-0.5)  # (B * nh, 1, S)
+        return torch.bmm(scores.softmax(dim=-1), laid.values).reshape(b, d)

@@ -31,6 +31,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from lightning_bpd.nn import int8
+
 _state = {"on": False}
 WIDENED = (torch.float32, torch.bfloat16)  # attention in these dtypes is taken in float64 (products: float32 only)
 _wide: dict[int, tuple[Tensor, int, Tensor]] = {}  # id(weight) -> (weight, its version, float64 copy)
@@ -86,9 +88,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
-    """``F.scaled_dot_product_attention`` of (B, H, T, Dh) tensors; inside :func:`batch_invariant` taken in
-    float64 and rounded back to the inputs' dtype (float32 or bfloat16), the plain kernel otherwise."""
-    if not (_state["on"] and q.dtype in WIDENED and not torch.is_grad_enabled()):
+    """``F.scaled_dot_product_attention`` of (B, H, T, Dh) tensors; inside :func:`batch_invariant` (and with
+    int8 products, :mod:`~lightning_bpd.nn.int8`) taken in float64 and rounded back to the inputs' dtype
+    (float32 or bfloat16), the plain kernel otherwise."""
+    if not ((_state["on"] or int8.enabled()) and q.dtype in WIDENED and not torch.is_grad_enabled()):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
     if attn_mask is not None and attn_mask.is_floating_point():
         attn_mask = attn_mask.double()

@@ -25,6 +25,8 @@ from lightning_bpd.nn.intensity_prior import RESERVED, IntensityPrior
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.positions import ImageGrid, build_positions, raster_coordinates
 from lightning_bpd.nn.precision import parse_precision
+from lightning_bpd.nn.screened_argmax import ScreenedArgmax, int8_linear, pack_int8
+from lightning_bpd.nn.screened_argmax import available as int8_available
 from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
 
 # "paper": the paper's parallel head (section 6); "chained": heads that see the tokens proposed
@@ -202,6 +204,17 @@ class ProposalPath:
     bias: Tensor | None
     dtype: torch.dtype
     cast: tuple[Tensor, ChainSource] | None = None  # the last source cast, keyed by its keys tensor
+    int8: bool = False  # float32 copy whose products run in int8 (fused chain links, the projection)
+    packed: tuple[tuple, object, int] | None = None  # int8: (made from, the packed projection rows, their number)
+
+    def int8_logits(self, states: Tensor, draft: DraftVocabulary | None) -> Tensor:
+        """int8 logits (..., N) of proposal states (..., D) over the draft vocabulary (or every token)."""
+        key = (self.weight._version, self.weight.data_ptr(), None if draft is None else (draft.ids._version,
+                                                                                         draft.ids.data_ptr()))
+        if self.packed is None or self.packed[0] != key:
+            weight, bias = (self.weight, self.bias) if draft is None else draft.rows(self.weight, self.bias)
+            self.packed = (key, pack_int8(weight, bias), weight.shape[0])
+        return int8_linear(states, self.packed[1], self.packed[2])
 
     def source_in_dtype(self, source: ChainSource) -> ChainSource:
         """``source`` with keys and values in ``dtype``, cast once per source tensor (every link of every
@@ -260,6 +273,8 @@ class BlockwiseTransformer(nn.Module):
         self.proposal: ProposalPath | None = None  # cheap proposals (set_proposal_precision); not saved
         self.fuse_chain = True  # chained proposals through fused links (:mod:`~lightning_bpd.nn.fused_chain`)
         self.fused: tuple[tuple, FusedChain, list] | None = None  # (what it was made from, the links, what to watch)
+        self.screened_argmax = False  # p_1's argmax through an int8 screen (set_screened_argmax); not saved
+        self.screen: tuple[tuple, ScreenedArgmax] | None = None  # (what it was made from, the screen)
 
     # ---- encoder -------------------------------------------------------------------------------
     def encode(self, src: Tensor) -> EncoderContext:
@@ -370,6 +385,36 @@ class BlockwiseTransformer(nn.Module):
         state = h if self.chained_heads else self.head.first(h)
         return self.project(self.readout(state, None if centres is None else centres[..., 0]))
 
+    def set_screened_argmax(self, on: bool = True) -> None:
+        """Greedy decoding and exact verification take p_1's argmax through an int8 screen of the vocabulary
+        with float64 logits for the candidates it leaves (:mod:`~lightning_bpd.nn.screened_argmax`): the
+        argmax of the float64 logits, the same from a k-token verify pass as from a 1-token step, and on CPU
+        cheaper than the float32 projection. For models whose p_1 is a plain vocabulary projection (not the
+        image models' intensity prior)."""
+        if on and self.prior is not None:
+            raise ValueError("the screened argmax takes models whose p_1 is a plain vocabulary projection; "
+                             "this one has an intensity prior (an image model): decode without it")
+        self.screened_argmax = on
+        self.screen = None
+
+    def argmax_first(self, h: Tensor) -> Tensor:
+        """Greedy's token: the argmax of p_1 at h (..., D) -> (...) long, ties to the lowest id. With
+        :meth:`set_screened_argmax` on (and float32 inference on CPU) the float64 logits' argmax through the
+        int8 screen; otherwise the argmax of :meth:`logits_first`."""
+        if not (self.screened_argmax and h.dtype == torch.float32 and h.device.type == "cpu"
+                and not torch.is_grad_enabled()):
+            return argmax(self.logits_first(h))
+        state = h if self.chained_heads else self.head.first(h)
+        return self.argmax_screen()(state)
+
+    def argmax_screen(self) -> ScreenedArgmax:
+        """The int8 screen of the output layer, rebuilt when its weight or bias changed."""
+        weight, bias = self.output_layer()
+        key = tuple((t.data_ptr(), t._version) for t in (weight, bias) if t is not None)
+        if self.screen is None or self.screen[0] != key:
+            self.screen = (key, ScreenedArgmax(weight, bias))
+        return self.screen[1]
+
     def logits_heads(self, h: Tensor, heads: list[int] | range | None = None, prev_tokens: Tensor | None = None,
                      source: ChainSource | None = None) -> Tensor:
         """Logits of the listed heads (all k by default): (..., D) -> (..., len(heads), V).
@@ -400,11 +445,20 @@ class BlockwiseTransformer(nn.Module):
 
     def set_proposal_precision(self, precision: str | torch.dtype | None) -> None:
         """Deterministic proposals from a copy of the heads and the output projection in ``precision``
-        (e.g. ``bfloat16``; None or the model's own dtype: the model itself). Verification keeps the
+        (e.g. ``bfloat16``; ``int8``: a float32 copy whose chain links and projection multiply in int8; None
+        or the model's own dtype: the model itself). Verification keeps the
         model's precision, so exact decoding still reproduces greedy. The copy is taken now: call this
         again after the weights change. It is not part of the state dict."""
-        dtype = parse_precision(precision) if isinstance(precision, str) else precision
         weight, bias = self.output_layer()
+        if isinstance(precision, str) and precision.lower() == "int8":  # float32 copy, int8 products
+            if not int8_available() or weight.dtype != torch.float32:
+                raise ValueError("--proposal-precision int8 needs a float32 model and torch's fbgemm/x86 quantized "
+                                 f"engine (CPU); got {weight.dtype}, engines {torch.backends.quantized.supported_engines}")
+            with torch.no_grad():
+                self.proposal = ProposalPath(copy.deepcopy(self.head).eval(), weight.detach().clone(),
+                                             None if bias is None else bias.detach().clone(), torch.float32, int8=True)
+            return
+        dtype = parse_precision(precision) if isinstance(precision, str) else precision
         if dtype is None or dtype == weight.dtype:
             self.proposal = None
             return
@@ -452,7 +506,9 @@ class BlockwiseTransformer(nn.Module):
                         confidence: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Argmax token ids (...) of proposal states (..., D), over the draft vocabulary when there is one;
         with ``confidence`` also the proposing distribution's probability of that token (...)."""
-        if self.draft_vocab is None:
+        if self.proposal is not None and self.proposal.int8:
+            logits = self.proposal.int8_logits(states, self.draft_vocab)  # (..., N or V)
+        elif self.draft_vocab is None:
             logits = linear(states, weight, bias)  # (..., V)
         else:
             logits = self.draft_vocab.logits(states, weight, bias)  # (..., N)
@@ -474,7 +530,8 @@ class BlockwiseTransformer(nn.Module):
         probability of that token (b,). Links run fused (:mod:`~lightning_bpd.nn.fused_chain`) unless
         ``fuse_chain`` is off; :meth:`chain_step` is the unfused reference."""
         head, weight, bias = self.proposal_parts()
-        fused = self.fused_chain(head, weight.dtype, check=i == 1) if self.fuse_chain and not torch.is_grad_enabled() else None
+        int8 = self.proposal is not None and self.proposal.int8
+        fused = self.fused_chain(head, weight.dtype, check=i == 1, int8=int8) if self.fuse_chain and not torch.is_grad_enabled() else None
         if fused is not None:
             z, state = self.chain_link(lambda x: fused.step(x, token, i, source), z, i, weight.dtype)
         else:
@@ -485,18 +542,18 @@ class BlockwiseTransformer(nn.Module):
         out = self.proposal_argmax(state, weight, bias, confidence)
         return (z, *out) if confidence else (z, out)
 
-    def fused_chain(self, head: nn.Module, dtype: torch.dtype, check: bool = True) -> FusedChain:
+    def fused_chain(self, head: nn.Module, dtype: torch.dtype, check: bool = True, int8: bool = False) -> FusedChain:
         """The fused links of ``head`` (the model's or the proposal copy) in ``dtype``, rebuilt when a weight
         they were made from changed (in place: its version; or replaced: its storage). ``check=False`` reuses
         the links without looking (the chain checks at its first link, once per iteration)."""
         made = self.fused
-        if made is not None and made[0][:2] == (id(head), dtype) and (
-                not check or made[0][2:] == tuple((p.data_ptr(), p._version) for p in made[2])):
+        if made is not None and made[0][:3] == (id(head), dtype, int8) and (
+                not check or made[0][3:] == tuple((p.data_ptr(), p._version) for p in made[2])):
             return made[1]
         watched = [*head.parameters(), self.tgt_embed.weight]
-        key = (id(head), dtype, *((p.data_ptr(), p._version) for p in watched))
+        key = (id(head), dtype, int8, *((p.data_ptr(), p._version) for p in watched))
         embed = (self.tgt_embed.weight.detach() * self.scale).to(dtype)  # (V, D): as embed_tokens scales it
-        self.fused = (key, FusedChain(head, embed), watched)  # type: ignore[arg-type]
+        self.fused = (key, FusedChain(head, embed, int8=int8), watched)  # type: ignore[arg-type]
         return self.fused[1]
 
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> tuple[Tensor, Tensor]:

@@ -12,6 +12,10 @@ precision (the fused kernel blocks a k-query pass differently from a 1-query ste
 several rows at once: a 256 -> 8000 projection of 8 rows costs little more than 1 row, so a k-token
 verify pass costs about what a greedy step costs.
 
+``int8`` keeps float32 weights and activations but multiplies in int8, with a scale per weight row and per
+activation row, and takes attention in float64 (:mod:`~lightning_bpd.nn.int8`): batch-invariant by
+construction, and a quarter of the weight bytes per product.
+
 ``bfloat16-invariant`` is bfloat16 with attention taken in float64 (its products are invariant already).
 ``float32-invariant`` keeps float32 weights, activations and cache but takes every matrix product and
 attention in float64, rounded back to float32 (:mod:`~lightning_bpd.nn.invariant`): the verify pass
@@ -33,16 +37,18 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from lightning_bpd.nn import invariant
+from lightning_bpd.nn import int8, invariant
 
 PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64,
-              "float32-invariant": torch.float32, "bfloat16-invariant": torch.bfloat16}
+              "float32-invariant": torch.float32, "bfloat16-invariant": torch.bfloat16, "int8": torch.float32}
 ALIASES = {"fp32": "float32", "32": "float32", "bf16": "bfloat16", "fp64": "float64", "64": "float64",
            "fp32i": "float32-invariant", "fp32-invariant": "float32-invariant", "bf16i": "bfloat16-invariant",
-           "bf16-invariant": "bfloat16-invariant"}
+           "bf16-invariant": "bfloat16-invariant", "i8": "int8"}
 # batch-invariant precisions (:mod:`lightning_bpd.nn.invariant`): float32 with float64 products and attention;
 # bfloat16 (its oneDNN products are invariant already) with float64 attention
 INVARIANT = ("float32-invariant", "bfloat16-invariant")
+# float32 weights, int8 products with per-row activation scales, float64 attention (:mod:`lightning_bpd.nn.int8`)
+INT8 = "int8"
 
 
 def canonical_precision(name: str) -> str:
@@ -60,8 +66,10 @@ def parse_precision(name: str) -> torch.dtype:
 
 
 def active_precision_name(model: nn.Module) -> str:
-    """The precision ``model`` decodes in now: its dtype's name, ``float32-invariant`` while that is on."""
+    """The precision ``model`` decodes in now: its dtype's name, ``float32-invariant`` or ``int8`` while on."""
     name = precision_name(model_dtype(model))
+    if int8.enabled() and name == "float32":
+        return INT8
     return f"{name}-invariant" if invariant.enabled() and f"{name}-invariant" in INVARIANT else name
 
 
@@ -87,16 +95,17 @@ def inference_precision(model: nn.Module, precision: str | torch.dtype | None) -
     """
     dtype = parse_precision(precision) if isinstance(precision, str) else precision
     wide = isinstance(precision, str) and canonical_precision(precision) in INVARIANT
+    eight = isinstance(precision, str) and canonical_precision(precision) == INT8
     original = model_dtype(model)
     if dtype is None or dtype == original:
-        with invariant.batch_invariant(wide):
+        with invariant.batch_invariant(wide), int8.int8_products(eight):
             yield model
         return
     tensors = lambda: {**dict(model.named_parameters()), **dict(model.named_buffers())}
     saved = {name: t.detach().clone() for name, t in tensors().items() if t.is_floating_point()}
     model.to(dtype)
     try:
-        with invariant.batch_invariant(wide):
+        with invariant.batch_invariant(wide), int8.int8_products(eight):
             yield model
     finally:
         model.to(original)
@@ -113,6 +122,7 @@ def set_inference_precision(model: nn.Module, precision: str | None = None, prop
     if precision is not None:
         model.to(parse_precision(precision))
         invariant.set_batch_invariant(canonical_precision(precision) in INVARIANT)
+        int8.set_int8(canonical_precision(precision) == INT8)
     if proposals is not None:
         setter = getattr(model, "set_proposal_precision", None)
         if setter is None:

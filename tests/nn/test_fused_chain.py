@@ -5,6 +5,7 @@ import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.criteria import Distance
+from lightning_bpd.nn import screened_argmax
 from lightning_bpd.nn.fused_chain import FusedChain
 from tests.models import random_model, random_sources
 from tests.nn.test_head_centres import image_model, sources
@@ -80,3 +81,23 @@ def test_fused_links_are_rebuilt_when_the_weights_change():
         after = model.chain_draft(z1, token, 2)[0]
         model.fuse_chain = False
         torch.testing.assert_close(after, model.chain_draft(z1, token, 2)[0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(not screened_argmax.available(), reason="no fbgemm/x86 quantized engine")
+@pytest.mark.parametrize("tables", [True, False])
+@pytest.mark.parametrize("head_type", ["chained", "chained_attn"])
+def test_int8_links_give_the_reference_states_up_to_int8_rounding(head_type, tables):
+    model = random_model(k=4, seed=3, head_type=head_type).float()
+    scramble_chain(model)
+    src = random_sources(3)
+    source = model.chain_source(model.encode(src))
+    embed = model.tgt_embed.weight * model.scale
+    fused = FusedChain(model.head, embed, table_budget=2**40 if tables else 0, int8=True)
+    z_ref = z_int8 = torch.randn(3, 32)
+    with torch.no_grad():
+        for i in range(1, 4):
+            token = torch.randint(3, 16, (3,))
+            z_ref = model.head.step(z_ref, model.embed_tokens(token), i, source)
+            z_int8 = fused.step(z_int8, token, i, source)
+            assert (z_int8 - z_ref).norm() <= 0.05 * z_ref.norm()  # 7-bit activations, 8-bit weights
+            z_int8 = z_ref  # each link from the same state

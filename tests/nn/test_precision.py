@@ -4,9 +4,11 @@ import torch.nn.functional as F
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.blockwise import chain_tokens
+from lightning_bpd.nn import screened_argmax
 from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.precision import inference_precision, model_dtype, parse_precision, set_inference_precision
 from tests.models import random_model, random_sources
+from tests.nn.test_fused_chain import scramble_chain
 
 
 def test_parse_precision_names_and_aliases():
@@ -89,3 +91,34 @@ def test_bfloat16_chain_proposes_what_the_float32_chain_proposes_on_clear_margin
         model.set_proposal_precision("bfloat16")
         got = chain_tokens(model, Exact(), h, 5, first, model.chain_source(context)).tokens
     assert (got == want).float().mean() >= 0.9
+
+
+@pytest.mark.skipif(not screened_argmax.available(), reason="no fbgemm/x86 quantized engine")
+@pytest.mark.parametrize("draft", [False, True])
+@pytest.mark.parametrize("head_type", ["paper", "chained", "chained_attn"])
+def test_int8_proposals_keep_float32_decoding_exact_and_propose_like_float32(head_type, draft):
+    """int8 proposals (chain links and projection) change what is proposed only by rounding: decoding stays
+    greedy's output, and the blocks stay long."""
+    model = random_model(k=4, vocab=40, seed=5, head_type=head_type).float()
+    if model.chained_heads:
+        scramble_chain(model, std=0.05)
+    model.eos_id = 5
+    src = random_sources(8, vocab=40, seed=6)
+    greedy = greedy_decode(model, src, 24).sequences()
+    if draft:  # the tokens greedy emits and a few more: 20 of the 40
+        used = sorted({t for row in greedy for t in row})
+        model.use_draft_vocab(torch.tensor(used + [t for t in range(40) if t not in used][: 20 - len(used)]))
+    full = blockwise_decode(model, src, Exact(), 24)
+    set_inference_precision(model, proposals="int8")
+    assert model.proposal is not None and model.proposal.int8 and model_dtype(model) == torch.float32
+    cheap = blockwise_decode(model, src, Exact(), 24)
+    assert cheap.sequences() == full.sequences() == greedy
+    assert cheap.mean_accepted_block_size >= 0.8 * full.mean_accepted_block_size > 1.1
+    if model.chained_heads:
+        assert model.fused[1].int8 and model.fused[1].links[0].int8 is not None
+
+
+def test_int8_proposals_need_a_float32_model():
+    model = random_model(k=2, vocab=40)  # float64
+    with pytest.raises(ValueError, match="float32 model"):
+        model.set_proposal_precision("int8")

@@ -1,0 +1,124 @@
+"""int8 inference that stays batch-invariant: int8 weights per output row, int8 activations per input row. Torch only.
+
+On CPU a decoder step at batch 1 streams its weights for one row, so its cost follows their bytes: in int8 a
+product streams a quarter of float32's, and fbgemm's int8 kernels cost little more for the 8 rows of a
+verify pass than for 1 (a 256 -> 1024 product on an AMD EPYC core, cold weights: 1 / 8 rows 22 / 30 us,
+float32 119 / 193 us).
+
+Plain dynamic quantization (``torch.ao`` dynamic ``Linear``) quantizes the activations of a whole call with
+one scale, so a row's result depends on the other rows multiplied with it: the k-token verify pass would
+round differently from the 1-token greedy step, and exact decoding would drift from greedy. Here every input
+row x is divided by its own max |x| (so it lies in [-1, 1], its largest entry exactly +-1), two constant
+columns +1 and -1 are appended (against two zero weight columns) so that every call's activation range is
+exactly [-1, 1], the int8 product runs (its int32 accumulation is exact) and the row's scale multiplies the
+result back. A row's output is then the same function of that row alone, whatever the batch: with attention
+taken in float64 (:func:`lightning_bpd.nn.invariant.attention`, as in ``bfloat16-invariant``) exact blockwise
+decoding reproduces int8 greedy decoding by construction. Activations get 7 bits (fbgemm's ``reduce_range``)
+and the weights 8, like CTranslate2's int8 (per-row activation scales, per-channel weight scales).
+
+Weights stay float32 in the model: the packed copies are made once per weight (rebuilt when its in-place
+version changes) and kept while the mode is on. ``precision int8`` turns it on for ``decode``, ``bench`` and
+the validation callback; :func:`reference_linear` is the slow, obviously correct version the tests compare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+from lightning_bpd.nn.screened_argmax import available, pack_int8
+
+_state = {"on": False}
+_packed: dict[int, tuple[tuple, RowInt8]] = {}  # id(weight) -> ((weight, bias, their versions), packed)
+MAX_PACKED = 512  # packed copies kept (weights made per call would otherwise pile up)
+RANGE = torch.tensor([[1.0, -1.0]])  # the two appended activation columns
+
+
+class RowInt8:
+    """``F.linear(x, weight, bias)`` with int8 weights (per output row) and int8 activations (per input row)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
+        w = weight.detach().float()
+        self.out_features, self.in_features = w.shape
+        self.packed = pack_int8(torch.cat([w, w.new_zeros(w.shape[0], 2)], dim=1))  # (out, in + 2): zeros
+        self.bias = w.new_zeros(w.shape[0]) if bias is None else bias.detach().float().clone()  # (out,)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """(..., in) float32 -> (..., out) float32."""
+        flat = x.reshape(-1, self.in_features)  # (N, in)
+        scale = torch.linalg.vector_norm(flat, float("inf"), dim=1, keepdim=True).clamp_(min=1e-30)  # (N, 1)
+        unit = torch.cat([flat / scale, RANGE.expand(flat.shape[0], 2)], dim=1)  # (N, in + 2), range [-1, 1]
+        out = torch.ops.quantized.linear_dynamic(unit, self.packed, True)  # (N, out)
+        return torch.addcmul(self.bias, out, scale).reshape(*x.shape[:-1], self.out_features)
+
+
+def reference_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """The same arithmetic spelled out in float64, one row at a time: each row scaled to [-1, 1] and rounded to
+    the int8 product's activation grid (step 2/127, as fbgemm's ``reduce_range`` quantization of [-1, 1] lands),
+    the weights per row to +-127 levels, exact integer products, scaled back (float rounding differs)."""
+    w = weight.detach().double()
+    w_scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-30)  # (out,)
+    q_w = (w / w_scale[:, None]).round().clamp(-127, 127)  # (out, in)
+    step = 2.0 / 127
+    rows = []
+    for row in x.reshape(-1, x.shape[-1]).double():
+        scale = row.abs().max().clamp(min=1e-30)
+        q_x = (row / scale / step).round()  # integer levels -64 .. 64
+        rows.append((q_w @ q_x) * w_scale * step * scale)
+    out = torch.stack(rows).reshape(*x.shape[:-1], w.shape[0])
+    return out if bias is None else out + bias.double()
+
+
+def enabled() -> bool:
+    """Whether int8 products are on (:func:`int8_products` or :func:`set_int8`)."""
+    return _state["on"]
+
+
+def is_active(x: Tensor) -> bool:
+    """Whether a product of ``x`` is to run in int8 now (float32 inference on CPU)."""
+    return _state["on"] and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled()
+
+
+def set_int8(on: bool) -> None:
+    """Switch int8 products on (or off) for the rest of the process (``decode``, ``bench``)."""
+    if on and not available():
+        raise ValueError("precision int8 needs torch's fbgemm/x86 quantized engine (CPU); this build has "
+                         f"{torch.backends.quantized.supported_engines}")
+    _state["on"] = on
+    if not on:
+        _packed.clear()
+
+
+@contextmanager
+def int8_products(on: bool = True) -> Iterator[None]:
+    """int8 products for the ``with`` block (``on=False``: a no-op)."""
+    before = _state["on"]
+    set_int8(before or on)
+    try:
+        yield
+    finally:
+        _state["on"] = before
+        if not before:
+            _packed.clear()
+
+
+def packed(weight: Tensor, bias: Tensor | None) -> RowInt8:
+    """The packed copy of ``weight`` and ``bias``, made once while both are unchanged (same tensors, same
+    in-place versions)."""
+    made_from = (weight, bias, weight._version, None if bias is None else bias._version)
+    hit = _packed.get(id(weight))
+    if hit is not None and hit[0][0] is weight and hit[0][1] is bias and hit[0][2:] == made_from[2:]:
+        return hit[1]
+    if len(_packed) >= MAX_PACKED:
+        _packed.clear()
+    made = RowInt8(weight, bias)
+    _packed[id(weight)] = (made_from, made)
+    return made
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear`` through :class:`RowInt8` (the bias is taken with the weight when it is first packed)."""
+    return packed(weight, bias)(x)

@@ -1,0 +1,96 @@
+"""int8 products with per-row activation scales: the reference arithmetic, batch invariance, and decoding in int8."""
+
+import pytest
+import torch
+
+from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
+from lightning_bpd.nn import int8, screened_argmax
+from lightning_bpd.nn.fast_linear import linear
+from lightning_bpd.nn.precision import active_precision_name, inference_precision, set_inference_precision
+from tests.models import random_model, random_sources
+from tests.nn.test_fused_chain import scramble_chain
+
+pytestmark = pytest.mark.skipif(not screened_argmax.available(), reason="no fbgemm/x86 quantized engine")
+
+
+@pytest.fixture(autouse=True)
+def int8_off():
+    yield
+    int8.set_int8(False)
+
+
+def rows_of_many_scales(n: int = 40, d: int = 64, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g) * torch.logspace(-3, 3, n)[:, None]
+    x[3] = 0.0  # an all-zero row
+    x[5] = x[5].abs()  # a non-negative one (a ReLU's output)
+    return x
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_row_int8_is_the_reference_arithmetic(bias):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(300, 64, generator=g) * 0.1
+    b = torch.randn(300, generator=g) if bias else None
+    x = rows_of_many_scales()
+    got = int8.RowInt8(w, b)(x).double()
+    want = int8.reference_linear(x, w, b)
+    top = want.abs().amax(dim=1, keepdim=True) + 1e-30
+    assert ((got - want).abs() / top).max() < 1e-5  # float rounding only: the same integer products
+    exact = x.double() @ w.double().t() + (0 if b is None else b.double())
+    err = (got - exact).norm(dim=1) / exact.norm(dim=1).clamp(min=1e-30)
+    assert err[x.abs().sum(1) > 0].max() < 0.06  # 7-bit activations, 8-bit weights
+
+
+def test_a_row_gives_the_same_result_alone_and_in_any_batch():
+    """The verify pass (k rows) and the greedy step (1 row) round alike: no other row changes a row's scale."""
+    g = torch.Generator().manual_seed(2)
+    layer = int8.RowInt8(torch.randn(200, 64, generator=g), torch.randn(200, generator=g))
+    x = rows_of_many_scales()
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(len(x))])
+    for n in (2, 3, 8, 17, 40):
+        assert torch.equal(torch.cat([layer(x[i : i + n]) for i in range(0, len(x), n)]), alone)
+    assert torch.equal(layer(x.view(5, 8, 64)).view(40, 200), alone)
+
+
+def test_linear_takes_int8_inside_the_mode_only_and_repacks_changed_weights():
+    lin = torch.nn.Linear(64, 30)
+    x = rows_of_many_scales(8)
+    with torch.no_grad():
+        plain = linear(x, lin.weight, lin.bias)
+        with int8.int8_products():
+            eight = linear(x, lin.weight, lin.bias)
+            assert torch.equal(eight, int8.RowInt8(lin.weight, lin.bias)(x))
+            lin.weight.mul_(2)  # in place: the packed copy is stale
+            assert torch.equal(linear(x, lin.weight, lin.bias), int8.RowInt8(lin.weight, lin.bias)(x))
+        assert not int8.enabled()
+        torch.testing.assert_close(linear(x, lin.weight, lin.bias), torch.nn.functional.linear(x, lin.weight, lin.bias))
+    assert not torch.equal(plain, eight)
+
+
+@pytest.mark.parametrize("head_type", ["paper", "chained_attn"])
+def test_exact_equals_int8_greedy_by_construction(head_type):
+    model = random_model(k=4, vocab=40, seed=3, head_type=head_type).float()
+    if model.chained_heads:
+        scramble_chain(model, std=0.05)
+    model.eos_id = 5
+    src = random_sources(8, vocab=40, seed=4)
+    float32 = greedy_decode(model, src, 24).sequences()
+    set_inference_precision(model, "int8")
+    assert active_precision_name(model) == "int8"
+    greedy = greedy_decode(model, src, 24).sequences()
+    out = blockwise_decode(model, src, Exact(), 24)
+    assert out.sequences() == greedy
+    assert [blockwise_decode(model, row[None], Exact(), 24).sequences()[0] for row in src] == greedy
+    assert out.mean_accepted_block_size > 1.2
+    same = sum(a == b for r, s in zip(greedy, float32) for a, b in zip(r, s)) / sum(len(r) for r in float32)
+    assert same > 0.5  # the same model, rounded: mostly the same tokens
+    set_inference_precision(model, "float32")
+    assert not int8.enabled() and active_precision_name(model) == "float32"
+
+
+def test_inference_precision_int8_is_scoped():
+    model = random_model(k=2, vocab=40).float()
+    with inference_precision(model, "int8"):
+        assert int8.enabled() and active_precision_name(model) == "int8"
+    assert not int8.enabled()
