@@ -8,8 +8,9 @@ decoding at each k, through a proxy of the model that times every call: ``encode
 (``decode_step``: one token for greedy, the k-token verify pass for blockwise), the p_1 projections
 (``logits_first``: greedy's next token, blockwise's verification) and the proposals: the paper
 head's projections (``logits_heads``, or ``draft_tokens`` with a draft vocabulary) or, for chained
-heads, each link of the chain with its projection (``chain_draft``; ``chain_step`` without a draft
-path). The rest of the wall-clock time is the decode loop itself
+heads, the whole chain of fused links with their projections (``chain_drafts``), or each reference link
+(``chain_draft`` with ``--unfused-chain``; ``chain_step`` without a draft path). With ``--screened-argmax``
+greedy's token and exact verification are ``argmax_first``. The rest of the wall-clock time is the decode loop itself
 (argmax, acceptance, output bookkeeping, KV-cache crop). Reports milliseconds per step (greedy) or
 per iteration (blockwise), and each part's share.
 """
@@ -28,8 +29,8 @@ from lightning_bpd.decoding import blockwise_decode, greedy_decode
 from lightning_bpd.nn.precision import active_precision_name
 from lightning_bpd.results import write_json
 
-TIMED = ("encode", "decode_step", "logits_first", "argmax_first", "logits_heads", "draft_tokens", "chain_draft",
-         "chain_step")
+TIMED = ("encode", "decode_step", "logits_first", "argmax_first", "logits_heads", "draft_tokens", "chain_drafts",
+         "chain_draft", "chain_step")
 
 
 class TimedModel:

@@ -33,6 +33,7 @@ from lightning_bpd.nn.precision import (
     parse_precision,
     precision_name,
 )
+from lightning_bpd.nn.screened_argmax import screened
 
 __all__ = ["BatchRun", "DecodeEval", "EvalBatch", "MethodRun", "run_decode_eval"]
 
@@ -209,7 +210,10 @@ class DecodeEval(pl.Callback):
         num_samples: rows of the logged sample table.
         quality_key: the task metric shown in the console summary.
         precision: decode with the model cast to ``float32``, ``bfloat16`` or ``float64`` (None: as it
-            trains); the weights are restored bitwise afterwards (:mod:`lightning_bpd.nn.precision`).
+            trains), or with ``int8`` products; the weights are restored bitwise afterwards
+            (:mod:`lightning_bpd.nn.precision`).
+        screened_argmax: greedy decoding and exact verification take p_1's argmax through the int8 screen
+            (:mod:`lightning_bpd.nn.screened_argmax`; CPU, float32, translation models).
     """
 
     def __init__(
@@ -221,8 +225,10 @@ class DecodeEval(pl.Callback):
         num_samples: int = 8,
         quality_key: str = "bleu",
         precision: str | None = None,
+        screened_argmax: bool = False,
     ) -> None:
         super().__init__()
+        self.screened_argmax = screened_argmax
         if precision is not None:
             parse_precision(precision)  # an unknown name fails here, not after a training epoch
         self.precision = precision
@@ -251,7 +257,7 @@ class DecodeEval(pl.Callback):
         build_methods(pl_module, self.criteria)  # fail on a bad method before spending time decoding
         batches = pl_module.decode_eval_batches(stage, limit, self.batch_size)
         world, rank = trainer.world_size, trainer.global_rank
-        with inference_precision(pl_module.model, self.precision):
+        with inference_precision(pl_module.model, self.precision), screened(pl_module.model, self.screened_argmax):
             shard = decode_shard(pl_module, batches, self.criteria, rank=rank, world_size=world)
         shards = gather_shards(shard, world)
         folder = Path(trainer.log_dir or trainer.default_root_dir)  # a collective under DDP: every rank asks
@@ -288,7 +294,7 @@ class DecodeEval(pl.Callback):
                   "k": pl_module.model.k, "criteria": self.criteria, "batch_size": self.batch_size,
                   "signature": signature, "metrics": metrics,
                   "precision": canonical_precision(self.precision) if self.precision
-                  else precision_name(model_dtype(pl_module.model))}
+                  else precision_name(model_dtype(pl_module.model)), "screened_argmax": self.screened_argmax}
         (folder / f"decode_{stage}{suffix}.json").write_text(json.dumps(record, indent=2))
 
     def log_samples(self, trainer: pl.Trainer, pl_module: Any, stage: str, runs: dict[str, MethodRun],

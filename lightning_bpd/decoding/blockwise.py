@@ -118,6 +118,10 @@ def chain_tokens(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int,
     stops once no row is still going (a host read per link)."""
     draft = getattr(model, "chain_draft", None)
     sure = stop_below is not None
+    whole = getattr(model, "chain_drafts", None)
+    rest = whole(h, first, k, source) if whole is not None and not sure else None  # (b, k - 1): all links at once
+    if rest is not None:
+        return Block(torch.cat([first[:, None], rest], dim=1))
     tokens, z = [first], h
     going = widths = torch.ones_like(first) if sure else None  # (b,) rows whose heads were all sure so far
     for i in range(1, k):

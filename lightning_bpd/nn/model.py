@@ -207,14 +207,18 @@ class ProposalPath:
     int8: bool = False  # float32 copy whose products run in int8 (fused chain links, the projection)
     packed: tuple[tuple, object, int] | None = None  # int8: (made from, the packed projection rows, their number)
 
-    def int8_logits(self, states: Tensor, draft: DraftVocabulary | None) -> Tensor:
-        """int8 logits (..., N) of proposal states (..., D) over the draft vocabulary (or every token)."""
+    def int8_rows(self, draft: DraftVocabulary | None) -> tuple[object, int]:
+        """The projection rows of the draft vocabulary (or every token) packed in int8, and their number."""
         key = (self.weight._version, self.weight.data_ptr(), None if draft is None else (draft.ids._version,
                                                                                          draft.ids.data_ptr()))
         if self.packed is None or self.packed[0] != key:
             weight, bias = (self.weight, self.bias) if draft is None else draft.rows(self.weight, self.bias)
             self.packed = (key, pack_int8(weight, bias), weight.shape[0])
-        return int8_linear(states, self.packed[1], self.packed[2])
+        return self.packed[1], self.packed[2]
+
+    def int8_logits(self, states: Tensor, draft: DraftVocabulary | None) -> Tensor:
+        """int8 logits (..., N) of proposal states (..., D) over the draft vocabulary (or every token)."""
+        return int8_linear(states, *self.int8_rows(draft))
 
     def source_in_dtype(self, source: ChainSource) -> ChainSource:
         """``source`` with keys and values in ``dtype``, cast once per source tensor (every link of every
@@ -541,6 +545,31 @@ class BlockwiseTransformer(nn.Module):
             z, state = self.chain_link(lambda x: head.step(x, e, i, source), z, i, weight.dtype)  # type: ignore[operator]
         out = self.proposal_argmax(state, weight, bias, confidence)
         return (z, *out) if confidence else (z, out)
+
+    def chain_drafts(self, h: Tensor, first: Tensor, k: int, source: ChainSource | None = None) -> Tensor | None:
+        """Chained heads, deterministic proposals, the whole chain at once: the argmax tokens (b, k - 1) of heads
+        2..k from the state h (b, D) and greedy's token ``first`` (b,), as k - 1 calls of :meth:`chain_draft`
+        give them, with the weights looked up once instead of at every link. None where that path does not
+        apply (unfused links, training, images' own centres): the caller goes link by link."""
+        if not self.fuse_chain or torch.is_grad_enabled() or self.own_centres:
+            return None
+        head, weight, bias = self.proposal_parts()
+        int8 = self.proposal is not None and self.proposal.int8
+        fused = self.fused_chain(head, weight.dtype, int8=int8)
+        draft = self.draft_vocab
+        if int8:
+            packed, n = self.proposal.int8_rows(draft)  # type: ignore[union-attr]
+            project = lambda z: int8_linear(z, packed, n)
+        else:
+            rows, row_bias = (weight, bias) if draft is None else draft.rows(weight, bias)
+            project = lambda z: linear(z, rows, row_bias)
+        z, token, out = h.to(weight.dtype), first, []
+        for i in range(1, k):
+            z = fused.step(z, token, i, source)
+            token = argmax(project(z))
+            out.append(token if draft is None else draft.ids[token])
+            token = out[-1]
+        return torch.stack(out, dim=1)  # (b, k - 1)
 
     def fused_chain(self, head: nn.Module, dtype: torch.dtype, check: bool = True, int8: bool = False) -> FusedChain:
         """The fused links of ``head`` (the model's or the proposal copy) in ``dtype``, rebuilt when a weight

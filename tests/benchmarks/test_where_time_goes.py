@@ -23,12 +23,16 @@ def test_parts_add_up_and_calls_match_the_decoders():
     assert blockwise["calls"]["encode"] == len(inputs)
 
 
-def test_chained_heads_are_split_by_link():
+@pytest.mark.parametrize("fused", [True, False])
+def test_chained_heads_chain_is_a_part_of_its_own(fused):
+    """Fused links run the whole chain in one call (chain_drafts); the reference links one call per link."""
     model = random_model(k=4, seed=3, head_type="chained_attn")
     model.eos_id = 5
+    model.fuse_chain = fused
     module = SimpleNamespace(model=model, make_criterion=parse_criterion, max_decode_len=lambda src: 12)
     inputs = [row[None] for row in random_sources(3, seed=3)]
     r = profile(module, inputs, 4, "exact")
-    calls = r["calls"]["decode_step"]  # a chain of 3 links after every model call but each row's last
-    assert r["calls"]["chain_draft"] == 3 * (calls - len(inputs)) and "logits_heads" not in r["calls"]
-    assert r["ms_per_step_by_part"]["chain_draft"] > 0
+    chains = r["calls"]["decode_step"] - len(inputs)  # a chain of 3 links after every model call but each row's last
+    part = "chain_drafts" if fused else "chain_draft"
+    assert r["calls"][part] == (chains if fused else 3 * chains) and "logits_heads" not in r["calls"]
+    assert r["ms_per_step_by_part"][part] > 0

@@ -79,6 +79,11 @@ class CountingModel:
         self.links += 1
         return self.model.chain_draft(*args, **kwargs)
 
+    def chain_drafts(self, h, first, k, source=None):  # the whole chain at once: k - 1 links
+        out = self.model.chain_drafts(h, first, k, source)
+        self.links += 0 if out is None else k - 1
+        return out
+
 
 def test_a_stopped_chain_computes_fewer_links_and_verifies_fewer_tokens():
     model = random_model(k=6, seed=33, head_type="chained_attn")

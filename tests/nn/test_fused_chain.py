@@ -101,3 +101,28 @@ def test_int8_links_give_the_reference_states_up_to_int8_rounding(head_type, tab
             z_int8 = fused.step(z_int8, token, i, source)
             assert (z_int8 - z_ref).norm() <= 0.05 * z_ref.norm()  # 7-bit activations, 8-bit weights
             z_int8 = z_ref  # each link from the same state
+
+
+@pytest.mark.parametrize("proposals", [None, "int8"])
+@pytest.mark.parametrize("draft", [False, True])
+def test_whole_chain_at_once_proposes_what_the_links_one_by_one_propose(draft, proposals):
+    if proposals == "int8" and not screened_argmax.available():
+        pytest.skip("no fbgemm/x86 quantized engine")
+    model = random_model(k=5, seed=4, vocab=40, head_type="chained_attn").float()
+    scramble_chain(model, std=0.05)
+    if draft:
+        model.use_draft_vocab(torch.arange(3, 40, 2))
+    model.set_proposal_precision(proposals)
+    src = random_sources(4, vocab=40)
+    context = model.encode(src)
+    source = model.chain_source(context)
+    with torch.no_grad():
+        h = model.decode_full(torch.ones(4, 1, dtype=torch.long), context)[:, -1]
+        first = model.project(h).argmax(-1)
+        whole = model.chain_drafts(h, first, 5, source)
+        z, token, one_by_one = h, first, []
+        for i in range(1, 5):
+            z, token = model.chain_draft(z, token, i, source)
+            one_by_one.append(token)
+    assert torch.equal(whole, torch.stack(one_by_one, dim=1))
+    assert not draft or bool(torch.isin(whole, model.draft_vocab.ids).all())

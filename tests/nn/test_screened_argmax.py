@@ -6,7 +6,7 @@ import torch
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.greedy import greedy_decode_reference
 from lightning_bpd.nn import screened_argmax
-from lightning_bpd.nn.screened_argmax import ScreenedArgmax, int8_linear, pack_int8
+from lightning_bpd.nn.screened_argmax import ScreenedArgmax, int8_linear, pack_int8, screened
 from tests.models import random_model, random_sources
 from tests.nn.test_fused_chain import scramble_chain
 from tests.nn.test_head_centres import image_model
@@ -104,3 +104,14 @@ def test_image_models_with_a_prior_are_refused_with_a_clear_message():
     model = image_model("own", "chained", "gaussian")
     with pytest.raises(ValueError, match="plain vocabulary projection"):
         model.set_screened_argmax(True)
+
+
+def test_screened_context_turns_it_on_for_the_block_only():
+    model = float32_model(head_type="chained")
+    with screened(model):
+        assert model.screened_argmax
+    assert not model.screened_argmax
+    with screened(model, on=False):
+        assert not model.screened_argmax
+    with pytest.raises(ValueError, match="has no screened argmax"), screened(torch.nn.Linear(2, 2)):
+        pass
