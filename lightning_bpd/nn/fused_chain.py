@@ -37,10 +37,48 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_bpd.nn import argmax
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
+from lightning_bpd.nn.fast_linear import LARGE, MAX_ROWS
+from lightning_bpd.nn.lean_step import script
 from lightning_bpd.nn.screened_argmax import int8_linear, pack_int8
 
 TABLE_BUDGET = 512 * 2**20  # bytes of token tables above which the token's terms are multiplied instead
+
+
+def chain_links(z: Tensor, token: Tensor, links: int, zq_t: list[Tensor], zq_b: list[Tensor], tables: list[Tensor],
+                c_t: list[Tensor], out_t: list[Tensor], out_b: list[Tensor], hidden: int, keys_t: Tensor,
+                values: Tensor, mask: Tensor, heads: int, weight: Tensor, bias: Tensor | None, ids: Tensor | None,
+                by_columns: bool) -> Tensor:
+    """``links`` float32 links with token tables, each followed by its proposal's argmax, as
+    :meth:`FusedChain.step` and :meth:`~lightning_bpd.nn.model.BlockwiseTransformer.chain_drafts` compute them:
+    tokens (b, links). ``keys_t`` is empty without source attention; ``weight`` (N, D) and ``bias`` the
+    projection rows, ``ids`` (N,) their token ids (None: the rows are the vocabulary); ``by_columns``: the
+    projection as ``(W @ z.T).T`` (:func:`~lightning_bpd.nn.fast_linear.linear`'s layout for this row count)."""
+    out: list[Tensor] = []
+    b, d = z.shape[0], z.shape[1]
+    for i in range(links):
+        zq = torch.addmm(zq_b[i], z, zq_t[i]) + tables[i].index_select(0, token)  # (b, H [+ D])
+        if keys_t.numel() == 0:
+            a = zq.relu_()
+        else:
+            dh = d // heads
+            scores = torch.baddbmm(mask, zq[:, hidden:].reshape(b * heads, 1, dh), keys_t, alpha=dh**-0.5)
+            c = torch.bmm(scores.softmax(dim=-1), values).reshape(b, d)
+            a = torch.addmm(zq[:, :hidden], c, c_t[i]).relu_()
+        z = torch.addmm(z + out_b[i], a, out_t[i])  # (b, D)
+        if by_columns:
+            logits = torch.addmm(bias.unsqueeze(1), weight, z.t()).t() if bias is not None else (weight @ z.t()).t()
+        else:
+            logits = torch.nn.functional.linear(z, weight, bias)  # (b, N)
+        best = logits.max(dim=-1).indices if logits.numel() >= 4096 else logits.argmax(dim=-1)  # nn.argmax's rule
+        token = best if ids is None else ids[best]
+        out.append(token)
+    return torch.stack(out, dim=1)
+
+
+assert argmax.SMALL == 4096, "chain_links spells lightning_bpd.nn.argmax's SMALL out"
+chain_links_scripted = script(chain_links)
 
 
 @dataclass
@@ -144,6 +182,31 @@ class FusedChain:
         if q8:
             return z + int8_linear(a, q8["out"], z.shape[1])
         return torch.addmm(z + link.out_b, a, link.out_t)  # (b, D)
+
+    def propose(self, z: Tensor, first: Tensor, k: int, source: ChainSource | None, weight: Tensor,
+                bias: Tensor | None, ids: Tensor | None) -> Tensor | None:
+        """Heads 2..k's argmax tokens (b, k - 1) from head 1's state z (b, D) and token ``first`` (b,), over the
+        projection rows ``weight`` (N, D) (token ids ``ids``, or the whole vocabulary), all links in one
+        TorchScript call (:func:`chain_links`); None where it does not apply (int8 links, no token tables, a
+        dtype other than float32 or float64): the caller goes link by link."""
+        if k < 2 or self.int8 or self.links[0].tok_table is None or z.dtype not in (torch.float32, torch.float64):
+            return None
+        links = self.links[: k - 1]
+        if self.source_attention:
+            if source is None:
+                raise ValueError("a source-attending chain needs the source (model.chain_source(context))")
+            laid = self.lay_out(source)
+            keys_t, values, mask, heads = laid.keys_t, laid.values, laid.mask, laid.heads
+        else:
+            keys_t = values = mask = z.new_zeros(0)
+            heads = 1
+        rows = z.shape[0]
+        by_columns = z.device.type == "cpu" and z.dtype == torch.float32 and rows <= MAX_ROWS and rows >= (
+            8 if weight.numel() >= LARGE else 16)
+        return chain_links_scripted(z, first, k - 1, [x.zq_t for x in links], [x.zq_b for x in links],
+                                    [x.tok_table for x in links], [x.c_t if x.c_t is not None else z for x in links],
+                                    [x.out_t for x in links], [x.out_b for x in links], self.hidden, keys_t, values,
+                                    mask, heads, weight, bias, ids, by_columns)
 
     def read_source(self, q: Tensor, source: ChainSource | None) -> Tensor:
         """Attention of one query per row q (b, D) over the laid-out source -> (b, D)."""

@@ -49,7 +49,7 @@ class RowInt8:
     def __call__(self, x: Tensor) -> Tensor:
         """(..., in) float32 -> (..., out) float32."""
         flat = x.reshape(-1, self.in_features)  # (N, in)
-        scale = torch.linalg.vector_norm(flat, float("inf"), dim=1, keepdim=True).clamp_(min=1e-30)  # (N, 1)
+        scale = flat.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30)  # (N, 1) (vector_norm(inf) is slower)
         unit = torch.cat([flat / scale, RANGE.expand(flat.shape[0], 2)], dim=1)  # (N, in + 2), range [-1, 1]
         out = torch.ops.quantized.linear_dynamic(unit, self.packed, True)  # (N, out)
         return torch.addcmul(self.bias, out, scale).reshape(*x.shape[:-1], self.out_features)

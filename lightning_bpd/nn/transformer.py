@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from lightning_bpd.nn import int8, invariant, lean_step
 from lightning_bpd.nn.attention import (
     MultiHeadAttention,
     additive,
@@ -125,6 +126,7 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, dropout) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model)
         self.window = window
+        self.lean = True  # cached inference steps through lean_step (see step)
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
 
@@ -153,12 +155,19 @@ class Decoder(nn.Module):
         return self.norm(x)
 
     def step(self, x: Tensor, context: EncoderContext, cache: KVCache) -> Tensor:
-        """Cached pass over T new inputs per row ``x`` (B, T, D); appends them to ``cache``."""
+        """Cached pass over T new inputs per row ``x`` (B, T, D); appends them to ``cache``. At inference
+        without a window or a static cache, and outside the float64 / int8 products, the same ops run as
+        one TorchScript function (:mod:`~lightning_bpd.nn.lean_step`; ``lean = False`` turns it off)."""
         n_new = x.shape[1]
         cache.check_room(n_new)
         if cache.ring and n_new > RING_MARGIN:
             raise ValueError(f"a ring KV cache takes at most {RING_MARGIN} new tokens per call, got {n_new}")
         positions = cache.positions(n_new)  # (B, T)
+        if self.lean_applies(x, cache):
+            cross_bias = additive(padding_mask(context.src_valid), x.dtype)  # (B, 1, 1, S)
+            out = lean_step.step(self, x, context, cache, positions, cache.length_bounds()[1] + n_new, cross_bias)
+            cache.advance(n_new)
+            return out
         span, self_mask = cached_span(positions, self.window, cache)
         self_mask = additive(self_mask, x.dtype)  # (B, 1, T, S'): converted once for all layers
         cross_mask = additive(padding_mask(context.src_valid), x.dtype)  # (B, 1, 1, S)
@@ -167,6 +176,12 @@ class Decoder(nn.Module):
             x = layer.cross_and_ff(x, kv, cross_mask)
         cache.advance(n_new)
         return self.norm(x)
+
+    def lean_applies(self, x: Tensor, cache: KVCache) -> bool:
+        """Whether :meth:`step` may run as :func:`~lightning_bpd.nn.lean_step.lean_decoder_step`."""
+        return (self.lean and not self.training and not torch.is_grad_enabled() and self.window is None
+                and not cache.ring and not cache.static and cache.k.dtype == x.dtype
+                and not invariant.enabled() and not int8.enabled())
 
     def new_cache(self, batch_size: int, capacity: int, *, dtype: torch.dtype, device: torch.device) -> KVCache:
         """A cache for ``capacity`` positions; with a local window, a ring of window + RING_MARGIN slots."""

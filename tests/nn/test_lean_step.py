@@ -1,0 +1,74 @@
+"""The scripted decoder step against :meth:`Decoder.step`, its reference: bitwise the same."""
+
+import pytest
+import torch
+
+from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
+from lightning_bpd.nn import int8, invariant, screened_argmax
+from tests.models import random_model, random_sources
+
+
+def run_steps(model, src, chunks, crops, lean: bool) -> list[torch.Tensor]:
+    """Cached steps of ``chunks`` (token blocks (B, T)), cropping to ``crops[i]`` (or not) after step i."""
+    model.decoder.lean = lean
+    context = model.encode(src)
+    cache = model.new_cache(src.shape[0], capacity=40)
+    outs = []
+    with torch.no_grad():
+        for tokens, crop in zip(chunks, crops):
+            assert model.decoder.lean_applies(tokens.new_zeros((), dtype=cache.k.dtype), cache) == lean
+            outs.append(model.decode_step(tokens, context, cache))
+            if crop is not None:
+                cache.crop(torch.tensor(crop))
+    model.decoder.lean = True
+    return outs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch", [2, 20])  # 20 rows: the (W @ x.T).T layout of fast_linear
+def test_lean_steps_equal_the_reference_bitwise(dtype, batch):
+    """Equal rows (slice writes), then ragged rows after a crop (per-row writes), 1- and k-token calls."""
+    model = random_model(k=2, vocab=30, seed=7).to(dtype)
+    src = random_sources(batch, vocab=30, seed=7)
+    g = torch.Generator().manual_seed(7)
+    chunks = [torch.randint(3, 30, (batch, t), generator=g) for t in (1, 4, 1, 3, 2)]
+    lengths = [1, 5, 6, 9, 11]
+    ragged = [max(1, n - r % 3) for r, n in enumerate([6] * batch)]  # rows cut back by 0..2 after step 3
+    crops = [None, None, ragged, None, None]
+    assert lengths[2] == 6
+    lean = run_steps(model, src, chunks, crops, lean=True)
+    ref = run_steps(model, src, chunks, crops, lean=False)
+    for a, b in zip(lean, ref):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("head_type", ["paper", "chained_attn"])
+def test_decoding_is_the_same_with_and_without_the_lean_step(head_type):
+    model = random_model(k=4, vocab=40, seed=3, head_type=head_type).float()
+    model.eos_id = 5
+    src = random_sources(6, vocab=40, seed=4)
+    outs = {}
+    for lean in (True, False):
+        model.decoder.lean = lean
+        outs[lean] = (greedy_decode(model, src, 20), blockwise_decode(model, src, Exact(), 20))
+    model.decoder.lean = True
+    for a, b in zip(outs[True], outs[False]):
+        assert torch.equal(a.tokens, b.tokens) and a.block_sizes == b.block_sizes
+
+
+def test_the_reference_keeps_what_the_lean_step_does_not_take():
+    model = random_model(k=2, vocab=30, window=3)
+    x = torch.zeros(1, 1, 32, dtype=torch.float64)
+    with torch.no_grad():
+        assert not model.decoder.lean_applies(x, model.new_cache(1, 40))  # a local window: ring cache
+        plain = random_model(k=2, vocab=30)
+        cache = plain.new_cache(1, 40)
+        assert plain.decoder.lean_applies(x, cache)
+        with invariant.batch_invariant():
+            assert not plain.decoder.lean_applies(x, cache)  # float64 products
+        if screened_argmax.available():
+            with int8.int8_products():
+                assert not plain.decoder.lean_applies(x, cache)  # int8 products
+        cache.make_static()
+        assert not plain.decoder.lean_applies(x, cache)
+    assert not plain.decoder.lean_applies(x, plain.new_cache(1, 40))  # gradients on: training
