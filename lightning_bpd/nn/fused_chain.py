@@ -37,13 +37,27 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_bpd.nn import argmax
+from lightning_bpd.nn import argmax, screened_argmax
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.fast_linear import LARGE, MAX_ROWS
 from lightning_bpd.nn.lean_step import script
 from lightning_bpd.nn.screened_argmax import int8_linear, pack_int8
 
 TABLE_BUDGET = 512 * 2**20  # bytes of token tables above which the token's terms are multiplied instead
+
+
+def source_read(q: Tensor, keys_t: Tensor, values: Tensor, mask: Tensor, heads: int) -> Tensor:
+    """One query per row q (b, D) over a laid-out source (:class:`LaidOutSource`) -> (b, D)."""
+    b, d = q.shape[0], q.shape[1]
+    dh = d // heads
+    scores = torch.baddbmm(mask, q.reshape(b * heads, 1, dh), keys_t, alpha=dh**-0.5)  # (b * nh, 1, S)
+    return torch.bmm(scores.softmax(dim=-1), values).reshape(b, d)
+
+
+def pick(logits: Tensor, ids: Tensor | None) -> Tensor:
+    """argmax token ids of proposal logits (b, N) (nn.argmax's rule), mapped through ``ids`` when given."""
+    best = logits.max(dim=-1).indices if logits.numel() >= 4096 else logits.argmax(dim=-1)
+    return best if ids is None else ids[best]
 
 
 def chain_links(z: Tensor, token: Tensor, links: int, zq_t: list[Tensor], zq_b: list[Tensor], tables: list[Tensor],
@@ -56,29 +70,46 @@ def chain_links(z: Tensor, token: Tensor, links: int, zq_t: list[Tensor], zq_b: 
     projection rows, ``ids`` (N,) their token ids (None: the rows are the vocabulary); ``by_columns``: the
     projection as ``(W @ z.T).T`` (:func:`~lightning_bpd.nn.fast_linear.linear`'s layout for this row count)."""
     out: list[Tensor] = []
-    b, d = z.shape[0], z.shape[1]
     for i in range(links):
         zq = torch.addmm(zq_b[i], z, zq_t[i]) + tables[i].index_select(0, token)  # (b, H [+ D])
         if keys_t.numel() == 0:
             a = zq.relu_()
         else:
-            dh = d // heads
-            scores = torch.baddbmm(mask, zq[:, hidden:].reshape(b * heads, 1, dh), keys_t, alpha=dh**-0.5)
-            c = torch.bmm(scores.softmax(dim=-1), values).reshape(b, d)
+            c = source_read(zq[:, hidden:], keys_t, values, mask, heads)
             a = torch.addmm(zq[:, :hidden], c, c_t[i]).relu_()
         z = torch.addmm(z + out_b[i], a, out_t[i])  # (b, D)
         if by_columns:
             logits = torch.addmm(bias.unsqueeze(1), weight, z.t()).t() if bias is not None else (weight @ z.t()).t()
         else:
             logits = torch.nn.functional.linear(z, weight, bias)  # (b, N)
-        best = logits.max(dim=-1).indices if logits.numel() >= 4096 else logits.argmax(dim=-1)  # nn.argmax's rule
-        token = best if ids is None else ids[best]
+        token = pick(logits, ids)
         out.append(token)
     return torch.stack(out, dim=1)
 
 
-assert argmax.SMALL == 4096, "chain_links spells lightning_bpd.nn.argmax's SMALL out"
+def chain_links_int8(z: Tensor, token: Tensor, links: int, zq: list[torch.classes.quantized.LinearPackedParamsBase],
+                     tables: list[Tensor], c: list[torch.classes.quantized.LinearPackedParamsBase],
+                     out_w: list[torch.classes.quantized.LinearPackedParamsBase], hidden: int, keys_t: Tensor,
+                     values: Tensor, mask: Tensor, heads: int, projection: torch.classes.quantized.LinearPackedParamsBase,
+                     ids: Tensor | None) -> Tensor:
+    """:func:`chain_links` with int8 links (:meth:`FusedChain.pack`) and an int8 projection (biases inside)."""
+    out: list[Tensor] = []
+    for i in range(links):
+        zq_i = torch.ops.quantized.linear_dynamic(z, zq[i], True) + tables[i].index_select(0, token)
+        if keys_t.numel() == 0:
+            a = zq_i.relu_()
+        else:
+            read = source_read(zq_i[:, hidden:], keys_t, values, mask, heads)
+            a = (zq_i[:, :hidden] + torch.ops.quantized.linear_dynamic(read, c[i], True)).relu_()
+        z = z + torch.ops.quantized.linear_dynamic(a, out_w[i], True)
+        token = pick(torch.ops.quantized.linear_dynamic(z, projection, True), ids)
+        out.append(token)
+    return torch.stack(out, dim=1)
+
+
+assert argmax.SMALL == 4096, "pick spells lightning_bpd.nn.argmax's SMALL out"
 chain_links_scripted = script(chain_links)
+chain_links_int8_scripted = script(chain_links_int8) if screened_argmax.available() else chain_links_int8
 
 
 @dataclass
@@ -184,12 +215,13 @@ class FusedChain:
         return torch.addmm(z + link.out_b, a, link.out_t)  # (b, D)
 
     def propose(self, z: Tensor, first: Tensor, k: int, source: ChainSource | None, weight: Tensor,
-                bias: Tensor | None, ids: Tensor | None) -> Tensor | None:
+                bias: Tensor | None, ids: Tensor | None, projection: object = None) -> Tensor | None:
         """Heads 2..k's argmax tokens (b, k - 1) from head 1's state z (b, D) and token ``first`` (b,), over the
-        projection rows ``weight`` (N, D) (token ids ``ids``, or the whole vocabulary), all links in one
-        TorchScript call (:func:`chain_links`); None where it does not apply (int8 links, no token tables, a
-        dtype other than float32 or float64): the caller goes link by link."""
-        if k < 2 or self.int8 or self.links[0].tok_table is None or z.dtype not in (torch.float32, torch.float64):
+        projection rows ``weight`` (N, D) (token ids ``ids``, or the whole vocabulary; int8 links: the rows
+        packed in int8, ``projection``), all links in one TorchScript call (:func:`chain_links`,
+        :func:`chain_links_int8`); None where it does not apply (no token tables, a dtype other than float32
+        or float64): the caller goes link by link."""
+        if k < 2 or self.links[0].tok_table is None or z.dtype not in (torch.float32, torch.float64):
             return None
         links = self.links[: k - 1]
         if self.source_attention:
@@ -200,6 +232,11 @@ class FusedChain:
         else:
             keys_t = values = mask = z.new_zeros(0)
             heads = 1
+        if self.int8:
+            return chain_links_int8_scripted(
+                z, first, k - 1, [x.int8["zq"] for x in links], [x.tok_table for x in links],
+                [x.int8.get("c", x.int8["zq"]) for x in links], [x.int8["out"] for x in links], self.hidden, keys_t,
+                values, mask, heads, projection, ids)
         rows = z.shape[0]
         by_columns = z.device.type == "cpu" and z.dtype == torch.float32 and rows <= MAX_ROWS and rows >= (
             8 if weight.numel() >= LARGE else 16)
@@ -213,7 +250,4 @@ class FusedChain:
         if source is None:
             raise ValueError("a source-attending chain needs the source (model.chain_source(context))")
         laid = self.lay_out(source)
-        b, d = q.shape
-        dh = d // laid.heads
-        scores = torch.baddbmm(laid.mask, q.reshape(b * laid.heads, 1, dh), laid.keys_t, alpha=dh**-0.5)  # (B * nh, 1, S)
-        return torch.bmm(scores.softmax(dim=-1), laid.values).reshape(b, d)
+        return source_read(q, laid.keys_t, laid.values, laid.mask, laid.heads)

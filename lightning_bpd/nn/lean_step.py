@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning_bpd.nn import int8
 from lightning_bpd.nn.fast_linear import LARGE, MAX_ROWS
+from lightning_bpd.nn.screened_argmax import available
 
 assert LARGE == 1048576, "lean_step's _linear spells fast_linear's LARGE out"
 
@@ -33,9 +35,39 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor, by_columns: list[bool]) -> 
     return torch.addmm(bias.unsqueeze(1), weight, flat.t()).t().reshape(x.shape[:-1] + [weight.shape[0]])
 
 
+def _row_int8(x: Tensor, packed: torch.classes.quantized.LinearPackedParamsBase, bias: Tensor, unit_range: Tensor
+              ) -> Tensor:
+    """:class:`lightning_bpd.nn.int8.RowInt8` (the same ops): per-row activation scales, exact int8 products."""
+    flat = x.reshape(-1, x.shape[-1])
+    scale = flat.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30)
+    unit = torch.cat([flat / scale, unit_range.expand(flat.shape[0], 2)], dim=1)
+    out = torch.ops.quantized.linear_dynamic(unit, packed, True)
+    return torch.addcmul(bias, out, scale).reshape(x.shape[:-1] + [out.shape[1]])
+
+
+def _product(x: Tensor, j: int, weights: list[Tensor], packed: list[torch.classes.quantized.LinearPackedParamsBase],
+             by_columns: list[bool], unit_range: Tensor) -> Tensor:
+    """Product ``j`` of the step (weights[2j], weights[2j + 1]): int8 when ``packed`` holds the packed weights."""
+    if len(packed) > 0:
+        return _row_int8(x, packed[j], weights[2 * j + 1], unit_range)
+    return _linear(x, weights[2 * j], weights[2 * j + 1], by_columns)
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, wide: bool) -> Tensor:
+    """SDPA of (B, T, H, Dh) q and (B, S, H, Dh) k, v -> (B, T, H * Dh); ``wide``: in float64, rounded back
+    (:func:`lightning_bpd.nn.invariant.attention`)."""
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if wide:
+        out = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=bias.double()).to(q.dtype)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
 def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Tensor, start: int, stop: int,
                       weights: list[Tensor], norms: list[Tensor], cross_k: list[Tensor], cross_v: list[Tensor],
-                      cross_bias: Tensor, n_heads: int, by_columns: list[bool]) -> Tensor:
+                      cross_bias: Tensor, n_heads: int, by_columns: list[bool],
+                      packed: list[torch.classes.quantized.LinearPackedParamsBase], unit_range: Tensor) -> Tensor:
     """T new inputs per row x (B, T, D) at ``positions`` (B, T) -> the final-norm hidden states (B, T, D).
 
     Writes their keys and values into ``k_cache`` / ``v_cache`` (L, B, S, H, Dh): at slots ``start .. start
@@ -44,34 +76,34 @@ def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Te
     ``weights``: per layer the 12 tensors qkv (w, b), self out (w, b), cross q (w, b), cross out (w, b),
     ff1 (w, b), ff2 (w, b); ``norms``: per layer norm1..3 (w, b), then the final norm (w, b);
     ``cross_k`` / ``cross_v``: per layer (B, S_src, H, Dh); ``cross_bias``: (B, 1, 1, S_src) additive;
-    ``by_columns``: the products' layout (:func:`_linear`).
+    ``by_columns``: the float products' layout (:func:`_linear`); ``packed``: empty, or the int8 weights of
+    every product (precision int8, :mod:`lightning_bpd.nn.int8`: attention then in float64).
     """
     b, t, d = x.shape[0], x.shape[1], x.shape[2]
     dh = d // n_heads
+    wide = len(packed) > 0
     k_pos = torch.arange(stop, device=x.device)
     visible = k_pos[None, None, None, :] <= positions[:, None, :, None]  # (B, 1, T, S)
     self_bias = torch.zeros(visible.shape, dtype=x.dtype, device=x.device).masked_fill_(~visible, float("-inf"))
     rows = torch.arange(b, device=x.device)[:, None]
     for i in range(len(cross_k)):
         w = weights[12 * i : 12 * i + 12]
+        p = packed[6 * i : 6 * i + 6]
         n = norms[6 * i : 6 * i + 6]
         h = F.layer_norm(x, [d], n[0], n[1])
-        qkv = _linear(h, w[0], w[1], by_columns).view(b, t, 3 * n_heads, dh).chunk(3, dim=2)
+        qkv = _product(h, 0, w, p, by_columns, unit_range).view(b, t, 3 * n_heads, dh).chunk(3, dim=2)
         if start >= 0:
             k_cache[i, :, start : start + t] = qkv[1]
             v_cache[i, :, start : start + t] = qkv[2]
         else:
             k_cache[i][rows, positions] = qkv[1]
             v_cache[i][rows, positions] = qkv[2]
-        a = F.scaled_dot_product_attention(qkv[0].transpose(1, 2), k_cache[i, :, :stop].transpose(1, 2),
-                                           v_cache[i, :, :stop].transpose(1, 2), attn_mask=self_bias)
-        x = x + _linear(a.transpose(1, 2).reshape(b, t, d), w[2], w[3], by_columns)
-        q = _linear(F.layer_norm(x, [d], n[2], n[3]), w[4], w[5], by_columns).view(b, t, n_heads, dh)
-        a = F.scaled_dot_product_attention(q.transpose(1, 2), cross_k[i].transpose(1, 2), cross_v[i].transpose(1, 2),
-                                           attn_mask=cross_bias)
-        x = x + _linear(a.transpose(1, 2).reshape(b, t, d), w[6], w[7], by_columns)
-        h = F.layer_norm(x, [d], n[4], n[5])
-        x = x + _linear(torch.relu(_linear(h, w[8], w[9], by_columns)), w[10], w[11], by_columns)
+        a = _attention(qkv[0], k_cache[i, :, :stop], v_cache[i, :, :stop], self_bias, wide)
+        x = x + _product(a, 1, w, p, by_columns, unit_range)
+        q = _product(F.layer_norm(x, [d], n[2], n[3]), 2, w, p, by_columns, unit_range).view(b, t, n_heads, dh)
+        x = x + _product(_attention(q, cross_k[i], cross_v[i], cross_bias, wide), 3, w, p, by_columns, unit_range)
+        h = torch.relu(_product(F.layer_norm(x, [d], n[4], n[5]), 4, w, p, by_columns, unit_range))
+        x = x + _product(h, 5, w, p, by_columns, unit_range)
     return F.layer_norm(x, [d], norms[-2], norms[-1])
 
 
@@ -85,7 +117,7 @@ def script(fn):
         return fn
 
 
-lean_decoder_step = script(lean_decoder_step)
+lean_decoder_step = script(lean_decoder_step) if available() else lean_decoder_step
 
 
 def decoder_tensors(decoder: torch.nn.Module) -> tuple[list[Tensor], list[Tensor]]:
@@ -108,15 +140,19 @@ def step(decoder: torch.nn.Module, x: Tensor, context, cache, positions: Tensor,
          cross_bias: Tensor) -> Tensor:
     """:meth:`Decoder.step`'s work (after its checks) through :func:`lean_decoder_step`; the caller advances
     the cache. The decoder's tensors are listed once (``decoder.lean_tensors``: the parameter objects, which
-    keep their identity through ``.to()`` and ``load_state_dict``) and listed again if one was replaced."""
+    keep their identity through ``.to()`` and ``load_state_dict``) and listed again if one was replaced. With
+    int8 products on (:mod:`lightning_bpd.nn.int8`) the products take their packed int8 weights."""
     made = getattr(decoder, "lean_tensors", None)
     if made is None or made[0][0] is not decoder.layers[0].self_attn.qkv_proj.weight or made[1][-1] is not \
             decoder.norm.bias:
         made = decoder.lean_tensors = decoder_tensors(decoder)
+    weights, norms = made
+    packed = [int8.packed(weights[j], weights[j + 1]).packed for j in range(0, len(weights), 2)] if int8.enabled() \
+        else []
     low, high = cache.length_bounds()
     rows = x.shape[0] * x.shape[1]
     cpu32 = x.device.type == "cpu" and x.dtype == torch.float32 and rows <= MAX_ROWS
     by_columns = [cpu32 and rows >= 16, cpu32 and rows >= 8]  # fast_linear's rule, per weight size
-    return lean_decoder_step(x, cache.k, cache.v, positions, low if low == high else -1, stop, made[0], made[1],
+    return lean_decoder_step(x, cache.k, cache.v, positions, low if low == high else -1, stop, weights, norms,
                              [k for k, _ in context.cross_kv], [v for _, v in context.cross_kv], cross_bias,
-                             decoder.n_heads, by_columns)
+                             decoder.n_heads, by_columns, packed, int8.RANGE)

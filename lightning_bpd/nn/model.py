@@ -557,12 +557,12 @@ class BlockwiseTransformer(nn.Module):
         int8 = self.proposal is not None and self.proposal.int8
         fused = self.fused_chain(head, weight.dtype, int8=int8)
         draft = self.draft_vocab
-        if not int8:  # all links in one TorchScript call where the links allow it
-            rows, row_bias = (weight, bias) if draft is None else draft.rows(weight, bias)
-            tokens = fused.propose(h.to(weight.dtype), first, k, source, rows, row_bias,
-                                   None if draft is None else draft.ids)
-            if tokens is not None:
-                return tokens
+        rows, row_bias = (weight, bias) if draft is None else draft.rows(weight, bias)
+        packed = self.proposal.int8_rows(draft)[0] if int8 else None  # type: ignore[union-attr]
+        tokens = fused.propose(h.to(weight.dtype), first, k, source, rows, row_bias,  # all links in one call
+                               None if draft is None else draft.ids, packed)
+        if tokens is not None:
+            return tokens
         if int8:
             packed, n = self.proposal.int8_rows(draft)  # type: ignore[union-attr]
             project = lambda z: int8_linear(z, packed, n)

@@ -156,8 +156,8 @@ class Decoder(nn.Module):
 
     def step(self, x: Tensor, context: EncoderContext, cache: KVCache) -> Tensor:
         """Cached pass over T new inputs per row ``x`` (B, T, D); appends them to ``cache``. At inference
-        without a window or a static cache, and outside the float64 / int8 products, the same ops run as
-        one TorchScript function (:mod:`~lightning_bpd.nn.lean_step`; ``lean = False`` turns it off)."""
+        without a window or a static cache, and outside the float64 products, the same ops run as one
+        TorchScript function (:mod:`~lightning_bpd.nn.lean_step`; ``lean = False`` turns it off)."""
         n_new = x.shape[1]
         cache.check_room(n_new)
         if cache.ring and n_new > RING_MARGIN:
@@ -180,8 +180,8 @@ class Decoder(nn.Module):
     def lean_applies(self, x: Tensor, cache: KVCache) -> bool:
         """Whether :meth:`step` may run as :func:`~lightning_bpd.nn.lean_step.lean_decoder_step`."""
         return (self.lean and not self.training and not torch.is_grad_enabled() and self.window is None
-                and not cache.ring and not cache.static and cache.k.dtype == x.dtype
-                and not invariant.enabled() and not int8.enabled())
+                and not cache.ring and not cache.static and cache.k.dtype == x.dtype and not invariant.enabled()
+                and (not int8.enabled() or x.dtype == torch.float32 and x.device.type == "cpu"))
 
     def new_cache(self, batch_size: int, capacity: int, *, dtype: torch.dtype, device: torch.device) -> KVCache:
         """A cache for ``capacity`` positions; with a local window, a ring of window + RING_MARGIN slots."""

@@ -68,7 +68,25 @@ def test_the_reference_keeps_what_the_lean_step_does_not_take():
             assert not plain.decoder.lean_applies(x, cache)  # float64 products
         if screened_argmax.available():
             with int8.int8_products():
-                assert not plain.decoder.lean_applies(x, cache)  # int8 products
+                assert not plain.decoder.lean_applies(x, cache)  # int8 products of a float64 model
+                assert plain.decoder.lean_applies(x.float(), plain.float().new_cache(1, 40))  # float32: lean too
+            plain.double()
         cache.make_static()
         assert not plain.decoder.lean_applies(x, cache)
     assert not plain.decoder.lean_applies(x, plain.new_cache(1, 40))  # gradients on: training
+
+
+@pytest.mark.skipif(not screened_argmax.available(), reason="no fbgemm/x86 quantized engine")
+def test_lean_int8_steps_equal_the_int8_reference_bitwise():
+    """Precision int8: the scripted step takes the packed weights and float64 attention of the reference."""
+    model = random_model(k=2, vocab=30, seed=8).float()
+    src = random_sources(3, vocab=30, seed=8)
+    g = torch.Generator().manual_seed(8)
+    chunks = [torch.randint(3, 30, (3, t), generator=g) for t in (1, 4, 1, 2)]
+    crops = [None, [4, 3, 5], None, None]
+    with int8.int8_products():
+        lean = run_steps(model, src, chunks, crops, lean=True)
+        ref = run_steps(model, src, chunks, crops, lean=False)
+    plain = run_steps(model, src, chunks, crops, lean=True)
+    for a, b, c in zip(lean, ref, plain):
+        assert torch.equal(a, b) and not torch.equal(a, c)
