@@ -58,7 +58,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, wide: bool) -> Ten
     (:func:`lightning_bpd.nn.invariant.attention`)."""
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if wide:
-        out = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=bias.double()).to(q.dtype)
+        mask = bias.double() if bias.is_floating_point() else bias
+        out = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask).to(q.dtype)
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
@@ -107,6 +108,26 @@ def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Te
     return F.layer_norm(x, [d], norms[-2], norms[-1])
 
 
+def lean_encoder(x: Tensor, mask: Tensor, weights: list[Tensor], norms: list[Tensor], n_heads: int,
+                 by_columns: list[bool], packed: list[torch.classes.quantized.LinearPackedParamsBase],
+                 unit_range: Tensor) -> Tensor:
+    """The encoder's layers over embedded sources x (B, S, D) under the boolean ``mask`` (B, 1, 1, S) -> the
+    final-norm memory (B, S, D). ``weights``: per layer qkv (w, b), out (w, b), ff1 (w, b), ff2 (w, b);
+    ``norms``: per layer norm1, norm2 (w, b), then the final norm; ``packed`` as for :func:`lean_decoder_step`."""
+    b, s, d = x.shape[0], x.shape[1], x.shape[2]
+    wide = len(packed) > 0
+    for i in range(len(norms) // 4):
+        w = weights[8 * i : 8 * i + 8]
+        p = packed[4 * i : 4 * i + 4]
+        qkv = _product(F.layer_norm(x, [d], norms[4 * i], norms[4 * i + 1]), 0, w, p, by_columns, unit_range)
+        qkv = qkv.view(b, s, 3 * n_heads, d // n_heads).chunk(3, dim=2)
+        x = x + _product(_attention(qkv[0], qkv[1], qkv[2], mask, wide), 1, w, p, by_columns, unit_range)
+        h = torch.relu(_product(F.layer_norm(x, [d], norms[4 * i + 2], norms[4 * i + 3]), 2, w, p, by_columns,
+                                unit_range))
+        x = x + _product(h, 3, w, p, by_columns, unit_range)
+    return F.layer_norm(x, [d], norms[-2], norms[-1])
+
+
 def script(fn):
     """``fn`` compiled by TorchScript (which torch 2.14 marks deprecated but runs); ``fn`` itself where it cannot."""
     try:
@@ -118,6 +139,7 @@ def script(fn):
 
 
 lean_decoder_step = script(lean_decoder_step) if available() else lean_decoder_step
+lean_encoder = script(lean_encoder) if available() else lean_encoder
 
 
 def decoder_tensors(decoder: torch.nn.Module) -> tuple[list[Tensor], list[Tensor]]:
@@ -136,23 +158,52 @@ def decoder_tensors(decoder: torch.nn.Module) -> tuple[list[Tensor], list[Tensor
     return weights, norms
 
 
+def encoder_tensors(encoder: torch.nn.Module) -> tuple[list[Tensor], list[Tensor]]:
+    """The weights and norms of an :class:`~lightning_bpd.nn.transformer.Encoder` in :func:`lean_encoder`'s order."""
+    weights: list[Tensor] = []
+    norms: list[Tensor] = []
+    for layer in encoder.layers:
+        first, _, _, second = layer.ff.net
+        for lin in (layer.attn.qkv_proj, layer.attn.o_proj, first, second):
+            weights += [lin.weight, lin.bias]
+        norms += [layer.norm1.weight, layer.norm1.bias, layer.norm2.weight, layer.norm2.bias]
+    norms += [encoder.norm.weight, encoder.norm.bias]
+    return weights, norms
+
+
+def listed(stack: torch.nn.Module, lister) -> tuple[list[Tensor], list[Tensor]]:
+    """``lister(stack)``, kept on the stack as ``lean_tensors`` (the parameter objects, which keep their identity
+    through ``.to()`` and ``load_state_dict``) and listed again if the first or the last was replaced."""
+    made = getattr(stack, "lean_tensors", None)
+    if made is None or made[1][0] is not stack.layers[0].norm1.weight or made[1][-1] is not stack.norm.bias:
+        made = stack.lean_tensors = lister(stack)
+    return made
+
+
+def layouts(x: Tensor, weights: list[Tensor]) -> tuple[list[bool], list]:
+    """For a call on x: :func:`_linear`'s layout flags (fast_linear's rule per weight size), and the packed
+    int8 weights of every (weight, bias) pair when int8 products are on (else empty)."""
+    rows = x.numel() // x.shape[-1]
+    cpu32 = x.device.type == "cpu" and x.dtype == torch.float32 and rows <= MAX_ROWS
+    packed = [int8.packed(weights[j], weights[j + 1]).packed for j in range(0, len(weights), 2)] if int8.enabled() \
+        else []
+    return [cpu32 and rows >= 16, cpu32 and rows >= 8], packed
+
+
+def encode(encoder: torch.nn.Module, x: Tensor, mask: Tensor) -> Tensor:
+    """:meth:`Encoder.forward` through :func:`lean_encoder`."""
+    weights, norms = listed(encoder, encoder_tensors)
+    by_columns, packed = layouts(x, weights)
+    return lean_encoder(x, mask, weights, norms, encoder.layers[0].attn.n_heads, by_columns, packed, int8.RANGE)
+
+
 def step(decoder: torch.nn.Module, x: Tensor, context, cache, positions: Tensor, stop: int,
          cross_bias: Tensor) -> Tensor:
     """:meth:`Decoder.step`'s work (after its checks) through :func:`lean_decoder_step`; the caller advances
-    the cache. The decoder's tensors are listed once (``decoder.lean_tensors``: the parameter objects, which
-    keep their identity through ``.to()`` and ``load_state_dict``) and listed again if one was replaced. With
-    int8 products on (:mod:`lightning_bpd.nn.int8`) the products take their packed int8 weights."""
-    made = getattr(decoder, "lean_tensors", None)
-    if made is None or made[0][0] is not decoder.layers[0].self_attn.qkv_proj.weight or made[1][-1] is not \
-            decoder.norm.bias:
-        made = decoder.lean_tensors = decoder_tensors(decoder)
-    weights, norms = made
-    packed = [int8.packed(weights[j], weights[j + 1]).packed for j in range(0, len(weights), 2)] if int8.enabled() \
-        else []
+    the cache. With int8 products on (:mod:`lightning_bpd.nn.int8`) the products take their packed weights."""
+    weights, norms = listed(decoder, decoder_tensors)
+    by_columns, packed = layouts(x, weights)
     low, high = cache.length_bounds()
-    rows = x.shape[0] * x.shape[1]
-    cpu32 = x.device.type == "cpu" and x.dtype == torch.float32 and rows <= MAX_ROWS
-    by_columns = [cpu32 and rows >= 16, cpu32 and rows >= 8]  # fast_linear's rule, per weight size
     return lean_decoder_step(x, cache.k, cache.v, positions, low if low == high else -1, stop, weights, norms,
                              [k for k, _ in context.cross_kv], [v for _, v in context.cross_kv], cross_bias,
                              decoder.n_heads, by_columns, packed, int8.RANGE)

@@ -60,6 +60,13 @@ class EncoderContext:
         )
 
 
+def lean_applies(stack: nn.Module, x: Tensor) -> bool:
+    """Whether an encoder or decoder may run ``x`` through :mod:`~lightning_bpd.nn.lean_step`: inference
+    (eval mode, no gradients), outside the float64 products, and int8 products only for float32 on CPU."""
+    return (stack.lean and not stack.training and not torch.is_grad_enabled() and not invariant.enabled()
+            and (not int8.enabled() or x.dtype == torch.float32 and x.device.type == "cpu"))
+
+
 class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
         super().__init__()
@@ -91,9 +98,12 @@ class Encoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(d_model, n_heads, d_ff, dropout) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model)
+        self.lean = True  # inference through lean_step.lean_encoder (see forward)
 
     def forward(self, x: Tensor, src_valid: Tensor) -> Tensor:
         mask = padding_mask(src_valid)
+        if self.layers and lean_applies(self, x):  # the same ops as one TorchScript function
+            return lean_step.encode(self, x, mask)
         for layer in self.layers:
             x = layer(x, mask)
         return self.norm(x)
@@ -179,9 +189,8 @@ class Decoder(nn.Module):
 
     def lean_applies(self, x: Tensor, cache: KVCache) -> bool:
         """Whether :meth:`step` may run as :func:`~lightning_bpd.nn.lean_step.lean_decoder_step`."""
-        return (self.lean and not self.training and not torch.is_grad_enabled() and self.window is None
-                and not cache.ring and not cache.static and cache.k.dtype == x.dtype and not invariant.enabled()
-                and (not int8.enabled() or x.dtype == torch.float32 and x.device.type == "cpu"))
+        return (self.window is None and not cache.ring and not cache.static and cache.k.dtype == x.dtype
+                and lean_applies(self, x))
 
     def new_cache(self, batch_size: int, capacity: int, *, dtype: torch.dtype, device: torch.device) -> KVCache:
         """A cache for ``capacity`` positions; with a local window, a ring of window + RING_MARGIN slots."""

@@ -90,3 +90,21 @@ def test_lean_int8_steps_equal_the_int8_reference_bitwise():
     plain = run_steps(model, src, chunks, crops, lean=True)
     for a, b, c in zip(lean, ref, plain):
         assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("precision", ["float32", "float64", "int8"])
+def test_lean_encoder_equals_the_reference_bitwise(precision):
+    if precision == "int8" and not screened_argmax.available():
+        pytest.skip("no fbgemm/x86 quantized engine")
+    model = random_model(k=2, vocab=30, seed=9)
+    model = model.double() if precision == "float64" else model.float()
+    src = random_sources(20, vocab=30, seed=9)  # padded rows; 20 rows of up to 9: every product layout
+    with torch.no_grad(), int8.int8_products(precision == "int8"):
+        lean = model.encode(src)
+        model.encoder.lean = False
+        ref = model.encode(src)
+        model.encoder.lean = True
+    assert model.encoder.lean_tensors is not None  # the lean path ran
+    assert torch.equal(lean.memory, ref.memory)
+    for (k1, v1), (k2, v2) in zip(lean.cross_kv, ref.cross_kv):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
