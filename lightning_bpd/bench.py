@@ -192,6 +192,10 @@ def add_precision_args(p: argparse.ArgumentParser) -> None:
                         "vocabulary and float64 logits of the candidates it leaves (lightning_bpd/nn/"
                         "screened_argmax.py): the float64 logits' argmax, the same in a k-token verify pass as in a "
                         "1-token step; CPU, float32 translation models")
+    p.add_argument("--reference-steps", action="store_true",
+                   help="run the encoder and the cached decoder steps through the reference modules instead of the "
+                        "TorchScript lean steps (lightning_bpd/nn/lean_step.py; same outputs); for timing the "
+                        "difference")
     p.add_argument("--unfused-chain", action="store_true",
                    help="chained heads propose through the reference links (ChainedHead.step) instead of the fused "
                         "ones (lightning_bpd/nn/fused_chain.py); for timing the difference")
@@ -201,6 +205,9 @@ def apply_precision_args(model, args: argparse.Namespace) -> None:
     """What :func:`add_precision_args` asked for, applied to ``model`` (raises ValueError on what it cannot take)."""
     set_inference_precision(model, args.precision, args.proposal_precision)
     model.fuse_chain = not args.unfused_chain
+    for stack in (getattr(model, "encoder", None), getattr(model, "decoder", None)):
+        if stack is not None:
+            stack.lean = not args.reference_steps
     if args.screened_argmax:
         if not hasattr(model, "set_screened_argmax"):
             raise ValueError(f"--screened-argmax: {type(model).__name__} has no screened argmax")
@@ -264,7 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
               "lazy_verify": args.lazy_verify, "fixed_shape": args.fixed_shape, "draft_vocab": args.draft_vocab,
               "precision": active_precision_name(module.model), "proposal_precision": args.proposal_precision,
               "stop_below": args.stop_below, "fused_chain": not args.unfused_chain,
-              "screened_argmax": args.screened_argmax, "batch_sizes": {}}
+              "screened_argmax": args.screened_argmax, "lean_steps": not args.reference_steps, "batch_sizes": {}}
     if peers is not None:
         result["peers"] = {**peers.info, "batch_sizes": {}}
     print(f"device: {result['device_name']}; ms/call = wall-clock per decoder call (a greedy step or a blockwise "

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "criterion": args.criterion, "precision": active_precision_name(module.model),
                               "proposal_precision": args.proposal_precision, "stop_below": args.stop_below,
                               "draft_vocab": args.draft_vocab, "fused_chain": not args.unfused_chain,
-                              "screened_argmax": args.screened_argmax,
+                              "screened_argmax": args.screened_argmax, "lean_steps": not args.reference_steps,
                               "methods": {"greedy": profile(module, inputs, None, None)}}
     for k in ks:
         report["methods"][f"{args.criterion}@k{k}"] = profile(module, inputs, k, args.criterion, args.stop_below)

@@ -148,13 +148,28 @@ def test_bench_command_writes_json(fitted, capsys):
 
 
 @pytest.mark.parametrize("options", [["--precision", "bf16", "--stop-below", "0.3"],
-                                     ["--proposal-precision", "bfloat16", "--stop-below", "0.5"]],
-                         ids=["bf16-with-stop", "fp32-with-bf16-proposals"])
+                                     ["--proposal-precision", "bfloat16", "--stop-below", "0.5"],
+                                     ["--precision", "int8", "--proposal-precision", "int8", "--stop-below", "0.3"],
+                                     ["--screened-argmax", "--reference-steps", "--proposal-precision", "int8",
+                                      "--stop-below", "0.5"]],
+                         ids=["bf16-with-stop", "fp32-with-bf16-proposals", "int8", "screened-reference-steps"])
 def test_bench_and_decode_in_reduced_precision_with_a_confidence_stop(fitted, options):
     """The options reach the model and the record; with float32 verification exact output stays greedy's
-    (in bfloat16 a near-tie can break differently in the verify pass: bench reports it per run)."""
+    (in bfloat16 a near-tie can break differently in the verify pass: bench reports it per run; int8 is
+    batch-invariant by construction)."""
     import json
 
+    from lightning_bpd.nn import int8
+
+    if "int8" in options and not int8.available():
+        pytest.skip("no fbgemm/x86 quantized engine")
+    try:
+        check_precision_options(fitted, options, json)
+    finally:
+        int8.set_int8(False)  # the CLIs switch int8 products on for their process: this one goes on testing
+
+
+def check_precision_options(fitted, options, json):
     root, _, _ = fitted
     ckpt = str(root / "runs/b/last.ckpt")
     src = root / "bench_prec.en"
@@ -163,10 +178,14 @@ def test_bench_and_decode_in_reduced_precision_with_a_confidence_stop(fitted, op
     main(["bench", "--ckpt", ckpt, "--input", str(src), "--criteria", "exact", "--batch-sizes", "1", "3",
           "--inputs", "3", "--warmup", "0", "--json", str(out), *options])
     result = json.loads(out.read_text())
-    assert result["precision"] == ("bfloat16" if "--precision" in options else "float32")
+    precision = options[options.index("--precision") + 1] if "--precision" in options else "float32"
+    assert result["precision"] == {"bf16": "bfloat16"}.get(precision, precision)
     assert result["stop_below"] == float(options[-1])
-    assert result["proposal_precision"] == ("bfloat16" if "--proposal-precision" in options else None)
-    exact_in_fp32 = "--precision" not in options
+    proposals = options[options.index("--proposal-precision") + 1] if "--proposal-precision" in options else None
+    assert result["proposal_precision"] == proposals
+    assert result["screened_argmax"] == ("--screened-argmax" in options)
+    assert result["lean_steps"] == ("--reference-steps" not in options)
+    exact_in_fp32 = precision in ("float32", "int8")
     for bs in ("1", "3"):
         assert result["batch_sizes"][bs]["exact"]["equals_greedy"] in ((True,) if exact_in_fp32 else (True, False))
     texts = {}
