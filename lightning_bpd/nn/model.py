@@ -563,11 +563,9 @@ class BlockwiseTransformer(nn.Module):
                                None if draft is None else draft.ids, packed)
         if tokens is not None:
             return tokens
-        if int8:
-            packed, n = self.proposal.int8_rows(draft)  # type: ignore[union-attr]
-            project = lambda z: int8_linear(z, packed, n)
+        if int8:  # link by link (no token tables, or a dtype the scripted chains do not take)
+            project = lambda z: int8_linear(z, packed, rows.shape[0])
         else:
-            rows, row_bias = (weight, bias) if draft is None else draft.rows(weight, bias)
             project = lambda z: linear(z, rows, row_bias)
         z, token, out = h.to(weight.dtype), first, []
         for i in range(1, k):

@@ -103,7 +103,7 @@ def test_int8_links_give_the_reference_states_up_to_int8_rounding(head_type, tab
             z_int8 = z_ref  # each link from the same state
 
 
-@pytest.mark.parametrize("proposals", [None, "int8"])
+@pytest.mark.parametrize("proposals", [None, "int8", "bfloat16"])  # bfloat16: the link-by-link fallback
 @pytest.mark.parametrize("draft", [False, True])
 def test_whole_chain_at_once_proposes_what_the_links_one_by_one_propose(draft, proposals):
     if proposals == "int8" and not screened_argmax.available():
