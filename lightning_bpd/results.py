@@ -295,25 +295,26 @@ TABLE2_COLUMNS = (("frozen", "exact"), ("frozen", "eps2"), ("finetune", "exact")
 TABLE2_BENCH = "superres/table2c_k8_bench.json"  # the k=8 fine-tuned heads' wall-clock (recipe's bench stage)
 DEFAULT_RUN = "default/translation_fresh_clone.json"
 RECIPE_BENCH = "multi30k/speed/recipe_k8_bench_{}.json"  # issue 26: the recipe's model, with CTranslate2 peers
-HEADLINE_BENCH = RECIPE_BENCH.format("fp32_dv1000_fused")  # the bench record whose peers the README shows
+LEAN_BENCH = "multi30k/speed/i26_b06_bench_{}.json"  # issue 26, lean steps and int8: recipe --budget 0.6, AMD EPYC
+HEADLINE_BENCH = LEAN_BENCH.format("int8")  # the bench record whose peers the README shows
+DV = "--draft-vocab 1000"
 # Wall-clock rows: (record, batch (None: a decode record), method, what, how it is made).
 SPEED_ROWS = (
     (DEFAULT_RUN, None, "exact", "built-in default: k=4 chained heads, synthetic val", "`python -m lightning_bpd fit`"),
-    (HEADLINE_BENCH, 1, "greedy", "Multi30k k=8 `chained_attn` (recipe), test, float32",
-     "`bench --draft-vocab 1000`"),
-    (HEADLINE_BENCH, 1, "exact@k8",
-     "same, fused chain links, proposals from 1,000 frequent tokens", "`bench --draft-vocab 1000`"),
-    (HEADLINE_BENCH, 1, "exact@k4", "same, k=4 of its 8 heads", "`bench --draft-vocab 1000`"),
-    (RECIPE_BENCH.format("fp32_dv1000_unfused"), 1, "exact@k8", "same, before the fused links (reference links)",
-     "`bench --draft-vocab 1000 --unfused-chain`"),
-    (HEADLINE_BENCH, 32, "exact@k8",
-     "Multi30k k=8 `chained_attn` (recipe), fused links, 1,000 tokens", "`bench --draft-vocab 1000`"),
-    (HEADLINE_BENCH, 32, "exact@k4", "same, k=4", "`bench --draft-vocab 1000`"),
-    (RECIPE_BENCH.format("bf16i_fp32prop_dv1000"), 1, "exact@k4",
-     "same model in bfloat16-invariant, float32 proposals (speedup over its greedy)",
-     "`bench --precision bfloat16-invariant --proposal-precision float32 --draft-vocab 1000`"),
-    (RECIPE_BENCH.format("bf16i_fp32prop_dv1000"), 32, "exact@k4", "same",
-     "`bench --precision bfloat16-invariant --proposal-precision float32 --draft-vocab 1000`"),
+    (LEAN_BENCH.format("before"), 1, "greedy",
+     "Multi30k k=8 `chained_attn` (recipe, `--budget 0.6`), test, float32, the code before the lean steps",
+     f"`bench {DV}` at commit ed5106b"),
+    (LEAN_BENCH.format("before"), 1, "exact@k8", "same, k=8", f"`bench {DV}` at commit ed5106b"),
+    (LEAN_BENCH.format("fp32"), 1, "exact@k8", "same model, float32, lean steps (TorchScript), k=8", f"`bench {DV}`"),
+    (LEAN_BENCH.format("fp32_screened_int8prop"), 1, "exact@k8", "same, screened argmax, int8 proposals, k=8",
+     f"`bench --screened-argmax --proposal-precision int8 {DV}`"),
+    (LEAN_BENCH.format("int8"), 1, "greedy", "same model in precision int8 (speedups over its int8 greedy)",
+     f"`bench --precision int8 --proposal-precision int8 {DV}`"),
+    (LEAN_BENCH.format("int8"), 1, "exact@k4", "same, k=4", f"`bench --precision int8 --proposal-precision int8 {DV}`"),
+    (LEAN_BENCH.format("int8"), 1, "exact@k8", "same, k=8", f"`bench --precision int8 --proposal-precision int8 {DV}`"),
+    (LEAN_BENCH.format("int8"), 32, "greedy", "same, batch 32", f"`bench --precision int8 --proposal-precision int8 {DV}`"),
+    (LEAN_BENCH.format("int8"), 32, "exact@k8", "same, batch 32, k=8",
+     f"`bench --precision int8 --proposal-precision int8 {DV}`"),
 )
 
 
@@ -465,9 +466,11 @@ def headline_tables(records: list[Record]) -> str:
         lines += [("Peers: greedy decoding of the same 96 sentences, forced to our greedy's output lengths, by "
                    "CTranslate2 on a random-weight Transformer of the same shape, in the same run "
                    f"({rel_link(peer_rec)}; every peer row is in [docs/results.md](docs/results.md)):"), "",
-                  "| batch | system | ms per output token | x our float32 greedy |", "|---:|---|---:|---:|"]
+                  f"| batch | system | ms per output token | x our {peer_rec.data.get('precision', 'float32')} greedy |",
+                  "|---:|---|---:|---:|"]
         for r in peers:
-            name = "lightning_bpd greedy (float32)" if r["system"] == "lightning_bpd" else r["system"]
+            name = f"lightning_bpd greedy ({peer_rec.data.get('precision', 'float32')})" if r["system"] == "lightning_bpd" \
+                else r["system"]
             lines.append(f"| {r['batch']} | {name} | {fmt(r['ms_per_token'], 3)} | {fmt(r['x_ours'])} |")
     else:
         lines.append("Peers (Hugging Face `transformers`, CTranslate2 float32 / int8): no record in `results/` yet; "

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_bpd.nn import argmax, screened_argmax
+from lightning_bpd.nn import argmax, int8
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.fast_linear import LARGE, MAX_ROWS
+from lightning_bpd.nn.int8 import int8_linear, pack_int8
 from lightning_bpd.nn.lean_step import script
-from lightning_bpd.nn.screened_argmax import int8_linear, pack_int8
 
 TABLE_BUDGET = 512 * 2**20  # bytes of token tables above which the token's terms are multiplied instead
 
@@ -109,7 +109,7 @@ def chain_links_int8(z: Tensor, token: Tensor, links: int, zq: list[torch.classe
 
 assert argmax.SMALL == 4096, "pick spells lightning_bpd.nn.argmax's SMALL out"
 chain_links_scripted = script(chain_links)
-chain_links_int8_scripted = script(chain_links_int8) if screened_argmax.available() else chain_links_int8
+chain_links_int8_scripted = script(chain_links_int8) if int8.available() else chain_links_int8
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 On CPU a decoder step at batch 1 streams its weights for one row, so its cost follows their bytes: in int8 a
 product streams a quarter of float32's, and fbgemm's int8 kernels cost little more for the 8 rows of a
-verify pass than for 1 (a 256 -> 1024 product on an AMD EPYC core, cold weights: 1 / 8 rows 22 / 30 us,
-float32 119 / 193 us).
+verify pass than for 1 (a 256 -> 1024 product on an AMD EPYC core, cold weights: the int8 kernel 22 / 30 us
+for 1 / 8 rows, float32 119 / 193 us; the per-row scaling below adds ~20 us a product).
 
 Plain dynamic quantization (``torch.ao`` dynamic ``Linear``) quantizes the activations of a whole call with
 one scale, so a row's result depends on the other rows multiplied with it: the k-token verify pass would
@@ -23,13 +23,48 @@ the validation callback; :func:`reference_linear` is the slow, obviously correct
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor
 
-from lightning_bpd.nn.screened_argmax import available, pack_int8
+ENGINES = ("x86", "fbgemm")  # quantized engines with the dynamic int8 product this needs
+
+
+def available() -> bool:
+    """Whether this torch build has the CPU int8 dynamic product (fbgemm / x86 engine)."""
+    return any(e in torch.backends.quantized.supported_engines for e in ENGINES) and hasattr(
+        torch.ops.quantized, "linear_dynamic")
+
+
+def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-row symmetric int8 of ``weight`` (V, D): (the dequantized weight w^ (V, D) float64, the scales (V,))."""
+    w = weight.detach().to(torch.float64)
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-30)  # (V,)
+    q = (w / scale[:, None]).round().clamp(-127, 127)
+    return q * scale[:, None], scale
+
+
+def pack_int8(weight: Tensor, bias: Tensor | None = None) -> object:
+    """``weight`` (V, D) as packed per-row int8 for ``quantized::linear_dynamic`` (float32 ``bias`` added in)."""
+    if not available():
+        raise RuntimeError("int8 products need a torch build with the fbgemm/x86 quantized engine (CPU)")
+    w = weight.detach().float()
+    _, scale = quantize_rows(w)
+    with warnings.catch_warnings():  # quantized tensor creation warns about its future deprecation
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
+        return torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
+
+
+def int8_linear(x: Tensor, packed: object, out_features: int) -> Tensor:
+    """The plain dynamic int8 product (activations quantized per call, not per row: proposals only) of ``x``
+    (..., D) float32 with a :func:`pack_int8` weight: (..., out_features) float32."""
+    flat = x.reshape(-1, x.shape[-1]).float()
+    return torch.ops.quantized.linear_dynamic(flat, packed, True).reshape(*x.shape[:-1], out_features)
+
 
 _state = {"on": False}
 _packed: dict[int, tuple[tuple, RowInt8]] = {}  # id(weight) -> ((weight, bias, their versions), packed)

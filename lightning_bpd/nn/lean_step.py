@@ -1,14 +1,16 @@
-"""The decoder's cached step as one TorchScript function: the same ops as :meth:`Decoder.step`, without the
-Python around them. Torch only; inference only.
+"""The encoder and the decoder's cached step as TorchScript functions: the same ops as :class:`Encoder` and
+:meth:`Decoder.step`, without the Python around them. Torch only; inference only.
 
-At batch 1 a decoder step is a few dozen small products, and on CPU most of its time went to the code around
+At batch 1 a decoder step is a few dozen small products, and on CPU much of its time went to the code around
 them: ~670 aten calls through module calls, the KV-cache object and mask helpers. Scripted, the same
 sequence of kernels runs from TorchScript's interpreter: on an AMD EPYC core (1 thread, the Multi30k shape:
-d 256, 3 layers, 4 heads, ff 1024) a 1-token step takes 0.60 ms instead of 1.49, an 8-token verify pass
-1.89 ms instead of 2.60 (weights in cache). It calls the same kernels in the same order, with the same
-product layouts as :func:`~lightning_bpd.nn.fast_linear.linear`, so its output is bitwise the reference's
-(tested); :meth:`Decoder.step` stays the reference and takes every case this one does not: training, local
-windows (ring caches), static caches, and the float64 / int8 products of the invariant precisions.
+d 256, 3 layers, 4 heads, ff 1024, weights in cache) a 1-token step takes 0.9-1.1 ms instead of 1.3-1.7; in a
+decode the gain shows where the weights' bytes do not dominate (int8, docs/speed.md). It calls the same
+kernels in the same order, with the same product layouts as :func:`~lightning_bpd.nn.fast_linear.linear`
+(and, with int8 products on, :class:`~lightning_bpd.nn.int8.RowInt8`'s ops and float64 attention), so its
+output is bitwise the reference's (tested). The modules stay the reference and take every case this does
+not: training, local windows (ring caches), static caches, and the float64 products of the invariant
+precisions. TorchScript is deprecated in torch 2.14 but runs; without it these are plain Python functions.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from torch import Tensor
 
 from lightning_bpd.nn import int8
 from lightning_bpd.nn.fast_linear import LARGE, MAX_ROWS
-from lightning_bpd.nn.screened_argmax import available
 
 assert LARGE == 1048576, "lean_step's _linear spells fast_linear's LARGE out"
 
@@ -138,8 +139,8 @@ def script(fn):
         return fn
 
 
-lean_decoder_step = script(lean_decoder_step) if available() else lean_decoder_step
-lean_encoder = script(lean_encoder) if available() else lean_encoder
+lean_decoder_step = script(lean_decoder_step) if int8.available() else lean_decoder_step
+lean_encoder = script(lean_encoder) if int8.available() else lean_encoder
 
 
 def decoder_tensors(decoder: torch.nn.Module) -> tuple[list[Tensor], list[Tensor]]:

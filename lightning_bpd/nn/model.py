@@ -21,12 +21,13 @@ from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.draft_vocab import DraftVocabulary
 from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.fused_chain import FusedChain
+from lightning_bpd.nn.int8 import available as int8_available
+from lightning_bpd.nn.int8 import int8_linear, pack_int8
 from lightning_bpd.nn.intensity_prior import RESERVED, IntensityPrior
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.positions import ImageGrid, build_positions, raster_coordinates
 from lightning_bpd.nn.precision import parse_precision
-from lightning_bpd.nn.screened_argmax import ScreenedArgmax, int8_linear, pack_int8
-from lightning_bpd.nn.screened_argmax import available as int8_available
+from lightning_bpd.nn.screened_argmax import ScreenedArgmax
 from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
 
 # "paper": the paper's parallel head (section 6); "chained": heads that see the tokens proposed

@@ -3,25 +3,25 @@ float64 logits of the few candidates it cannot rule out. Torch only; CPU inferen
 
 Greedy decoding and exact verification need only the argmax of p_1, and on CPU the 256 -> 8,000 float32
 projection that feeds it is the largest weight a decoder step streams (8 MB). With the weight in int8 (per
-output row, symmetric) and the activations quantized per call (``quantized::linear_dynamic``, fbgemm), the
-product streams 2 MB and its cost hardly grows with the rows: on an AMD EPYC core 1 / 8 / 32 rows take
-0.20 / 0.26 / 0.60 ms against float32's 0.97 / 1.72 / 2.75 (cold weights, 1 thread).
+output row, symmetric; fbgemm's ``quantized::linear_dynamic``) the product streams 2 MB and its cost hardly
+grows with the rows: on an AMD EPYC core 1 / 8 / 32 rows take 0.20 / 0.26 / 0.60 ms against float32's
+0.97 / 1.72 / 2.75 (cold weights, 1 thread).
 
-The int8 logits are approximate, but their error has a bound that is known per call. For a row x and token
-v with weight row w (quantized: w^ = s_v q_v, q_v integers), and x^ the activations as the product saw them::
+The int8 logits are approximate, but their error has a bound that is known per row. The product is
+:class:`~lightning_bpd.nn.int8.RowInt8`'s: a row x is divided by its own max |x| (s), so its activations u
+lie in [-1, 1] and are rounded to a grid of step 2/127; the weight row w of token v is quantized per row
+(w^ = s_v q_v, q_v integers); the int32 accumulation is exact. So::
 
-    |x.w - x^.w^| <= |x - x^|_inf * |w^|_1 + |x|_inf * |w - w^|_1
-                  <= s_x * max_v |w^_v|_1 + |x|_inf * max_v |w_v - w^_v|_1  (+ float rounding of the result)
+    |x.w - s u^.w^| <= s (|u - u^|_inf |w^|_1 + |u|_inf |w - w^|_1)
+                    <= s (2/127 * max_v |w^_v|_1 + max_v |w_v - w^_v|_1)   (+ float rounding of the result)
 
-where s_x is the activation quantization step (the product quantizes the whole call's tensor to 128 levels
-between min(x, 0) and max(x, 0), ``reduce_range``; one step, not half, covers rounding and the zero point's
-nudge). The int32 accumulation itself is exact. So every token whose int8 logit is more than twice the bound
-below the best one cannot be the argmax, and the argmax is the best of the rest, taken from their float64
-logits (the rows of W gathered for them; ties to the lowest id). Most rows of a trained model leave one
-candidate and need no float64 at all.
+(one step, not half, to be safe). Every token whose int8 logit is more than twice the bound below the best
+one cannot be the argmax, and the argmax is the best of the rest, taken from their float64 logits (the rows
+of W gathered for them; ties to the lowest id). Most rows of a trained model leave one candidate and need
+no float64 at all.
 
-What comes out is the argmax of the float64 logits: batch-invariant by construction (a row's candidates
-depend on the other rows of the call only through s_x, and every candidate set holds the true argmax), so
+What comes out is the argmax of the float64 logits: batch-invariant by construction (a row's int8 logits
+and candidates are its own, and every candidate set holds the true argmax), so
 the k-token verify pass and the 1-token greedy step pick the same token. It differs from the argmax of
 float32 logits only where those were within float32 rounding of a tie. :meth:`ScreenedArgmax.reference`
 is the slow, obviously correct version (the full float64 projection); the tests check that both agree.
@@ -29,47 +29,16 @@ is the slow, obviously correct version (the full float64 projection); the tests 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor
 
-ENGINES = ("x86", "fbgemm")  # quantized engines with the dynamic int8 product this needs
-SLACK = 1e-5  # relative allowance for the float32 rounding of the int8 product's dequantized output
+from lightning_bpd.nn.int8 import RowInt8, quantize_rows
 
-
-def available() -> bool:
-    """Whether this torch build has the CPU int8 dynamic product (fbgemm / x86 engine)."""
-    return any(e in torch.backends.quantized.supported_engines for e in ENGINES) and hasattr(
-        torch.ops.quantized, "linear_dynamic")
-
-
-def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-row symmetric int8 of ``weight`` (V, D): (the dequantized weight w^ (V, D) float64, the scales (V,))."""
-    w = weight.detach().to(torch.float64)
-    scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-30)  # (V,)
-    q = (w / scale[:, None]).round().clamp(-127, 127)
-    return q * scale[:, None], scale
-
-
-def pack_int8(weight: Tensor, bias: Tensor | None = None) -> object:
-    """``weight`` (V, D) as packed per-row int8 for ``quantized::linear_dynamic`` (float32 ``bias`` added in)."""
-    if not available():
-        raise RuntimeError("int8 products need a torch build with the fbgemm/x86 quantized engine (CPU)")
-    w = weight.detach().float()
-    _, scale = quantize_rows(w)
-    with warnings.catch_warnings():  # quantized tensor creation warns about its future deprecation
-        warnings.simplefilter("ignore")
-        q = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
-        return torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
-
-
-def int8_linear(x: Tensor, packed: object, out_features: int) -> Tensor:
-    """The int8 product of ``x`` (..., D) float32 with a :func:`pack_int8` weight: (..., out_features) float32."""
-    flat = x.reshape(-1, x.shape[-1]).float()
-    return torch.ops.quantized.linear_dynamic(flat, packed, True).reshape(*x.shape[:-1], out_features)
+SLACK = 1e-5  # relative allowance for the float32 rounding of the int8 product's output
+STEP = 2 / 127  # the int8 product's activation grid on [-1, 1] (:mod:`lightning_bpd.nn.int8`)
 
 
 class ScreenedArgmax:
@@ -82,7 +51,7 @@ class ScreenedArgmax:
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         w_hat, _ = quantize_rows(weight)  # (V, D) float64: what the int8 product multiplies by
         self.vocab = weight.shape[0]
-        self.packed = pack_int8(weight, bias)
+        self.product = RowInt8(weight, bias)  # per-row activation scales: a row's screen is its own
         self.weight64 = weight.detach().to(torch.float64)  # (V, D)
         self.bias64 = None if bias is None else bias.detach().to(torch.float64)  # (V,)
         self.hat_l1 = float(w_hat.abs().sum(dim=1).max())  # max_v |w^_v|_1
@@ -92,14 +61,13 @@ class ScreenedArgmax:
 
     def approximate(self, x: Tensor) -> Tensor:
         """int8 logits (N, V) of rows x (N, D)."""
-        return int8_linear(x, self.packed, self.vocab)
+        return self.product(x)
 
     def bound(self, x: Tensor, approx: Tensor) -> Tensor:
         """Per row (N,), a bound on |int8 logit - exact logit| over every token (see the module docstring)."""
-        step = (x.max().clamp(min=0) - x.min().clamp(max=0)).double() / 127  # s_x of the whole call
-        inf = x.abs().amax(dim=1).double()  # (N,)
+        inf = x.abs().amax(dim=1).double()  # (N,): the row's scale; its activations' step is inf * STEP
         top = approx.abs().amax(dim=1).double()  # (N,)
-        return step * self.hat_l1 + inf * self.err_l1 + SLACK * (top + 1)
+        return inf * (STEP * self.hat_l1 + self.err_l1) + SLACK * (top + 1)
 
     def __call__(self, x: Tensor) -> Tensor:
         """Token ids (...) of the largest float64 logit of each row x (..., D) (ties to the lowest id)."""

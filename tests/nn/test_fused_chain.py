@@ -5,7 +5,7 @@ import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.criteria import Distance
-from lightning_bpd.nn import screened_argmax
+from lightning_bpd.nn import int8
 from lightning_bpd.nn.fused_chain import FusedChain
 from tests.models import random_model, random_sources
 from tests.nn.test_head_centres import image_model, sources
@@ -83,7 +83,7 @@ def test_fused_links_are_rebuilt_when_the_weights_change():
         torch.testing.assert_close(after, model.chain_draft(z1, token, 2)[0], rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.skipif(not screened_argmax.available(), reason="no fbgemm/x86 quantized engine")
+@pytest.mark.skipif(not int8.available(), reason="no fbgemm/x86 quantized engine")
 @pytest.mark.parametrize("tables", [True, False])
 @pytest.mark.parametrize("head_type", ["chained", "chained_attn"])
 def test_int8_links_give_the_reference_states_up_to_int8_rounding(head_type, tables):
@@ -106,7 +106,7 @@ def test_int8_links_give_the_reference_states_up_to_int8_rounding(head_type, tab
 @pytest.mark.parametrize("proposals", [None, "int8", "bfloat16"])  # bfloat16: the link-by-link fallback
 @pytest.mark.parametrize("draft", [False, True])
 def test_whole_chain_at_once_proposes_what_the_links_one_by_one_propose(draft, proposals):
-    if proposals == "int8" and not screened_argmax.available():
+    if proposals == "int8" and not int8.available():
         pytest.skip("no fbgemm/x86 quantized engine")
     model = random_model(k=5, seed=4, vocab=40, head_type="chained_attn").float()
     scramble_chain(model, std=0.05)

@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
-from lightning_bpd.nn import int8, screened_argmax
+from lightning_bpd.nn import int8
 from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.precision import active_precision_name, inference_precision, set_inference_precision
 from tests.models import random_model, random_sources
 from tests.nn.test_fused_chain import scramble_chain
 
-pytestmark = pytest.mark.skipif(not screened_argmax.available(), reason="no fbgemm/x86 quantized engine")
+pytestmark = pytest.mark.skipif(not int8.available(), reason="no fbgemm/x86 quantized engine")
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
-from lightning_bpd.nn import int8, invariant, screened_argmax
+from lightning_bpd.nn import int8, invariant
 from tests.models import random_model, random_sources
 
 
@@ -66,7 +66,7 @@ def test_the_reference_keeps_what_the_lean_step_does_not_take():
         assert plain.decoder.lean_applies(x, cache)
         with invariant.batch_invariant():
             assert not plain.decoder.lean_applies(x, cache)  # float64 products
-        if screened_argmax.available():
+        if int8.available():
             with int8.int8_products():
                 assert not plain.decoder.lean_applies(x, cache)  # int8 products of a float64 model
                 assert plain.decoder.lean_applies(x.float(), plain.float().new_cache(1, 40))  # float32: lean too
@@ -76,7 +76,7 @@ def test_the_reference_keeps_what_the_lean_step_does_not_take():
     assert not plain.decoder.lean_applies(x, plain.new_cache(1, 40))  # gradients on: training
 
 
-@pytest.mark.skipif(not screened_argmax.available(), reason="no fbgemm/x86 quantized engine")
+@pytest.mark.skipif(not int8.available(), reason="no fbgemm/x86 quantized engine")
 def test_lean_int8_steps_equal_the_int8_reference_bitwise():
     """Precision int8: the scripted step takes the packed weights and float64 attention of the reference."""
     model = random_model(k=2, vocab=30, seed=8).float()
@@ -94,7 +94,7 @@ def test_lean_int8_steps_equal_the_int8_reference_bitwise():
 
 @pytest.mark.parametrize("precision", ["float32", "float64", "int8"])
 def test_lean_encoder_equals_the_reference_bitwise(precision):
-    if precision == "int8" and not screened_argmax.available():
+    if precision == "int8" and not int8.available():
         pytest.skip("no fbgemm/x86 quantized engine")
     model = random_model(k=2, vocab=30, seed=9)
     model = model.double() if precision == "float64" else model.float()

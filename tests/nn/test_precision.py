@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.blockwise import chain_tokens
-from lightning_bpd.nn import screened_argmax
+from lightning_bpd.nn import int8
 from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.precision import inference_precision, model_dtype, parse_precision, set_inference_precision
 from tests.models import random_model, random_sources
@@ -93,7 +93,7 @@ def test_bfloat16_chain_proposes_what_the_float32_chain_proposes_on_clear_margin
     assert (got == want).float().mean() >= 0.9
 
 
-@pytest.mark.skipif(not screened_argmax.available(), reason="no fbgemm/x86 quantized engine")
+@pytest.mark.skipif(not int8.available(), reason="no fbgemm/x86 quantized engine")
 @pytest.mark.parametrize("draft", [False, True])
 @pytest.mark.parametrize("head_type", ["paper", "chained", "chained_attn"])
 def test_int8_proposals_keep_float32_decoding_exact_and_propose_like_float32(head_type, draft):

@@ -5,13 +5,14 @@ import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.greedy import greedy_decode_reference
-from lightning_bpd.nn import screened_argmax
-from lightning_bpd.nn.screened_argmax import ScreenedArgmax, int8_linear, pack_int8, screened
+from lightning_bpd.nn import int8
+from lightning_bpd.nn.int8 import int8_linear, pack_int8
+from lightning_bpd.nn.screened_argmax import ScreenedArgmax, screened
 from tests.models import random_model, random_sources
 from tests.nn.test_fused_chain import scramble_chain
 from tests.nn.test_head_centres import image_model
 
-pytestmark = pytest.mark.skipif(not screened_argmax.available(), reason="no fbgemm/x86 quantized engine")
+pytestmark = pytest.mark.skipif(not int8.available(), reason="no fbgemm/x86 quantized engine")
 
 
 def vocabulary(v: int = 3000, d: int = 64, seed: int = 0, bias: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:

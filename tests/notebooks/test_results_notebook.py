@@ -193,7 +193,8 @@ def test_peer_rows_from_peer_and_bench_records(tmp_path):
     assert "| peer toy | 1 | transformers | 3.000 | 1.50 |" in table
     assert "| bench toy | 1 | ctranslate2_int8 | 0.500 | 0.20 |" in table
     front = headline_tables(records)
-    assert "| 1 | ctranslate2_int8 | 0.500 | 0.20 |" in front and "[recipe_k8_bench_fp32_dv1000_fused.json]" in front
+    assert "| 1 | ctranslate2_int8 | 0.500 | 0.20 |" in front and f"[{Path(HEADLINE_BENCH).name}]" in front
+    assert "| 1 | lightning_bpd greedy (float32) | 2.500 | 1.00 |" in front  # the record's precision (none: float32)
     assert "peer toy" not in front  # the README shows the headline bench's peers; docs/results.md shows all
 
 
