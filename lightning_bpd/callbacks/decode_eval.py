@@ -240,6 +240,12 @@ class DecodeEval(pl.Callback):
         self.last_metrics: dict[str, float] = {}
         self.validations = 0
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Refuse a screened argmax the model cannot take now, not at the first validation after training."""
+        if self.screened_argmax:
+            with screened(pl_module.model):
+                pass
+
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             return

@@ -100,3 +100,16 @@ def test_shards_of_two_ranks_give_the_single_process_metrics():
         summarize(task, batches, ["exact"], [shards[0], shards[0]])
     with pytest.raises(RuntimeError, match="no rank decoded batches"):
         summarize(task, batches, ["exact"], [shards[0]])
+
+
+def test_a_screened_argmax_the_model_cannot_take_is_refused_at_setup():
+    from types import SimpleNamespace
+
+    from tests.nn.test_head_centres import image_model
+
+    callback = DecodeEval(screened_argmax=True)
+    with pytest.raises(ValueError, match="plain vocabulary projection"):
+        callback.setup(None, SimpleNamespace(model=image_model("own", "chained", "gaussian")), "fit")
+    model = random_model(k=2).float()
+    callback.setup(None, SimpleNamespace(model=model), "fit")  # a translation model: fine, and left as it was
+    assert not model.screened_argmax
