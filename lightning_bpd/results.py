@@ -298,6 +298,7 @@ RECIPE_BENCH = "multi30k/speed/recipe_k8_bench_{}.json"  # issue 26: the recipe'
 LEAN_BENCH = "multi30k/speed/i26_b06_bench_{}.json"  # issue 26, lean steps and int8: recipe --budget 0.6, AMD EPYC
 HEADLINE_BENCH = LEAN_BENCH.format("int8")  # the bench record whose peers the README shows
 DV = "--draft-vocab 1000"
+INT8 = "`recipe multi30k-k8` (stage bench_int8)"  # bench --precision int8 --proposal-precision int8 --draft-vocab 1000
 # Wall-clock rows: (record, batch (None: a decode record), method, what, how it is made).
 SPEED_ROWS = (
     (DEFAULT_RUN, None, "exact", "built-in default: k=4 chained heads, synthetic val", "`python -m lightning_bpd fit`"),
@@ -308,13 +309,11 @@ SPEED_ROWS = (
     (LEAN_BENCH.format("fp32"), 1, "exact@k8", "same model, float32, lean steps (TorchScript), k=8", f"`bench {DV}`"),
     (LEAN_BENCH.format("fp32_screened_int8prop"), 1, "exact@k8", "same, screened argmax, int8 proposals, k=8",
      f"`bench --screened-argmax --proposal-precision int8 {DV}`"),
-    (LEAN_BENCH.format("int8"), 1, "greedy", "same model in precision int8 (speedups over its int8 greedy)",
-     f"`bench --precision int8 --proposal-precision int8 {DV}`"),
-    (LEAN_BENCH.format("int8"), 1, "exact@k4", "same, k=4", f"`bench --precision int8 --proposal-precision int8 {DV}`"),
-    (LEAN_BENCH.format("int8"), 1, "exact@k8", "same, k=8", f"`bench --precision int8 --proposal-precision int8 {DV}`"),
-    (LEAN_BENCH.format("int8"), 32, "greedy", "same, batch 32", f"`bench --precision int8 --proposal-precision int8 {DV}`"),
-    (LEAN_BENCH.format("int8"), 32, "exact@k8", "same, batch 32, k=8",
-     f"`bench --precision int8 --proposal-precision int8 {DV}`"),
+    (LEAN_BENCH.format("int8"), 1, "greedy", "same model in precision int8 (speedups over its int8 greedy)", INT8),
+    (LEAN_BENCH.format("int8"), 1, "exact@k4", "same, k=4", INT8),
+    (LEAN_BENCH.format("int8"), 1, "exact@k8", "same, k=8", INT8),
+    (LEAN_BENCH.format("int8"), 32, "greedy", "same, batch 32", INT8),
+    (LEAN_BENCH.format("int8"), 32, "exact@k8", "same, batch 32, k=8", INT8),
 )
 
 

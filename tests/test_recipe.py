@@ -55,7 +55,7 @@ def test_dry_run_prints_the_commands_in_order_and_writes_nothing(repo, capsys, t
     lines = dry_run(capsys, "multi30k-k8", "--runs", str(runs))
     cmds = commands(lines)
     out = f"{runs}/multi30k-k8"
-    assert [c[0] for c in cmds] == ["fit", "distill", "fit", "fit", "test", "bench"]
+    assert [c[0] for c in cmds] == ["fit", "distill", "fit", "fit", "test", "bench", "bench"]
     # the base is exactly the command a user types for it (a base trained by hand with it is adopted)
     assert cmds[0] == ["fit", "--config", "conf/recipes/multi30k_k8/base.yaml", "--run_dir", f"{out}/base"]
     assert cmds[1] == ["distill", "--ckpt", f"{out}/base/last.ckpt", "--data-root", "../shared/data/translation/multi30k",
@@ -68,7 +68,9 @@ def test_dry_run_prints_the_commands_in_order_and_writes_nothing(repo, capsys, t
                        "--run_dir", f"{out}/test", "--decode_eval.batch_size=50", "--decode_eval.criteria=[exact]",
                        "--trainer.logger=false"]
     assert cmds[5][-2:] == ["--json", f"{out}/bench/bench.json"]
-    assert sum("would run" in line for line in lines) == 6
+    assert cmds[6][-2:] == ["--json", f"{out}/bench_int8/bench.json"] and "int8" in cmds[6]
+    assert f"{out}/distill/train.de" in cmds[6]
+    assert sum("would run" in line for line in lines) == 7
     assert not runs.exists()
 
 
