@@ -241,10 +241,16 @@ class DecodeEval(pl.Callback):
         self.validations = 0
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """Refuse a screened argmax the model cannot take now, not at the first validation after training."""
+        """Refuse a screened argmax the model cannot take, or int8 decoding off the CPU, now, not at the first
+        validation after training."""
         if self.screened_argmax:
             with screened(pl_module.model):
                 pass
+        device = getattr(getattr(trainer, "strategy", None), "root_device", None)
+        if self.precision and canonical_precision(self.precision) == "int8" and device is not None and \
+                device.type != "cpu":
+            raise ValueError(f"decode_eval.precision int8 runs on the CPU (fbgemm's int8 products); this run trains "
+                             f"on {device}: pick bfloat16 or float32 for its validation decodes")
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:

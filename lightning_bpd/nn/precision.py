@@ -96,6 +96,7 @@ def inference_precision(model: nn.Module, precision: str | torch.dtype | None) -
     dtype = parse_precision(precision) if isinstance(precision, str) else precision
     wide = isinstance(precision, str) and canonical_precision(precision) in INVARIANT
     eight = isinstance(precision, str) and canonical_precision(precision) == INT8
+    check_int8_device(model, precision)
     original = model_dtype(model)
     if dtype is None or dtype == original:
         with invariant.batch_invariant(wide), int8.int8_products(eight):
@@ -115,11 +116,21 @@ def inference_precision(model: nn.Module, precision: str | torch.dtype | None) -
                 now[name].copy_(value)
 
 
+def check_int8_device(model: nn.Module, precision: str | torch.dtype | None) -> None:
+    """``int8`` products are fbgemm's CPU kernels: refuse them for a model on another device."""
+    if isinstance(precision, str) and canonical_precision(precision) == INT8:
+        device = next(model.parameters()).device
+        if device.type != "cpu":
+            raise ValueError(f"precision int8 runs on the CPU (fbgemm's int8 products); the model is on {device}: "
+                             "decode on --device cpu, or pick bfloat16 / float32 on a GPU")
+
+
 def set_inference_precision(model: nn.Module, precision: str | None = None, proposals: str | None = None) -> None:
     """For decoding only (``decode``, ``bench``): cast ``model`` to ``precision`` (None: keep it), then let
     its deterministic proposals use a copy in ``proposals`` precision (None: the model's own), when the
     model has a proposal path (``set_proposal_precision``). ``float32-invariant`` stays on for the process."""
     if precision is not None:
+        check_int8_device(model, precision)
         model.to(parse_precision(precision))
         invariant.set_batch_invariant(canonical_precision(precision) in INVARIANT)
         int8.set_int8(canonical_precision(precision) == INT8)

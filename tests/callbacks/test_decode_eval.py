@@ -113,3 +113,15 @@ def test_a_screened_argmax_the_model_cannot_take_is_refused_at_setup():
     model = random_model(k=2).float()
     callback.setup(None, SimpleNamespace(model=model), "fit")  # a translation model: fine, and left as it was
     assert not model.screened_argmax
+
+
+def test_int8_validation_decodes_are_refused_at_setup_off_the_cpu():
+    from types import SimpleNamespace
+
+    import torch
+
+    callback = DecodeEval(precision="int8")
+    model = SimpleNamespace(model=random_model(k=2).float())
+    callback.setup(SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu"))), model, "fit")
+    with pytest.raises(ValueError, match="int8 runs on the CPU"):
+        callback.setup(SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0))), model, "fit")

@@ -94,3 +94,13 @@ def test_inference_precision_int8_is_scoped():
     with inference_precision(model, "int8"):
         assert int8.enabled() and active_precision_name(model) == "int8"
     assert not int8.enabled()
+
+
+def test_int8_is_refused_for_a_model_off_the_cpu():
+    model = random_model(k=2, vocab=40).float()
+    model.to("meta")  # any device other than the CPU
+    with pytest.raises(ValueError, match="precision int8 runs on the CPU"):
+        set_inference_precision(model, "int8")
+    with pytest.raises(ValueError, match="precision int8 runs on the CPU"), inference_precision(model, "int8"):
+        pass
+    assert not int8.enabled()
