@@ -39,9 +39,8 @@ from torch import Tensor
 
 from lightning_bpd.nn import argmax, int8
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
-from lightning_bpd.nn.fast_linear import LARGE, MAX_ROWS
 from lightning_bpd.nn.int8 import int8_linear, pack_int8
-from lightning_bpd.nn.lean_step import script
+from lightning_bpd.nn.lean_step import column_layouts, layout_linear, script
 
 TABLE_BUDGET = 512 * 2**20  # bytes of token tables above which the token's terms are multiplied instead
 
@@ -63,12 +62,12 @@ def pick(logits: Tensor, ids: Tensor | None) -> Tensor:
 def chain_links(z: Tensor, token: Tensor, links: int, zq_t: list[Tensor], zq_b: list[Tensor], tables: list[Tensor],
                 c_t: list[Tensor], out_t: list[Tensor], out_b: list[Tensor], hidden: int, keys_t: Tensor,
                 values: Tensor, mask: Tensor, heads: int, weight: Tensor, bias: Tensor | None, ids: Tensor | None,
-                by_columns: bool) -> Tensor:
+                by_columns: list[bool]) -> Tensor:
     """``links`` float32 links with token tables, each followed by its proposal's argmax, as
     :meth:`FusedChain.step` and :meth:`~lightning_bpd.nn.model.BlockwiseTransformer.chain_drafts` compute them:
     tokens (b, links). ``keys_t`` is empty without source attention; ``weight`` (N, D) and ``bias`` the
     projection rows, ``ids`` (N,) their token ids (None: the rows are the vocabulary); ``by_columns``: the
-    projection as ``(W @ z.T).T`` (:func:`~lightning_bpd.nn.fast_linear.linear`'s layout for this row count)."""
+    projection's layout (:func:`~lightning_bpd.nn.lean_step.column_layouts`)."""
     out: list[Tensor] = []
     for i in range(links):
         zq = torch.addmm(zq_b[i], z, zq_t[i]) + tables[i].index_select(0, token)  # (b, H [+ D])
@@ -78,11 +77,7 @@ def chain_links(z: Tensor, token: Tensor, links: int, zq_t: list[Tensor], zq_b: 
             c = source_read(zq[:, hidden:], keys_t, values, mask, heads)
             a = torch.addmm(zq[:, :hidden], c, c_t[i]).relu_()
         z = torch.addmm(z + out_b[i], a, out_t[i])  # (b, D)
-        if by_columns:
-            logits = torch.addmm(bias.unsqueeze(1), weight, z.t()).t() if bias is not None else (weight @ z.t()).t()
-        else:
-            logits = torch.nn.functional.linear(z, weight, bias)  # (b, N)
-        token = pick(logits, ids)
+        token = pick(layout_linear(z, weight, bias, by_columns), ids)  # logits (b, N)
         out.append(token)
     return torch.stack(out, dim=1)
 
@@ -237,13 +232,10 @@ class FusedChain:
                 z, first, k - 1, [x.int8["zq"] for x in links], [x.tok_table for x in links],
                 [x.int8.get("c", x.int8["zq"]) for x in links], [x.int8["out"] for x in links], self.hidden, keys_t,
                 values, mask, heads, projection, ids)
-        rows = z.shape[0]
-        by_columns = z.device.type == "cpu" and z.dtype == torch.float32 and rows <= MAX_ROWS and rows >= (
-            8 if weight.numel() >= LARGE else 16)
         return chain_links_scripted(z, first, k - 1, [x.zq_t for x in links], [x.zq_b for x in links],
                                     [x.tok_table for x in links], [x.c_t if x.c_t is not None else z for x in links],
                                     [x.out_t for x in links], [x.out_b for x in links], self.hidden, keys_t, values,
-                                    mask, heads, weight, bias, ids, by_columns)
+                                    mask, heads, weight, bias, ids, column_layouts(z))
 
     def read_source(self, q: Tensor, source: ChainSource | None) -> Tensor:
         """Attention of one query per row q (b, D) over the laid-out source -> (b, D)."""

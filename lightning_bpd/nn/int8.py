@@ -83,11 +83,19 @@ class RowInt8:
 
     def __call__(self, x: Tensor) -> Tensor:
         """(..., in) float32 -> (..., out) float32."""
-        flat = x.reshape(-1, self.in_features)  # (N, in)
-        scale = flat.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30)  # (N, 1) (vector_norm(inf) is slower)
-        unit = torch.cat([flat / scale, RANGE.expand(flat.shape[0], 2)], dim=1)  # (N, in + 2), range [-1, 1]
-        out = torch.ops.quantized.linear_dynamic(unit, self.packed, True)  # (N, out)
-        return torch.addcmul(self.bias, out, scale).reshape(*x.shape[:-1], self.out_features)
+        return row_int8(x, self.packed, self.bias, RANGE)
+
+
+def row_int8(x: Tensor, packed: torch.classes.quantized.LinearPackedParamsBase, bias: Tensor, unit_range: Tensor
+             ) -> Tensor:
+    """The product of :class:`RowInt8` (also compiled into :mod:`~lightning_bpd.nn.lean_step`'s TorchScript):
+    x (..., in) scaled per row to [-1, 1], ``unit_range`` (1, 2) appended, the exact int8 product with the packed
+    weight (out, in + 2), the row's scale multiplied back and ``bias`` (out,) added -> (..., out)."""
+    flat = x.reshape(-1, x.shape[-1])  # (N, in)
+    scale = flat.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30)  # (N, 1) (vector_norm(inf) is slower)
+    unit = torch.cat([flat / scale, unit_range.expand(flat.shape[0], 2)], dim=1)  # (N, in + 2), range [-1, 1]
+    out = torch.ops.quantized.linear_dynamic(unit, packed, True)  # (N, out)
+    return torch.addcmul(bias, out, scale).reshape(list(x.shape[:-1]) + [out.shape[1]])
 
 
 def reference_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -135,9 +143,7 @@ def int8_products(on: bool = True) -> Iterator[None]:
     try:
         yield
     finally:
-        _state["on"] = before
-        if not before:
-            _packed.clear()
+        set_int8(before)
 
 
 def packed(weight: Tensor, bias: Tensor | None) -> RowInt8:

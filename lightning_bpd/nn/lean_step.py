@@ -24,34 +24,33 @@ from torch import Tensor
 from lightning_bpd.nn import int8
 from lightning_bpd.nn.fast_linear import LARGE, MAX_ROWS
 
-assert LARGE == 1048576, "lean_step's _linear spells fast_linear's LARGE out"
+assert LARGE == 1048576, "lean_step's layout_linear spells fast_linear's LARGE out"
 
 
-def _linear(x: Tensor, weight: Tensor, bias: Tensor, by_columns: list[bool]) -> Tensor:
+def layout_linear(x: Tensor, weight: Tensor, bias: Tensor | None, by_columns: list[bool]) -> Tensor:
     """``F.linear``, or as ``(W @ x.T).T`` where :func:`lightning_bpd.nn.fast_linear.linear` takes that layout:
-    ``by_columns`` = [for a weight below ``LARGE`` entries, for a larger one]."""
+    ``by_columns`` = [for a weight below ``LARGE`` entries, for a larger one] (:func:`column_layouts`)."""
     if not by_columns[int(weight.numel() >= 1048576)]:
         return F.linear(x, weight, bias)
     flat = x.reshape(-1, x.shape[-1])
-    return torch.addmm(bias.unsqueeze(1), weight, flat.t()).t().reshape(x.shape[:-1] + [weight.shape[0]])
+    out = torch.addmm(bias.unsqueeze(1), weight, flat.t()) if bias is not None else weight @ flat.t()
+    return out.t().reshape(list(x.shape[:-1]) + [weight.shape[0]])
 
 
-def _row_int8(x: Tensor, packed: torch.classes.quantized.LinearPackedParamsBase, bias: Tensor, unit_range: Tensor
-              ) -> Tensor:
-    """:class:`lightning_bpd.nn.int8.RowInt8` (the same ops): per-row activation scales, exact int8 products."""
-    flat = x.reshape(-1, x.shape[-1])
-    scale = flat.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30)
-    unit = torch.cat([flat / scale, unit_range.expand(flat.shape[0], 2)], dim=1)
-    out = torch.ops.quantized.linear_dynamic(unit, packed, True)
-    return torch.addcmul(bias, out, scale).reshape(x.shape[:-1] + [out.shape[1]])
+def column_layouts(x: Tensor) -> list[bool]:
+    """:func:`layout_linear`'s ``by_columns`` for products of x (..., in): fast_linear's rule (float32 on CPU, 16..64
+    rows, from 8 rows for a weight of ``LARGE`` entries or more)."""
+    rows = x.numel() // x.shape[-1]
+    cpu32 = x.device.type == "cpu" and x.dtype == torch.float32 and rows <= MAX_ROWS
+    return [cpu32 and rows >= 16, cpu32 and rows >= 8]
 
 
 def _product(x: Tensor, j: int, weights: list[Tensor], packed: list[torch.classes.quantized.LinearPackedParamsBase],
              by_columns: list[bool], unit_range: Tensor) -> Tensor:
     """Product ``j`` of the step (weights[2j], weights[2j + 1]): int8 when ``packed`` holds the packed weights."""
     if len(packed) > 0:
-        return _row_int8(x, packed[j], weights[2 * j + 1], unit_range)
-    return _linear(x, weights[2 * j], weights[2 * j + 1], by_columns)
+        return int8.row_int8(x, packed[j], weights[2 * j + 1], unit_range)
+    return layout_linear(x, weights[2 * j], weights[2 * j + 1], by_columns)
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, wide: bool) -> Tensor:
@@ -78,7 +77,7 @@ def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Te
     ``weights``: per layer the 12 tensors qkv (w, b), self out (w, b), cross q (w, b), cross out (w, b),
     ff1 (w, b), ff2 (w, b); ``norms``: per layer norm1..3 (w, b), then the final norm (w, b);
     ``cross_k`` / ``cross_v``: per layer (B, S_src, H, Dh); ``cross_bias``: (B, 1, 1, S_src) additive;
-    ``by_columns``: the float products' layout (:func:`_linear`); ``packed``: empty, or the int8 weights of
+    ``by_columns``: the float products' layout (:func:`layout_linear`); ``packed``: empty, or the int8 weights of
     every product (precision int8, :mod:`lightning_bpd.nn.int8`: attention then in float64).
     """
     b, t, d = x.shape[0], x.shape[1], x.shape[2]
@@ -182,13 +181,11 @@ def listed(stack: torch.nn.Module, lister) -> tuple[list[Tensor], list[Tensor]]:
 
 
 def layouts(x: Tensor, weights: list[Tensor]) -> tuple[list[bool], list]:
-    """For a call on x: :func:`_linear`'s layout flags (fast_linear's rule per weight size), and the packed
-    int8 weights of every (weight, bias) pair when int8 products are on (else empty)."""
-    rows = x.numel() // x.shape[-1]
-    cpu32 = x.device.type == "cpu" and x.dtype == torch.float32 and rows <= MAX_ROWS
+    """For a call on x: :func:`layout_linear`'s layout flags (:func:`column_layouts`), and the packed int8 weights of
+    every (weight, bias) pair when int8 products are on (else empty)."""
     packed = [int8.packed(weights[j], weights[j + 1]).packed for j in range(0, len(weights), 2)] if int8.enabled() \
         else []
-    return [cpu32 and rows >= 16, cpu32 and rows >= 8], packed
+    return column_layouts(x), packed
 
 
 def encode(encoder: torch.nn.Module, x: Tensor, mask: Tensor) -> Tensor:
