@@ -30,6 +30,23 @@ def random_model(k: int, vocab: int = 16, seed: int = 0, window: int | None = No
     return model
 
 
+def scramble_chain(model, seed: int = 5, std: float = 0.3) -> None:
+    """Give the chain cells weights large enough to change the proposals (a random model's are ~0)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.head.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * std)
+
+
+def float32_model(seed: int, head_type: str = "paper", vocab: int = 40, k: int = 4) -> BlockwiseTransformer:
+    """A float32 :func:`random_model` whose chained heads (if any) propose tokens worth verifying
+    (:func:`scramble_chain` at std 0.05): the models of the precision tests."""
+    model = random_model(k=k, vocab=vocab, seed=seed, head_type=head_type).float()
+    if model.chained_heads:
+        scramble_chain(model, std=0.05)
+    return model
+
+
 def random_sources(batch: int, vocab: int = 12, seed: int = 1, max_len: int = 9) -> Tensor:
     """(batch, max_len) sources of different lengths (>= 2), padded with PAD."""
     g = torch.Generator().manual_seed(seed)

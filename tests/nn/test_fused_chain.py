@@ -7,16 +7,8 @@ from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.criteria import Distance
 from lightning_bpd.nn import int8
 from lightning_bpd.nn.fused_chain import FusedChain
-from tests.models import random_model, random_sources
+from tests.models import random_model, random_sources, scramble_chain
 from tests.nn.test_head_centres import image_model, sources
-
-
-def scramble_chain(model, seed: int = 5, std: float = 0.3) -> None:
-    """Give the chain cells weights large enough to change the proposals (a random model's are ~0)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.head.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * std)
 
 
 @pytest.mark.parametrize("tables", [True, False])

@@ -7,8 +7,7 @@ from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.nn import int8
 from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.precision import active_precision_name, inference_precision, set_inference_precision
-from tests.models import random_model, random_sources
-from tests.nn.test_fused_chain import scramble_chain
+from tests.models import float32_model, random_model, random_sources
 
 pytestmark = pytest.mark.skipif(not int8.available(), reason="no fbgemm/x86 quantized engine")
 
@@ -70,9 +69,7 @@ def test_linear_takes_int8_inside_the_mode_only_and_repacks_changed_weights():
 
 @pytest.mark.parametrize("head_type", ["paper", "chained_attn"])
 def test_exact_equals_int8_greedy_by_construction(head_type):
-    model = random_model(k=4, vocab=40, seed=3, head_type=head_type).float()
-    if model.chained_heads:
-        scramble_chain(model, std=0.05)
+    model = float32_model(3, head_type)
     model.eos_id = 5
     src = random_sources(8, vocab=40, seed=4)
     float32 = greedy_decode(model, src, 24).sequences()

@@ -108,3 +108,13 @@ def test_lean_encoder_equals_the_reference_bitwise(precision):
     assert torch.equal(lean.memory, ref.memory)
     for (k1, v1), (k2, v2) in zip(lean.cross_kv, ref.cross_kv):
         assert torch.equal(k1, k2) and torch.equal(v1, v2)
+
+
+@pytest.mark.skipif(not int8.available(), reason="no fbgemm/x86 quantized engine")
+def test_the_lean_functions_compile():
+    """`script` falls back to plain Python where TorchScript fails: here it must not, or the speed is gone quietly."""
+    from lightning_bpd.nn import fused_chain, lean_step
+
+    for fn in (lean_step.lean_decoder_step, lean_step.lean_encoder, fused_chain.chain_links_scripted,
+               fused_chain.chain_links_int8_scripted):
+        assert isinstance(fn, torch.jit.ScriptFunction), fn

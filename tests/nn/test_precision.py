@@ -7,8 +7,7 @@ from lightning_bpd.decoding.blockwise import chain_tokens
 from lightning_bpd.nn import int8
 from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.precision import inference_precision, model_dtype, parse_precision, set_inference_precision
-from tests.models import random_model, random_sources
-from tests.nn.test_fused_chain import scramble_chain
+from tests.models import float32_model, random_model, random_sources
 
 
 def test_parse_precision_names_and_aliases():
@@ -99,9 +98,7 @@ def test_bfloat16_chain_proposes_what_the_float32_chain_proposes_on_clear_margin
 def test_int8_proposals_keep_float32_decoding_exact_and_propose_like_float32(head_type, draft):
     """int8 proposals (chain links and projection) change what is proposed only by rounding: decoding stays
     greedy's output, and the blocks stay long."""
-    model = random_model(k=4, vocab=40, seed=5, head_type=head_type).float()
-    if model.chained_heads:
-        scramble_chain(model, std=0.05)
+    model = float32_model(5, head_type)
     model.eos_id = 5
     src = random_sources(8, vocab=40, seed=6)
     greedy = greedy_decode(model, src, 24).sequences()

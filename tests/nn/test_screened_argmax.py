@@ -8,8 +8,7 @@ from lightning_bpd.decoding.greedy import greedy_decode_reference
 from lightning_bpd.nn import int8
 from lightning_bpd.nn.int8 import int8_linear, pack_int8
 from lightning_bpd.nn.screened_argmax import ScreenedArgmax, screened
-from tests.models import random_model, random_sources
-from tests.nn.test_fused_chain import scramble_chain
+from tests.models import float32_model, random_sources
 from tests.nn.test_head_centres import image_model
 
 pytestmark = pytest.mark.skipif(not int8.available(), reason="no fbgemm/x86 quantized engine")
@@ -65,16 +64,9 @@ def test_int8_product_is_close_to_float32():
     torch.testing.assert_close(out, x @ w.t() + b, atol=0.05, rtol=0.05)
 
 
-def float32_model(**overrides):
-    model = random_model(k=4, seed=4, vocab=40, **overrides).float()
-    if model.chained_heads:
-        scramble_chain(model, std=0.05)
-    return model
-
-
 @pytest.mark.parametrize("head_type", ["paper", "chained_attn"])
 def test_decoding_with_the_screen_exact_equals_greedy_and_the_reference(head_type):
-    model = float32_model(head_type=head_type)
+    model = float32_model(4, head_type)
     src = random_sources(6, vocab=40)
     plain = greedy_decode(model, src, 24)
     model.set_screened_argmax(True)
@@ -89,7 +81,7 @@ def test_decoding_with_the_screen_exact_equals_greedy_and_the_reference(head_typ
 
 
 def test_screen_is_rebuilt_when_the_output_layer_changes():
-    model = float32_model(head_type="chained")
+    model = float32_model(4, "chained")
     model.set_screened_argmax(True)
     h = torch.randn(3, 32)
     with torch.no_grad():
@@ -108,7 +100,7 @@ def test_image_models_with_a_prior_are_refused_with_a_clear_message():
 
 
 def test_screened_context_turns_it_on_for_the_block_only():
-    model = float32_model(head_type="chained")
+    model = float32_model(4, "chained")
     with screened(model):
         assert model.screened_argmax
     assert not model.screened_argmax
