@@ -56,6 +56,7 @@ class KVCache:
         self._lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
         self.bounds: tuple[int, int] | None = (0, 0)  # host-side (min, max) of lengths; None: unknown
         self.static = False  # fixed shapes: every slot read, lengths only changed in place
+        self.tokens: Tensor | None = None  # (B, capacity) decoder inputs by position, for models that read them
 
     @property
     def lengths(self) -> Tensor:
@@ -76,6 +77,14 @@ class KVCache:
         tensors a CUDA graph recorded stay the ones it replays on)."""
         self.static = True
         self.bounds = (0, self.max_positions)
+
+    def keep_tokens(self) -> Tensor:
+        """The decoder inputs by absolute position (B, capacity), kept for a model that reads its own decoded
+        tokens (image heads' pixel neighbours); the model writes them. Like the K/V slots, positions past a
+        row's length are stale and rewritten by the next call."""
+        if self.tokens is None:
+            self.tokens = torch.zeros(self.batch_size, self.max_positions, dtype=torch.long, device=self.k.device)
+        return self.tokens
 
     @property
     def capacity(self) -> int:
@@ -158,4 +167,6 @@ class KVCache:
             raise RuntimeError("a static KV cache keeps its batch: finished rows stay (fixed-shape decoding)")
         self.k = self.k.index_select(1, rows)
         self.v = self.v.index_select(1, rows)
+        if self.tokens is not None:
+            self.tokens = self.tokens.index_select(0, rows)
         self._lengths = self._lengths.index_select(0, rows)

@@ -25,6 +25,7 @@ from lightning_bpd.nn.int8 import available as int8_available
 from lightning_bpd.nn.int8 import int8_linear, pack_int8
 from lightning_bpd.nn.intensity_prior import RESERVED, IntensityPrior
 from lightning_bpd.nn.kv_cache import KVCache
+from lightning_bpd.nn.pixel_neighbours import PixelNeighbours
 from lightning_bpd.nn.positions import ImageGrid, build_positions, raster_coordinates
 from lightning_bpd.nn.precision import parse_precision
 from lightning_bpd.nn.screened_argmax import ScreenedArgmax
@@ -65,7 +66,9 @@ class ModelConfig:
     ``intensity_offset``: the first intensity id (the target vocabulary's ids from there on are intensities);
     ``head_centres``: with the prior and k > 1, ``own`` centres head i's distribution on the input
     intensity under the position *it* predicts (t + i), ``first`` on the one under p_1's (t; the original
-    design, in which heads 2..k cannot see the input under their own pixel).
+    design, in which heads 2..k cannot see the input under their own pixel);
+    ``head_neighbours``: chained heads with own centres also read the decoded intensities around the pixel
+    each one predicts (left, above-left, above, above-right; :mod:`~lightning_bpd.nn.pixel_neighbours`).
     """
 
     src_vocab_size: int
@@ -96,6 +99,7 @@ class ModelConfig:
     intensity_output: str = "categorical"
     intensity_offset: int = 3
     head_centres: str = "first"
+    head_neighbours: bool = False
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int | None = 2
@@ -153,6 +157,10 @@ class ModelConfig:
             raise ValueError("intensity_output 'gaussian' needs intensity_prior > 0 (its initial width in levels)")
         if self.head_centres not in HEAD_CENTRES:
             raise ValueError(f"head_centres must be one of {HEAD_CENTRES}, got {self.head_centres!r}")
+        if self.head_neighbours and not (self.intensity_prior > 0 and self.head_centres == "own" and self.k > 1
+                                         and self.head_type in ("chained", "chained_attn")):
+            raise ValueError("head_neighbours needs chained heads (head_type chained or chained_attn, k > 1) centred "
+                             "on their own pixel (intensity_prior > 0, head_centres: own)")
         if self.intensity_prior > 0 and not 0 <= self.intensity_offset <= self.tgt_vocab_size - 2:
             raise ValueError(f"intensity_offset {self.intensity_offset} leaves fewer than two intensity ids in a "
                              f"vocabulary of {self.tgt_vocab_size}: set it to the first intensity id")
@@ -273,6 +281,11 @@ class BlockwiseTransformer(nn.Module):
         # Own centres: the decoder output carries k more coordinates, the prior's centres at t..t+k-1
         # (:meth:`mark_prior`); every head is marked with its own one when it is read out.
         self.own_centres = self.prior is not None and c.k > 1 and c.head_centres == "own"
+        # Pixel neighbours: the chain also reads the decoded intensities around each head's pixel (a part of
+        # the head, head.neighbours; :mod:`~lightning_bpd.nn.pixel_neighbours`).
+        if c.head_neighbours:
+            self.head.neighbours = PixelNeighbours(c.tgt_image_shape, c.k, c.d_model, c.head_hidden or c.d_ff)
+        self.carried = (c.k + (self.neighbours.width if self.neighbours is not None else 0)) if self.own_centres else 0
         self.drop = nn.Dropout(c.dropout)
         self.scale = math.sqrt(c.d_model)
         self.proposal: ProposalPath | None = None  # cheap proposals (set_proposal_precision); not saved
@@ -280,6 +293,11 @@ class BlockwiseTransformer(nn.Module):
         self.fused: tuple[tuple, FusedChain, list] | None = None  # (what it was made from, the links, what to watch)
         self.screened_argmax = False  # p_1's argmax through an int8 screen (set_screened_argmax); not saved
         self.screen: tuple[tuple, ScreenedArgmax] | None = None  # (what it was made from, the screen)
+
+    @property
+    def neighbours(self) -> PixelNeighbours | None:
+        """The chain's reader of pixel neighbours (``head_neighbours``), or None."""
+        return getattr(self.head, "neighbours", None)
 
     # ---- encoder -------------------------------------------------------------------------------
     def encode(self, src: Tensor) -> EncoderContext:
@@ -323,24 +341,30 @@ class BlockwiseTransformer(nn.Module):
     def decode_full(self, tgt_in: Tensor, context: EncoderContext) -> Tensor:
         """Uncached decoder over whole prefixes (B, T) starting with BOS -> hidden (B, T, D)."""
         pos = torch.arange(tgt_in.shape[1], device=tgt_in.device).expand_as(tgt_in)
-        return self.mark_prior(self.decoder(self.embed_tgt(tgt_in, pos, context), context), pos, context)
+        return self.mark_prior(self.decoder(self.embed_tgt(tgt_in, pos, context), context), pos, context, tgt_in)
 
     def decode_step(self, tokens: Tensor, context: EncoderContext, cache: KVCache) -> Tensor:
         """T >= 1 new decoder inputs per row (B, T) after what ``cache`` holds -> hidden (B, T, D)."""
         n_new = tokens.shape[1]
         limit = cache.length_bounds()[1] + n_new  # host-side: no device read once the cache knows its bounds
         pos = cache.positions(n_new)  # (B, T)
+        decoded = None
+        if self.neighbours is not None:
+            decoded = cache.keep_tokens()  # (B, capacity): every decoder input so far
+            decoded.scatter_(1, pos, tokens)
         return self.mark_prior(self.decoder.step(self.embed_tgt(tokens, pos, context, limit), context, cache), pos,
-                               context)
+                               context, decoded)
 
-    def mark_prior(self, hidden: Tensor, positions: Tensor, context: EncoderContext) -> Tensor:
+    def mark_prior(self, hidden: Tensor, positions: Tensor, context: EncoderContext,
+                   decoded: Tensor | None = None) -> Tensor:
         """With ``intensity_prior``: the decoder output (B, T, D) carries the prior's centre at each of
         ``positions`` (B, T) in its reserved coordinates (:meth:`IntensityPrior.mark`); else unchanged.
 
         With own centres (``head_centres="own"``) the output is (B, T, D + k): the state tagged with the
         centre at t (:meth:`IntensityPrior.tag`, what the heads read), then the centres at t..t+k-1 (the
-        last positions clamped), with which :meth:`readout` marks head i. Only the model's own methods
-        look inside a hidden state, so the decoding core passes it along unchanged."""
+        last positions clamped), with which :meth:`readout` marks head i. With pixel neighbours, then the
+        neighbours' values (:meth:`PixelNeighbours.carried`) from ``decoded`` (B, >= T) decoder inputs. Only
+        the model's own methods look inside a hidden state, so the decoding core passes it along unchanged."""
         if self.prior is None:
             return hidden
         if context.prior is None:
@@ -351,13 +375,19 @@ class BlockwiseTransformer(nn.Module):
         b, t = positions.shape
         at = (positions[..., None] + torch.arange(self.k, device=positions.device)).clamp(max=last)  # (B, T, k)
         centres = context.prior.gather(1, at.reshape(b, t * self.k)).reshape(b, t, self.k).to(hidden.dtype)
-        return torch.cat([self.prior.tag(hidden, centres[..., 0]), centres], dim=-1)  # (B, T, D + k)
+        parts = [self.prior.tag(hidden, centres[..., 0]), centres]
+        if self.neighbours is not None:
+            if decoded is None:
+                raise ValueError("head_neighbours: mark_prior needs the decoded intensities (the decoder inputs)")
+            parts.append(self.neighbours.carried(decoded, positions, context.prior, self.prior.centres).to(hidden.dtype))
+        return torch.cat(parts, dim=-1)  # (B, T, D + k [+ 2 k n])
 
     def split_centres(self, h: Tensor) -> tuple[Tensor, Tensor | None]:
-        """A hidden state (..., D [+ k]) -> (the state (..., D), the centres at t..t+k-1 (..., k) or None)."""
+        """A hidden state (..., D [+ k [+ 2 k n]]) -> (the state (..., D), what it carries (..., k [+ 2 k n]) or
+        None): the centres at t..t+k-1 first, then the pixel neighbours' values."""
         if not self.own_centres:
             return h, None
-        return h[..., : -self.k], h[..., -self.k :]
+        return h[..., : -self.carried], h[..., -self.carried :]
 
     def readout(self, states: Tensor, centres: Tensor | None) -> Tensor:
         """Head states (..., D) as the output layer reads them: with own centres, marked with the prior's
@@ -373,7 +403,28 @@ class BlockwiseTransformer(nn.Module):
         own position (``centres`` (..., k)); None otherwise."""
         if centres is None:
             return None
-        return lambda z, i: self.prior.tag(z, centres[..., i])  # type: ignore[union-attr]
+        if self.neighbours is None:
+            return lambda z, i: self.prior.tag(z, centres[..., i])  # type: ignore[union-attr]
+        return lambda z, i: self.link_input(z, centres, i)
+
+    def link_input(self, z: Tensor, carried: Tensor, i: int) -> Tensor:
+        """What chain link ``i`` reads of head i-1's state z (..., D), from what the hidden state carries
+        (..., k + 2 k n, every neighbour of head i filled): with pixel neighbours, z shifted by link i's reading of
+        them; tagged with head i's own centre."""
+        if self.neighbours is not None:
+            shift = self.neighbours.shift(carried[..., self.k :], i, carried[..., i])
+            z = z + shift.to(z.dtype)
+        return self.prior.tag(z, carried[..., i])  # type: ignore[union-attr]
+
+    def fill_neighbours(self, carried: Tensor | None, tokens: Tensor, first: int = 0) -> Tensor | None:
+        """Pixel neighbours: ``tokens`` (..., m), proposed (or teacher-forced) for heads first..first+m-1, fill the
+        neighbours they are (``carried`` (..., k + 2 k n)); unchanged otherwise."""
+        if carried is None or self.neighbours is None:
+            return carried
+        rest = carried[..., self.k :]
+        for j in range(tokens.shape[-1]):
+            rest = self.neighbours.fill(rest, self.prior.centres(tokens[..., j]), first + j)  # type: ignore[union-attr]
+        return torch.cat([carried[..., : self.k], rest], dim=-1)
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         w = self.tgt_embed.weight
@@ -431,6 +482,8 @@ class BlockwiseTransformer(nn.Module):
         heads = list(range(self.k) if heads is None else heads)
         h, centres = self.split_centres(h)
         if self.chained_heads:
+            if prev_tokens is not None and max(heads) > 0:
+                centres = self.fill_neighbours(centres, prev_tokens[..., : max(heads)])
             states = self.head.select(h, heads, prev_tokens, self.embed_tokens, source,  # type: ignore[call-arg]
                                       self.chain_input(centres))
         else:
@@ -538,12 +591,12 @@ class BlockwiseTransformer(nn.Module):
         int8 = self.proposal is not None and self.proposal.int8
         fused = self.fused_chain(head, weight.dtype, check=i == 1, int8=int8) if self.fuse_chain and not torch.is_grad_enabled() else None
         if fused is not None:
-            z, state = self.chain_link(lambda x: fused.step(x, token, i, source), z, i, weight.dtype)
+            z, state = self.chain_link(lambda x: fused.step(x, token, i, source), z, i, weight.dtype, token)
         else:
             if source is not None and self.proposal is not None:
                 source = self.proposal.source_in_dtype(source)
             e = self.embed_tokens(token).to(weight.dtype)
-            z, state = self.chain_link(lambda x: head.step(x, e, i, source), z, i, weight.dtype)  # type: ignore[operator]
+            z, state = self.chain_link(lambda x: head.step(x, e, i, source), z, i, weight.dtype, token)  # type: ignore[operator]
         out = self.proposal_argmax(state, weight, bias, confidence)
         return (z, *out) if confidence else (z, out)
 
@@ -595,18 +648,23 @@ class BlockwiseTransformer(nn.Module):
         token (b,) proposed for head i-1 -> (its state (b, D), its logits (b, V)). With own centres the
         states carry the centres too (b, D + k), as the decoder output does."""
         e = self.embed_tokens(token)
-        z, state = self.chain_link(lambda x: self.head.step(x, e, i, source), z, i)  # type: ignore[operator]
+        z, state = self.chain_link(lambda x: self.head.step(x, e, i, source), z, i, token=token)  # type: ignore[operator]
         return z, self.project(state)
 
     def chain_link(self, step: Callable[[Tensor], Tensor], z: Tensor, i: int,
-                   dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+                   dtype: torch.dtype | None = None, token: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Link ``i`` from head i-1's state z (b, D [+ k]): ``step`` maps the state the link reads (b, D) to head
         i's state -> (head i's state, carrying the centres like z; head i's state as the output layer reads it
-        (b, D), :meth:`readout`). ``dtype``: the link's precision (default z's)."""
+        (b, D), :meth:`readout`). ``dtype``: the link's precision (default z's). ``token`` (b,): the one proposed
+        for head i-1 (pixel neighbours read it)."""
         z, centres = self.split_centres(z)
         z = z if dtype is None else z.to(dtype)
         if centres is not None:
-            z = self.prior.tag(z, centres[..., i])  # type: ignore[union-attr]
+            if self.neighbours is not None:
+                if token is None:
+                    raise ValueError("head_neighbours: a chain link needs the token proposed for the head before it")
+                centres = self.fill_neighbours(centres, token[..., None], i - 1)
+            z = self.link_input(z, centres, i)  # type: ignore[arg-type]
         z = step(z)
         state = self.readout(z, None if centres is None else centres[..., i])
         return (z if centres is None else torch.cat([z, centres.to(z.dtype)], dim=-1)), state

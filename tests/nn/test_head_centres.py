@@ -103,7 +103,7 @@ def test_head_agreement_reads_models_with_own_centres():
 def test_checkpoints_from_before_the_option_keep_their_heads_centred_on_p1():
     assert SuperResolutionModule.legacy_hparams({"tie_output": False})["head_centres"] == "first"
     assert "head_centres" not in SuperResolutionModule.legacy_hparams({"head_centres": "own"})
-    assert LEGACY_HEADS == {"head_centres": "first"}
+    assert LEGACY_HEADS == {"head_centres": "first", "head_neighbours": False}
     with pytest.raises(ValueError, match="model.head_centres must be one of"):
         SuperResolutionModule(head_centres="mine")
     with pytest.raises(ValueError, match="head_centres must be one of"):

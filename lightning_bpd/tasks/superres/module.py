@@ -46,7 +46,7 @@ LEGACY_DESIGN = {"tie_output": True, "positions": "image", "scale_positions": Fa
                  "intensity_output": "categorical"}
 # Head options before they existed: heads 2..k centred their prior where p_1 does. Any base can warm-start
 # either kind of head, so these are not compared with a base's design.
-LEGACY_HEADS = {"head_centres": "first"}
+LEGACY_HEADS = {"head_centres": "first", "head_neighbours": False}
 DESIGN_KEYS = ("out_proj.", "src_pos.", "tgt_pos.", "prior.")
 
 
@@ -112,6 +112,8 @@ class SuperResolutionModule(BlockwiseModule):
         head_centres: ``own`` (default): head i's intensity prior (or Gaussian) is centred on the input intensity
             under the position it predicts, t + i, and each chain link reads that intensity; ``first``: every head
             centred where p_1 is, at t (checkpoints from before this option).
+        head_neighbours: chained heads (with ``own`` centres) also read the decoded intensities left of, above-left,
+            above and above-right of the pixel each one predicts (:mod:`~lightning_bpd.nn.pixel_neighbours`).
         smooth_intensities: initialize the intensity embeddings (and an untied output layer) with sin/cos
             features of the intensity, so that nearby intensities start alike (initialization only).
     """
@@ -155,6 +157,7 @@ class SuperResolutionModule(BlockwiseModule):
         intensity_prior: float = 0.0,
         intensity_output: str = "categorical",
         head_centres: str = "own",
+        head_neighbours: bool = False,
     ) -> None:
         if intensity_sigma < 0:
             raise ValueError(f"model.intensity_sigma must be >= 0 (0 = one-hot targets), got {intensity_sigma}")
@@ -180,7 +183,8 @@ class SuperResolutionModule(BlockwiseModule):
             src_positions=positions, tgt_positions=positions, src_image_shape=LOW, tgt_image_shape=HIGH,
             window=window, tie_output=tie_output, scale_positions=scale_positions,
             direct_conditioning=direct_conditioning, conditioning=conditioning, intensity_prior=intensity_prior,
-            intensity_output=intensity_output, intensity_offset=OFFSET, head_centres=head_centres, pad_id=PAD_ID,
+            intensity_output=intensity_output, intensity_offset=OFFSET, head_centres=head_centres,
+            head_neighbours=head_neighbours, pad_id=PAD_ID,
             bos_id=BOS_ID, eos_id=None,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
