@@ -421,10 +421,9 @@ class BlockwiseTransformer(nn.Module):
         neighbours they are (``carried`` (..., k + 2 k n)); unchanged otherwise."""
         if carried is None or self.neighbours is None:
             return carried
-        rest = carried[..., self.k :]
         for j in range(tokens.shape[-1]):
-            rest = self.neighbours.fill(rest, self.prior.centres(tokens[..., j]), first + j)  # type: ignore[union-attr]
-        return torch.cat([carried[..., : self.k], rest], dim=-1)
+            carried = self.neighbours.fill(carried, self.prior.centres(tokens[..., j]), first + j, self.k)  # type: ignore[union-attr]
+        return carried
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         w = self.tgt_embed.weight

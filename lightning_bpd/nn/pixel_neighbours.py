@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-
-from lightning_bpd.nn.fast_linear import linear
+from torch.nn import functional as F
 
 PENDING = 8.0  # u of a neighbour still to be proposed by the chain (every intensity has |u| <= 1)
 UNITS = 127.5 / 16  # u differences -> units of 16 intensity levels
@@ -59,6 +58,9 @@ class PixelNeighbours(nn.Module):
         inside = torch.stack([(row + dr >= 0) & (row + dr < h) & (col + dc >= 0) & (col + dc < w)
                               for _, dr, dc in offsets], dim=-1)  # (L, n)
         self.register_buffer("delta", delta, persistent=False)
+        # the value slots (head h, neighbour a) -> h * n + a that head j's token is, for j = 0..k-1
+        self.slots = tuple(tuple(h * self.n + a for h in range(k) for a, (o, _, _) in enumerate(offsets) if h + o == j)
+                           for j in range(k))
         self.register_buffer("inside", inside, persistent=False)
         n_in = 2 * self.n + 1
         self.links = nn.ModuleList(nn.Sequential(nn.Linear(n_in, d_hidden), nn.ReLU(), nn.Linear(d_hidden, d_model))
@@ -99,26 +101,24 @@ class PixelNeighbours(nn.Module):
         value, under = carried.unflatten(-1, (2, self.k, self.n)).unbind(-3)
         return value, under
 
-    def fill(self, carried: Tensor, token_u: Tensor, j: int) -> Tensor:
+    def fill(self, carried: Tensor, token_u: Tensor, j: int, start: int = 0) -> Tensor:
         """The chain proposed (or training feeds) u ``token_u`` (...) for head j (0-based, the raster index
-        t + j): every pending neighbour at t + j takes it. -> carried (..., 2 k n)."""
-        value, under = self.split(carried)
-        heads = torch.arange(self.k, device=carried.device)[:, None]
-        hit = (heads + self.delta == j) & (value == PENDING)  # (..., k, n)
-        value = torch.where(hit, token_u[..., None, None].to(value.dtype).clamp(-1, 1), value)
-        return torch.cat([value.flatten(-2), under.flatten(-2)], dim=-1)
-
-    def fill_all(self, carried: Tensor, tokens_u: Tensor) -> Tensor:
-        """Training: the u (..., m) of the teacher-forced tokens of heads 0..m-1 fill every pending
-        neighbour they cover (as m calls of :meth:`fill`)."""
-        for j in range(tokens_u.shape[-1]):
-            carried = self.fill(carried, tokens_u[..., j], j)
+        t + j): every pending neighbour at t + j takes it. ``carried`` (..., start + 2 k n): the values from
+        coordinate ``start`` on -> a filled copy."""
+        slots = self.slots[j]
+        if not slots:
+            return carried
+        new = token_u[..., None].to(carried.dtype).clamp(-1, 1)  # (..., 1)
+        carried = carried.clone()
+        for slot in slots:  # pending, or the own input of a neighbour outside the image (kept)
+            column = carried[..., start + slot : start + slot + 1]
+            column.copy_(torch.where(column == PENDING, new, column))
         return carried
 
     def features(self, carried: Tensor, i: int, own: Tensor) -> Tensor:
         """Head ``i``'s neighbour features (..., 2 n + 1) from the carried values and its own input u ``own`` (...)."""
-        value, under = self.split(carried)
-        value, under = value[..., i, :], under[..., i, :]
+        n, rest = self.n, self.k * self.n
+        value, under = carried[..., i * n : (i + 1) * n], carried[..., rest + i * n : rest + (i + 1) * n]  # (..., n)
         if bool((value == PENDING).any()):
             raise RuntimeError(f"head {i}: a neighbour the chain has not proposed yet (fill it before the link)")
         own = own[..., None].to(value.dtype)
@@ -127,5 +127,5 @@ class PixelNeighbours(nn.Module):
     def shift(self, carried: Tensor, i: int, own: Tensor) -> Tensor:
         """What link ``i`` (1..k-1) adds to the state it reads: (..., D)."""
         link = self.links[i - 1]
-        hidden = torch.relu(linear(self.features(carried, i, own), link[0].weight, link[0].bias))
-        return linear(hidden, link[2].weight, link[2].bias)
+        hidden = torch.relu(F.linear(self.features(carried, i, own), link[0].weight, link[0].bias))
+        return F.linear(hidden, link[2].weight, link[2].bias)  # a proposal: plain products (no float64 widening)
