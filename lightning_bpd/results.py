@@ -287,12 +287,14 @@ TABLE1_BUDGET_NOTE = ("heads 800 steps frozen and 800 fine-tuned, every cell on 
 TABLE2_BASE = "superres/i14_gaussian_base_60min_val64.json"
 # Table 2 rows, newest first: (heads, the cell records (k, base: frozen | finetune), the k's, made by).
 TABLE2_SETS = (
-    ("chained, own pixel, self-distilled", "superres/table2c_k{k}_{base}.json", (2, 4, 6, 8),
+    ("chained, own pixel + pixel neighbours, self-distilled (CPU base)", "superres/table2n_k{k}_{base}.json", (4, 8),
+     "`recipe celeba-table2-neighbours`"),
+    ("chained, own pixel, self-distilled (H100 base)", "superres/table2c_k{k}_{base}.json", (2, 4, 6, 8),
      "`recipe celeba-table2-chained`"),
     ("paper, gold (issue 14)", "superres/table2g_k{k}_{base}.json", (2, 4, 8), "`recipe celeba-table2` (k=8)"),
 )
 TABLE2_COLUMNS = (("frozen", "exact"), ("frozen", "eps2"), ("finetune", "exact"), ("finetune", "eps2"))
-TABLE2_BENCH = "superres/table2c_k8_bench.json"  # the k=8 fine-tuned heads' wall-clock (recipe's bench stage)
+TABLE2_BENCH = "superres/table2n_k8_bench.json"  # the k=8 fine-tuned heads' wall-clock (recipe's bench stage)
 DEFAULT_RUN = "default/translation_fresh_clone.json"
 RECIPE_BENCH = "multi30k/speed/recipe_k8_bench_{}.json"  # issue 26: the recipe's model, with CTranslate2 peers
 LEAN_BENCH = "multi30k/speed/i26_b06_bench_{}.json"  # issue 26, lean steps and int8: recipe --budget 0.6, AMD EPYC

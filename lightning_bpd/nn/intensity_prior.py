@@ -29,6 +29,7 @@ import math
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from lightning_bpd.nn.fast_linear import linear
 
@@ -82,6 +83,18 @@ class IntensityPrior(nn.Module):
         delta, rho = linear(rest, self.adapt.weight, self.adapt.bias).unbind(-1)  # (B, T) each
         scale = torch.exp(-2 * rho.clamp(-MAX_LOG_WIDTH, MAX_LOG_WIDTH))  # precision relative to the prior's
         return torch.cat([rest, torch.stack([(centre + delta) * scale, -0.5 * scale], dim=-1)], dim=-1)
+
+    def nearest(self, hidden: Tensor, centre: Tensor) -> Tensor:
+        """Gaussian output without a categorical part: the argmax id (...) of the distribution that :meth:`mark`
+        makes of ``hidden`` (..., D) and ``centre`` (...), the intensity nearest its mean (a tie to the lower one),
+        without the vocabulary projection: the logit of intensity v is -precision * scale / 2 * (u(v) - mean)^2 plus
+        a constant, and no other id can beat the nearest intensity (u = 0, u^2 = 4). Products in the hidden
+        state's precision (a proposal's shortcut: near a half level it may round the other way than the full
+        projection does)."""
+        delta = F.linear(hidden[..., :-RESERVED], self.adapt.weight.to(hidden.dtype),
+                         self.adapt.bias.to(hidden.dtype))[..., 0]  # (...)
+        level = torch.ceil((centre.to(hidden.dtype) + delta) * self.half + self.half - 0.5)
+        return level.clamp(0, 2 * self.half).long() + self.offset
 
     def tag(self, hidden: Tensor, centre: Tensor) -> Tensor:
         """The reserved coordinates of ``hidden`` (..., D) set to (centre, -1/2) (..., D): a state that

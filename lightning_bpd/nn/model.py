@@ -589,13 +589,18 @@ class BlockwiseTransformer(nn.Module):
         head, weight, bias = self.proposal_parts()
         int8 = self.proposal is not None and self.proposal.int8
         fused = self.fused_chain(head, weight.dtype, check=i == 1, int8=int8) if self.fuse_chain and not torch.is_grad_enabled() else None
+        # a Gaussian-output image head: its argmax is the intensity nearest its mean (no projection)
+        nearest = (self.own_centres and self.prior.gaussian and bias is None and self.draft_vocab is None  # type: ignore[union-attr]
+                   and not int8 and not confidence)
         if fused is not None:
-            z, state = self.chain_link(lambda x: fused.step(x, token, i, source), z, i, weight.dtype, token)
+            z, state = self.chain_link(lambda x: fused.step(x, token, i, source), z, i, weight.dtype, token, nearest)
         else:
             if source is not None and self.proposal is not None:
                 source = self.proposal.source_in_dtype(source)
             e = self.embed_tokens(token).to(weight.dtype)
-            z, state = self.chain_link(lambda x: head.step(x, e, i, source), z, i, weight.dtype, token)  # type: ignore[operator]
+            z, state = self.chain_link(lambda x: head.step(x, e, i, source), z, i, weight.dtype, token, nearest)  # type: ignore[operator]
+        if nearest:
+            return z, state
         out = self.proposal_argmax(state, weight, bias, confidence)
         return (z, *out) if confidence else (z, out)
 
@@ -650,12 +655,13 @@ class BlockwiseTransformer(nn.Module):
         z, state = self.chain_link(lambda x: self.head.step(x, e, i, source), z, i, token=token)  # type: ignore[operator]
         return z, self.project(state)
 
-    def chain_link(self, step: Callable[[Tensor], Tensor], z: Tensor, i: int,
-                   dtype: torch.dtype | None = None, token: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def chain_link(self, step: Callable[[Tensor], Tensor], z: Tensor, i: int, dtype: torch.dtype | None = None,
+                   token: Tensor | None = None, nearest: bool = False) -> tuple[Tensor, Tensor]:
         """Link ``i`` from head i-1's state z (b, D [+ k]): ``step`` maps the state the link reads (b, D) to head
         i's state -> (head i's state, carrying the centres like z; head i's state as the output layer reads it
         (b, D), :meth:`readout`). ``dtype``: the link's precision (default z's). ``token`` (b,): the one proposed
-        for head i-1 (pixel neighbours read it)."""
+        for head i-1 (pixel neighbours read it). ``nearest`` (own centres, Gaussian output): instead of the state,
+        head i's argmax token (b,) (:meth:`IntensityPrior.nearest`)."""
         z, centres = self.split_centres(z)
         z = z if dtype is None else z.to(dtype)
         if centres is not None:
@@ -665,7 +671,10 @@ class BlockwiseTransformer(nn.Module):
                 centres = self.fill_neighbours(centres, token[..., None], i - 1)
             z = self.link_input(z, centres, i)  # type: ignore[arg-type]
         z = step(z)
-        state = self.readout(z, None if centres is None else centres[..., i])
+        if nearest:
+            state = self.prior.nearest(z, centres[..., i])  # type: ignore[union-attr,index]
+        else:
+            state = self.readout(z, None if centres is None else centres[..., i])
         return (z if centres is None else torch.cat([z, centres.to(z.dtype)], dim=-1)), state
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:

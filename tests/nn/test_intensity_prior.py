@@ -112,3 +112,20 @@ def test_bad_prior_arguments():
     for offset, levels in [(3, 8), (9, 1), (-1, 5)]:
         with pytest.raises(ValueError, match="do not fit"):
             IntensityPrior(10, offset, levels, 2.0)
+
+
+def test_the_gaussian_argmax_is_the_intensity_nearest_its_mean():
+    """``nearest`` (the chained image heads' proposals) gives the argmax of the full projection of the marked
+    state, for means inside the intensity range and beyond both ends (clamped)."""
+    from tests.nn.test_head_centres import image_model
+
+    model = image_model("own", "chained", "gaussian", sigma=3.0)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        model.prior.adapt.weight.copy_(torch.randn(model.prior.adapt.weight.shape, generator=g, dtype=torch.float64))
+    states = torch.randn(500, 32, generator=g, dtype=torch.float64)
+    ids = torch.randint(3, 20, (500,), generator=g)
+    centres = model.prior.centres(ids)
+    full = model.project(model.readout(states, centres)).argmax(-1)
+    assert torch.equal(model.prior.nearest(states, centres), full)
+    assert {3, 19} <= set(full.tolist())  # both ends reached
