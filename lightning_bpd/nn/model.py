@@ -68,7 +68,8 @@ class ModelConfig:
     intensity under the position *it* predicts (t + i), ``first`` on the one under p_1's (t; the original
     design, in which heads 2..k cannot see the input under their own pixel);
     ``head_neighbours``: chained heads with own centres also read the decoded intensities around the pixel
-    each one predicts (left, above-left, above, above-right; :mod:`~lightning_bpd.nn.pixel_neighbours`).
+    each one predicts (left, above-left, above, above-right; :mod:`~lightning_bpd.nn.pixel_neighbours`); a
+    base (k = 1) ignores it, as it does ``head_centres``.
     """
 
     src_vocab_size: int
@@ -157,10 +158,10 @@ class ModelConfig:
             raise ValueError("intensity_output 'gaussian' needs intensity_prior > 0 (its initial width in levels)")
         if self.head_centres not in HEAD_CENTRES:
             raise ValueError(f"head_centres must be one of {HEAD_CENTRES}, got {self.head_centres!r}")
-        if self.head_neighbours and not (self.intensity_prior > 0 and self.head_centres == "own" and self.k > 1
-                                         and self.head_type in ("chained", "chained_attn")):
-            raise ValueError("head_neighbours needs chained heads (head_type chained or chained_attn, k > 1) centred "
-                             "on their own pixel (intensity_prior > 0, head_centres: own)")
+        if self.head_neighbours and self.k > 1 and not (self.intensity_prior > 0 and self.head_centres == "own"
+                                                        and self.head_type in ("chained", "chained_attn")):
+            raise ValueError("head_neighbours needs chained heads (head_type chained or chained_attn) centred on their "
+                             "own pixel (intensity_prior > 0, head_centres: own)")
         if self.intensity_prior > 0 and not 0 <= self.intensity_offset <= self.tgt_vocab_size - 2:
             raise ValueError(f"intensity_offset {self.intensity_offset} leaves fewer than two intensity ids in a "
                              f"vocabulary of {self.tgt_vocab_size}: set it to the first intensity id")
@@ -283,7 +284,7 @@ class BlockwiseTransformer(nn.Module):
         self.own_centres = self.prior is not None and c.k > 1 and c.head_centres == "own"
         # Pixel neighbours: the chain also reads the decoded intensities around each head's pixel (a part of
         # the head, head.neighbours; :mod:`~lightning_bpd.nn.pixel_neighbours`).
-        if c.head_neighbours:
+        if c.head_neighbours and c.k > 1:  # a base (k = 1) has no chain to read them
             self.head.neighbours = PixelNeighbours(c.tgt_image_shape, c.k, c.d_model, c.head_hidden or c.d_ff)
         self.carried = (c.k + (self.neighbours.width if self.neighbours is not None else 0)) if self.own_centres else 0
         self.drop = nn.Dropout(c.dropout)

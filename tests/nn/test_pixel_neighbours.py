@@ -146,5 +146,6 @@ def test_bad_neighbour_options_are_one_clear_error():
         ModelConfig(**{**base, "head_type": "paper"})
     with pytest.raises(ValueError, match="head_neighbours needs chained heads"):
         ModelConfig(**{**base, "head_type": "chained", "head_centres": "first"})
+    assert BlockwiseTransformer(ModelConfig(**{**base, "head_type": "paper", "k": 1})).neighbours is None  # a base
     with pytest.raises(ValueError, match="k <= 24"):
         BlockwiseTransformer(ModelConfig(**{**base, "head_type": "chained", "k": 25}))
