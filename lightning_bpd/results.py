@@ -386,9 +386,10 @@ def table2_lines(records: list[Record]) -> list[str]:
     lines = [(f"**Table 2 analog: super-resolution** (CelebA 8x8 -> 32x32, {int(sm.get('examples', 0))} val faces; "
               "mean accepted block size, PSNR dB in brackets; regular and fine-tuned = exact acceptance, so the "
               "regular cell's PSNR is its base's greedy PSNR; bicubic upsampling "
-              f"{fmt(sm.get('bicubic/psnr'))} dB, nearest-neighbour {fmt(sm.get('nearest/psnr'))}. Chained rows: "
-              "base trained 5 minutes on an H100, heads 10 CPU-minutes per stage, float32-invariant, exact output "
-              "= greedy on every face; paper-head rows: 60-minute CPU base, heads 5 CPU-minutes, float32, exact = "
+              f"{fmt(sm.get('bicubic/psnr'))} dB, nearest-neighbour {fmt(sm.get('nearest/psnr'))}. Pixel-neighbour "
+              "rows: CPU base (960 steps, 97 CPU-minutes), heads 10 minutes per stage on 2 CPU threads; other chained "
+              "rows: base 5 minutes on an H100, heads 10 CPU-minutes per stage; all chained rows float32-invariant, "
+              "exact output = greedy on every face; paper-head rows: 60-minute CPU base, heads 5 CPU-minutes, float32, exact = "
               "greedy on 62-81% of faces; [docs/superres.md](docs/superres.md) has the budgets)"), "",
              "| heads | k | regular | approximate (eps=2) | fine-tuned | both | paper, both | made by |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -396,7 +397,8 @@ def table2_lines(records: list[Record]) -> list[str]:
         cells = [f"{fmt(b)} ({fmt(q)})" if b is not None else "-" for b, q in r["cells"]]
         lines.append(f"| {r['heads']} | {r['k']} | " + " | ".join(cells) +
                      f" | {fmt(r['paper_both']) if r['paper_both'] else '-'} | {r['made']} |")
-    lines += ["", ("Records: `results/superres/table2c_*.json` (chained) and `table2g_*.json` (paper heads); each "
+    lines += ["", ("Records: `results/superres/table2n_*.json` (pixel neighbours), `table2c_*.json` (chained) and "
+                   "`table2g_*.json` (paper heads); each "
                    "holds its `command` and, in `meta`, the minutes and machine of its training."), ""]
     bench = find(records, TABLE2_BENCH)
     if bench is not None:
