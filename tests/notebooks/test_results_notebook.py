@@ -203,8 +203,8 @@ def test_table2_rows_and_lines_come_from_the_cell_records(tmp_path):
 
     write_results(tmp_path)
     rows = table2_rows(load(tmp_path))
-    assert [(r["heads"], r["k"]) for r in rows] == [("chained, own pixel, self-distilled", 4)]
+    assert [(r["heads"], r["k"]) for r in rows] == [("chained, own pixel, self-distilled (H100 base)", 4)]
     assert rows[0]["cells"] == [(None, None), (None, None), (2.0, 20.0), (3.0, 19.9)]
     assert rows[0]["paper_both"] == 3.75
     text = headline_tables(load(tmp_path))
-    assert "| chained, own pixel, self-distilled | 4 | - | - | 2.00 (20.00) | 3.00 (19.90) | 3.75 |" in text
+    assert "| chained, own pixel, self-distilled (H100 base) | 4 | - | - | 2.00 (20.00) | 3.00 (19.90) | 3.75 |" in text
