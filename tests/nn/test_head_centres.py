@@ -51,11 +51,16 @@ def test_own_centres_decode_exactly_like_the_reference_and_greedy(head_type, out
     if output == "gaussian":
         with torch.no_grad():
             torch.nn.init.normal_(model.prior.adapt.weight, std=0.05)
-    src = sources()
-    out = blockwise_decode(model, src, Exact(), 192)
-    ref = blockwise_decode_reference(model, src, Exact(), 192)
+    assert_exact_decoding_is_the_reference_and_greedy(model, sources())
+
+
+def assert_exact_decoding_is_the_reference_and_greedy(model, src: torch.Tensor, max_len: int = 192) -> None:
+    """Cached exact blockwise decoding of ``src`` equals the uncached reference (tokens and block sizes) and
+    greedy decoding, and some block is longer than 1."""
+    out = blockwise_decode(model, src, Exact(), max_len)
+    ref = blockwise_decode_reference(model, src, Exact(), max_len)
     assert torch.equal(out.tokens, ref.tokens) and out.block_sizes == ref.block_sizes
-    assert torch.equal(out.tokens, greedy_decode(model, src, 192).tokens)
+    assert torch.equal(out.tokens, greedy_decode(model, src, max_len).tokens)
     assert max(max(sizes) for sizes in out.block_sizes) > 1
 
 

@@ -3,12 +3,13 @@
 import pytest
 import torch
 
-from lightning_bpd.decoding import Exact, blockwise_decode, blockwise_decode_reference, greedy_decode, head_agreement
+from lightning_bpd.decoding import blockwise_decode, blockwise_decode_reference, greedy_decode, head_agreement
 from lightning_bpd.decoding.criteria import parse_criterion
 from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
 from lightning_bpd.nn.pixel_neighbours import PENDING, PixelNeighbours, neighbour_offsets
 from lightning_bpd.nn.warm_start import freeze_base
 from tests.models import random_model
+from tests.nn.test_head_centres import assert_exact_decoding_is_the_reference_and_greedy
 from tests.nn.test_intensity_prior import IMAGE
 
 K = 4
@@ -79,11 +80,7 @@ def test_neighbour_heads_decode_like_the_reference_and_greedy(head_type, output)
     equals the uncached reference (tokens and block sizes) and, exact, greedy decoding."""
     model = neighbour_model(head_type, output)
     src = sources()
-    out = blockwise_decode(model, src, Exact(), 192)
-    ref = blockwise_decode_reference(model, src, Exact(), 192)
-    assert torch.equal(out.tokens, ref.tokens) and out.block_sizes == ref.block_sizes
-    assert torch.equal(out.tokens, greedy_decode(model, src, 192).tokens)
-    assert max(max(sizes) for sizes in out.block_sizes) > 1
+    assert_exact_decoding_is_the_reference_and_greedy(model, src)
     eps = parse_criterion("eps2")  # ids are intensities shifted by the offset: the same distances
     assert blockwise_decode(model, src, eps, 192).block_sizes == blockwise_decode_reference(model, src, eps, 192).block_sizes
 
