@@ -400,12 +400,10 @@ class BlockwiseTransformer(nn.Module):
         return self.prior.mark(states.to(dtype), centres.to(dtype)).to(states.dtype)  # type: ignore[union-attr]
 
     def chain_input(self, centres: Tensor | None) -> Callable[[Tensor, int], Tensor] | None:
-        """Own centres: what chain link i reads, head i-1's state tagged with the centre under head i's
-        own position (``centres`` (..., k)); None otherwise."""
+        """Own centres: what chain link i reads of head i-1's state (:meth:`link_input`, from what the hidden
+        state carries, ``centres`` (..., k [+ 2 k n])); None otherwise."""
         if centres is None:
             return None
-        if self.neighbours is None:
-            return lambda z, i: self.prior.tag(z, centres[..., i])  # type: ignore[union-attr]
         return lambda z, i: self.link_input(z, centres, i)
 
     def link_input(self, z: Tensor, carried: Tensor, i: int) -> Tensor:
