@@ -21,6 +21,7 @@ from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.draft_vocab import DraftVocabulary
 from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.fused_chain import FusedChain
+from lightning_bpd.nn.image_chain import image_chain_links_scripted
 from lightning_bpd.nn.int8 import available as int8_available
 from lightning_bpd.nn.int8 import int8_linear, pack_int8
 from lightning_bpd.nn.intensity_prior import RESERVED, IntensityPrior
@@ -608,8 +609,10 @@ class BlockwiseTransformer(nn.Module):
         2..k from the state h (b, D) and greedy's token ``first`` (b,), as k - 1 calls of :meth:`chain_draft`
         give them, with the weights looked up once instead of at every link. None where that path does not
         apply (unfused links, training, images' own centres): the caller goes link by link."""
-        if not self.fuse_chain or torch.is_grad_enabled() or self.own_centres:
+        if not self.fuse_chain or torch.is_grad_enabled():
             return None
+        if self.own_centres:
+            return self.image_chain_drafts(h, first, k, source)
         head, weight, bias = self.proposal_parts()
         int8 = self.proposal is not None and self.proposal.int8
         fused = self.fused_chain(head, weight.dtype, int8=int8)
@@ -631,6 +634,40 @@ class BlockwiseTransformer(nn.Module):
             out.append(token if draft is None else draft.ids[token])
             token = out[-1]
         return torch.stack(out, dim=1)  # (b, k - 1)
+
+    def image_chain_drafts(self, h: Tensor, first: Tensor, k: int, source: ChainSource | None = None) -> Tensor | None:
+        """Own-centre Gaussian image heads (with or without pixel neighbours): :meth:`chain_drafts`'s tokens (b, k - 1)
+        from the decoder state h (b, D + carried) in one TorchScript call (:mod:`~lightning_bpd.nn.image_chain`),
+        bitwise the link-by-link :meth:`chain_draft`; None where that path does not apply (a categorical output,
+        int8 or reduced-precision proposals, no token tables)."""
+        head, weight, bias = self.proposal_parts()
+        int8 = self.proposal is not None and self.proposal.int8
+        if (k < 2 or not self.prior.gaussian or bias is not None or self.draft_vocab is not None or int8  # type: ignore[union-attr]
+                or weight.dtype not in (torch.float32, torch.float64)):
+            return None
+        fused = self.fused_chain(head, weight.dtype)
+        if fused.links[0].tok_table is None:
+            return None
+        z, carried = self.split_centres(h)
+        links = fused.links[: k - 1]
+        if fused.source_attention:
+            if source is None:
+                raise ValueError("a source-attending chain needs the source (model.chain_source(context))")
+            laid = fused.lay_out(source)
+            keys_t, values, mask, heads = laid.keys_t, laid.values, laid.mask, laid.heads
+        else:
+            keys_t = values = mask = h.new_zeros(0, dtype=weight.dtype)
+            heads = 1
+        reader = self.neighbours
+        readers = [] if reader is None else [t for link in reader.links[: k - 1]
+                                             for t in (link[0].weight, link[0].bias, link[2].weight, link[2].bias)]
+        prior = self.prior
+        return image_chain_links_scripted(
+            z.to(weight.dtype), carried, first, k - 1, self.k, [x.zq_t for x in links], [x.zq_b for x in links],
+            [x.tok_table for x in links], [x.c_t if x.c_t is not None else x.zq_t for x in links],  # type: ignore[misc]
+            [x.out_t for x in links], [x.out_b for x in links], fused.hidden, keys_t, values, mask, heads,
+            0 if reader is None else reader.n, [] if reader is None else [list(s) for s in reader.slots], readers,
+            prior.features, prior.offset, prior.half, prior.adapt.weight, prior.adapt.bias)  # type: ignore[union-attr]
 
     def fused_chain(self, head: nn.Module, dtype: torch.dtype, check: bool = True, int8: bool = False) -> FusedChain:
         """The fused links of ``head`` (the model's or the proposal copy) in ``dtype``, rebuilt when a weight
