@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_bpd.nn import int8
+from lightning_bpd.nn import int8, invariant
 from lightning_bpd.nn.fast_linear import LARGE, MAX_ROWS
 
 assert LARGE == 1048576, "lean_step's layout_linear spells fast_linear's LARGE out"
@@ -46,10 +46,13 @@ def column_layouts(x: Tensor) -> list[bool]:
 
 
 def _product(x: Tensor, j: int, weights: list[Tensor], packed: list[torch.classes.quantized.LinearPackedParamsBase],
-             by_columns: list[bool], unit_range: Tensor) -> Tensor:
-    """Product ``j`` of the step (weights[2j], weights[2j + 1]): int8 when ``packed`` holds the packed weights."""
+             by_columns: list[bool], unit_range: Tensor, wide: list[Tensor]) -> Tensor:
+    """Product ``j`` of the step (weights[2j], weights[2j + 1]): int8 when ``packed`` holds the packed weights,
+    in float64 rounded to float32 when ``wide`` holds float64 copies (:func:`lightning_bpd.nn.invariant.linear`)."""
     if len(packed) > 0:
         return int8.row_int8(x, packed[j], weights[2 * j + 1], unit_range)
+    if len(wide) > 0:
+        return F.linear(x.double(), wide[2 * j], wide[2 * j + 1]).float()
     return layout_linear(x, weights[2 * j], weights[2 * j + 1], by_columns)
 
 
@@ -68,43 +71,64 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, wide: bool) -> Ten
 def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Tensor, start: int, stop: int,
                       weights: list[Tensor], norms: list[Tensor], cross_k: list[Tensor], cross_v: list[Tensor],
                       cross_bias: Tensor, n_heads: int, by_columns: list[bool],
-                      packed: list[torch.classes.quantized.LinearPackedParamsBase], unit_range: Tensor) -> Tensor:
+                      packed: list[torch.classes.quantized.LinearPackedParamsBase], unit_range: Tensor,
+                      span_start: int, ring: int, window: int, wide_weights: list[Tensor], wide_attention: bool
+                      ) -> Tensor:
     """T new inputs per row x (B, T, D) at ``positions`` (B, T) -> the final-norm hidden states (B, T, D).
 
     Writes their keys and values into ``k_cache`` / ``v_cache`` (L, B, S, H, Dh): at slots ``start .. start
     + T - 1`` of every row when ``start >= 0`` (every row holds ``start`` positions), else at each row's
-    ``positions``. Queries see cached positions 0 .. ``stop`` - 1, masked causally by position.
+    ``positions`` (modulo ``ring`` in a ring cache). Queries see cached positions ``span_start`` .. ``stop`` - 1
+    (a ring: every slot, by the position it holds), masked causally by position and, with ``window`` > 0, to the
+    ``window`` most recent ones (:func:`lightning_bpd.nn.attention.cached_span`).
     ``weights``: per layer the 12 tensors qkv (w, b), self out (w, b), cross q (w, b), cross out (w, b),
     ff1 (w, b), ff2 (w, b); ``norms``: per layer norm1..3 (w, b), then the final norm (w, b);
     ``cross_k`` / ``cross_v``: per layer (B, S_src, H, Dh); ``cross_bias``: (B, 1, 1, S_src) additive;
     ``by_columns``: the float products' layout (:func:`layout_linear`); ``packed``: empty, or the int8 weights of
-    every product (precision int8, :mod:`lightning_bpd.nn.int8`: attention then in float64).
+    every product (precision int8, :mod:`lightning_bpd.nn.int8`); ``wide_weights``: empty, or float64 copies of
+    ``weights`` (float32-invariant: products in float64, :mod:`lightning_bpd.nn.invariant`); ``wide_attention``:
+    attention in float64, rounded back.
     """
     b, t, d = x.shape[0], x.shape[1], x.shape[2]
     dh = d // n_heads
-    wide = len(packed) > 0
-    k_pos = torch.arange(stop, device=x.device)
-    visible = k_pos[None, None, None, :] <= positions[:, None, :, None]  # (B, 1, T, S)
+    wide = wide_attention
+    q_pos = positions[:, None, :, None]  # (B, 1, T, 1)
+    if ring > 0:  # the absolute position each slot holds (KVCache.slot_positions)
+        newest = positions[:, -1]
+        k_pos = newest[:, None] - (newest[:, None] - torch.arange(ring, device=x.device)) % ring  # (B, R)
+        keys = k_pos[:, None, None, :]
+    else:
+        keys = torch.arange(span_start, stop, device=x.device)[None, None, None, :]
+    visible = keys <= q_pos  # (B, 1, T, S)
+    if window > 0:
+        visible = visible & (keys > q_pos - window)
+    if ring > 0:
+        visible = visible & (keys >= 0)
     self_bias = torch.zeros(visible.shape, dtype=x.dtype, device=x.device).masked_fill_(~visible, float("-inf"))
     rows = torch.arange(b, device=x.device)[:, None]
     for i in range(len(cross_k)):
         w = weights[12 * i : 12 * i + 12]
         p = packed[6 * i : 6 * i + 6]
+        ww = wide_weights[12 * i : 12 * i + 12]
         n = norms[6 * i : 6 * i + 6]
         h = F.layer_norm(x, [d], n[0], n[1])
-        qkv = _product(h, 0, w, p, by_columns, unit_range).view(b, t, 3 * n_heads, dh).chunk(3, dim=2)
+        qkv = _product(h, 0, w, p, by_columns, unit_range, ww).view(b, t, 3 * n_heads, dh).chunk(3, dim=2)
         if start >= 0:
             k_cache[i, :, start : start + t] = qkv[1]
             v_cache[i, :, start : start + t] = qkv[2]
+        elif ring > 0:
+            k_cache[i][rows, positions % ring] = qkv[1]
+            v_cache[i][rows, positions % ring] = qkv[2]
         else:
             k_cache[i][rows, positions] = qkv[1]
             v_cache[i][rows, positions] = qkv[2]
-        a = _attention(qkv[0], k_cache[i, :, :stop], v_cache[i, :, :stop], self_bias, wide)
-        x = x + _product(a, 1, w, p, by_columns, unit_range)
-        q = _product(F.layer_norm(x, [d], n[2], n[3]), 2, w, p, by_columns, unit_range).view(b, t, n_heads, dh)
-        x = x + _product(_attention(q, cross_k[i], cross_v[i], cross_bias, wide), 3, w, p, by_columns, unit_range)
-        h = torch.relu(_product(F.layer_norm(x, [d], n[4], n[5]), 4, w, p, by_columns, unit_range))
-        x = x + _product(h, 5, w, p, by_columns, unit_range)
+        span = ring if ring > 0 else stop
+        a = _attention(qkv[0], k_cache[i, :, span_start:span], v_cache[i, :, span_start:span], self_bias, wide)
+        x = x + _product(a, 1, w, p, by_columns, unit_range, ww)
+        q = _product(F.layer_norm(x, [d], n[2], n[3]), 2, w, p, by_columns, unit_range, ww).view(b, t, n_heads, dh)
+        x = x + _product(_attention(q, cross_k[i], cross_v[i], cross_bias, wide), 3, w, p, by_columns, unit_range, ww)
+        h = torch.relu(_product(F.layer_norm(x, [d], n[4], n[5]), 4, w, p, by_columns, unit_range, ww))
+        x = x + _product(h, 5, w, p, by_columns, unit_range, ww)
     return F.layer_norm(x, [d], norms[-2], norms[-1])
 
 
@@ -116,15 +140,16 @@ def lean_encoder(x: Tensor, mask: Tensor, weights: list[Tensor], norms: list[Ten
     ``norms``: per layer norm1, norm2 (w, b), then the final norm; ``packed`` as for :func:`lean_decoder_step`."""
     b, s, d = x.shape[0], x.shape[1], x.shape[2]
     wide = len(packed) > 0
+    none: list[Tensor] = []
     for i in range(len(norms) // 4):
         w = weights[8 * i : 8 * i + 8]
         p = packed[4 * i : 4 * i + 4]
-        qkv = _product(F.layer_norm(x, [d], norms[4 * i], norms[4 * i + 1]), 0, w, p, by_columns, unit_range)
+        qkv = _product(F.layer_norm(x, [d], norms[4 * i], norms[4 * i + 1]), 0, w, p, by_columns, unit_range, none)
         qkv = qkv.view(b, s, 3 * n_heads, d // n_heads).chunk(3, dim=2)
-        x = x + _product(_attention(qkv[0], qkv[1], qkv[2], mask, wide), 1, w, p, by_columns, unit_range)
+        x = x + _product(_attention(qkv[0], qkv[1], qkv[2], mask, wide), 1, w, p, by_columns, unit_range, none)
         h = torch.relu(_product(F.layer_norm(x, [d], norms[4 * i + 2], norms[4 * i + 3]), 2, w, p, by_columns,
-                                unit_range))
-        x = x + _product(h, 3, w, p, by_columns, unit_range)
+                                unit_range, none))
+        x = x + _product(h, 3, w, p, by_columns, unit_range, none)
     return F.layer_norm(x, [d], norms[-2], norms[-1])
 
 
@@ -202,6 +227,11 @@ def step(decoder: torch.nn.Module, x: Tensor, context, cache, positions: Tensor,
     weights, norms = listed(decoder, decoder_tensors)
     by_columns, packed = layouts(x, weights)
     low, high = cache.length_bounds()
-    return lean_decoder_step(x, cache.k, cache.v, positions, low if low == high else -1, stop, weights, norms,
-                             [k for k, _ in context.cross_kv], [v for _, v in context.cross_kv], cross_bias,
-                             decoder.n_heads, by_columns, packed, int8.RANGE)
+    ring, window = cache.ring or 0, decoder.window or 0
+    span_start = 0 if ring or not window else max(0, low - window + 1)  # cached_span's
+    wide_weights = [invariant.wide(w) for w in weights] if invariant.is_active(x) and not packed else []
+    wide_attention = (invariant.enabled() or int8.enabled()) and x.dtype in invariant.WIDENED
+    return lean_decoder_step(x, cache.k, cache.v, positions, low if low == high and not ring else -1, stop, weights,
+                             norms, [k for k, _ in context.cross_kv], [v for _, v in context.cross_kv], cross_bias,
+                             decoder.n_heads, by_columns, packed, int8.RANGE, span_start, ring, window, wide_weights,
+                             wide_attention)

@@ -60,10 +60,12 @@ class EncoderContext:
         )
 
 
-def lean_applies(stack: nn.Module, x: Tensor) -> bool:
+def lean_applies(stack: nn.Module, x: Tensor, invariant_ok: bool = False) -> bool:
     """Whether an encoder or decoder may run ``x`` through :mod:`~lightning_bpd.nn.lean_step`: inference
-    (eval mode, no gradients), outside the float64 products, and int8 products only for float32 on CPU."""
-    return (stack.lean and not stack.training and not torch.is_grad_enabled() and not invariant.enabled()
+    (eval mode, no gradients), outside the float64 products unless ``invariant_ok`` (the decoder step takes
+    them), and int8 products only for float32 on CPU."""
+    return (stack.lean and not stack.training and not torch.is_grad_enabled()
+            and (invariant_ok or not invariant.enabled())
             and (not int8.enabled() or x.dtype == torch.float32 and x.device.type == "cpu"))
 
 
@@ -166,8 +168,8 @@ class Decoder(nn.Module):
 
     def step(self, x: Tensor, context: EncoderContext, cache: KVCache) -> Tensor:
         """Cached pass over T new inputs per row ``x`` (B, T, D); appends them to ``cache``. At inference
-        without a window or a static cache, and outside the float64 products, the same ops run as one
-        TorchScript function (:mod:`~lightning_bpd.nn.lean_step`; ``lean = False`` turns it off)."""
+        without a static cache the same ops run as one TorchScript function (:mod:`~lightning_bpd.nn.lean_step`;
+        ``lean = False`` turns it off)."""
         n_new = x.shape[1]
         cache.check_room(n_new)
         if cache.ring and n_new > RING_MARGIN:
@@ -188,9 +190,9 @@ class Decoder(nn.Module):
         return self.norm(x)
 
     def lean_applies(self, x: Tensor, cache: KVCache) -> bool:
-        """Whether :meth:`step` may run as :func:`~lightning_bpd.nn.lean_step.lean_decoder_step`."""
-        return (self.window is None and not cache.ring and not cache.static and cache.k.dtype == x.dtype
-                and lean_applies(self, x))
+        """Whether :meth:`step` may run as :func:`~lightning_bpd.nn.lean_step.lean_decoder_step` (local windows,
+        ring caches and the float64 products of float32-invariant included; not static caches)."""
+        return not cache.static and cache.k.dtype == x.dtype and lean_applies(self, x, invariant_ok=True)
 
     def new_cache(self, batch_size: int, capacity: int, *, dtype: torch.dtype, device: torch.device) -> KVCache:
         """A cache for ``capacity`` positions; with a local window, a ring of window + RING_MARGIN slots."""

@@ -5,14 +5,15 @@ import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.nn import int8, invariant
+from lightning_bpd.nn.transformer import lean_applies
 from tests.models import random_model, random_sources
 
 
-def run_steps(model, src, chunks, crops, lean: bool) -> list[torch.Tensor]:
+def run_steps(model, src, chunks, crops, lean: bool, capacity: int = 40) -> list[torch.Tensor]:
     """Cached steps of ``chunks`` (token blocks (B, T)), cropping to ``crops[i]`` (or not) after step i."""
     model.decoder.lean = lean
     context = model.encode(src)
-    cache = model.new_cache(src.shape[0], capacity=40)
+    cache = model.new_cache(src.shape[0], capacity=capacity)
     outs = []
     with torch.no_grad():
         for tokens, crop in zip(chunks, crops):
@@ -56,16 +57,40 @@ def test_decoding_is_the_same_with_and_without_the_lean_step(head_type):
         assert torch.equal(a.tokens, b.tokens) and a.block_sizes == b.block_sizes
 
 
+@pytest.mark.parametrize("precision", ["float32", "float32-invariant", "float64"])
+@pytest.mark.parametrize("ring", [False, True])
+def test_lean_windowed_steps_equal_the_reference_bitwise(precision, ring):
+    """A local window, with a ring cache (window + margin slots, wrapped around) or a plain one, in float32,
+    float32-invariant (float64 products and attention) and float64: the scripted step equals the module path bit
+    for bit, equal rows and ragged."""
+    model = random_model(k=2, vocab=30, seed=5, window=3)
+    model = model.double() if precision == "float64" else model.float()
+    src = random_sources(3, vocab=30, seed=5)
+    g = torch.Generator().manual_seed(5)
+    sizes = (1, 8, 1, 8, 8, 8, 3, 8, 1, 8) if ring else (1, 4, 1, 3, 4, 1, 2)
+    chunks = [torch.randint(3, 30, (3, t), generator=g) for t in sizes]
+    crops = [None, None, [4, 6, 5], None, [20, 22, 18] if ring else [9, 11, 12], None, None, None, None, None]
+    capacity = 90 if ring else 30  # a ring when the capacity exceeds window + RING_MARGIN
+    with invariant.batch_invariant(precision == "float32-invariant"):
+        assert (model.new_cache(3, capacity).ring is not None) == ring
+        lean = run_steps(model, src, chunks, crops, lean=True, capacity=capacity)
+        ref = run_steps(model, src, chunks, crops, lean=False, capacity=capacity)
+    for a, b in zip(lean, ref):
+        assert torch.equal(a, b)
+    if precision == "float32-invariant":  # and the float64 products were taken (plain float32 rounds differently)
+        plain = run_steps(model, src, chunks, crops, lean=True, capacity=capacity)
+        assert any(not torch.equal(a, c) for a, c in zip(lean, plain))
+
+
 def test_the_reference_keeps_what_the_lean_step_does_not_take():
-    model = random_model(k=2, vocab=30, window=3)
     x = torch.zeros(1, 1, 32, dtype=torch.float64)
     with torch.no_grad():
-        assert not model.decoder.lean_applies(x, model.new_cache(1, 40))  # a local window: ring cache
         plain = random_model(k=2, vocab=30)
         cache = plain.new_cache(1, 40)
         assert plain.decoder.lean_applies(x, cache)
         with invariant.batch_invariant():
-            assert not plain.decoder.lean_applies(x, cache)  # float64 products
+            assert plain.decoder.lean_applies(x, cache)  # the step takes the float64 products
+            assert not plain.encoder.lean or not lean_applies(plain.encoder, x)  # the encoder does not
         if int8.available():
             with int8.int8_products():
                 assert not plain.decoder.lean_applies(x, cache)  # int8 products of a float64 model
