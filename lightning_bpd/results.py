@@ -294,7 +294,7 @@ TABLE2_SETS = (
     ("paper, gold (issue 14)", "superres/table2g_k{k}_{base}.json", (2, 4, 8), "`recipe celeba-table2` (k=8)"),
 )
 TABLE2_COLUMNS = (("frozen", "exact"), ("frozen", "eps2"), ("finetune", "exact"), ("finetune", "eps2"))
-TABLE2_BENCH = "superres/table2n_k8_bench.json"  # the k=8 fine-tuned heads' wall-clock (recipe's bench stage)
+TABLE2_BENCH = "superres/table2n_k8_bench_lean.json"  # the k=8 fine-tuned heads' wall-clock (recipe's bench stage)
 DEFAULT_RUN = "default/translation_fresh_clone.json"
 RECIPE_BENCH = "multi30k/speed/recipe_k8_bench_{}.json"  # issue 26: the recipe's model, with CTranslate2 peers
 LEAN_BENCH = "multi30k/speed/i26_b06_bench_{}.json"  # issue 26, lean steps and int8: recipe --budget 0.6, AMD EPYC
