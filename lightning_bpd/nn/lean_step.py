@@ -9,8 +9,9 @@ decode the gain shows where the weights' bytes do not dominate (int8, docs/speed
 kernels in the same order, with the same product layouts as :func:`~lightning_bpd.nn.fast_linear.linear`
 (and, with int8 products on, :class:`~lightning_bpd.nn.int8.RowInt8`'s ops and float64 attention), so its
 output is bitwise the reference's (tested). The modules stay the reference and take every case this does
-not: training, local windows (ring caches), static caches, and the float64 products of the invariant
-precisions. TorchScript is deprecated in torch 2.14 but runs; without it these are plain Python functions.
+not: training and static caches (and, for the encoder, the float64 products of the invariant precisions). The
+decoder step also takes local windows with ring caches (the image decoder) and float32-invariant's float64 products
+and attention. TorchScript is deprecated in torch 2.14 but runs; without it these are plain Python functions.
 """
 
 from __future__ import annotations
