@@ -232,8 +232,7 @@ def step(decoder: torch.nn.Module, x: Tensor, context, cache, positions: Tensor,
     span_start = 0 if ring or not window else max(0, low - window + 1)  # cached_span's
     wide_weights = [invariant.wide(w) for w in weights] if invariant.is_active(x) and not packed else []
     wide_attention = (invariant.enabled() or int8.enabled()) and x.dtype in invariant.WIDENED
-    cross = context.wide_cross_kv() if wide_attention and context.cross_kv else context.cross_kv  # widened once
     return lean_decoder_step(x, cache.k, cache.v, positions, low if low == high and not ring else -1, stop, weights,
-                             norms, [k for k, _ in cross], [v for _, v in cross], cross_bias,
+                             norms, [k for k, _ in context.cross_kv], [v for _, v in context.cross_kv], cross_bias,
                              decoder.n_heads, by_columns, packed, int8.RANGE, span_start, ring, window, wide_weights,
                              wide_attention)

@@ -8,7 +8,7 @@ verify pass of blockwise decoding).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -44,18 +44,10 @@ class EncoderContext:
     cross_kv: list[tuple[Tensor, Tensor]]
     cond: Tensor | None = None
     prior: Tensor | None = None
-    wide_cross: tuple[Tensor, list[tuple[Tensor, Tensor]]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
         return self.memory.shape[0]
-
-    def wide_cross_kv(self) -> list[tuple[Tensor, Tensor]]:
-        """``cross_kv`` in float64, made once per context: what float64 attention (float32-invariant, int8) reads
-        at every decoder step (the exact widening of the same values, so the attention is bitwise the same)."""
-        if self.wide_cross is None or self.wide_cross[0] is not self.cross_kv[0][0]:  # (made from, the copies)
-            self.wide_cross = (self.cross_kv[0][0], [(k.double(), v.double()) for k, v in self.cross_kv])
-        return self.wide_cross[1]
 
     def select(self, rows: Tensor) -> EncoderContext:
         """The context of batch ``rows`` only (1-D index tensor)."""

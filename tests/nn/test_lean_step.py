@@ -143,20 +143,3 @@ def test_the_lean_functions_compile():
     for fn in (lean_step.lean_decoder_step, lean_step.lean_encoder, fused_chain.chain_links_scripted,
                fused_chain.chain_links_int8_scripted):
         assert isinstance(fn, torch.jit.ScriptFunction), fn
-
-
-def test_float64_attention_widens_the_cross_keys_once_per_context():
-    """float32-invariant: the step reads float64 copies of the cross-attention keys and values made once per
-    context (bitwise what widening them at every step gives: the tests above), not carried into a row selection."""
-    model = random_model(k=2, vocab=30, seed=6).float()
-    src = random_sources(2, vocab=30, seed=6)
-    tokens = torch.randint(3, 30, (2, 3), generator=torch.Generator().manual_seed(6))
-    with torch.no_grad(), invariant.batch_invariant():
-        context = model.encode(src)
-        cache = model.new_cache(2, 20)
-        model.decode_step(tokens, context, cache)
-        made = context.wide_cross[1]
-        model.decode_step(tokens[:, :1], context, cache)
-        assert context.wide_cross[1] is made and made[0][0].dtype == torch.float64
-        assert all(torch.equal(w, c.double()) for pair, wide in zip(context.cross_kv, made) for c, w in zip(pair, wide))
-        assert context.select(torch.tensor([1])).wide_cross is None
