@@ -219,14 +219,7 @@ class FusedChain:
         if k < 2 or self.links[0].tok_table is None or z.dtype not in (torch.float32, torch.float64):
             return None
         links = self.links[: k - 1]
-        if self.source_attention:
-            if source is None:
-                raise ValueError("a source-attending chain needs the source (model.chain_source(context))")
-            laid = self.lay_out(source)
-            keys_t, values, mask, heads = laid.keys_t, laid.values, laid.mask, laid.heads
-        else:
-            keys_t = values = mask = z.new_zeros(0)
-            heads = 1
+        keys_t, values, mask, heads = self.source_parts(source)
         if self.int8:
             return chain_links_int8_scripted(
                 z, first, k - 1, [x.int8["zq"] for x in links], [x.tok_table for x in links],
@@ -236,6 +229,17 @@ class FusedChain:
                                     [x.tok_table for x in links], [x.c_t if x.c_t is not None else z for x in links],
                                     [x.out_t for x in links], [x.out_b for x in links], self.hidden, keys_t, values,
                                     mask, heads, weight, bias, ids, column_layouts(z))
+
+    def source_parts(self, source: ChainSource | None) -> tuple[Tensor, Tensor, Tensor, int]:
+        """What the scripted chains read of the source: the laid-out keys, values, mask and head count; without
+        source attention, empty tensors and 1 head."""
+        if not self.source_attention:
+            empty = self.links[0].zq_t.new_zeros(0)
+            return empty, empty, empty, 1
+        if source is None:
+            raise ValueError("a source-attending chain needs the source (model.chain_source(context))")
+        laid = self.lay_out(source)
+        return laid.keys_t, laid.values, laid.mask, laid.heads
 
     def read_source(self, q: Tensor, source: ChainSource | None) -> Tensor:
         """Attention of one query per row q (b, D) over the laid-out source -> (b, D)."""

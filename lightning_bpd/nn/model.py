@@ -650,14 +650,7 @@ class BlockwiseTransformer(nn.Module):
             return None
         z, carried = self.split_centres(h)
         links = fused.links[: k - 1]
-        if fused.source_attention:
-            if source is None:
-                raise ValueError("a source-attending chain needs the source (model.chain_source(context))")
-            laid = fused.lay_out(source)
-            keys_t, values, mask, heads = laid.keys_t, laid.values, laid.mask, laid.heads
-        else:
-            keys_t = values = mask = h.new_zeros(0, dtype=weight.dtype)
-            heads = 1
+        keys_t, values, mask, heads = fused.source_parts(source)
         reader = self.neighbours
         readers = [] if reader is None else [t for link in reader.links[: k - 1]
                                              for t in (link[0].weight, link[0].bias, link[2].weight, link[2].bias)]
