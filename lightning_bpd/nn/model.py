@@ -580,6 +580,13 @@ class BlockwiseTransformer(nn.Module):
         """Logits (..., V) of a proposing head as the draft vocabulary sees them (-inf outside it)."""
         return logits if self.draft_vocab is None else self.draft_vocab.restrict(logits)
 
+    def proposes_nearest(self, bias: Tensor | None, int8: bool) -> bool:
+        """Whether chain links propose the intensity nearest their Gaussian's mean without the projection
+        (:meth:`IntensityPrior.nearest`): own-centre Gaussian heads, no output bias, no draft vocabulary, no int8
+        proposals."""
+        return bool(self.own_centres and self.prior.gaussian and bias is None  # type: ignore[union-attr]
+                    and self.draft_vocab is None and not int8)
+
     def chain_draft(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None,
                     confidence: bool = False) -> tuple[Tensor, ...]:
         """Chained heads, deterministic proposals: head ``i``'s state (b, D) and its argmax token (b,)
@@ -590,8 +597,7 @@ class BlockwiseTransformer(nn.Module):
         int8 = self.proposal is not None and self.proposal.int8
         fused = self.fused_chain(head, weight.dtype, check=i == 1, int8=int8) if self.fuse_chain and not torch.is_grad_enabled() else None
         # a Gaussian-output image head: its argmax is the intensity nearest its mean (no projection)
-        nearest = (self.own_centres and self.prior.gaussian and bias is None and self.draft_vocab is None  # type: ignore[union-attr]
-                   and not int8 and not confidence)
+        nearest = self.proposes_nearest(bias, int8) and not confidence
         if fused is not None:
             z, state = self.chain_link(lambda x: fused.step(x, token, i, source), z, i, weight.dtype, token, nearest)
         else:
@@ -642,8 +648,7 @@ class BlockwiseTransformer(nn.Module):
         int8 or reduced-precision proposals, no token tables)."""
         head, weight, bias = self.proposal_parts()
         int8 = self.proposal is not None and self.proposal.int8
-        if (k < 2 or not self.prior.gaussian or bias is not None or self.draft_vocab is not None or int8  # type: ignore[union-attr]
-                or weight.dtype not in (torch.float32, torch.float64)):
+        if k < 2 or not self.proposes_nearest(bias, int8) or weight.dtype not in (torch.float32, torch.float64):
             return None
         fused = self.fused_chain(head, weight.dtype)
         if fused.links[0].tok_table is None:
