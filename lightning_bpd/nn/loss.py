@@ -93,6 +93,7 @@ def blockwise_loss(
     head1_weight: float = 0.0,
     weights: Sequence[float] | None = None,
     target_kernel: Tensor | None = None,
+    later_targets: Tensor | None = None,
 ) -> BlockwiseLoss:
     """Cross-entropy of ``logits`` (B, T, h, V) for the 0-based ``heads`` against ``targets`` (B, T).
 
@@ -104,6 +105,8 @@ def blockwise_loss(
     ``weights`` (one per listed head) turn each of those means into a weighted mean.
     ``target_kernel`` (V, V): soft targets, row y the distribution a target y is trained towards
     (e.g. a Gaussian over neighbouring pixel intensities, :func:`gaussian_kernel`); None = one-hot.
+    ``later_targets`` (B, T): what heads 2..k train towards (e.g. the model's own greedy choices), head 1
+    still ``targets``; None = ``targets`` for every head.
     """
     if not 0.0 <= head1_weight < 1.0:
         raise ValueError(f"head1_weight must lie in [0, 1), got {head1_weight}")
@@ -112,7 +115,7 @@ def blockwise_loss(
     losses, head_loss, head_acc = [], {}, {}
     per_head = logits.unbind(-2)  # one view per head; its backward stacks the h gradients once
     for j, i in enumerate(heads):
-        tgt = shifted_targets(targets, i, pad_id)  # (B, T)
+        tgt = shifted_targets(targets if i == 0 or later_targets is None else later_targets, i, pad_id)  # (B, T)
         if positions is not None:
             tgt = tgt[positions]  # (N,)
         mask = tgt != pad_id

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from torch import Tensor, nn
 
@@ -45,3 +46,23 @@ def freeze_base(model: nn.Module) -> None:
     """Freeze everything but the blockwise head's own layer (``head.*``)."""
     for name, param in model.named_parameters():
         param.requires_grad_(name.startswith("head."))
+
+
+@contextmanager
+def base_detached(model: nn.Module) -> Iterator[None]:
+    """Within the block every parameter outside ``head.*`` reads as a detached tensor (the same values, no
+    gradient), wherever it is used (tied weights too); the Parameter objects themselves are put back after."""
+    swapped = []
+    for name, module in model.named_modules(remove_duplicate=False):
+        if name == "head" or name.startswith("head."):
+            continue
+        for key, param in module._parameters.items():
+            if param is not None:
+                swapped.append((module, key, param))
+    try:
+        for module, key, param in swapped:
+            module._parameters[key] = param.detach()
+        yield
+    finally:
+        for module, key, param in swapped:
+            module._parameters[key] = param

@@ -19,7 +19,7 @@ from torch import Tensor
 from lightning_bpd.nn.loss import LOSS_MODES, blockwise_loss, choose_heads, decoder_inputs, shifted_targets
 from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
 from lightning_bpd.nn.transformer import EncoderContext
-from lightning_bpd.nn.warm_start import CheckpointMismatchError, load_base_weights
+from lightning_bpd.nn.warm_start import CheckpointMismatchError, base_detached, load_base_weights
 from lightning_bpd.nn.warm_start import freeze_base as freeze_base_params
 from lightning_bpd.tasks.frozen_states import FrozenStates
 
@@ -29,6 +29,7 @@ MAX_K = 16
 
 
 NOISE_KINDS = ("shuffle", "uniform", "span", "self")  # how corrupt_inputs replaces decoder inputs
+HEAD_TARGETS = ("data", "own")  # what heads 2..k train towards (BlockwiseModule.head_target_tokens)
 SPAN_MAX = 64  # longest run of inputs one ``span`` corruption replaces
 
 
@@ -53,8 +54,14 @@ class BlockwiseModule(pl.LightningModule):
         frozen_cache_gb: float = 4.0,
         input_noise: float = 0.0,
         input_noise_kind: str = "shuffle",
+        head_targets: str = "data",
+        detach_heads: bool = False,
     ) -> None:
         super().__init__()
+        self.detach_heads = detach_heads
+        if head_targets not in HEAD_TARGETS:
+            raise ValueError(f"model.head_targets must be one of {HEAD_TARGETS}, got {head_targets!r}")
+        self.head_targets = head_targets
         if not 0.0 < loss_fraction <= 1.0:
             raise ValueError(f"model.loss_fraction must lie in (0, 1], got {loss_fraction}")
         self.loss_fraction = loss_fraction
@@ -177,20 +184,53 @@ class BlockwiseModule(pl.LightningModule):
         reads_source = getattr(self.model.head, "source_attention", False) and max(heads) > 0
         context = self.model.encode(src) if reads_source else None
         hidden = self.decoder_states(src, tgt_in, tgt, index, context)  # (B, T, D)
-        prev = self.chain_inputs(tgt, heads)  # (B, T, m) or None
+        later = self.head_target_tokens(hidden, tgt) if max(heads) > 0 else tgt  # (B, T): what heads 2..k train towards
+        prev = self.chain_inputs(later, heads)  # (B, T, m) or None
         source = self.model.chain_source(context) if context is not None else None
         if fraction >= 1.0:
-            logits = self.model.logits_heads(hidden, heads, prev, source)  # (B, T, h, V)
+            logits = self.head_logits(hidden, heads, prev, source)  # (B, T, h, V)
             return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing,
-                                  head1_weight=head1_weight, weights=weights, target_kernel=kernel)
+                                  head1_weight=head1_weight, weights=weights, target_kernel=kernel, later_targets=later)
         draw = torch.rand(tgt.shape, generator=generator).to(tgt.device)
         positions = (draw < fraction) & (tgt != self.model.pad_id)  # (B, T)
         if source is not None:
             source = source.take(positions.nonzero()[:, 0])  # one source row per selected position
-        logits = self.model.logits_heads(hidden[positions], heads, None if prev is None else prev[positions],
-                                         source)  # (N, h, V)
+        logits = self.head_logits(hidden[positions], heads, None if prev is None else prev[positions], source)  # (N, h, V)
         return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing, positions, head1_weight,
-                              weights, kernel)
+                              weights, kernel, later)
+
+    def head_logits(self, hidden: Tensor, heads: list[int], prev: Tensor | None, source) -> Tensor:
+        """Logits (..., len(heads), V) of the listed heads at decoder states ``hidden`` (..., D); with
+        ``detach_heads`` (while training) heads 2..k read the states and every base weight they use (the output
+        layer, the intensity prior) detached, so that their losses train the head (``head.*``) alone and the
+        base learns from p_1's loss alone."""
+        if not (self.detach_heads and self.training) or max(heads) == 0:
+            return self.model.logits_heads(hidden, heads, prev, source)
+        later = [i for i in heads if i > 0]
+        with base_detached(self.model):
+            logits = self.model.logits_heads(hidden.detach(), later, prev, source)  # (..., len(later), V)
+        if 0 in heads:  # p_1 from the states themselves, in the listed order
+            logits = torch.cat([self.model.logits_heads(hidden, [0], prev, source), logits], dim=-2)
+            logits = logits[..., [0 if i == 0 else 1 + later.index(i) for i in heads], :]
+        return logits
+
+    @torch.no_grad()
+    def head_target_tokens(self, hidden: Tensor, tgt: Tensor) -> Tensor:
+        """What heads 2..k train towards (B, T), read ``i - 1`` positions on by head i: the data ``tgt``,
+        or with ``head_targets: own`` (while training) the model's own greedy choice at each position given
+        the teacher-forced prefix, the argmax of p_1 from this batch's decoder states ``hidden`` (B, T, D)
+        (no extra decoder pass; padding stays padding). Decoding accepts a head's token when it equals
+        greedy's, so its target is greedy's choice, not the data's: the same aim as self-distilled targets
+        (``distill --beam 1``), taken on the fly, though under the data's prefix rather than greedy's own."""
+        if self.head_targets == "data" or not self.training:
+            return tgt
+        low, high = self.ordinary_tokens()
+        logits = self.model.logits_first(hidden.detach()).float()  # (B, T, V)
+        own = logits[..., low:high].argmax(dim=-1) + low  # (B, T): ordinary tokens only
+        eos = self.model.eos_id
+        if eos is not None:  # or the end, where greedy would end the sequence
+            own = torch.where(logits[..., eos] >= logits.gather(-1, own[..., None])[..., 0], eos, own)
+        return torch.where(tgt == self.model.pad_id, tgt, own)
 
     def train_kernel(self) -> Tensor | None:
         """Soft training targets (V, V) (:func:`~lightning_bpd.nn.loss.blockwise_loss`); None = one-hot.

@@ -26,6 +26,19 @@ def test_each_head_is_trained_on_the_target_shifted_by_its_offset():
     torch.testing.assert_close(out.loss, torch.stack([out.head_loss[i] for i in (1, 2, 3)]).mean())
 
 
+def test_later_targets_train_heads_two_on_and_head_one_keeps_the_data():
+    torch.manual_seed(0)
+    targets = torch.tensor([[5, 6, 7, 2], [8, 2, 0, 0]])
+    later = torch.tensor([[9, 4, 3, 1], [6, 5, 0, 0]])
+    logits = torch.randn(2, 4, 3, 10)
+    out = blockwise_loss(logits, targets, [0, 1, 2], PAD, later_targets=later)
+    for i in range(3):
+        tgt = shifted_targets(targets if i == 0 else later, i, PAD)
+        expected = F.cross_entropy(logits[:, :, i].reshape(-1, 10), tgt.reshape(-1), ignore_index=PAD)
+        torch.testing.assert_close(out.head_loss[i + 1], expected)
+    assert out.head_loss[2] != blockwise_loss(logits, targets, [0, 1, 2], PAD).head_loss[2]
+
+
 def test_accuracy_and_padding_ignored():
     targets = torch.tensor([[5, 6, 0]])
     logits = torch.full((1, 3, 1, 10), -5.0)

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
-from lightning_bpd.nn.warm_start import CheckpointMismatchError, freeze_base, load_base_weights
+from lightning_bpd.nn.warm_start import CheckpointMismatchError, base_detached, freeze_base, load_base_weights
 from tests.models import random_model, random_sources
 
 
@@ -43,3 +43,23 @@ def test_a_draft_vocabulary_is_optional_on_both_sides():
     load_base_weights(model, base.state_dict())  # the base has none: set later from the data
     assert torch.equal(model.draft_vocab.ids, torch.arange(8))
     load_base_weights(base, model.state_dict())  # and a model without one ignores it
+
+
+def test_base_detached_blocks_gradients_outside_the_head_and_puts_the_parameters_back():
+    model = random_model(k=4, seed=5)
+    before = {name: p for name, p in model.named_parameters(remove_duplicate=False)}
+    h = torch.randn(2, 3, model.config.d_model, dtype=next(model.parameters()).dtype)
+    with base_detached(model):
+        detached = model.logits_heads(h).sum()
+    plain = model.logits_heads(h).sum()
+    assert torch.equal(detached, plain)  # the same values
+    detached.backward()
+    grads = {name for name, p in model.named_parameters() if p.grad is not None and p.grad.any()}
+    assert grads and all(name.startswith("head.") for name in grads)
+    assert all(p is before[name] for name, p in model.named_parameters(remove_duplicate=False))
+    model.zero_grad()
+    plain.backward()
+    assert any(not name.startswith("head.") for name, p in model.named_parameters() if p.grad is not None)
+    with pytest.raises(RuntimeError, match="inside"), base_detached(model):
+        raise RuntimeError("inside")  # restored on errors too
+    assert all(p is before[name] for name, p in model.named_parameters(remove_duplicate=False))

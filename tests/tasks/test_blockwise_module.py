@@ -84,6 +84,78 @@ def test_chained_heads_are_trained_on_teacher_forced_targets(fraction, head_type
     assert set(out.head_loss) == {1, 3, 4}
 
 
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_own_head_targets_are_the_models_greedy_choices_under_the_teacher_forced_prefix(fraction):
+    torch.manual_seed(2)
+    module = TranslationModule(**SHAPE, head_type="chained", loss_mode="mean", label_smoothing=0.0, dropout=0.0,
+                               head_targets="own")
+    for cell in module.model.head.cells:
+        torch.nn.init.normal_(cell.out.weight, std=0.5)
+    src, tgt, _ = batch()
+    out = module.train().blockwise_step(src, tgt, [0, 2, 3], fraction, torch.Generator().manual_seed(3))
+    # by hand: own[t] = argmax of p_1 after the clean prefix up to t (ordinary tokens or EOS), padding kept
+    bos = torch.full_like(tgt[:, :1], 1)
+    with torch.no_grad():
+        hidden = module.model(src, torch.cat([bos, tgt[:, :-1]], dim=1))
+        own = torch.empty_like(tgt)
+        for t in range(tgt.shape[1]):  # one position at a time, from its own prefix (causal)
+            logits = module.model.logits_first(module.model(src, torch.cat([bos, tgt[:, :t]], dim=1)))[:, -1]
+            logits[:, :2] = float("-inf")  # never pad or BOS (EOS, id 2, stays a candidate)
+            logits[:, 3] = float("-inf")  # nor the unknown token
+            own[:, t] = logits.argmax(dim=-1)
+    own = torch.where(tgt == 0, tgt, own)
+    assert not torch.equal(own, tgt)
+    positions = torch.ones_like(tgt, dtype=torch.bool)
+    if fraction < 1:
+        positions = (torch.rand(tgt.shape, generator=torch.Generator().manual_seed(3)) < fraction) & (tgt != 0)
+    prev = torch.stack([shifted_targets(own, j, 0) for j in range(3)], dim=-1)  # the chain reads them too
+    logits = module.model.logits_heads(hidden[positions], [0, 3], prev[positions])  # (N, 2, V)
+    for head, target, j in ((1, tgt, 0), (4, own, 1)):  # head 1 keeps the data
+        expected = torch.nn.functional.cross_entropy(logits[:, j], shifted_targets(target, head - 1, 0)[positions],
+                                                     ignore_index=0)
+        torch.testing.assert_close(out.head_loss[head], expected)
+    # evaluation (validation loss, head accuracy) scores the data; unknown values are refused
+    data = TranslationModule(**SHAPE, head_type="chained", loss_mode="mean", label_smoothing=0.0, dropout=0.0)
+    data.load_state_dict(module.state_dict())
+    torch.testing.assert_close(module.eval().blockwise_step(src, tgt, [0, 3]).loss,
+                               data.eval().blockwise_step(src, tgt, [0, 3]).loss)
+    with pytest.raises(ValueError, match="head_targets must be one of"):
+        TranslationModule(**SHAPE, head_targets="teacher")
+
+
+@pytest.mark.parametrize("heads", [[0, 1, 2, 3], [0, 3], [2]])
+def test_detached_heads_leave_the_decoder_to_p1s_loss(heads):
+    src, tgt, _ = batch()
+    modules = []
+    for detach in (False, True):
+        torch.manual_seed(4)
+        modules.append(TranslationModule(**SHAPE, head_type="chained", loss_mode="mean", dropout=0.0,
+                                         detach_heads=detach).train())
+    plain, detached = modules
+    before = {name: id(p) for name, p in detached.model.named_parameters(remove_duplicate=False)}
+    for module in modules:
+        module.zero_grad()
+        module.loss = module.blockwise_step(src, tgt, heads).loss
+        module.loss.backward()
+    assert plain.loss == detached.loss  # the same forward pass
+    assert before == {name: id(p) for name, p in detached.model.named_parameters(remove_duplicate=False)}
+    for name, p in detached.named_parameters():
+        q = dict(plain.named_parameters())[name]
+        if name.startswith("model.head."):  # the heads learn as before
+            torch.testing.assert_close(p.grad, q.grad)
+        elif 0 not in heads:
+            assert p.grad is None or not p.grad.any(), name  # nothing reaches the base (decoder, output layer)
+    # the base's gradient is p_1's share of the loss alone
+    plain.zero_grad()
+    (plain.blockwise_step(src, tgt, [0]).loss / len(heads)).backward()
+    for name, p in detached.named_parameters():
+        if not name.startswith("model.head.") and 0 in heads:
+            q = dict(plain.named_parameters())[name]
+            assert (p.grad is None) == (q.grad is None), name
+            if p.grad is not None:
+                torch.testing.assert_close(p.grad, q.grad)
+
+
 def test_joint_schedule_options():
     module = TranslationModule(**SHAPE, lr=1e-3, base_lr_scale=0.1, head_loss_decay=0.5, loss_mode="mean")
     groups = module.configure_optimizers()["optimizer"].param_groups

@@ -114,6 +114,12 @@ class SuperResolutionModule(BlockwiseModule):
             centred where p_1 is, at t (checkpoints from before this option).
         head_neighbours: chained heads (with ``own`` centres) also read the decoded intensities left of, above-left,
             above and above-right of the pixel each one predicts (:mod:`~lightning_bpd.nn.pixel_neighbours`).
+        head_targets: ``data`` (default): heads 2..k train towards the data; ``own``: towards the model's own
+            greedy choice at each position given the teacher-forced prefix (argmax of p_1, taken from the same
+            decoder pass while training): self-distilled targets on the fly, without a ``distill`` run.
+        detach_heads: when training the base and the heads together, heads 2..k read the decoder states detached:
+            their losses train the heads (and the shared output layer), the decoder learns from p_1's loss alone
+            (as with a frozen base, but the base keeps learning the data). Pairs with ``head_targets: own``.
         smooth_intensities: initialize the intensity embeddings (and an untied output layer) with sin/cos
             features of the intensity, so that nearby intensities start alike (initialization only).
     """
@@ -158,6 +164,8 @@ class SuperResolutionModule(BlockwiseModule):
         intensity_output: str = "categorical",
         head_centres: str = "own",
         head_neighbours: bool = False,
+        head_targets: str = "data",
+        detach_heads: bool = False,
     ) -> None:
         if intensity_sigma < 0:
             raise ValueError(f"model.intensity_sigma must be >= 0 (0 = one-hot targets), got {intensity_sigma}")
@@ -189,7 +197,8 @@ class SuperResolutionModule(BlockwiseModule):
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
                          seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb,
-                         input_noise, input_noise_kind)
+                         input_noise, input_noise_kind, head_targets,
+                         detach_heads)
         self.save_hyperparameters()
         self.values = intensity_values()
         kernel = gaussian_kernel(VOCAB_SIZE, OFFSET, intensity_sigma) if intensity_sigma > 0 else None

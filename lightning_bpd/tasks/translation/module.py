@@ -53,6 +53,12 @@ class TranslationModule(BlockwiseModule):
             training example (computed once, no dropout) so that a head step skips the base; 0 = off.
         draft_vocab: the heads propose only the this many most frequent target tokens of the training
             data (set when fitting starts; cheaper proposals, exact decoding unchanged); null = all.
+        head_targets: ``data`` (default): heads 2..k train towards the data; ``own``: towards the model's own
+            greedy choice at each position given the teacher-forced prefix (argmax of p_1, taken from the same
+            decoder pass while training): self-distilled targets on the fly, without a ``distill`` run.
+        detach_heads: when training the base and the heads together, heads 2..k read the decoder states detached:
+            their losses train the heads (and the shared output layer), the decoder learns from p_1's loss alone
+            (as with a frozen base, but the base keeps learning the data). Pairs with ``head_targets: own``.
     """
 
     def __init__(
@@ -84,6 +90,8 @@ class TranslationModule(BlockwiseModule):
         base_lr_scale: float = 1.0,
         frozen_cache_gb: float = 4.0,
         draft_vocab: int | None = None,
+        head_targets: str = "data",
+        detach_heads: bool = False,
     ) -> None:
         config = ModelConfig(
             src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=d_model, n_heads=n_heads,
@@ -92,7 +100,8 @@ class TranslationModule(BlockwiseModule):
             share_embeddings=True,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
-                         seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb)
+                         seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb,
+                         head_targets=head_targets, detach_heads=detach_heads)
         self.save_hyperparameters()
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self._tokenizer: Tokenizer | None = None
