@@ -7,6 +7,7 @@ Stage 1 trains the base (``k: 1``). Stage 2 sets ``init_from`` to a stage-1 chec
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from pathlib import Path
@@ -30,6 +31,7 @@ MAX_K = 16
 
 NOISE_KINDS = ("shuffle", "uniform", "span", "self")  # how corrupt_inputs replaces decoder inputs
 HEAD_TARGETS = ("data", "own")  # what heads 2..k train towards (BlockwiseModule.head_target_tokens)
+DETACH_HEADS = ("none", "states", "base")  # what heads 2..k's losses may not train (BlockwiseModule.head_logits)
 SPAN_MAX = 64  # longest run of inputs one ``span`` corruption replaces
 
 
@@ -55,9 +57,11 @@ class BlockwiseModule(pl.LightningModule):
         input_noise: float = 0.0,
         input_noise_kind: str = "shuffle",
         head_targets: str = "data",
-        detach_heads: bool = False,
+        detach_heads: str = "none",
     ) -> None:
         super().__init__()
+        if detach_heads not in DETACH_HEADS:
+            raise ValueError(f"model.detach_heads must be one of {DETACH_HEADS}, got {detach_heads!r}")
         self.detach_heads = detach_heads
         if head_targets not in HEAD_TARGETS:
             raise ValueError(f"model.head_targets must be one of {HEAD_TARGETS}, got {head_targets!r}")
@@ -200,14 +204,15 @@ class BlockwiseModule(pl.LightningModule):
                               weights, kernel, later)
 
     def head_logits(self, hidden: Tensor, heads: list[int], prev: Tensor | None, source) -> Tensor:
-        """Logits (..., len(heads), V) of the listed heads at decoder states ``hidden`` (..., D); with
-        ``detach_heads`` (while training) heads 2..k read the states and every base weight they use (the output
-        layer, the intensity prior) detached, so that their losses train the head (``head.*``) alone and the
-        base learns from p_1's loss alone."""
-        if not (self.detach_heads and self.training) or max(heads) == 0:
+        """Logits (..., len(heads), V) of the listed heads at decoder states ``hidden`` (..., D). While training,
+        ``detach_heads`` keeps heads 2..k's losses out of the base: ``states``: they read the decoder states
+        detached (the decoder learns from p_1's loss alone; the shared output layer from every head's);
+        ``base``: every base weight they use (output layer, intensity prior, embeddings) is read detached too,
+        so they train the head (``head.*``) alone; ``none``: the paper's joint training."""
+        if self.detach_heads == "none" or not self.training or max(heads) == 0:
             return self.model.logits_heads(hidden, heads, prev, source)
         later = [i for i in heads if i > 0]
-        with base_detached(self.model):
+        with base_detached(self.model) if self.detach_heads == "base" else contextlib.nullcontext():
             logits = self.model.logits_heads(hidden.detach(), later, prev, source)  # (..., len(later), V)
         if 0 in heads:  # p_1 from the states themselves, in the listed order
             logits = torch.cat([self.model.logits_heads(hidden, [0], prev, source), logits], dim=-2)

@@ -123,14 +123,15 @@ def test_own_head_targets_are_the_models_greedy_choices_under_the_teacher_forced
         TranslationModule(**SHAPE, head_targets="teacher")
 
 
+@pytest.mark.parametrize("detach", ["states", "base"])
 @pytest.mark.parametrize("heads", [[0, 1, 2, 3], [0, 3], [2]])
-def test_detached_heads_leave_the_decoder_to_p1s_loss(heads):
+def test_detached_heads_keep_their_losses_out_of_the_base(heads, detach):
     src, tgt, _ = batch()
     modules = []
-    for detach in (False, True):
+    for mode in ("none", detach):
         torch.manual_seed(4)
         modules.append(TranslationModule(**SHAPE, head_type="chained", loss_mode="mean", dropout=0.0,
-                                         detach_heads=detach).train())
+                                         detach_heads=mode).train())
     plain, detached = modules
     before = {name: id(p) for name, p in detached.model.named_parameters(remove_duplicate=False)}
     for module in modules:
@@ -139,21 +140,25 @@ def test_detached_heads_leave_the_decoder_to_p1s_loss(heads):
         module.loss.backward()
     assert plain.loss == detached.loss  # the same forward pass
     assert before == {name: id(p) for name, p in detached.model.named_parameters(remove_duplicate=False)}
+    params = dict(plain.named_parameters())
     for name, p in detached.named_parameters():
-        q = dict(plain.named_parameters())[name]
         if name.startswith("model.head."):  # the heads learn as before
-            torch.testing.assert_close(p.grad, q.grad)
-        elif 0 not in heads:
-            assert p.grad is None or not p.grad.any(), name  # nothing reaches the base (decoder, output layer)
-    # the base's gradient is p_1's share of the loss alone
+            torch.testing.assert_close(p.grad, params[name].grad)
+        elif 0 not in heads and (detach == "base" or name.startswith("model.decoder.")):
+            assert p.grad is None or not p.grad.any(), name  # nothing reaches the base (or its decoder)
+    # the decoder's gradient (with "base": every base weight's) is p_1's share of the loss alone
     plain.zero_grad()
     (plain.blockwise_step(src, tgt, [0]).loss / len(heads)).backward()
     for name, p in detached.named_parameters():
-        if not name.startswith("model.head.") and 0 in heads:
-            q = dict(plain.named_parameters())[name]
+        if 0 in heads and (name.startswith("model.decoder.") or detach == "base" and not name.startswith("model.head.")):
+            q = params[name]
             assert (p.grad is None) == (q.grad is None), name
             if p.grad is not None:
                 torch.testing.assert_close(p.grad, q.grad)
+    if detach == "states" and 0 not in heads:  # the shared output layer still learns from the heads
+        assert detached.model.tgt_embed.weight.grad is not None and detached.model.tgt_embed.weight.grad.any()
+    with pytest.raises(ValueError, match="detach_heads must be one of"):
+        TranslationModule(**SHAPE, detach_heads="decoder")
 
 
 def test_joint_schedule_options():

@@ -117,9 +117,10 @@ class SuperResolutionModule(BlockwiseModule):
         head_targets: ``data`` (default): heads 2..k train towards the data; ``own``: towards the model's own
             greedy choice at each position given the teacher-forced prefix (argmax of p_1, taken from the same
             decoder pass while training): self-distilled targets on the fly, without a ``distill`` run.
-        detach_heads: when training the base and the heads together, heads 2..k read the decoder states detached:
-            their losses train the heads (and the shared output layer), the decoder learns from p_1's loss alone
-            (as with a frozen base, but the base keeps learning the data). Pairs with ``head_targets: own``.
+        detach_heads: when training the base and the heads together, keep heads 2..k's losses out of the base:
+            ``states``: the decoder learns from p_1's loss alone (the shared output layer from every head's);
+            ``base``: no base weight learns from them; ``none`` (default): the paper's joint training. Pairs
+            with ``head_targets: own`` (the base keeps learning the data while the heads follow its choices).
         smooth_intensities: initialize the intensity embeddings (and an untied output layer) with sin/cos
             features of the intensity, so that nearby intensities start alike (initialization only).
     """
@@ -165,7 +166,7 @@ class SuperResolutionModule(BlockwiseModule):
         head_centres: str = "own",
         head_neighbours: bool = False,
         head_targets: str = "data",
-        detach_heads: bool = False,
+        detach_heads: str = "none",
     ) -> None:
         if intensity_sigma < 0:
             raise ValueError(f"model.intensity_sigma must be >= 0 (0 = one-hot targets), got {intensity_sigma}")

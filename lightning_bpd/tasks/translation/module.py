@@ -56,9 +56,10 @@ class TranslationModule(BlockwiseModule):
         head_targets: ``data`` (default): heads 2..k train towards the data; ``own``: towards the model's own
             greedy choice at each position given the teacher-forced prefix (argmax of p_1, taken from the same
             decoder pass while training): self-distilled targets on the fly, without a ``distill`` run.
-        detach_heads: when training the base and the heads together, heads 2..k read the decoder states detached:
-            their losses train the heads (and the shared output layer), the decoder learns from p_1's loss alone
-            (as with a frozen base, but the base keeps learning the data). Pairs with ``head_targets: own``.
+        detach_heads: when training the base and the heads together, keep heads 2..k's losses out of the base:
+            ``states``: the decoder learns from p_1's loss alone (the shared output layer from every head's);
+            ``base``: no base weight learns from them; ``none`` (default): the paper's joint training. Pairs
+            with ``head_targets: own`` (the base keeps learning the data while the heads follow its choices).
     """
 
     def __init__(
@@ -91,7 +92,7 @@ class TranslationModule(BlockwiseModule):
         frozen_cache_gb: float = 4.0,
         draft_vocab: int | None = None,
         head_targets: str = "data",
-        detach_heads: bool = False,
+        detach_heads: str = "none",
     ) -> None:
         config = ModelConfig(
             src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=d_model, n_heads=n_heads,
