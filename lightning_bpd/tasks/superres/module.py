@@ -114,13 +114,8 @@ class SuperResolutionModule(BlockwiseModule):
             centred where p_1 is, at t (checkpoints from before this option).
         head_neighbours: chained heads (with ``own`` centres) also read the decoded intensities left of, above-left,
             above and above-right of the pixel each one predicts (:mod:`~lightning_bpd.nn.pixel_neighbours`).
-        head_targets: ``data`` (default): heads 2..k train towards the data; ``own``: towards the model's own
-            greedy choice at each position given the teacher-forced prefix (argmax of p_1, taken from the same
-            decoder pass while training): self-distilled targets on the fly, without a ``distill`` run.
-        detach_heads: when training the base and the heads together, keep heads 2..k's losses out of the base:
-            ``states``: the decoder learns from p_1's loss alone (the shared output layer from every head's);
-            ``base``: no base weight learns from them; ``none`` (default): the paper's joint training. Pairs
-            with ``head_targets: own`` (the base keeps learning the data while the heads follow its choices).
+        head_targets, detach_heads: what heads 2..k train towards (the data or the model's own greedy choices)
+            and whether their losses reach the base (see :class:`~lightning_bpd.tasks.translation.TranslationModule`).
         smooth_intensities: initialize the intensity embeddings (and an untied output layer) with sin/cos
             features of the intensity, so that nearby intensities start alike (initialization only).
     """
