@@ -229,9 +229,8 @@ class BlockwiseModule(pl.LightningModule):
         (``distill --beam 1``), taken on the fly, though under the data's prefix rather than greedy's own."""
         if self.head_targets == "data" or not self.training:
             return tgt
-        low, high = self.ordinary_tokens()
         logits = self.model.logits_first(hidden.detach()).float()  # (B, T, V)
-        own = logits[..., low:high].argmax(dim=-1) + low  # (B, T): ordinary tokens only
+        own = self.ordinary_argmax(logits)  # (B, T)
         eos = self.model.eos_id
         if eos is not None:  # or the end, where greedy would end the sequence
             own = torch.where(logits[..., eos] >= logits.gather(-1, own[..., None])[..., 0], eos, own)
@@ -253,15 +252,18 @@ class BlockwiseModule(pl.LightningModule):
         (over ordinary tokens) at position t given the clean teacher-forced inputs; BOS stays first.
         One extra forward pass without gradients and without dropout, as when decoding (parallel scheduled
         sampling, Duckworth et al. 2019)."""
-        low, high = self.ordinary_tokens()
         was_training = self.training
         self.train(False)
         try:
             logits = self.model.logits_first(self.model(src, tgt_in))  # (B, T, V)
         finally:
             self.train(was_training)
-        guess = logits[..., low:high].argmax(dim=-1) + low  # (B, T): the model's guess of target t
-        return decoder_inputs(guess, self.model.bos_id)  # (B, T)
+        return decoder_inputs(self.ordinary_argmax(logits), self.model.bos_id)  # (B, T)
+
+    def ordinary_argmax(self, logits: Tensor) -> Tensor:
+        """The model's guess of each target from p_1's ``logits`` (..., V): the argmax over ordinary tokens (...)."""
+        low, high = self.ordinary_tokens()
+        return logits[..., low:high].argmax(dim=-1) + low
 
     def corrupt_inputs(self, tgt_in: Tensor, generator: torch.Generator | None = None,
                        own: Tensor | None = None) -> Tensor:
