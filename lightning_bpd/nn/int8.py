@@ -8,13 +8,16 @@ for 1 / 8 rows, float32 119 / 193 us; the per-row scaling below adds ~20 us a pr
 Plain dynamic quantization (``torch.ao`` dynamic ``Linear``) quantizes the activations of a whole call with
 one scale, so a row's result depends on the other rows multiplied with it: the k-token verify pass would
 round differently from the 1-token greedy step, and exact decoding would drift from greedy. Here every input
-row x is divided by its own max |x| (so it lies in [-1, 1], its largest entry exactly +-1), two constant
-columns +1 and -1 are appended (against two zero weight columns) so that every call's activation range is
-exactly [-1, 1], the int8 product runs (its int32 accumulation is exact) and the row's scale multiplies the
-result back. A row's output is then the same function of that row alone, whatever the batch: with attention
-taken in float64 (:func:`lightning_bpd.nn.invariant.attention`, as in ``bfloat16-invariant``) exact blockwise
-decoding reproduces int8 greedy decoding by construction. Activations get 7 bits (fbgemm's ``reduce_range``)
-and the weights 8, like CTranslate2's int8 (per-row activation scales, per-channel weight scales).
+row x is divided by its own max |x| (so it lies in [-1, 1], its largest entry exactly +-1), the int8 product
+quantizes it on one fixed grid, that of [-1, 1] (``UNIT_SCALE``, ``UNIT_ZERO_POINT``: what fbgemm's dynamic
+product picks for a call whose activations span exactly [-1, 1]), its int32 accumulation is exact, and the
+row's scale multiplies the result back. A row's output is then the same function of that row alone, whatever
+the batch: with attention taken in float64 (:func:`lightning_bpd.nn.invariant.attention`, as in
+``bfloat16-invariant``) exact blockwise decoding reproduces int8 greedy decoding by construction. Activations
+get 7 bits (fbgemm's ``reduce_range``: u8 x s8 pairs stay inside its int16 sums) and the weights 8, like
+CTranslate2's int8 (per-row activation scales, per-channel weight scales). :func:`appended_range_product` is
+the first construction of the same product (two constant columns +1, -1 appended so that the dynamic product
+picks that grid), kept as the check that the fixed grid is fbgemm's.
 
 Weights stay float32 in the model: the packed copies are made once per weight (rebuilt when its in-place
 version changes) and kept while the mode is on. ``precision int8`` turns it on for ``decode``, ``bench`` and
@@ -35,8 +38,8 @@ ENGINES = ("x86", "fbgemm")  # quantized engines with the dynamic int8 product t
 
 def available() -> bool:
     """Whether this torch build has the CPU int8 dynamic product (fbgemm / x86 engine)."""
-    return any(e in torch.backends.quantized.supported_engines for e in ENGINES) and hasattr(
-        torch.ops.quantized, "linear_dynamic")
+    return any(e in torch.backends.quantized.supported_engines for e in ENGINES) and all(
+        hasattr(torch.ops.quantized, op) for op in ("linear_dynamic", "linear_with_input_q_dq_qweight_dq_output_fp32"))
 
 
 def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -66,10 +69,12 @@ def int8_linear(x: Tensor, packed: object, out_features: int) -> Tensor:
     return torch.ops.quantized.linear_dynamic(flat, packed, True).reshape(*x.shape[:-1], out_features)
 
 
+UNIT_SCALE = 2.0 / 127  # fbgemm's 7-bit activation grid of [-1, 1] (scale, zero point)
+UNIT_ZERO_POINT = 64  # (row_int8 spells both out)
+
 _state = {"on": False}
 _packed: dict[int, tuple[tuple, RowInt8]] = {}  # id(weight) -> ((weight, bias, their versions), packed)
 MAX_PACKED = 512  # packed copies kept (weights made per call would otherwise pile up)
-RANGE = torch.tensor([[1.0, -1.0]])  # the two appended activation columns
 
 
 class RowInt8:
@@ -78,24 +83,37 @@ class RowInt8:
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         w = weight.detach().float()
         self.out_features, self.in_features = w.shape
-        self.packed = pack_int8(torch.cat([w, w.new_zeros(w.shape[0], 2)], dim=1))  # (out, in + 2): zeros
+        self.packed = pack_int8(w)  # (out, in)
         self.bias = w.new_zeros(w.shape[0]) if bias is None else bias.detach().float().clone()  # (out,)
 
     def __call__(self, x: Tensor) -> Tensor:
         """(..., in) float32 -> (..., out) float32."""
-        return row_int8(x, self.packed, self.bias, RANGE)
+        return row_int8(x, self.packed, self.bias)
 
 
-def row_int8(x: Tensor, packed: torch.classes.quantized.LinearPackedParamsBase, bias: Tensor, unit_range: Tensor
-             ) -> Tensor:
+def row_int8(x: Tensor, packed: torch.classes.quantized.LinearPackedParamsBase, bias: Tensor) -> Tensor:
     """The product of :class:`RowInt8` (also compiled into :mod:`~lightning_bpd.nn.lean_step`'s TorchScript):
-    x (..., in) scaled per row to [-1, 1], ``unit_range`` (1, 2) appended, the exact int8 product with the packed
-    weight (out, in + 2), the row's scale multiplied back and ``bias`` (out,) added -> (..., out)."""
+    x (..., in) scaled per row to [-1, 1], quantized on [-1, 1]'s fixed grid, the exact int8 product with the
+    packed weight (out, in), the row's scale multiplied back and ``bias`` (out,) added -> (..., out)."""
     flat = x.reshape(-1, x.shape[-1])  # (N, in)
     scale = flat.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30)  # (N, 1) (vector_norm(inf) is slower)
-    unit = torch.cat([flat / scale, unit_range.expand(flat.shape[0], 2)], dim=1)  # (N, in + 2), range [-1, 1]
-    out = torch.ops.quantized.linear_dynamic(unit, packed, True)  # (N, out)
+    # UNIT_SCALE, UNIT_ZERO_POINT spelled out (TorchScript reads no float globals)
+    out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(flat / scale, 2.0 / 127, 64, packed)
     return torch.addcmul(bias, out, scale).reshape(list(x.shape[:-1]) + [out.shape[1]])
+
+
+def appended_range_product(x: Tensor, weight: Tensor) -> Tensor:
+    """The first construction of :func:`row_int8`'s product, without the bias: x (..., in) scaled per row to
+    [-1, 1], two constant columns +1, -1 appended (against two zero weight columns) so that fbgemm's dynamic
+    product quantizes every call on exactly [-1, 1], the row's scale multiplied back -> (..., out). Tests check
+    that the fixed grid gives the same bits."""
+    w = weight.detach().float()
+    packed_w = pack_int8(torch.cat([w, w.new_zeros(w.shape[0], 2)], dim=1))  # (out, in + 2): zeros
+    flat = x.reshape(-1, x.shape[-1])
+    scale = flat.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30)
+    unit = torch.cat([flat / scale, torch.tensor([[1.0, -1.0]]).expand(flat.shape[0], 2)], dim=1)  # range [-1, 1]
+    out = torch.ops.quantized.linear_dynamic(unit, packed_w, True)
+    return (out * scale).reshape(list(x.shape[:-1]) + [w.shape[0]])
 
 
 def reference_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

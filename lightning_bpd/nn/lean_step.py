@@ -47,11 +47,11 @@ def column_layouts(x: Tensor) -> list[bool]:
 
 
 def _product(x: Tensor, j: int, weights: list[Tensor], packed: list[torch.classes.quantized.LinearPackedParamsBase],
-             by_columns: list[bool], unit_range: Tensor, wide: list[Tensor]) -> Tensor:
+             by_columns: list[bool], wide: list[Tensor]) -> Tensor:
     """Product ``j`` of the step (weights[2j], weights[2j + 1]): int8 when ``packed`` holds the packed weights,
     in float64 rounded to float32 when ``wide`` holds float64 copies (:func:`lightning_bpd.nn.invariant.linear`)."""
     if len(packed) > 0:
-        return int8.row_int8(x, packed[j], weights[2 * j + 1], unit_range)
+        return int8.row_int8(x, packed[j], weights[2 * j + 1])
     if len(wide) > 0:
         return F.linear(x.double(), wide[2 * j], wide[2 * j + 1]).float()
     return layout_linear(x, weights[2 * j], weights[2 * j + 1], by_columns)
@@ -72,7 +72,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, wide: bool) -> Ten
 def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Tensor, start: int, stop: int,
                       weights: list[Tensor], norms: list[Tensor], cross_k: list[Tensor], cross_v: list[Tensor],
                       cross_bias: Tensor, n_heads: int, by_columns: list[bool],
-                      packed: list[torch.classes.quantized.LinearPackedParamsBase], unit_range: Tensor,
+                      packed: list[torch.classes.quantized.LinearPackedParamsBase],
                       span_start: int, ring: int, window: int, wide_weights: list[Tensor], wide_attention: bool
                       ) -> Tensor:
     """T new inputs per row x (B, T, D) at ``positions`` (B, T) -> the final-norm hidden states (B, T, D).
@@ -113,7 +113,7 @@ def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Te
         ww = wide_weights[12 * i : 12 * i + 12]
         n = norms[6 * i : 6 * i + 6]
         h = F.layer_norm(x, [d], n[0], n[1])
-        qkv = _product(h, 0, w, p, by_columns, unit_range, ww).view(b, t, 3 * n_heads, dh).chunk(3, dim=2)
+        qkv = _product(h, 0, w, p, by_columns, ww).view(b, t, 3 * n_heads, dh).chunk(3, dim=2)
         if start >= 0:
             k_cache[i, :, start : start + t] = qkv[1]
             v_cache[i, :, start : start + t] = qkv[2]
@@ -125,17 +125,16 @@ def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Te
             v_cache[i][rows, positions] = qkv[2]
         span = ring if ring > 0 else stop
         a = _attention(qkv[0], k_cache[i, :, span_start:span], v_cache[i, :, span_start:span], self_bias, wide)
-        x = x + _product(a, 1, w, p, by_columns, unit_range, ww)
-        q = _product(F.layer_norm(x, [d], n[2], n[3]), 2, w, p, by_columns, unit_range, ww).view(b, t, n_heads, dh)
-        x = x + _product(_attention(q, cross_k[i], cross_v[i], cross_bias, wide), 3, w, p, by_columns, unit_range, ww)
-        h = torch.relu(_product(F.layer_norm(x, [d], n[4], n[5]), 4, w, p, by_columns, unit_range, ww))
-        x = x + _product(h, 5, w, p, by_columns, unit_range, ww)
+        x = x + _product(a, 1, w, p, by_columns, ww)
+        q = _product(F.layer_norm(x, [d], n[2], n[3]), 2, w, p, by_columns, ww).view(b, t, n_heads, dh)
+        x = x + _product(_attention(q, cross_k[i], cross_v[i], cross_bias, wide), 3, w, p, by_columns, ww)
+        h = torch.relu(_product(F.layer_norm(x, [d], n[4], n[5]), 4, w, p, by_columns, ww))
+        x = x + _product(h, 5, w, p, by_columns, ww)
     return F.layer_norm(x, [d], norms[-2], norms[-1])
 
 
 def lean_encoder(x: Tensor, mask: Tensor, weights: list[Tensor], norms: list[Tensor], n_heads: int,
-                 by_columns: list[bool], packed: list[torch.classes.quantized.LinearPackedParamsBase],
-                 unit_range: Tensor) -> Tensor:
+                 by_columns: list[bool], packed: list[torch.classes.quantized.LinearPackedParamsBase]) -> Tensor:
     """The encoder's layers over embedded sources x (B, S, D) under the boolean ``mask`` (B, 1, 1, S) -> the
     final-norm memory (B, S, D). ``weights``: per layer qkv (w, b), out (w, b), ff1 (w, b), ff2 (w, b);
     ``norms``: per layer norm1, norm2 (w, b), then the final norm; ``packed`` as for :func:`lean_decoder_step`."""
@@ -145,12 +144,11 @@ def lean_encoder(x: Tensor, mask: Tensor, weights: list[Tensor], norms: list[Ten
     for i in range(len(norms) // 4):
         w = weights[8 * i : 8 * i + 8]
         p = packed[4 * i : 4 * i + 4]
-        qkv = _product(F.layer_norm(x, [d], norms[4 * i], norms[4 * i + 1]), 0, w, p, by_columns, unit_range, none)
+        qkv = _product(F.layer_norm(x, [d], norms[4 * i], norms[4 * i + 1]), 0, w, p, by_columns, none)
         qkv = qkv.view(b, s, 3 * n_heads, d // n_heads).chunk(3, dim=2)
-        x = x + _product(_attention(qkv[0], qkv[1], qkv[2], mask, wide), 1, w, p, by_columns, unit_range, none)
-        h = torch.relu(_product(F.layer_norm(x, [d], norms[4 * i + 2], norms[4 * i + 3]), 2, w, p, by_columns,
-                                unit_range, none))
-        x = x + _product(h, 3, w, p, by_columns, unit_range, none)
+        x = x + _product(_attention(qkv[0], qkv[1], qkv[2], mask, wide), 1, w, p, by_columns, none)
+        h = torch.relu(_product(F.layer_norm(x, [d], norms[4 * i + 2], norms[4 * i + 3]), 2, w, p, by_columns, none))
+        x = x + _product(h, 3, w, p, by_columns, none)
     return F.layer_norm(x, [d], norms[-2], norms[-1])
 
 
@@ -218,7 +216,7 @@ def encode(encoder: torch.nn.Module, x: Tensor, mask: Tensor) -> Tensor:
     """:meth:`Encoder.forward` through :func:`lean_encoder`."""
     weights, norms = listed(encoder, encoder_tensors)
     by_columns, packed = layouts(x, weights)
-    return lean_encoder(x, mask, weights, norms, encoder.layers[0].attn.n_heads, by_columns, packed, int8.RANGE)
+    return lean_encoder(x, mask, weights, norms, encoder.layers[0].attn.n_heads, by_columns, packed)
 
 
 def step(decoder: torch.nn.Module, x: Tensor, context, cache, positions: Tensor, stop: int,
@@ -234,5 +232,5 @@ def step(decoder: torch.nn.Module, x: Tensor, context, cache, positions: Tensor,
     wide_attention = (invariant.enabled() or int8.enabled()) and x.dtype in invariant.WIDENED
     return lean_decoder_step(x, cache.k, cache.v, positions, low if low == high and not ring else -1, stop, weights,
                              norms, [k for k, _ in context.cross_kv], [v for _, v in context.cross_kv], cross_bias,
-                             decoder.n_heads, by_columns, packed, int8.RANGE, span_start, ring, window, wide_weights,
+                             decoder.n_heads, by_columns, packed, span_start, ring, window, wide_weights,
                              wide_attention)

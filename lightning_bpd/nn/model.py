@@ -43,6 +43,7 @@ INTENSITY_OUTPUTS = ("categorical", "gaussian")
 # Where head i's intensity prior is centred: "first": on the input intensity under the position p_1
 # predicts (t; the original design), "own": under the position head i predicts (t + i).
 HEAD_CENTRES = ("first", "own")
+HEAD_PRIORS = ("shared", "own")
 
 
 @dataclass
@@ -70,7 +71,10 @@ class ModelConfig:
     design, in which heads 2..k cannot see the input under their own pixel);
     ``head_neighbours``: chained heads with own centres also read the decoded intensities around the pixel
     each one predicts (left, above-left, above, above-right; :mod:`~lightning_bpd.nn.pixel_neighbours`); a
-    base (k = 1) ignores it, as it does ``head_centres``.
+    base (k = 1) ignores it, as it does ``head_centres``;
+    ``head_prior``: with a Gaussian output and own centres, ``own`` gives heads 2..k a shift-and-width layer of
+    their own (``head.prior_adapt``, a copy of the prior's ``adapt``), so that their losses cannot move p_1's
+    mean; ``shared`` (default): every head reads out through the prior's. A base ignores it.
     """
 
     src_vocab_size: int
@@ -102,6 +106,7 @@ class ModelConfig:
     intensity_offset: int = 3
     head_centres: str = "first"
     head_neighbours: bool = False
+    head_prior: str = "shared"
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int | None = 2
@@ -163,6 +168,12 @@ class ModelConfig:
                                                         and self.head_type in ("chained", "chained_attn")):
             raise ValueError("head_neighbours needs chained heads (head_type chained or chained_attn) centred on their "
                              "own pixel (intensity_prior > 0, head_centres: own)")
+        if self.head_prior not in HEAD_PRIORS:
+            raise ValueError(f"head_prior must be one of {HEAD_PRIORS}, got {self.head_prior!r}")
+        if self.head_prior == "own" and self.k > 1 and not (self.intensity_output == "gaussian"
+                                                             and self.head_centres == "own"):
+            raise ValueError("head_prior 'own' copies the Gaussian output's shift-and-width layer for the heads: it "
+                             "needs intensity_output 'gaussian' and head_centres 'own'")
         if self.intensity_prior > 0 and not 0 <= self.intensity_offset <= self.tgt_vocab_size - 2:
             raise ValueError(f"intensity_offset {self.intensity_offset} leaves fewer than two intensity ids in a "
                              f"vocabulary of {self.tgt_vocab_size}: set it to the first intensity id")
@@ -287,6 +298,9 @@ class BlockwiseTransformer(nn.Module):
         # the head, head.neighbours; :mod:`~lightning_bpd.nn.pixel_neighbours`).
         if c.head_neighbours and c.k > 1:  # a base (k = 1) has no chain to read them
             self.head.neighbours = PixelNeighbours(c.tgt_image_shape, c.k, c.d_model, c.head_hidden or c.d_ff)
+        # Own head prior: heads 2..k read out through a copy of the prior's shift-and-width layer (head.prior_adapt).
+        if c.head_prior == "own" and self.own_centres:
+            self.head.prior_adapt = copy.deepcopy(self.prior.adapt)  # type: ignore[union-attr]
         self.carried = (c.k + (self.neighbours.width if self.neighbours is not None else 0)) if self.own_centres else 0
         self.drop = nn.Dropout(c.dropout)
         self.scale = math.sqrt(c.d_model)
@@ -295,6 +309,17 @@ class BlockwiseTransformer(nn.Module):
         self.fused: tuple[tuple, FusedChain, list] | None = None  # (what it was made from, the links, what to watch)
         self.screened_argmax = False  # p_1's argmax through an int8 screen (set_screened_argmax); not saved
         self.screen: tuple[tuple, ScreenedArgmax] | None = None  # (what it was made from, the screen)
+
+    @property
+    def head_adapt(self) -> nn.Linear | None:
+        """Heads 2..k's own shift-and-width layer (``head_prior: own``), or None (they use the prior's)."""
+        return getattr(self.head, "prior_adapt", None)
+
+    def after_base_loaded(self, fresh: list[str]) -> None:
+        """After a warm start left ``fresh`` keys as initialized: an own head prior starts as the base's layer."""
+        if self.head_adapt is not None and "head.prior_adapt.weight" in fresh:
+            with torch.no_grad():
+                self.head_adapt.load_state_dict(self.prior.adapt.state_dict())  # type: ignore[union-attr]
 
     @property
     def neighbours(self) -> PixelNeighbours | None:
@@ -391,14 +416,24 @@ class BlockwiseTransformer(nn.Module):
             return h, None
         return h[..., : -self.carried], h[..., -self.carried :]
 
-    def readout(self, states: Tensor, centres: Tensor | None) -> Tensor:
+    def readout(self, states: Tensor, centres: Tensor | None, heads: int | list[int] = 0) -> Tensor:
         """Head states (..., D) as the output layer reads them: with own centres, marked with the prior's
-        centre of the position each one predicts (``centres`` (...)); else unchanged. The mark is taken in
-        the prior's precision and the result returned in the states'."""
+        centre of the position each one predicts (``centres`` (...)); else unchanged. ``heads``: the head
+        (0-based) of every state, one for all or one per slot of dim -2 (states (..., n, D)); with an own head
+        prior, heads 1.. are marked through it. The mark is taken in the prior's precision and the result
+        returned in the states'."""
         if centres is None:
             return states
-        dtype = self.prior.log_precision.dtype  # type: ignore[union-attr]
-        return self.prior.mark(states.to(dtype), centres.to(dtype)).to(states.dtype)  # type: ignore[union-attr]
+        prior, own = self.prior, self.head_adapt
+        dtype = prior.log_precision.dtype  # type: ignore[union-attr]
+        s, c = states.to(dtype), centres.to(dtype)
+        later = [h > 0 for h in (heads if isinstance(heads, list) else [heads])]
+        if own is None or not any(later):
+            return prior.mark(s, c).to(states.dtype)  # type: ignore[union-attr]
+        if all(later):
+            return prior.mark(s, c, own).to(states.dtype)  # type: ignore[union-attr]
+        mask = torch.tensor(later, device=s.device)[:, None]  # (n, 1): which slots are heads 2..k
+        return torch.where(mask, prior.mark(s, c, own), prior.mark(s, c)).to(states.dtype)  # type: ignore[union-attr]
 
     def chain_input(self, centres: Tensor | None) -> Callable[[Tensor, int], Tensor] | None:
         """Own centres: what chain link i reads of head i-1's state (:meth:`link_input`, from what the hidden
@@ -487,7 +522,7 @@ class BlockwiseTransformer(nn.Module):
                                       self.chain_input(centres))
         else:
             states = self.head.select(h, heads)  # type: ignore[call-arg]  # (..., n, D)
-        return self.project(self.readout(states, None if centres is None else centres[..., heads]))
+        return self.project(self.readout(states, None if centres is None else centres[..., heads], heads))
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """Token embeddings as the decoder sees them, without positions: (...) -> (..., D)."""
@@ -549,7 +584,7 @@ class BlockwiseTransformer(nn.Module):
         head, weight, bias = self.proposal_parts()
         h, centres = self.split_centres(h)
         states = head.select(h.to(weight.dtype), heads)  # type: ignore[call-arg]  # (b, n, D)
-        states = self.readout(states, None if centres is None else centres[..., list(heads)])
+        states = self.readout(states, None if centres is None else centres[..., list(heads)], list(heads))
         return self.proposal_argmax(states, weight, bias, confidence)
 
     def proposal_parts(self) -> tuple[nn.Module, Tensor, Tensor | None]:
@@ -660,12 +695,13 @@ class BlockwiseTransformer(nn.Module):
         readers = [] if reader is None else [t for link in reader.links[: k - 1]
                                              for t in (link[0].weight, link[0].bias, link[2].weight, link[2].bias)]
         prior = self.prior
+        adapt = self.head_adapt or prior.adapt  # type: ignore[union-attr]
         return image_chain_links_scripted(
             z.to(weight.dtype), carried, first, k - 1, self.k, [x.zq_t for x in links], [x.zq_b for x in links],
             [x.tok_table for x in links], [x.c_t if x.c_t is not None else x.zq_t for x in links],  # type: ignore[misc]
             [x.out_t for x in links], [x.out_b for x in links], fused.hidden, keys_t, values, mask, heads,
             0 if reader is None else reader.n, [] if reader is None else [list(s) for s in reader.slots], readers,
-            prior.features, prior.offset, prior.half, prior.adapt.weight, prior.adapt.bias)  # type: ignore[union-attr]
+            prior.features, prior.offset, prior.half, adapt.weight, adapt.bias)  # type: ignore[union-attr]
 
     def fused_chain(self, head: nn.Module, dtype: torch.dtype, check: bool = True, int8: bool = False) -> FusedChain:
         """The fused links of ``head`` (the model's or the proposal copy) in ``dtype``, rebuilt when a weight
@@ -706,9 +742,9 @@ class BlockwiseTransformer(nn.Module):
             z = self.link_input(z, centres, i)  # type: ignore[arg-type]
         z = step(z)
         if nearest:
-            state = self.prior.nearest(z, centres[..., i])  # type: ignore[union-attr,index]
+            state = self.prior.nearest(z, centres[..., i], self.head_adapt)  # type: ignore[union-attr,index]
         else:
-            state = self.readout(z, None if centres is None else centres[..., i])
+            state = self.readout(z, None if centres is None else centres[..., i], i)
         return (z if centres is None else torch.cat([z, centres.to(z.dtype)], dim=-1)), state
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:

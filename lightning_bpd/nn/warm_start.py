@@ -39,7 +39,11 @@ def load_base_weights(model: nn.Module, state: Mapping[str, Tensor], *, strict_h
         )
     loadable = {key: value for key, value in state.items() if key in own and own[key].shape == value.shape}
     model.load_state_dict(loadable, strict=False)
-    return [key for key in own if key not in loadable]
+    fresh = [key for key in own if key not in loadable]
+    after = getattr(model, "after_base_loaded", None)  # a model may start fresh head parts from base weights
+    if after is not None:
+        after(fresh)
+    return fresh
 
 
 def freeze_base(model: nn.Module) -> None:

@@ -41,6 +41,21 @@ def test_row_int8_is_the_reference_arithmetic(bias):
     assert err[x.abs().sum(1) > 0].max() < 0.06  # 7-bit activations, 8-bit weights
 
 
+@pytest.mark.parametrize("shape", [(300, 64), (768, 256), (256, 1024)])
+def test_the_fixed_grid_is_the_one_fbgemms_dynamic_product_picks_for_unit_range(shape):
+    """Bit for bit the first construction (two constant columns +1, -1 appended to pin the dynamic product's
+    range), on rows of every scale, rows whose largest entry is +1 or -1 and the rows of a ReLU."""
+    g = torch.Generator().manual_seed(shape[0])
+    w = torch.randn(*shape, generator=g) * 0.1
+    x = torch.cat([rows_of_many_scales(40, shape[1], seed=shape[1]), torch.randn(60, shape[1], generator=g)])
+    x[40:50] = x[40:50].abs()  # largest entry +1 after scaling
+    x[50:60] = -x[50:60].abs()  # largest entry -1 after scaling
+    x[60:70] = torch.relu(x[60:70])
+    got = int8.RowInt8(w)(x)
+    assert torch.equal(got, int8.appended_range_product(x, w))
+    assert torch.equal(int8.RowInt8(w)(x[:1]), got[:1])
+
+
 def test_a_row_gives_the_same_result_alone_and_in_any_batch():
     """The verify pass (k rows) and the greedy step (1 row) round alike: no other row changes a row's scale."""
     g = torch.Generator().manual_seed(2)

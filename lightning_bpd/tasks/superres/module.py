@@ -114,6 +114,9 @@ class SuperResolutionModule(BlockwiseModule):
             centred where p_1 is, at t (checkpoints from before this option).
         head_neighbours: chained heads (with ``own`` centres) also read the decoded intensities left of, above-left,
             above and above-right of the pixel each one predicts (:mod:`~lightning_bpd.nn.pixel_neighbours`).
+        head_prior: ``own`` gives heads 2..k a copy of the Gaussian output's shift-and-width layer, so that their
+            losses cannot move p_1's mean (and with it their own targets under ``head_targets: own``); ``shared``
+            (default) reads every head out through the prior's layer.
         head_targets, detach_heads: what heads 2..k train towards (the data or the model's own greedy choices)
             and whether their losses reach the base (see :class:`~lightning_bpd.tasks.translation.TranslationModule`).
         smooth_intensities: initialize the intensity embeddings (and an untied output layer) with sin/cos
@@ -160,6 +163,7 @@ class SuperResolutionModule(BlockwiseModule):
         intensity_output: str = "categorical",
         head_centres: str = "own",
         head_neighbours: bool = False,
+        head_prior: str = "shared",
         head_targets: str = "data",
         detach_heads: str = "none",
     ) -> None:
@@ -188,7 +192,7 @@ class SuperResolutionModule(BlockwiseModule):
             window=window, tie_output=tie_output, scale_positions=scale_positions,
             direct_conditioning=direct_conditioning, conditioning=conditioning, intensity_prior=intensity_prior,
             intensity_output=intensity_output, intensity_offset=OFFSET, head_centres=head_centres,
-            head_neighbours=head_neighbours, pad_id=PAD_ID,
+            head_neighbours=head_neighbours, head_prior=head_prior, pad_id=PAD_ID,
             bos_id=BOS_ID, eos_id=None,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
