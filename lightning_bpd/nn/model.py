@@ -37,7 +37,7 @@ from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
 # (:mod:`lightning_bpd.nn.chained_head`).
 HEAD_TYPES = ("paper", "chained", "chained_attn")
 # Which input intensities direct conditioning adds under a target pixel (:func:`source_taps`).
-CONDITIONING = ("nearest", "bilinear")
+CONDITIONING = ("nearest", "bilinear", "bicubic")
 # The output distribution over intensities (:mod:`lightning_bpd.nn.intensity_prior`).
 INTENSITY_OUTPUTS = ("categorical", "gaussian")
 # Where head i's intensity prior is centred: "first": on the input intensity under the position p_1
@@ -59,8 +59,9 @@ class ModelConfig:
     ``scale_positions``: image position vectors are scaled to the token vectors' size (RMS 1, like
     ``embedding * sqrt(d)``); ``direct_conditioning``: the decoder input at target intensity
     (r, c, channel) adds the source embedding of the input intensity at (r / f, c / f, channel);
-    ``conditioning``: which input intensity it adds, ``nearest`` (the one under the target pixel) or
-    ``bilinear`` (the bilinear interpolation of the four around the target pixel's centre, rounded);
+    ``conditioning``: which input intensity it adds, ``nearest`` (the one under the target pixel),
+    ``bilinear`` (the bilinear interpolation of the four around the target pixel's centre, rounded) or
+    ``bicubic`` (the bicubic one of the sixteen around it, rounded and clipped: bicubic upsampling);
     ``intensity_prior``: a Gaussian prior of this initial width (intensity levels; 0 = off) over every
     output distribution, centred on that input intensity (:mod:`~lightning_bpd.nn.intensity_prior`);
     ``intensity_output``: ``categorical`` (a softmax over the vocabulary, plus the prior) or ``gaussian``
@@ -208,11 +209,52 @@ def bilinear_taps(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, in
     return index, weight.float()
 
 
+CUBIC_A = -0.75  # the cubic convolution kernel's parameter in F.interpolate(mode="bicubic")
+
+
+def cubic_weights(t: Tensor) -> Tensor:
+    """Cubic convolution weights (..., 4) of the taps at floor(x) - 1 .. floor(x) + 2 for fractional parts t
+    (...) of a source coordinate x (Keys' kernel with a = -0.75, as ``F.interpolate(mode="bicubic")``)."""
+    a = CUBIC_A
+
+    def near(d: Tensor) -> Tensor:  # |d| <= 1
+        return ((a + 2) * d - (a + 3)) * d * d + 1
+
+    def far(d: Tensor) -> Tensor:  # 1 < |d| < 2
+        return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+
+    return torch.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], dim=-1)
+
+
+def bicubic_taps(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, int]) -> tuple[Tensor, Tensor]:
+    """For every target raster position, the raster positions of the 16 source intensities around the target
+    pixel's centre and their bicubic weights (align_corners=False, taps past an edge clamped to it, as
+    ``F.interpolate(mode="bicubic")``): ((T, 16) long, (T, 16) float, rows summing to 1). For integer factors
+    that are powers of two the weights are dyadic fractions of at most 24 significant bits: exact in float32."""
+    (sh, sw, c), (th, tw, _) = src_shape, tgt_shape
+    row, col, chan = raster_coordinates(torch.arange(th * tw * c), tgt_shape)
+
+    def axis(index: Tensor, n_src: int, n_tgt: int) -> tuple[Tensor, Tensor]:
+        x = (index.double() + 0.5) * n_src / n_tgt - 0.5  # source coordinate (not clamped, as for cubic)
+        base = x.floor()
+        taps = (base.long()[:, None] + torch.arange(-1, 3)).clamp(0, n_src - 1)  # (T, 4)
+        return taps, cubic_weights(x - base)  # (T, 4) each
+
+    r, wr = axis(row, sh, th)
+    q, wc = axis(col, sw, tw)
+    index = ((r[:, :, None] * sw + q[:, None, :]) * c + chan[:, None, None]).reshape(-1, 16)  # (T, 16)
+    weight = (wr[:, :, None] * wc[:, None, :]).reshape(-1, 16)  # (T, 16)
+    return index, weight.float()
+
+
 def source_taps(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, int], mode: str) -> tuple[Tensor, Tensor]:
     """Direct conditioning's source positions (T, n) and weights (T, n) per target position: n = 1 for
-    ``nearest`` (:func:`source_index`, weight 1), 4 for ``bilinear`` (:func:`bilinear_taps`)."""
+    ``nearest`` (:func:`source_index`, weight 1), 4 for ``bilinear`` (:func:`bilinear_taps`), 16 for ``bicubic``
+    (:func:`bicubic_taps`)."""
     if mode == "bilinear":
         return bilinear_taps(src_shape, tgt_shape)
+    if mode == "bicubic":
+        return bicubic_taps(src_shape, tgt_shape)
     index = source_index(src_shape, tgt_shape)[:, None]  # (T, 1)
     return index, torch.ones(index.shape)
 
@@ -344,12 +386,16 @@ class BlockwiseTransformer(nn.Module):
 
     def conditioning_ids(self, src: Tensor) -> Tensor:
         """Source intensities (B, S) -> the input intensity id that direct conditioning adds at every
-        target position (B, T): the one under the pixel, or the taps' weighted mean rounded half up (bilinear:
-        the weights are multiples of 1/64, so the sum is exact and rounding is the same everywhere)."""
+        target position (B, T): the one under the pixel, or the taps' weighted mean rounded half up and clipped to
+        the intensities (bicubic overshoots). The sum is taken in float64, where it is exact for the weights of
+        :func:`bilinear_taps` (multiples of 1/64) and :func:`bicubic_taps` (dyadic), so rounding is the same
+        everywhere and in every model precision."""
         taps = src[:, self.cond_index]  # (B, T, n)
         if taps.shape[-1] == 1:
             return taps[..., 0]
-        return ((taps.to(self.cond_weight.dtype) * self.cond_weight).sum(-1) + 0.5).floor().long()  # ties up
+        mean = (taps.double() * self.cond_weight.double()).sum(-1)  # (B, T)
+        low, high = self.config.intensity_offset, self.config.tgt_vocab_size - 1
+        return (mean + 0.5).floor().clamp(low, high).long()  # ties up
 
     # ---- decoder -------------------------------------------------------------------------------
     def embed_tgt(self, tokens: Tensor, positions: Tensor, context: EncoderContext | None = None,

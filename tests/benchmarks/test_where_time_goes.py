@@ -2,7 +2,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lightning_bpd.benchmarks.where_time_goes import TIMED, profile
+from lightning_bpd.benchmarks.where_time_goes import TIMED, ceilings, profile
 from lightning_bpd.decoding import parse_criterion
 from tests.models import random_model, random_sources
 
@@ -36,3 +36,19 @@ def test_chained_heads_chain_is_a_part_of_its_own(fused):
     part = "chain_drafts" if fused else "chain_draft"
     assert r["calls"][part] == (chains if fused else 3 * chains) and "logits_heads" not in r["calls"]
     assert r["ms_per_step_by_part"][part] > 0
+
+
+def test_ceilings_take_the_named_parts_away():
+    """Hand-made parts (ms per step or iteration): greedy 10 steps of 1.0 ms (decoder 0.6, argmax 0.2, loop 0.1,
+    encoder 0.1); blockwise 4 iterations of 2.0 ms (decoder 0.9, argmax 0.4, chain 0.3, loop 0.3, encoder 0.1)."""
+    zero = dict.fromkeys((*TIMED, "loop"), 0.0)
+    greedy = {"seconds": 0.010, "steps": 10,
+              "ms_per_step_by_part": {**zero, "encode": 0.1, "decode_step": 0.6, "argmax_first": 0.2, "loop": 0.1}}
+    blockwise = {"seconds": 0.008, "steps": 4,
+                 "ms_per_step_by_part": {**zero, "encode": 0.1, "decode_step": 0.9, "argmax_first": 0.4,
+                                         "chain_drafts": 0.3, "loop": 0.3}}
+    c = ceilings(greedy, blockwise)
+    assert c["measured"] == pytest.approx(10 / 8)
+    assert c["free_proposals"] == pytest.approx(10 / (8 - 4 * 0.3))
+    assert c["and_lean_loop"] == pytest.approx(10 / (8 - 1.2 - 4 * 0.2))
+    assert c["and_one_token_pass"] == pytest.approx(10 / (4 * (0.1 + 0.6 + 0.2 + 0.1)))  # encoder + a greedy step each

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from lightning_bpd.nn.model import bilinear_taps, source_index
+from lightning_bpd.nn.model import bicubic_taps, bilinear_taps, source_index
 from tests.models import random_model, random_sources
 
 
@@ -205,6 +205,27 @@ def test_bilinear_conditioning_adds_the_interpolated_input_intensity():
     assert torch.equal(nearest.conditioning_ids(src), src[:, source_index((4, 4, 3), (16, 16, 3))])
 
 
+@pytest.mark.parametrize("shapes", [((4, 4, 3), (16, 16, 3)), ((8, 8, 3), (32, 32, 3)), ((8, 8, 3), (16, 16, 3))])
+def test_bicubic_conditioning_is_bicubic_upsampling(shapes):
+    """``conditioning: bicubic``: target (r, c, ch) reads the intensity that bicubic interpolation (a = -0.75,
+    align_corners=False, as F.interpolate computes it in float64) gives there, rounded half up and clipped to
+    [0, 255] (the overshoot next to a saturated input is clipped); the weights are exact in float32."""
+    low, high = shapes
+    model = random_model(k=1, vocab=259, **{**IMAGE, "src_image_shape": low, "tgt_image_shape": high,  # ids 3..258
+                                            "direct_conditioning": True, "conditioning": "bicubic"})
+    values = torch.randint(0, 256, (3, *low), generator=torch.Generator().manual_seed(1))  # (B, H, W, C)
+    values[0, ::2] = 255  # stripes of saturated intensities: bicubic overshoots both ways here
+    values[0, 1::2] = 0
+    src = values.flatten(1) + 3
+    up = F.interpolate(values.permute(0, 3, 1, 2).double(), size=high[:2], mode="bicubic", align_corners=False)
+    assert float(up.max()) > 255.5 and float(up.min()) < -0.5  # the clip is exercised
+    expected = (up + 0.5).floor().clamp(0, 255).long().permute(0, 2, 3, 1).flatten(1) + 3
+    assert torch.equal(model.conditioning_ids(src), expected)
+    index, weight = bicubic_taps(low, high)
+    assert index.shape == weight.shape == (high[0] * high[1] * 3, 16) and torch.equal(weight.double().sum(-1),
+                                                                                         torch.ones(len(weight)).double())
+
+
 def test_default_options_keep_the_translation_layout():
     """The image options are off by default: no new tensors, the tied projection."""
     model = random_model(k=2)
@@ -220,7 +241,7 @@ def test_default_options_keep_the_translation_layout():
     ({"src_positions": "pixels"}, "positions must be one of"),
     ({"tie_output_to_source": True}, "tie_output_to_source needs tie_output off and share_embeddings off"),
     ({"tie_output_to_source": True, "tie_output": False}, "tie_output_to_source needs"),
-    ({"direct_conditioning": True, "conditioning": "bicubic"}, "conditioning must be one of"),
+    ({"direct_conditioning": True, "conditioning": "lanczos"}, "conditioning must be one of"),
     ({"intensity_prior": 4.0}, "intensity_prior is centred on the input intensity .* needs direct_conditioning"),
     ({"direct_conditioning": True, "intensity_prior": -1.0}, "intensity_prior must be >= 0"),
     ({"direct_conditioning": True, "intensity_output": "gaussian"}, "gaussian' needs intensity_prior > 0"),

@@ -87,8 +87,9 @@ class SuperResolutionModule(BlockwiseModule):
         direct_conditioning: the decoder input at target (r, c, channel) adds the embedding of the
             input intensity at (r // 4, c // 4, channel).
         conditioning: which input intensity direct conditioning adds: ``nearest`` (the one under the pixel)
-            or ``bilinear`` (the bilinear interpolation of the 4 around the pixel's centre, rounded): with
-            ``source_output`` the untrained model's argmax is then bilinear upsampling.
+            , ``bilinear`` (the bilinear interpolation of the 4 around the pixel's centre, rounded) or ``bicubic``
+            (of the 16 around it, rounded and clipped): with ``source_output`` the untrained model's argmax is then
+            that upsampling (with a Gaussian output, the untrained model's greedy image is it exactly).
         source_output: the output layer is the embedding of the input intensities, a table of its own
             apart from the decoder's input embedding (needs ``direct_conditioning``, ``tie_output`` off):
             the input intensity under the predicted position then votes for itself, so the model starts

@@ -103,8 +103,8 @@ def test_a_checkpoint_of_another_design_fails_with_one_message(tmp_path):
 def test_unknown_positions_and_conditioning_are_refused():
     with pytest.raises(ValueError, match="model.positions must be one of"):
         SuperResolutionModule(**TINY, positions="pixels")
-    with pytest.raises(ValueError, match=r"model.conditioning must be one of \('nearest', 'bilinear'\), got 'bicubic'"):
-        SuperResolutionModule(**TINY, conditioning="bicubic")
+    with pytest.raises(ValueError, match=r"model.conditioning must be one of \('nearest', 'bilinear', 'bicubic'\), got 'lanczos'"):
+        SuperResolutionModule(**TINY, conditioning="lanczos")
 
 
 def test_source_output_starts_from_nearest_neighbour_upsampling():
@@ -143,6 +143,20 @@ def test_bilinear_conditioning_starts_from_bilinear_upsampling():
         logits = module.model.logits_first(module.model(image_to_tokens(lows), decoder_inputs(smooth, module.model.bos_id)))
     assert float((logits.argmax(-1) == smooth).float().mean()) > 0.7
     assert float((logits.argmax(-1) - smooth).abs().float().mean()) < 5
+
+
+def test_a_fresh_gaussian_model_with_bicubic_conditioning_decodes_bicubic_upsampling():
+    """The Gaussian output starts centred on the conditioning intensity with no shift (its layer starts at zero),
+    so a fresh model's greedy image is bicubic upsampling itself: training starts from the baseline to beat."""
+    lows = torch.randint(0, 256, (1, 8, 8, 3), generator=torch.Generator().manual_seed(2), dtype=torch.uint8)
+    up = torch.nn.functional.interpolate(lows.permute(0, 3, 1, 2).double(), scale_factor=4, mode="bicubic", align_corners=False)
+    bicubic = image_to_tokens((up + 0.5).floor().clamp(0, 255).permute(0, 2, 3, 1).to(torch.uint8))  # (1, 3072)
+    torch.manual_seed(0)
+    module = SuperResolutionModule(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, window=16,
+                                   dropout=0.0, conditioning="bicubic", intensity_prior=15.0,
+                                   intensity_output="gaussian").eval()
+    out = greedy_decode(module.model, image_to_tokens(lows), 3072)
+    assert torch.equal(out.tokens, bicubic)
 
 
 @pytest.mark.parametrize("bad", [{"tie_output": True}, {"direct_conditioning": False}])
