@@ -21,7 +21,7 @@ from torchmetrics.functional.image import peak_signal_noise_ratio, structural_si
 from lightning_bpd.decoding import Criterion, parse_criterion
 from lightning_bpd.evaluation import EvalBatch
 from lightning_bpd.nn.loss import gaussian_kernel
-from lightning_bpd.nn.model import CONDITIONING, HEAD_CENTRES, INTENSITY_OUTPUTS, ModelConfig
+from lightning_bpd.nn.model import CONDITIONING, HEAD_CENTRES, HEAD_PRIORS, INTENSITY_OUTPUTS, ModelConfig
 from lightning_bpd.tasks.blockwise_module import BlockwiseModule
 from lightning_bpd.tasks.superres.conditioning import conditioning_diagnostic, nearest_upsample, smooth_upsample
 from lightning_bpd.tasks.superres.pixels import (
@@ -179,6 +179,8 @@ class SuperResolutionModule(BlockwiseModule):
                              "in intensity levels; 15 is a good start)")
         if head_centres not in HEAD_CENTRES:
             raise ValueError(f"model.head_centres must be one of {HEAD_CENTRES}, got {head_centres!r}")
+        if head_prior not in HEAD_PRIORS:
+            raise ValueError(f"model.head_prior must be one of {HEAD_PRIORS}, got {head_prior!r}")
         if positions not in POSITIONS:
             raise ValueError(f"model.positions must be one of {POSITIONS}, got {positions!r}")
         if source_output and (tie_output or not direct_conditioning):

@@ -105,6 +105,8 @@ def test_unknown_positions_and_conditioning_are_refused():
         SuperResolutionModule(**TINY, positions="pixels")
     with pytest.raises(ValueError, match=r"model.conditioning must be one of \('nearest', 'bilinear', 'bicubic'\), got 'lanczos'"):
         SuperResolutionModule(**TINY, conditioning="lanczos")
+    with pytest.raises(ValueError, match=r"model.head_prior must be one of \('shared', 'own'\), got 'mine'"):
+        SuperResolutionModule(**TINY, head_prior="mine")
 
 
 def test_source_output_starts_from_nearest_neighbour_upsampling():
