@@ -73,28 +73,29 @@ class IntensityPrior(nn.Module):
         """Intensity ids (B, T) -> their u in [-1, 1] (B, T), the prior's centre at each target position."""
         return ((ids - self.offset).to(self.features.dtype) - self.half) / self.half
 
-    def mark(self, hidden: Tensor, centre: Tensor, adapt: nn.Linear | None = None) -> Tensor:
+    def mark(self, hidden: Tensor, centre: Tensor, shift: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """Decoder output (B, T, D) -> the same with its last two coordinates set to (centre, -1/2);
         ``centre`` (B, T) from :meth:`centres`. Gaussian: (centre + delta, -1/2) * exp(-2 rho), with (delta, rho)
-        from ``adapt`` (default: the prior's own layer; the heads' copy under an own head prior)."""
+        from the layer ``shift`` = (weight (2, D - 2), bias (2,)) (default: the prior's own ``adapt``; the heads'
+        under an own or residual head prior)."""
         if not self.gaussian:
             return self.tag(hidden, centre)
-        adapt = self.adapt if adapt is None else adapt
+        weight, bias = (self.adapt.weight, self.adapt.bias) if shift is None else shift
         rest = hidden[..., :-RESERVED]  # (B, T, D - 2)
         centre = centre.to(hidden.dtype)
-        delta, rho = linear(rest, adapt.weight, adapt.bias).unbind(-1)  # (B, T) each
+        delta, rho = linear(rest, weight, bias).unbind(-1)  # (B, T) each
         scale = torch.exp(-2 * rho.clamp(-MAX_LOG_WIDTH, MAX_LOG_WIDTH))  # precision relative to the prior's
         return torch.cat([rest, torch.stack([(centre + delta) * scale, -0.5 * scale], dim=-1)], dim=-1)
 
-    def nearest(self, hidden: Tensor, centre: Tensor, adapt: nn.Linear | None = None) -> Tensor:
+    def nearest(self, hidden: Tensor, centre: Tensor, shift: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """Gaussian output without a categorical part: the argmax id (...) of the distribution that :meth:`mark`
         makes of ``hidden`` (..., D) and ``centre`` (...), the intensity nearest its mean (a tie to the lower one),
         without the vocabulary projection: the logit of intensity v is -precision * scale / 2 * (u(v) - mean)^2 plus
         a constant, and no other id can beat the nearest intensity (u = 0, u^2 = 4). Products in the hidden
         state's precision (a proposal's shortcut: near a half level it may round the other way than the full
         projection does)."""
-        adapt = self.adapt if adapt is None else adapt  # the heads' own copy under an own head prior
-        delta = F.linear(hidden[..., :-RESERVED], adapt.weight.to(hidden.dtype), adapt.bias.to(hidden.dtype))[..., 0]
+        weight, bias = (self.adapt.weight, self.adapt.bias) if shift is None else shift  # (mark's ``shift``)
+        delta = F.linear(hidden[..., :-RESERVED], weight.to(hidden.dtype), bias.to(hidden.dtype))[..., 0]  # (...)
         level = torch.ceil((centre.to(hidden.dtype) + delta) * self.half + self.half - 0.5)
         return level.clamp(0, 2 * self.half).long() + self.offset
 

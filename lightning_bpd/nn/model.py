@@ -43,7 +43,7 @@ INTENSITY_OUTPUTS = ("categorical", "gaussian")
 # Where head i's intensity prior is centred: "first": on the input intensity under the position p_1
 # predicts (t; the original design), "own": under the position head i predicts (t + i).
 HEAD_CENTRES = ("first", "own")
-HEAD_PRIORS = ("shared", "own")
+HEAD_PRIORS = ("shared", "own", "residual")
 
 
 @dataclass
@@ -75,7 +75,9 @@ class ModelConfig:
     base (k = 1) ignores it, as it does ``head_centres``;
     ``head_prior``: with a Gaussian output and own centres, ``own`` gives heads 2..k a shift-and-width layer of
     their own (``head.prior_adapt``, a copy of the prior's ``adapt``), so that their losses cannot move p_1's
-    mean; ``shared`` (default): every head reads out through the prior's. A base ignores it.
+    mean; ``residual`` reads them out through the prior's layer detached plus a correction of their own
+    (``head.prior_adapt``, starting at zero): they follow p_1's layer as it learns and still cannot move it;
+    ``shared`` (default): every head reads out through the prior's. A base ignores it.
     """
 
     src_vocab_size: int
@@ -171,10 +173,10 @@ class ModelConfig:
                              "own pixel (intensity_prior > 0, head_centres: own)")
         if self.head_prior not in HEAD_PRIORS:
             raise ValueError(f"head_prior must be one of {HEAD_PRIORS}, got {self.head_prior!r}")
-        if self.head_prior == "own" and self.k > 1 and not (self.intensity_output == "gaussian"
+        if self.head_prior != "shared" and self.k > 1 and not (self.intensity_output == "gaussian"
                                                              and self.head_centres == "own"):
-            raise ValueError("head_prior 'own' copies the Gaussian output's shift-and-width layer for the heads: it "
-                             "needs intensity_output 'gaussian' and head_centres 'own'")
+            raise ValueError(f"head_prior {self.head_prior!r} gives the heads a shift-and-width layer of the Gaussian "
+                             "output's: it needs intensity_output 'gaussian' and head_centres 'own'")
         if self.intensity_prior > 0 and not 0 <= self.intensity_offset <= self.tgt_vocab_size - 2:
             raise ValueError(f"intensity_offset {self.intensity_offset} leaves fewer than two intensity ids in a "
                              f"vocabulary of {self.tgt_vocab_size}: set it to the first intensity id")
@@ -340,9 +342,13 @@ class BlockwiseTransformer(nn.Module):
         # the head, head.neighbours; :mod:`~lightning_bpd.nn.pixel_neighbours`).
         if c.head_neighbours and c.k > 1:  # a base (k = 1) has no chain to read them
             self.head.neighbours = PixelNeighbours(c.tgt_image_shape, c.k, c.d_model, c.head_hidden or c.d_ff)
-        # Own head prior: heads 2..k read out through a copy of the prior's shift-and-width layer (head.prior_adapt).
-        if c.head_prior == "own" and self.own_centres:
+        # Own head prior: heads 2..k read out through a copy of the prior's shift-and-width layer (head.prior_adapt);
+        # residual: through the prior's layer, detached, plus head.prior_adapt (starting at zero).
+        if c.head_prior != "shared" and self.own_centres:
             self.head.prior_adapt = copy.deepcopy(self.prior.adapt)  # type: ignore[union-attr]
+            if c.head_prior == "residual":
+                nn.init.zeros_(self.head.prior_adapt.weight)
+                nn.init.zeros_(self.head.prior_adapt.bias)
         self.carried = (c.k + (self.neighbours.width if self.neighbours is not None else 0)) if self.own_centres else 0
         self.drop = nn.Dropout(c.dropout)
         self.scale = math.sqrt(c.d_model)
@@ -352,16 +358,25 @@ class BlockwiseTransformer(nn.Module):
         self.screened_argmax = False  # p_1's argmax through an int8 screen (set_screened_argmax); not saved
         self.screen: tuple[tuple, ScreenedArgmax] | None = None  # (what it was made from, the screen)
 
-    @property
-    def head_adapt(self) -> nn.Linear | None:
-        """Heads 2..k's own shift-and-width layer (``head_prior: own``), or None (they use the prior's)."""
-        return getattr(self.head, "prior_adapt", None)
+    def head_shift(self) -> tuple[Tensor, Tensor] | None:
+        """The (weight (2, D - 2), bias (2,)) through which heads 2..k read their Gaussian's shift and width: their
+        own layer (``head_prior: own``), the prior's detached plus their correction (``residual``), or None (the
+        prior's own layer, ``shared``)."""
+        own = getattr(self.head, "prior_adapt", None)
+        if own is None:
+            return None
+        if self.config.head_prior == "residual":
+            base = self.prior.adapt  # type: ignore[union-attr]
+            return base.weight.detach() + own.weight, base.bias.detach() + own.bias
+        return own.weight, own.bias
 
     def after_base_loaded(self, fresh: list[str]) -> None:
-        """After a warm start left ``fresh`` keys as initialized: an own head prior starts as the base's layer."""
-        if self.head_adapt is not None and "head.prior_adapt.weight" in fresh:
+        """After a warm start left ``fresh`` keys as initialized: an own head prior starts as the base's layer (a
+        residual one stays at zero)."""
+        own = getattr(self.head, "prior_adapt", None)
+        if own is not None and self.config.head_prior == "own" and "head.prior_adapt.weight" in fresh:
             with torch.no_grad():
-                self.head_adapt.load_state_dict(self.prior.adapt.state_dict())  # type: ignore[union-attr]
+                own.load_state_dict(self.prior.adapt.state_dict())  # type: ignore[union-attr]
 
     @property
     def neighbours(self) -> PixelNeighbours | None:
@@ -470,7 +485,7 @@ class BlockwiseTransformer(nn.Module):
         returned in the states'."""
         if centres is None:
             return states
-        prior, own = self.prior, self.head_adapt
+        prior, own = self.prior, self.head_shift()
         dtype = prior.log_precision.dtype  # type: ignore[union-attr]
         s, c = states.to(dtype), centres.to(dtype)
         later = [h > 0 for h in (heads if isinstance(heads, list) else [heads])]
@@ -741,13 +756,13 @@ class BlockwiseTransformer(nn.Module):
         readers = [] if reader is None else [t for link in reader.links[: k - 1]
                                              for t in (link[0].weight, link[0].bias, link[2].weight, link[2].bias)]
         prior = self.prior
-        adapt = self.head_adapt or prior.adapt  # type: ignore[union-attr]
+        shift = self.head_shift() or (prior.adapt.weight, prior.adapt.bias)  # type: ignore[union-attr]
         return image_chain_links_scripted(
             z.to(weight.dtype), carried, first, k - 1, self.k, [x.zq_t for x in links], [x.zq_b for x in links],
             [x.tok_table for x in links], [x.c_t if x.c_t is not None else x.zq_t for x in links],  # type: ignore[misc]
             [x.out_t for x in links], [x.out_b for x in links], fused.hidden, keys_t, values, mask, heads,
             0 if reader is None else reader.n, [] if reader is None else [list(s) for s in reader.slots], readers,
-            prior.features, prior.offset, prior.half, adapt.weight, adapt.bias)  # type: ignore[union-attr]
+            prior.features, prior.offset, prior.half, *shift)  # type: ignore[union-attr]
 
     def fused_chain(self, head: nn.Module, dtype: torch.dtype, check: bool = True, int8: bool = False) -> FusedChain:
         """The fused links of ``head`` (the model's or the proposal copy) in ``dtype``, rebuilt when a weight
@@ -788,7 +803,7 @@ class BlockwiseTransformer(nn.Module):
             z = self.link_input(z, centres, i)  # type: ignore[arg-type]
         z = step(z)
         if nearest:
-            state = self.prior.nearest(z, centres[..., i], self.head_adapt)  # type: ignore[union-attr,index]
+            state = self.prior.nearest(z, centres[..., i], self.head_shift())  # type: ignore[union-attr,index]
         else:
             state = self.readout(z, None if centres is None else centres[..., i], i)
         return (z if centres is None else torch.cat([z, centres.to(z.dtype)], dim=-1)), state

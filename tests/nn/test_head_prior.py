@@ -1,5 +1,6 @@
-"""An own head prior (``head_prior: own``): heads 2..k read out through their own copy of the Gaussian output's
-shift-and-width layer, so their losses cannot move p_1's mean."""
+"""Own head priors: heads 2..k read out through their own copy of the Gaussian output's shift-and-width layer
+(``head_prior: own``) or through the prior's layer detached plus their own correction (``residual``), so their
+losses cannot move p_1's mean."""
 
 import pytest
 import torch
@@ -15,10 +16,11 @@ from tests.nn.test_intensity_prior import IMAGE
 from tests.nn.test_pixel_neighbours import K, sources
 
 
-def own_prior_model(head_type: str = "chained", neighbours: bool = True, seed: int = 3) -> BlockwiseTransformer:
+def own_prior_model(head_type: str = "chained", neighbours: bool = True, seed: int = 3,
+                    kind: str = "own") -> BlockwiseTransformer:
     """A random Gaussian-output image model whose heads' shift-and-width layer differs from p_1's."""
     model = random_model(k=K, vocab=20, seed=seed, window=16, intensity_prior=2.0, intensity_output="gaussian",
-                         head_type=head_type, head_centres="own", head_neighbours=neighbours, head_prior="own",
+                         head_type=head_type, head_centres="own", head_neighbours=neighbours, head_prior=kind,
                          conditioning="bilinear", **IMAGE)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
@@ -53,11 +55,12 @@ def test_heads_read_out_through_their_own_layer_and_p1_through_the_priors():
                                    rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("kind", ["own", "residual"])
 @pytest.mark.parametrize("head_type", ["chained", "chained_attn"])
-def test_decoding_with_an_own_head_prior_is_the_reference_and_greedy(head_type):
+def test_decoding_with_an_own_head_prior_is_the_reference_and_greedy(head_type, kind):
     """Exact blockwise decoding equals the uncached reference and greedy; eps=2 equals the reference; the whole
     scripted chain proposes what the links one by one propose (it takes the heads' layer, not the prior's)."""
-    model = own_prior_model(head_type)
+    model = own_prior_model(head_type, kind=kind)
     src = sources()
     assert_exact_decoding_is_the_reference_and_greedy(model, src)
     eps = parse_criterion("eps2")
@@ -89,10 +92,11 @@ def test_the_chain_step_by_step_equals_the_teacher_forced_chain():
                 torch.testing.assert_close(logits, whole[:, i], rtol=0, atol=1e-12)
 
 
-def test_heads_losses_reach_their_own_layer_and_not_the_priors():
+@pytest.mark.parametrize("kind", ["own", "residual"])
+def test_heads_losses_reach_their_own_layer_and_not_the_priors(kind):
     """With the base detached (``detach_heads: base``) a loss on heads 2..k trains the heads' layer, not the
     prior's; without the detach it reaches the decoder but still not the prior's layer."""
-    model = own_prior_model().train()
+    model = own_prior_model(kind=kind).train()
     src = sources(2)
     tgt_in = torch.randint(3, 20, (2, 30), generator=torch.Generator().manual_seed(4))
     prev = torch.randint(3, 20, (2, 30, K - 1), generator=torch.Generator().manual_seed(6))
@@ -134,7 +138,44 @@ def test_bad_head_prior_options_are_one_clear_error():
         ModelConfig(**{**base, "head_prior": "mine"})
     with pytest.raises(ValueError, match="needs intensity_output 'gaussian' and head_centres 'own'"):
         ModelConfig(**{**base, "head_prior": "own"})  # categorical output
+    with pytest.raises(ValueError, match="head_prior 'residual' gives the heads"):
+        ModelConfig(**{**base, "head_prior": "residual"})
     with pytest.raises(ValueError, match="needs intensity_output 'gaussian' and head_centres 'own'"):
         ModelConfig(**{**base, "head_prior": "own", "intensity_output": "gaussian", "head_centres": "first"})
     k1 = BlockwiseTransformer(ModelConfig(**{**base, "k": 1, "head_prior": "own"}))  # a base ignores it
-    assert k1.head_adapt is None
+    assert k1.head_shift() is None
+
+
+def test_a_residual_head_prior_follows_the_priors_layer_plus_its_correction():
+    """It starts at zero, so the heads read out as a shared-prior model's; a change of the prior's layer moves
+    heads 2..k along with p_1; its correction moves heads 2..k alone; a warm start leaves it at zero."""
+    model = own_prior_model(kind="residual")
+    with torch.no_grad():
+        model.head.prior_adapt.weight.zero_()
+        model.head.prior_adapt.bias.zero_()
+    src = sources(2)
+    tgt_in = torch.randint(3, 20, (2, 40), generator=torch.Generator().manual_seed(4))
+    prev = torch.randint(3, 20, (2, 40, K - 1), generator=torch.Generator().manual_seed(6))
+    shared = random_model(k=K, vocab=20, seed=3, window=16, intensity_prior=2.0, intensity_output="gaussian",
+                          head_type="chained", head_centres="own", head_neighbours=True, conditioning="bilinear", **IMAGE)
+    shared.load_state_dict({key: v for key, v in model.state_dict().items() if not key.startswith("head.prior_adapt")})
+    with torch.no_grad():
+        hidden = model.decode_full(tgt_in, model.encode(src))
+        start = model.logits_heads(hidden, range(K), prev)
+        torch.testing.assert_close(start, shared.logits_heads(hidden, range(K), prev), rtol=0, atol=0)
+        model.prior.adapt.weight.mul_(2.0)
+        follows = model.logits_heads(hidden, range(K), prev)
+        assert not torch.equal(follows[..., 0, :], start[..., 0, :]) and not torch.equal(follows[..., 1:, :],
+                                                                                          start[..., 1:, :])
+        model.head.prior_adapt.weight.normal_(std=0.05)
+        corrected = model.logits_heads(hidden, range(K), prev)
+        assert torch.equal(corrected[..., 0, :], follows[..., 0, :])
+        assert not torch.equal(corrected[..., 1:, :], follows[..., 1:, :])
+    base = random_model(k=1, vocab=20, seed=7, window=16, intensity_prior=2.0, intensity_output="gaussian",
+                        head_centres="own", conditioning="bilinear", **IMAGE)
+    with torch.no_grad():
+        torch.nn.init.normal_(base.prior.adapt.weight, std=0.05)
+    fresh = BlockwiseTransformer(ModelConfig(**{**shared.config.__dict__, "head_prior": "residual"})).double()
+    assert "head.prior_adapt.weight" in load_base_weights(fresh, base.state_dict())
+    assert not fresh.head.prior_adapt.weight.any() and not fresh.head.prior_adapt.bias.any()
+    assert torch.equal(fresh.head_shift()[0], base.prior.adapt.weight)

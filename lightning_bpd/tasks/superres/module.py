@@ -116,8 +116,9 @@ class SuperResolutionModule(BlockwiseModule):
         head_neighbours: chained heads (with ``own`` centres) also read the decoded intensities left of, above-left,
             above and above-right of the pixel each one predicts (:mod:`~lightning_bpd.nn.pixel_neighbours`).
         head_prior: ``own`` gives heads 2..k a copy of the Gaussian output's shift-and-width layer, so that their
-            losses cannot move p_1's mean (and with it their own targets under ``head_targets: own``); ``shared``
-            (default) reads every head out through the prior's layer.
+            losses cannot move p_1's mean (and with it their own targets under ``head_targets: own``); ``residual``
+            reads them out through the prior's layer detached plus a correction of their own (starting at zero);
+            ``shared`` (default) reads every head out through the prior's layer.
         head_targets, detach_heads: what heads 2..k train towards (the data or the model's own greedy choices)
             and whether their losses reach the base (see :class:`~lightning_bpd.tasks.translation.TranslationModule`).
         smooth_intensities: initialize the intensity embeddings (and an untied output layer) with sin/cos
