@@ -105,7 +105,7 @@ def test_unknown_positions_and_conditioning_are_refused():
         SuperResolutionModule(**TINY, positions="pixels")
     with pytest.raises(ValueError, match=r"model.conditioning must be one of \('nearest', 'bilinear', 'bicubic'\), got 'lanczos'"):
         SuperResolutionModule(**TINY, conditioning="lanczos")
-    with pytest.raises(ValueError, match=r"model.head_prior must be one of \('shared', 'own'\), got 'mine'"):
+    with pytest.raises(ValueError, match=r"model.head_prior must be one of \('shared', 'own', 'residual'\), got 'mine'"):
         SuperResolutionModule(**TINY, head_prior="mine")
 
 
