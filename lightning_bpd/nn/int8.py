@@ -123,7 +123,7 @@ def reference_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> T
     w = weight.detach().double()
     w_scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-30)  # (out,)
     q_w = (w / w_scale[:, None]).round().clamp(-127, 127)  # (out, in)
-    step = 2.0 / 127
+    step = UNIT_SCALE
     rows = []
     for row in x.reshape(-1, x.shape[-1]).double():
         scale = row.abs().max().clamp(min=1e-30)

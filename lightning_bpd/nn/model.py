@@ -480,8 +480,8 @@ class BlockwiseTransformer(nn.Module):
     def readout(self, states: Tensor, centres: Tensor | None, heads: int | list[int] = 0) -> Tensor:
         """Head states (..., D) as the output layer reads them: with own centres, marked with the prior's
         centre of the position each one predicts (``centres`` (...)); else unchanged. ``heads``: the head
-        (0-based) of every state, one for all or one per slot of dim -2 (states (..., n, D)); with an own head
-        prior, heads 1.. are marked through it. The mark is taken in the prior's precision and the result
+        (0-based) of every state, one for all or one per slot of dim -2 (states (..., n, D)); with an own or
+        residual head prior, heads 1.. are marked through :meth:`head_shift`. The mark is taken in the prior's precision and the result
         returned in the states'."""
         if centres is None:
             return states

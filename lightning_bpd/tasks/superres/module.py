@@ -86,8 +86,8 @@ class SuperResolutionModule(BlockwiseModule):
         scale_positions: position vectors at the size of the token vectors (RMS 1) instead of ~0.15.
         direct_conditioning: the decoder input at target (r, c, channel) adds the embedding of the
             input intensity at (r // 4, c // 4, channel).
-        conditioning: which input intensity direct conditioning adds: ``nearest`` (the one under the pixel)
-            , ``bilinear`` (the bilinear interpolation of the 4 around the pixel's centre, rounded) or ``bicubic``
+        conditioning: which input intensity direct conditioning adds: ``nearest`` (the one under the pixel),
+            ``bilinear`` (the bilinear interpolation of the 4 around the pixel's centre, rounded) or ``bicubic``
             (of the 16 around it, rounded and clipped): with ``source_output`` the untrained model's argmax is then
             that upsampling (with a Gaussian output, the untrained model's greedy image is it exactly).
         source_output: the output layer is the embedding of the input intensities, a table of its own
@@ -201,8 +201,7 @@ class SuperResolutionModule(BlockwiseModule):
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
                          seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb,
-                         input_noise, input_noise_kind, head_targets,
-                         detach_heads)
+                         input_noise, input_noise_kind, head_targets, detach_heads)
         self.save_hyperparameters()
         self.values = intensity_values()
         kernel = gaussian_kernel(VOCAB_SIZE, OFFSET, intensity_sigma) if intensity_sigma > 0 else None
