@@ -370,6 +370,14 @@ class BlockwiseTransformer(nn.Module):
             return base.weight.detach() + own.weight, base.bias.detach() + own.bias
         return own.weight, own.bias
 
+    def readout_parameters(self) -> dict[str, nn.Parameter]:
+        """The base's parameters that act only after the decoder states, by name: a Gaussian output's shift-and-width
+        layer and precision (``prior.*``) when the heads carry their own centres, so that the states (and a frozen
+        base's cache of them) do not depend on them; else none. ``train_readout`` trains these beside a frozen base."""
+        if self.prior is None or not self.prior.gaussian or not self.own_centres:
+            return {}
+        return {f"prior.{name}": param for name, param in self.prior.named_parameters()}
+
     def after_base_loaded(self, fresh: list[str]) -> None:
         """After a warm start left ``fresh`` keys as initialized: an own head prior starts as the base's layer (a
         residual one stays at zero)."""

@@ -58,6 +58,7 @@ class BlockwiseModule(pl.LightningModule):
         input_noise_kind: str = "shuffle",
         head_targets: str = "data",
         detach_heads: str = "none",
+        train_readout: bool = False,
     ) -> None:
         super().__init__()
         if detach_heads not in DETACH_HEADS:
@@ -77,19 +78,23 @@ class BlockwiseModule(pl.LightningModule):
             raise ValueError("model.freeze_base needs model.init_from: a trained base checkpoint to freeze")
         if freeze_base and model_config.k == 1:
             raise ValueError("model.freeze_base with k=1 leaves nothing to train: set model.k >= 2")
+        if train_readout and not freeze_base:
+            raise ValueError("model.train_readout trains the base's readout beside an otherwise frozen base: set "
+                             "model.freeze_base: true (fine-tuning trains the readout anyway) or train_readout: false")
+        self.train_readout = train_readout
         if not 0.0 <= head1_weight < 1.0:
             raise ValueError(f"model.head1_weight must lie in [0, 1) (0 = the paper's loss), got {head1_weight}")
-        if head1_weight > 0 and freeze_base:
+        if head1_weight > 0 and freeze_base and not train_readout:
             raise ValueError("model.head1_weight weights p_1's loss, which a frozen base does not train: "
-                             "set model.freeze_base: false or model.head1_weight: 0")
+                             "set model.freeze_base: false (or model.train_readout: true) or model.head1_weight: 0")
         self.head1_weight = head1_weight
         if not 0.0 < head_loss_decay <= 1.0:
             raise ValueError(f"model.head_loss_decay must lie in (0, 1] (1 = equal weights), got {head_loss_decay}")
         if not 0.0 < base_lr_scale <= 1.0:
             raise ValueError(f"model.base_lr_scale must lie in (0, 1] (1 = one learning rate), got {base_lr_scale}")
-        if base_lr_scale < 1.0 and freeze_base:
+        if base_lr_scale < 1.0 and freeze_base and not train_readout:
             raise ValueError("model.base_lr_scale scales the base's learning rate, which a frozen base does not have: "
-                             "set model.freeze_base: false or model.base_lr_scale: 1")
+                             "set model.freeze_base: false (or model.train_readout: true) or model.base_lr_scale: 1")
         if frozen_cache_gb < 0:
             raise ValueError(f"model.frozen_cache_gb must be >= 0 (0 = recompute the frozen base), got {frozen_cache_gb}")
         if not 0.0 <= input_noise < 1.0:
@@ -107,6 +112,14 @@ class BlockwiseModule(pl.LightningModule):
         self.frozen_states = None
         if freeze_base:
             freeze_base_params(self.model)
+            if train_readout:
+                readout = self.model.readout_parameters()
+                if not readout:
+                    raise ValueError("model.train_readout needs a readout that acts after the decoder states: a "
+                                     "gaussian intensity output with head_centres: own (its shift-and-width layer); "
+                                     "this model has none: set train_readout: false")
+                for param in readout.values():
+                    param.requires_grad_(True)
             if frozen_cache_gb > 0:
                 self.frozen_states = FrozenStates(int(frozen_cache_gb * 2**30))
 
@@ -149,7 +162,8 @@ class BlockwiseModule(pl.LightningModule):
     # ---- training ---------------------------------------------------------------------------------
     def trainable_heads_skip(self) -> list[int]:
         """Heads with nothing to train (p_1 bypassing the head while the base is frozen)."""
-        return [i for i in range(self.model.k) if self.freeze and self.model.head.head_is_identity(i)]
+        frozen_p1 = self.freeze and not self.train_readout  # a trained readout learns from p_1 too
+        return [i for i in range(self.model.k) if frozen_p1 and self.model.head.head_is_identity(i)]
 
     def head_weights(self, heads: list[int]) -> list[float]:
         """Loss weight of each listed head: ``head_loss_decay ** i`` for head i (0-based)."""

@@ -121,6 +121,10 @@ class SuperResolutionModule(BlockwiseModule):
             ``shared`` (default) reads every head out through the prior's layer.
         head_targets, detach_heads: what heads 2..k train towards (the data or the model's own greedy choices)
             and whether their losses reach the base (see :class:`~lightning_bpd.tasks.translation.TranslationModule`).
+        train_readout: with ``freeze_base``, the base's readout trains too: the Gaussian output's shift-and-width layer
+            and precision, which act after the decoder states (``head_centres: own``). The decoder stays frozen and its
+            states cached, so a step costs a frozen step, and the heads' losses can make p_1 easier to predict (a
+            fine-tune of the readout alone; ``head1_weight`` keeps p_1's own loss in every minibatch).
         smooth_intensities: initialize the intensity embeddings (and an untied output layer) with sin/cos
             features of the intensity, so that nearby intensities start alike (initialization only).
     """
@@ -168,6 +172,7 @@ class SuperResolutionModule(BlockwiseModule):
         head_prior: str = "shared",
         head_targets: str = "data",
         detach_heads: str = "none",
+        train_readout: bool = False,
     ) -> None:
         if intensity_sigma < 0:
             raise ValueError(f"model.intensity_sigma must be >= 0 (0 = one-hot targets), got {intensity_sigma}")
@@ -201,7 +206,7 @@ class SuperResolutionModule(BlockwiseModule):
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
                          seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb,
-                         input_noise, input_noise_kind, head_targets, detach_heads)
+                         input_noise, input_noise_kind, head_targets, detach_heads, train_readout)
         self.save_hyperparameters()
         self.values = intensity_values()
         kernel = gaussian_kernel(VOCAB_SIZE, OFFSET, intensity_sigma) if intensity_sigma > 0 else None

@@ -213,3 +213,49 @@ def test_intensity_sigma_trains_towards_neighbouring_intensities_and_validates_p
     assert int(row.argmax()) == 103 and float(row[3 + 97 : 3 + 104].sum()) > 0.7
     with pytest.raises(ValueError, match="intensity_sigma must be >= 0"):
         SuperResolutionModule(**TINY, intensity_sigma=-1.0)
+
+
+GAUSSIAN_CHAIN = {**TINY, "k": 3, "head_type": "chained", "intensity_prior": 15.0, "intensity_output": "gaussian",
+                  "head_neighbours": True, "dropout": 0.0}
+
+
+def test_train_readout_fine_tunes_the_gaussian_readout_over_cached_frozen_states():
+    torch.manual_seed(0)
+    module = SuperResolutionModule(**GAUSSIAN_CHAIN, freeze_base=True, init_from="base.ckpt", train_readout=True,
+                                   head1_weight=0.5, base_lr_scale=0.5, lr=1e-3, loss_mode="mean")
+    trainable = {name for name, p in module.model.named_parameters() if p.requires_grad}
+    assert {name for name in trainable if not name.startswith("head.")} == {"prior.log_precision", "prior.adapt.weight",
+                                                                          "prior.adapt.bias"}
+    groups = module.configure_optimizers()["optimizer"].param_groups
+    assert [g["initial_lr"] for g in groups] == pytest.approx([5e-4, 1e-3])  # the readout at the base's scale
+    assert module.trainable_heads_skip() == []  # p_1 trains the readout
+    with torch.no_grad():  # a readout that is not the fresh one (zero shift)
+        module.model.prior.adapt.weight.normal_(0, 0.1)
+    module.train()
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(3, 259, (2, 192), generator=g), torch.randint(3, 259, (2, 3072), generator=g)
+    index = torch.tensor([7, 8])
+    cached = module.blockwise_step(src, tgt, [0, 1, 2], 0.1, torch.Generator().manual_seed(2), 0.5, index)
+    cached.loss.backward()
+    assert module.model.prior.adapt.weight.grad.any() and module.model.head.neighbours is not None
+    assert all(p.grad is None for name, p in module.model.named_parameters() if name.startswith("decoder."))
+    # the cached states do not depend on the readout: after it changes, a step from the store equals a fresh one
+    with torch.no_grad():
+        module.model.prior.adapt.weight.add_(0.05)
+        module.model.prior.log_precision.add_(0.3)
+    again = module.blockwise_step(src, tgt, [0, 1, 2], 0.1, torch.Generator().manual_seed(2), 0.5, index)
+    fresh = module.blockwise_step(src, tgt, [0, 1, 2], 0.1, torch.Generator().manual_seed(2), 0.5)
+    assert module.frozen_states.hits == 2 and module.frozen_states.misses == 2
+    torch.testing.assert_close(again.loss, fresh.loss, rtol=0, atol=1e-6)
+    assert not torch.allclose(again.loss, cached.loss)  # and the readout's change reached the loss
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"freeze_base": False}, "train_readout trains the base's readout beside an otherwise frozen base"),
+    ({"intensity_output": "categorical"}, "train_readout needs a readout that acts after the decoder states"),
+    ({"head_centres": "first", "head_neighbours": False}, "train_readout needs a readout that acts after the decoder states"),
+])
+def test_train_readout_needs_a_frozen_base_and_a_readout_after_the_states(bad, message):
+    options = {**GAUSSIAN_CHAIN, "freeze_base": True, "init_from": "base.ckpt", "train_readout": True, **bad}
+    with pytest.raises(ValueError, match=message):
+        SuperResolutionModule(**options)
