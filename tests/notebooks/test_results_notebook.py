@@ -208,3 +208,19 @@ def test_table2_rows_and_lines_come_from_the_cell_records(tmp_path):
     assert rows[0]["paper_both"] == 3.75
     text = headline_tables(load(tmp_path))
     assert "| chained, own pixel, self-distilled (H100 base) | 4 | - | - | 2.00 (20.00) | 3.00 (19.90) | 3.75 |" in text
+
+
+def test_table2_readout_rows_read_the_frozen_cells_and_the_readout_stage(tmp_path):
+    from lightning_bpd.results import table2_rows
+
+    write_results(tmp_path)
+    for name, exact, eps2 in [("frozen", 1.3, 3.6), ("readout", 1.4, 3.8)]:
+        cell = {"label": f"toy {name} cell", "command": "python -m lightning_bpd validate ...", "stage": "val", "k": 8,
+                "metrics": {"exact/psnr": 21.0, "exact/mean_accepted_block_size": exact, "eps2/psnr": 20.9,
+                            "eps2/mean_accepted_block_size": eps2, "examples": 64.0}}
+        (tmp_path / f"superres/table2n_k8_{name}.json").write_text(json.dumps(cell))
+    rows = {r["heads"]: r for r in table2_rows(load(tmp_path)) if r["k"] == 8}
+    readout = rows["chained, own pixel + pixel neighbours, self-distilled (CPU base), readout fine-tuned"]
+    assert readout["cells"] == [(1.3, 21.0), (3.6, 20.9), (1.4, 21.0), (3.8, 20.9)]
+    whole = rows["chained, own pixel + pixel neighbours, self-distilled (CPU base)"]  # no finetune record: frozen only
+    assert whole["cells"] == [(1.3, 21.0), (3.6, 20.9), (None, None), (None, None)]
