@@ -288,6 +288,17 @@ def config_error(command: str, message: str) -> str:
     return f"{where}{detail} (python -m lightning_bpd {command} --help lists every option)"
 
 
+UNION_PREAMBLE = "Does not validate against any of the Union subtypes"  # jsonargparse's wrapper of an init error
+
+
+def user_error(err: BaseException) -> str:
+    """The message of a user error. A model or data class that refuses its options while the CLI instantiates it
+    reaches us wrapped in jsonargparse's multi-line list of union subtypes: its own one-line message is the cause."""
+    while str(err).startswith(UNION_PREAMBLE) and isinstance(err.__cause__, USER_ERRORS):
+        err = err.__cause__
+    return str(err)
+
+
 def main(argv: list[str] | None = None) -> BPDCLI | None:
     """Run a command; bad input ends with one ``error: ...`` line (LIGHTNING_BPD_DEBUG=1 shows the traceback)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -309,4 +320,4 @@ def main(argv: list[str] | None = None) -> BPDCLI | None:
     except USER_ERRORS as err:
         if os.environ.get("LIGHTNING_BPD_DEBUG"):
             raise
-        sys.exit(f"error: {err}")
+        sys.exit(f"error: {user_error(err)}")

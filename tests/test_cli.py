@@ -141,6 +141,26 @@ def test_fit_checks_its_data_before_it_writes_anything(tmp_path, monkeypatch, ma
     assert nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize("option, message", [
+    ("--model.init_args.head_prior=mine", "model.head_prior must be one of ('shared', 'own', 'residual'), got 'mine'"),
+    ("--model.init_args.train_readout=true", ("model.train_readout trains the base's readout beside an otherwise "
+                                              "frozen base: set model.freeze_base: true")),
+])
+def test_a_model_that_refuses_its_options_is_one_line(tmp_path, monkeypatch, option, message):
+    """A ValueError from the model's __init__ comes wrapped in jsonargparse's list of union subtypes: the CLI
+    reports the model's own message, on one line, before a run folder or W&B is written."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv(RUN_DIR_ENV, "")  # restored afterwards (the CLI sets it)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the CLI sets it
+    with pytest.raises(SystemExit) as err:
+        main(["fit", "--config", str(CONF_DIR / "superres" / "default.yaml"), option, "--trainer.max_steps=1"])
+    assert str(err.value).startswith(f"error: {message}")
+    assert "\n" not in str(err.value)
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["cache"]  # the synthetic faces' cache, no run folder
+    assert not any("wandb" in p.name or "offline-run" in p.name for p in tmp_path.rglob("*"))
+
+
 def test_fit_with_a_missing_image_folder_is_one_line_in_a_subprocess(tmp_path):
     """The reported case, as a user runs it: non-zero exit, no traceback, no W&B run folder."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true",
