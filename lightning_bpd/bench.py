@@ -31,8 +31,14 @@ import torch
 from lightning_bpd.benchmarks.ctranslate2_peer import Peers, PeerUnavailableError
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
-from lightning_bpd.evaluation import EvalBatch, pad_rows, run_batch
-from lightning_bpd.nn.precision import active_precision_name, set_inference_precision
+from lightning_bpd.evaluation import batched, load_inputs, run_batch, set_draft_vocab
+from lightning_bpd.inference import InferenceOptions, Runtime, build_runtime
+from lightning_bpd.inference.arguments import (
+    add_draft_vocab_args,
+    add_precision_arg,
+    add_timing_args,
+    options_from_args,
+)
 from lightning_bpd.results import write_json
 
 
@@ -52,16 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
     p.add_argument("--inputs", type=int, default=100, help="number of inputs decoded per batch size")
     p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
-    p.add_argument("--draft-vocab", type=int, default=None,
-                   help="translation: the heads propose only this many most frequent target tokens of --draft-vocab-from")
-    p.add_argument("--draft-vocab-from", default=None, help="target-language text (.gz allowed) to count tokens in")
+    add_draft_vocab_args(p)
     p.add_argument("--lazy-verify", action="store_true",
                    help="verify prefix rules position by position (fewer projections, a host read per position)")
     p.add_argument("--fixed-shape", action="store_true",
                    help="greedy and deterministic rules with fixed shapes (finished rows stay, the whole KV cache "
                         "read under a mask, no host read inside an iteration), replayed as CUDA graphs on CUDA")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    add_precision_args(p)
+    add_precision_arg(p)
+    add_timing_args(p)
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--peers", nargs="*", default=[], choices=["ctranslate2"],
                    help="also time CTranslate2 (float32 and int8) greedy decoding of a random-weight Transformer of "
@@ -69,43 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_inputs(module, args: argparse.Namespace) -> list[torch.Tensor]:
-    """The inputs as a list of single-row source tensors (1, S)."""
-    if hasattr(module, "tokenizer"):
-        if args.input is None:
-            raise ValueError("a translation checkpoint needs --input (source sentences, one per line)")
-        from lightning_bpd.tasks.translation.text_files import read_lines
-
-        lines = [s for s in read_lines(args.input) if s.strip()][: args.inputs]
-        return [module.encode_sources([s]) for s in lines]
-    from lightning_bpd.tasks.superres.pixels import image_to_tokens
-    from lightning_bpd.tasks.superres.synthetic_faces import synthetic_split
-
-    if args.images is None:
-        low, _ = synthetic_split("val", args.inputs, 0, "runs/cache")
-    else:
-        from lightning_bpd.tasks.superres.celeba import load_split
-
-        low, _, _ = load_split(args.images, "val", "runs/cache", args.inputs)
-    return [image_to_tokens(img)[None].to(module.device) for img in low]
-
-
-def batched(module, rows: list[torch.Tensor], size: int) -> list[EvalBatch]:
-    """Single-row inputs in batches of ``size``, padded, each with the module's decode length limit."""
-    out = []
-    for start in range(0, len(rows), size):
-        src = pad_rows(rows[start : start + size], module.model.pad_id)
-        out.append(EvalBatch(src, module.max_decode_len(src)))
-    return out
-
-
-def build_methods(module, specs: list[str], ks: list[int] | None, draft, lazy: bool = False,
-                  fixed_shape: bool = False, stop_below: float | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
+def build_methods(module, runtime: Runtime, specs: list[str], ks: list[int] | None, draft, lazy: bool = False
+                  ) -> tuple[list[str], dict[str, DecodeMethod]]:
     """The methods to time, baselines first: ``(order, methods)``. With several ``ks`` every method
     runs at each k and is named ``<spec>@k<k>``."""
+    options = runtime.options
+
     def make(spec: str, k: int | None = None) -> DecodeMethod:
-        return make_method(spec, module.make_criterion, module.model, k, draft, lazy=lazy, fixed_shape=fixed_shape,
-                           stop_below=stop_below)
+        return make_method(spec, module.make_criterion, runtime, k, draft, lazy=lazy, fixed_shape=options.fixed_shape,
+                           stop_below=options.stop_below)
 
     if ks is None or len(ks) == 1:
         k = ks[0] if ks else None
@@ -115,11 +92,12 @@ def build_methods(module, specs: list[str], ks: list[int] | None, draft, lazy: b
     return with_baselines(list(methods), methods, make), methods
 
 
-def bench_batch_size(module, inputs: list[torch.Tensor], batch_size: int, order: list[str],
+def bench_batch_size(module, runtime: Runtime, inputs: list[torch.Tensor], batch_size: int, order: list[str],
                      methods: dict[str, DecodeMethod], warmup: int, peers=None) -> dict:
-    """Each method's report; ``peers`` (:class:`~lightning_bpd.benchmarks.ctranslate2_peer.Peers`) decode
-    every batch after the methods, forced to greedy's output lengths (its totals: ``peers.report()``)."""
-    model = module.model
+    """Each method's report, decoding with ``runtime`` (the module's model prepared); ``peers``
+    (:class:`~lightning_bpd.benchmarks.ctranslate2_peer.Peers`) decode every batch after the methods, forced to
+    greedy's output lengths (its totals: ``peers.report()``)."""
+    model = runtime
     batches = batched(module, inputs, batch_size)
     for batch in batches[:warmup]:
         for name in order:
@@ -170,61 +148,6 @@ def bench_batch_size(module, inputs: list[torch.Tensor], batch_size: int, order:
     return report
 
 
-def add_precision_args(p: argparse.ArgumentParser) -> None:
-    """``--precision``, ``--proposal-precision`` (:func:`~lightning_bpd.nn.precision.set_inference_precision`) and
-    ``--stop-below`` (the confidence stop of :func:`~lightning_bpd.decoding.blockwise.propose`)."""
-    p.add_argument("--stop-below", type=float, default=None,
-                   help="confidence stop: a block ends before the first head whose probability of its own token "
-                        "is below this (deterministic rules; exact decoding stays exact)")
-    p.add_argument("--precision", default=None,
-                   help="decode with the model in float32, bfloat16 (fast several-row products on AVX-512-BF16 / "
-                        "AMX CPUs; exact blockwise is compared with greedy in bfloat16) float64, or float32-invariant (float32 with float64 products: the verify pass and the greedy step round alike, "
-                        "so exact decoding equals greedy even with the Gaussian image output; 1.15-1.45x a float32 decode), or "
-                        "bfloat16-invariant (bfloat16 with float64 attention), or int8 (float32 weights multiplied "
-                        "in int8 with a scale per weight row and per activation row, float64 attention: batch-"
-                        "invariant, so exact decoding equals int8 greedy; CPU) (default: as trained)")
-    p.add_argument("--proposal-precision", default=None,
-                   help="the heads propose from a copy in this precision (e.g. bfloat16; int8: a float32 copy whose "
-                        "chain links and projection multiply in int8) while verification keeps --precision: exact "
-                        "decoding stays exact")
-    p.add_argument("--screened-argmax", action="store_true",
-                   help="greedy decoding and exact verification take p_1's argmax through an int8 screen of the "
-                        "vocabulary and float64 logits of the candidates it leaves (lightning_bpd/nn/"
-                        "screened_argmax.py): the float64 logits' argmax, the same in a k-token verify pass as in a "
-                        "1-token step; CPU, float32 translation models")
-    p.add_argument("--reference-steps", action="store_true",
-                   help="run the encoder and the cached decoder steps through the reference modules instead of the "
-                        "TorchScript lean steps (lightning_bpd/nn/lean_step.py; same outputs); for timing the "
-                        "difference")
-    p.add_argument("--unfused-chain", action="store_true",
-                   help="chained heads propose through the reference links (ChainedHead.step) instead of the fused "
-                        "ones (lightning_bpd/nn/fused_chain.py); for timing the difference")
-
-
-def apply_precision_args(model, args: argparse.Namespace) -> None:
-    """What :func:`add_precision_args` asked for, applied to ``model`` (raises ValueError on what it cannot take)."""
-    set_inference_precision(model, args.precision, args.proposal_precision)
-    model.fuse_chain = not args.unfused_chain
-    for stack in (getattr(model, "encoder", None), getattr(model, "decoder", None)):
-        if stack is not None:
-            stack.lean = not args.reference_steps
-    if args.screened_argmax:
-        if not hasattr(model, "set_screened_argmax"):
-            raise ValueError(f"--screened-argmax: {type(model).__name__} has no screened argmax")
-        model.set_screened_argmax(True)
-
-
-def set_draft_vocab(module, size: int | None, text: str | None) -> None:
-    """Give a translation model a draft vocabulary of ``size`` tokens counted in the file ``text``."""
-    if size is None:
-        return
-    if text is None or not hasattr(module, "draft_vocab_from_text"):
-        raise ValueError("--draft-vocab needs a translation checkpoint and --draft-vocab-from <target-language text>")
-    from lightning_bpd.tasks.translation.text_files import read_lines
-
-    module.draft_vocab_from_text(read_lines(text), size)
-
-
 def device_name(device: torch.device | str) -> str:
     """The GPU's name, or the CPU's model name and the threads torch uses."""
     device = torch.device(device)
@@ -253,14 +176,14 @@ def main(argv: list[str] | None = None) -> dict:
     if any(b < 1 for b in args.batch_sizes) or args.inputs < 1:
         sys.exit("bench: --batch-sizes and --inputs must be >= 1")
     try:
+        options = options_from_args(args)
         module = load_model(args.ckpt, args.device)
-        apply_precision_args(module.model, args)
         set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
-        draft = load_model(args.draft, args.device).model if args.draft else None
-        if draft is not None:
-            set_inference_precision(draft, args.precision)
-        order, methods = build_methods(module, args.criteria, args.k, draft, args.lazy_verify, args.fixed_shape,
-                                       args.stop_below)
+        runtime = build_runtime(module.model, options)
+        draft = None
+        if args.draft:
+            draft = build_runtime(load_model(args.draft, args.device).model, InferenceOptions(precision=args.precision))
+        order, methods = build_methods(module, runtime, args.criteria, args.k, draft, args.lazy_verify)
         inputs = load_inputs(module, args)
         peers = Peers.build(args.peers, module)
     except (ValueError, FileNotFoundError, PeerUnavailableError) as err:
@@ -269,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"ckpt": args.ckpt, "draft": args.draft, "k": k, "device": str(module.device),
               "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(inputs),
               "lazy_verify": args.lazy_verify, "fixed_shape": args.fixed_shape, "draft_vocab": args.draft_vocab,
-              "precision": active_precision_name(module.model), "proposal_precision": args.proposal_precision,
+              "precision": runtime.precision, "proposal_precision": args.proposal_precision,
               "stop_below": args.stop_below, "fused_chain": not args.unfused_chain,
               "screened_argmax": args.screened_argmax, "lean_steps": not args.reference_steps, "batch_sizes": {}}
     if peers is not None:
@@ -280,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{'batch':>5s} {'method':18s} {'s/input':>9s} {'tok/s':>8s} {'ms/tok':>7s} {'block':>6s} {'calls':>6s} "
           f"{'ms/call':>8s} {'x base':>6s} {'speedup':>7s} {'effic.':>6s} {'=greedy/accept':>14s}")
     for bs in args.batch_sizes:
-        report = bench_batch_size(module, inputs, bs, order, methods, args.warmup, peers)
+        report = bench_batch_size(module, runtime, inputs, bs, order, methods, args.warmup, peers)
         result["batch_sizes"][str(bs)] = report
         for name, r in report.items():
             print(f"{bs:5d} {name:18s} {r['seconds_per_input_median']:9.4f} {r['tokens_per_second']:8.1f} "

@@ -16,11 +16,12 @@ import time
 
 import torch
 
-from lightning_bpd.bench import add_precision_args, apply_precision_args, set_draft_vocab
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.methods import make_method
-from lightning_bpd.nn.precision import set_inference_precision
+from lightning_bpd.evaluation import set_draft_vocab
+from lightning_bpd.inference import InferenceOptions, build_runtime
+from lightning_bpd.inference.arguments import add_draft_vocab_args, add_precision_arg
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,12 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="heads to use (default: all of the model's); with a draft, the block size (default: the model's k, >= 2)")
     p.add_argument("--draft", default=None, help="checkpoint of a draft model with the same vocabulary (for draft:<rule>)")
     p.add_argument("--seed", type=int, default=0, help="random seed of sampling methods")
-    p.add_argument("--draft-vocab", type=int, default=None,
-                   help="the heads propose only this many most frequent target tokens of --draft-vocab-from")
-    p.add_argument("--draft-vocab-from", default=None, help="target-language text (.gz allowed) to count tokens in")
+    add_draft_vocab_args(p)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    add_precision_args(p)
+    add_precision_arg(p)
     return p
 
 
@@ -60,20 +59,18 @@ def main(argv: list[str] | None = None) -> None:
         module = load_model(args.ckpt, args.device)
         if not hasattr(module, "tokenizer"):
             raise ValueError(f"{args.ckpt} is not a translation checkpoint")
-        apply_precision_args(module.model, args)
+        options = InferenceOptions(precision=args.precision)
         set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
-        draft = load_model(args.draft, args.device).model if args.draft else None
-        if draft is not None:
-            set_inference_precision(draft, args.precision)
-        method = make_method(args.criterion, parse_criterion, module.model, args.k, draft, seed=args.seed,
-                             stop_below=args.stop_below)
+        runtime = build_runtime(module.model, options)
+        draft = build_runtime(load_model(args.draft, args.device).model, options) if args.draft else None
+        method = make_method(args.criterion, parse_criterion, runtime, args.k, draft, seed=args.seed)
         sentences = read_input(args.input)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"decode: {err}")
     from lightning_bpd.tasks.translation.module import translate
 
     start = time.perf_counter()
-    texts, stats = translate(module, sentences, method, batch_size=args.batch_size)
+    texts, stats = translate(module, sentences, method, batch_size=args.batch_size, model=runtime)
     seconds = time.perf_counter() - start
     out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
     try:

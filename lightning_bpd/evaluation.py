@@ -116,3 +116,46 @@ def pad_rows(rows: Sequence[Tensor], pad_id: int) -> Tensor:
     """Single-row (1, S_i) tensors -> one (B, max S_i) tensor padded with ``pad_id``."""
     width = max(r.shape[1] for r in rows)
     return torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=pad_id) for r in rows])
+
+
+def set_draft_vocab(module: Any, size: int | None, text: str | None) -> None:
+    """Give a translation module's model a draft vocabulary of ``size`` tokens counted in the file ``text``
+    (``--draft-vocab`` / ``--draft-vocab-from`` of ``decode``, ``bench``, ``where_time_goes``), before its
+    runtime is built."""
+    if size is None:
+        return
+    if text is None or not hasattr(module, "draft_vocab_from_text"):
+        raise ValueError("--draft-vocab needs a translation checkpoint and --draft-vocab-from <target-language text>")
+    from lightning_bpd.tasks.translation.text_files import read_lines
+
+    module.draft_vocab_from_text(read_lines(text), size)
+
+
+def load_inputs(module: Any, args: Any) -> list[Tensor]:
+    """The inputs as a list of single-row source tensors (1, S)."""
+    if hasattr(module, "tokenizer"):
+        if args.input is None:
+            raise ValueError("a translation checkpoint needs --input (source sentences, one per line)")
+        from lightning_bpd.tasks.translation.text_files import read_lines
+
+        lines = [s for s in read_lines(args.input) if s.strip()][: args.inputs]
+        return [module.encode_sources([s]) for s in lines]
+    from lightning_bpd.tasks.superres.pixels import image_to_tokens
+    from lightning_bpd.tasks.superres.synthetic_faces import synthetic_split
+
+    if args.images is None:
+        low, _ = synthetic_split("val", args.inputs, 0, "runs/cache")
+    else:
+        from lightning_bpd.tasks.superres.celeba import load_split
+
+        low, _, _ = load_split(args.images, "val", "runs/cache", args.inputs)
+    return [image_to_tokens(img)[None].to(module.device) for img in low]
+
+
+def batched(module: Any, rows: list[Tensor], size: int) -> list[EvalBatch]:
+    """Single-row inputs in batches of ``size``, padded, each with the module's decode length limit."""
+    out = []
+    for start in range(0, len(rows), size):
+        src = pad_rows(rows[start : start + size], module.model.pad_id)
+        out.append(EvalBatch(src, module.max_decode_len(src)))
+    return out

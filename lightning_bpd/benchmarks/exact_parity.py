@@ -19,10 +19,11 @@ import time
 
 import torch
 
-from lightning_bpd.bench import batched, load_inputs
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.protocol import DecodeResult
-from lightning_bpd.nn.precision import PRECISIONS, inference_precision
+from lightning_bpd.evaluation import batched, load_inputs
+from lightning_bpd.inference import InferenceOptions, build_runtime
+from lightning_bpd.nn.precision import PRECISIONS
 from lightning_bpd.results import write_json
 
 
@@ -38,12 +39,12 @@ def differing_tokens(a: DecodeResult, b: DecodeResult) -> list[int]:
 
 def parity(module, inputs: list[torch.Tensor], dtypes: list[str], batch_size: int) -> dict:
     """Greedy vs exact blockwise decoding of ``inputs`` (single rows (1, S)) with the model in each dtype."""
-    model = module.model
     result = {}
     for name in dtypes:
         diffs: list[int] = []
         seconds = {"greedy": 0.0, "exact": 0.0}
-        with inference_precision(model, name), torch.no_grad():
+        model = build_runtime(module.model, InferenceOptions(precision=name))
+        with torch.no_grad():
             for batch in batched(module, inputs, batch_size):
                 start = time.perf_counter()
                 greedy = greedy_decode(model, batch.src, batch.max_len)

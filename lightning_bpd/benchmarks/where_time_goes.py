@@ -30,9 +30,15 @@ from typing import Any
 
 import torch
 
-from lightning_bpd.bench import add_precision_args, apply_precision_args, set_draft_vocab
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
-from lightning_bpd.nn.precision import active_precision_name
+from lightning_bpd.evaluation import load_inputs, set_draft_vocab
+from lightning_bpd.inference import Runtime, build_runtime
+from lightning_bpd.inference.arguments import (
+    add_draft_vocab_args,
+    add_precision_arg,
+    add_timing_args,
+    options_from_args,
+)
 from lightning_bpd.results import write_json
 
 TIMED = ("encode", "decode_step", "logits_first", "argmax_first", "logits_heads", "draft_tokens", "chain_drafts",
@@ -62,10 +68,11 @@ class TimedModel:
         return timed
 
 
-def profile(module: Any, inputs: list[torch.Tensor], k: int | None, criterion: str | None,
+def profile(module: Any, runtime: Runtime, inputs: list[torch.Tensor], k: int | None, criterion: str | None,
             stop_below: float | None = None) -> dict[str, Any]:
-    """Time one method over ``inputs`` (greedy when ``criterion`` is None; ``stop_below``: the confidence stop)."""
-    proxy = TimedModel(module.model)
+    """Time one method of ``runtime`` (the module's model prepared) over ``inputs`` (greedy when ``criterion`` is
+    None; ``stop_below``: the confidence stop)."""
+    proxy = TimedModel(runtime)
     rule = module.make_criterion(criterion) if criterion else None
     start, steps = time.perf_counter(), 0
     for src in inputs:
@@ -109,34 +116,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--k", type=int, nargs="+", default=None, help="block sizes (default: the model's k)")
     p.add_argument("--criterion", default="exact")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    add_precision_args(p)
-    p.add_argument("--draft-vocab", type=int, default=None,
-                   help="translation: the heads propose only this many most frequent target tokens of --draft-vocab-from")
-    p.add_argument("--draft-vocab-from", default=None, help="target-language text (.gz allowed) to count tokens in")
+    add_precision_arg(p)
+    add_timing_args(p)
+    add_draft_vocab_args(p)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from lightning_bpd.bench import load_inputs
     from lightning_bpd.checkpoints import load_model
 
     try:
         module = load_model(args.ckpt, "cpu")
-        apply_precision_args(module.model, args)
         set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
+        runtime = build_runtime(module.model, options_from_args(args))
         inputs = load_inputs(module, args)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"where_time_goes: {err}") from None
     ks = args.k or [module.model.k]
-    profile(module, inputs[:2], ks[0], args.criterion, args.stop_below)  # warm-up
+    profile(module, runtime, inputs[:2], ks[0], args.criterion, args.stop_below)  # warm-up
     report: dict[str, Any] = {"ckpt": args.ckpt, "inputs": len(inputs), "threads": torch.get_num_threads(),
-                              "criterion": args.criterion, "precision": active_precision_name(module.model),
+                              "criterion": args.criterion, "precision": runtime.precision,
                               "proposal_precision": args.proposal_precision, "stop_below": args.stop_below,
                               "draft_vocab": args.draft_vocab, "fused_chain": not args.unfused_chain,
                               "screened_argmax": args.screened_argmax, "lean_steps": not args.reference_steps,
-                              "methods": {"greedy": profile(module, inputs, None, None)}}
+                              "methods": {"greedy": profile(module, runtime, inputs, None, None)}}
     for k in ks:
-        report["methods"][f"{args.criterion}@k{k}"] = profile(module, inputs, k, args.criterion, args.stop_below)
+        report["methods"][f"{args.criterion}@k{k}"] = profile(module, runtime, inputs, k, args.criterion, args.stop_below)
     greedy = report["methods"]["greedy"]
     for name, r in report["methods"].items():
         if name != "greedy":

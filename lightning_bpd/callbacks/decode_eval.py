@@ -26,14 +26,8 @@ from pytorch_lightning.loggers import WandbLogger
 from lightning_bpd.decoding import Criterion, head_agreement
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 from lightning_bpd.evaluation import BatchRun, EvalBatch, MethodRun, run_batch
-from lightning_bpd.nn.precision import (
-    canonical_precision,
-    inference_precision,
-    model_dtype,
-    parse_precision,
-    precision_name,
-)
-from lightning_bpd.nn.screened_argmax import screened
+from lightning_bpd.inference import InferenceOptions, build_runtime
+from lightning_bpd.nn.precision import model_dtype, precision_name
 
 __all__ = ["BatchRun", "DecodeEval", "EvalBatch", "MethodRun", "run_decode_eval"]
 
@@ -62,11 +56,13 @@ class DecodeEvalTask(Protocol):
     # optional: def decode_eval_extras(self, batches: list[EvalBatch]) -> dict[str, float]
 
 
-def build_methods(task: DecodeEvalTask, criteria: list[str], k: int | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
-    """The methods of ``criteria`` with their baselines (greedy always), baselines first: ``(order, methods)``."""
+def build_methods(task: DecodeEvalTask, criteria: list[str], k: int | None = None,
+                  model: Any = None) -> tuple[list[str], dict[str, DecodeMethod]]:
+    """The methods of ``criteria`` with their baselines (greedy always), baselines first: ``(order, methods)``;
+    ``model``: what they decode with (default the task's model; or a runtime of it)."""
 
     def make(spec: str) -> DecodeMethod:
-        return make_method(spec, task.make_criterion, task.model, k)
+        return make_method(spec, task.make_criterion, task.model if model is None else model, k)
 
     methods = {"greedy": make("greedy"), **{spec: make(spec) for spec in criteria}}
     return with_baselines(["greedy", *criteria], methods, make), methods
@@ -76,18 +72,20 @@ Shard = dict[int, dict[str, BatchRun]]  # batch index -> method -> its run on th
 
 
 def decode_shard(task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[str], k: int | None = None,
-                 rank: int = 0, world_size: int = 1) -> Shard:
-    """Decode batches ``rank, rank + world_size, ...`` with every method (alternating per batch)."""
-    order, methods = build_methods(task, criteria, k)
+                 rank: int = 0, world_size: int = 1, model: Any = None) -> Shard:
+    """Decode batches ``rank, rank + world_size, ...`` with every method (alternating per batch) on ``model``
+    (default: the task's model; or a runtime of it, :func:`~lightning_bpd.inference.build_runtime`)."""
+    model = task.model if model is None else model
+    order, methods = build_methods(task, criteria, k, model)
     shard: Shard = {}
     for index in range(rank, len(batches), world_size):
         batch = batches[index]
         shard[index] = {}
         for name in order:
-            result, run = run_batch(methods[name], task.model, batch)
+            result, run = run_batch(methods[name], model, batch)
             shard[index][name] = run
-            if name == "greedy" and task.model.k > 1:  # what the block size measures, head by head
-                agree, scored = head_agreement(task.model, batch.src, result.tokens, result.lengths)
+            if name == "greedy" and model.k > 1:  # what the block size measures, head by head
+                agree, scored = head_agreement(model, batch.src, result.tokens, result.lengths)
                 run.agree, run.scored = agree.tolist(), scored.tolist()
     return shard
 
@@ -134,8 +132,8 @@ def summarize(task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[str
 
 
 def run_decode_eval(
-    task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[str], k: int | None = None
-) -> tuple[dict[str, float], dict[str, MethodRun]]:
+    task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[str], k: int | None = None,
+    model: Any = None) -> tuple[dict[str, float], dict[str, MethodRun]]:
     """Decode every batch with each method and its baseline (alternating per batch); return the metrics
     ``{"greedy/bleu": ..., "exact/mean_accepted_block_size": ...}`` and the raw runs.
 
@@ -143,8 +141,9 @@ def run_decode_eval(
     against ``greedy``, ``sample_t..`` rules against cached ancestral sampling at the same settings
     (``ancestral_t.._p..``), which is added and logged as well. Sampling methods also log their
     ``acceptance_rate``: the share of proposed tokens 2..k accepted (:func:`acceptance_rate`).
+    ``model``: what decodes (default the task's model; or a runtime of it).
     """
-    return summarize(task, batches, criteria, [decode_shard(task, batches, criteria, k)], k)
+    return summarize(task, batches, criteria, [decode_shard(task, batches, criteria, k, model=model)], k)
 
 
 def format_summary(metrics: dict[str, float], methods: list[str], quality_key: str) -> str:
@@ -209,9 +208,9 @@ class DecodeEval(pl.Callback):
         every_n_epochs: run while fitting every this many validation epochs.
         num_samples: rows of the logged sample table.
         quality_key: the task metric shown in the console summary.
-        precision: decode with the model cast to ``float32``, ``bfloat16`` or ``float64`` (None: as it
-            trains), or with ``int8`` products; the weights are restored bitwise afterwards
-            (:mod:`lightning_bpd.nn.precision`).
+        precision: decode a runtime of the model (:func:`~lightning_bpd.inference.build_runtime`, a snapshot
+            built at each evaluation) in ``float32``, ``bfloat16``, ``float64``, ``float32-invariant`` or ``int8``
+            (None: as it trains); the model itself is not touched.
         screened_argmax: greedy decoding and exact verification take p_1's argmax through the int8 screen
             (:mod:`lightning_bpd.nn.screened_argmax`; CPU, float32, translation models).
     """
@@ -229,9 +228,9 @@ class DecodeEval(pl.Callback):
     ) -> None:
         super().__init__()
         self.screened_argmax = screened_argmax
-        if precision is not None:
-            parse_precision(precision)  # an unknown name fails here, not after a training epoch
         self.precision = precision
+        # an unknown precision fails here, not after a training epoch
+        self.options = InferenceOptions(precision=precision, screened_argmax=screened_argmax)
         if subset < 1 or batch_size < 1 or every_n_epochs < 1 or num_samples < 0:
             raise ValueError("DecodeEval: subset, batch_size and every_n_epochs must be >= 1, num_samples >= 0")
         self.criteria = list(criteria) if criteria is not None else ["exact", "top2", "top3"]
@@ -243,14 +242,12 @@ class DecodeEval(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Refuse a screened argmax the model cannot take, or int8 decoding off the CPU, now, not at the first
         validation after training."""
-        if self.screened_argmax:
-            with screened(pl_module.model):
-                pass
-        device = getattr(getattr(trainer, "strategy", None), "root_device", None)
-        if self.precision and canonical_precision(self.precision) == "int8" and device is not None and \
-                device.type != "cpu":
-            raise ValueError(f"decode_eval.precision int8 runs on the CPU (fbgemm's int8 products); this run trains "
-                             f"on {device}: pick bfloat16 or float32 for its validation decodes")
+        if self.screened_argmax or self.options.int8:  # a runtime refuses what the model cannot take
+            device = getattr(getattr(trainer, "strategy", None), "root_device", None)
+            if self.options.int8 and device is not None and device.type != "cpu":
+                raise ValueError(f"decode_eval.precision int8 runs on the CPU (fbgemm's int8 products); this run "
+                                 f"trains on {device}: pick bfloat16 or float32 for its validation decodes")
+            build_runtime(pl_module.model, self.options)
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
@@ -269,8 +266,8 @@ class DecodeEval(pl.Callback):
         build_methods(pl_module, self.criteria)  # fail on a bad method before spending time decoding
         batches = pl_module.decode_eval_batches(stage, limit, self.batch_size)
         world, rank = trainer.world_size, trainer.global_rank
-        with inference_precision(pl_module.model, self.precision), screened(pl_module.model, self.screened_argmax):
-            shard = decode_shard(pl_module, batches, self.criteria, rank=rank, world_size=world)
+        runtime = build_runtime(pl_module.model, self.options)
+        shard = decode_shard(pl_module, batches, self.criteria, rank=rank, world_size=world, model=runtime)
         shards = gather_shards(shard, world)
         folder = Path(trainer.log_dir or trainer.default_root_dir)  # a collective under DDP: every rank asks
         if not trainer.is_global_zero:
@@ -305,8 +302,8 @@ class DecodeEval(pl.Callback):
                   "ckpt_path": str(trainer.ckpt_path) if trainer.ckpt_path else None,
                   "k": pl_module.model.k, "criteria": self.criteria, "batch_size": self.batch_size,
                   "signature": signature, "metrics": metrics,
-                  "precision": canonical_precision(self.precision) if self.precision
-                  else precision_name(model_dtype(pl_module.model)), "screened_argmax": self.screened_argmax}
+                  "precision": build_runtime_precision(self.options, pl_module.model),
+                  "screened_argmax": self.screened_argmax}
         (folder / f"decode_{stage}{suffix}.json").write_text(json.dumps(record, indent=2))
 
     def log_samples(self, trainer: pl.Trainer, pl_module: Any, stage: str, runs: dict[str, MethodRun],
@@ -324,3 +321,10 @@ class DecodeEval(pl.Callback):
         rows = [[wandb.Image(cell) if isinstance(cell, np.ndarray) else cell for cell in row] for row in rows]
         for lg in wandb_loggers:
             lg.log_table(key=f"{stage}/samples", columns=columns, data=rows)
+
+
+def build_runtime_precision(options: InferenceOptions, model: Any) -> str:
+    """The canonical name of the precision a runtime of ``model`` with ``options`` decodes in."""
+    if options.precision is not None:
+        return options.precision
+    return precision_name(model_dtype(model))

@@ -9,9 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_bpd.nn.fast_linear import linear
-from lightning_bpd.nn.invariant import attention
 from lightning_bpd.nn.kv_cache import KVCache
+from lightning_bpd.nn.products import FLOAT, Products
 
 
 def causal_mask(q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Tensor:
@@ -45,6 +44,8 @@ def padding_mask(key_valid: Tensor) -> Tensor:
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over ``n_heads`` heads with separate Q, K, V, O projections."""
 
+    products: Products = FLOAT  # how it multiplies (:mod:`~lightning_bpd.nn.products`)
+
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, *, self_attention: bool = True) -> None:
         super().__init__()
         if d_model % n_heads != 0:
@@ -66,20 +67,20 @@ class MultiHeadAttention(nn.Module):
 
     def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention: Q, K, V of ``x`` (B, T, D), each (B, T, H, Dh)."""
-        return self.split(linear(x, self.qkv_proj.weight, self.qkv_proj.bias)).chunk(3, dim=2)
+        return self.split(self.products.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)).chunk(3, dim=2)
 
     def query(self, x: Tensor) -> Tensor:
         """Cross-attention queries (B, T, H, Dh)."""
-        return self.split(linear(x, self.q_proj.weight, self.q_proj.bias))
+        return self.split(self.products.linear(x, self.q_proj.weight, self.q_proj.bias))
 
     def key_value(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention keys and values of ``memory`` (B, S, D), each (B, S, H, Dh)."""
-        k, v = self.split(linear(memory, self.kv_proj.weight, self.kv_proj.bias)).chunk(2, dim=2)
+        k, v = self.split(self.products.linear(memory, self.kv_proj.weight, self.kv_proj.bias)).chunk(2, dim=2)
         return k, v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         """q (B, T, H, Dh), k/v (B, S, H, Dh), mask broadcastable to (B, H, T, S) -> (B, T, D)."""
-        out = attention(
+        out = self.products.attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
@@ -87,7 +88,7 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
         )  # (B, H, T, Dh)
         out = out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)  # (B, T, D)
-        return linear(out, self.o_proj.weight, self.o_proj.bias)
+        return self.products.linear(out, self.o_proj.weight, self.o_proj.bias)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """Uncached self-attention of ``x`` (B, T, D) under ``mask``."""
@@ -96,8 +97,8 @@ class MultiHeadAttention(nn.Module):
     def forward_local(self, x: Tensor, window: int) -> Tensor:
         """Uncached causal sliding-window self-attention of ``x`` (B, T, D) in O(T * window)."""
         q, k, v = self.qkv(x)
-        out = local_attention(q, k, v, window, self.dropout if self.training else 0.0)
-        return linear(out.reshape(x.shape), self.o_proj.weight, self.o_proj.bias)
+        out = local_attention(q, k, v, window, self.dropout if self.training else 0.0, self.products)
+        return self.products.linear(out.reshape(x.shape), self.o_proj.weight, self.o_proj.bias)
 
 
 def attend_cached(
@@ -141,7 +142,8 @@ def cached_span(positions: Tensor, window: int | None, cache: KVCache) -> tuple[
     return (start, stop), causal_mask(positions, k_pos, window)
 
 
-def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, dropout_p: float = 0.0) -> Tensor:
+def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, dropout_p: float = 0.0,
+                    products: Products = FLOAT) -> Tensor:
     """Causal sliding-window attention over whole sequences in O(T * window), not O(T^2).
 
     q, k, v: (B, T, H, Dh) -> (B, T, H, Dh). Query t sees keys t - window + 1 .. t, exactly as
@@ -165,5 +167,5 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, dropout_p: flo
     c = torch.arange(2 * w, device=q.device)[None, :]
     mask = ((c > a) & (c <= w + a)).expand(nb, w, 2 * w).clone()  # key (i-1)*w + c for query i*w + a
     mask[0, :, :w] = False  # nothing before the first block
-    out = attention(qb, k2, v2, attn_mask=mask[None, :, None], dropout_p=dropout_p)
+    out = products.attention(qb, k2, v2, attn_mask=mask[None, :, None], dropout_p=dropout_p)
     return out.transpose(2, 3).reshape(b, nb * w, h, d)[:, :t]  # (B, T, H, Dh)

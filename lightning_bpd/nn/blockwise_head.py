@@ -17,11 +17,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.nn.fast_linear import linear
+from lightning_bpd.nn.products import FLOAT, Products
 
 
 class BlockwiseHead(nn.Module):
     """(B, T, D) -> (B, T, k, D) hidden states for p_1..p_k (before the vocabulary projection)."""
+
+    products: Products = FLOAT  # how it multiplies (:mod:`~lightning_bpd.nn.products`)
 
     def __init__(self, d_model: int, d_hidden: int, k: int, *, identity_first: bool = False, dropout: float = 0.0):
         super().__init__()
@@ -54,18 +56,18 @@ class BlockwiseHead(nn.Module):
             raise ValueError(f"heads must lie in [0, {self.k - 1}], got {heads}")
         if all(self.head_is_identity(i) for i in heads):
             return h.unsqueeze(-2).expand(*h.shape[:-1], len(heads), h.shape[-1])
-        z = self.drop(torch.relu(linear(h, self.hidden.weight, self.hidden.bias)))  # (..., k * d_hidden)
+        z = self.drop(torch.relu(self.products.linear(h, self.hidden.weight, self.hidden.bias)))  # (..., k * d_hidden)
         d = self.d_model
         if heads == list(range(self.k)):
-            delta = linear(z, self.out.weight, self.out.bias).reshape(*h.shape[:-1], self.k, d)  # (..., k, D)
+            delta = self.products.linear(z, self.out.weight, self.out.bias).reshape(*h.shape[:-1], self.k, d)  # (..., k, D)
         elif heads == list(range(heads[0], heads[-1] + 1)):  # a contiguous run: a view, no copy
             w, b = self.out.weight[heads[0] * d : (heads[-1] + 1) * d], self.out.bias[heads[0] * d : (heads[-1] + 1) * d]
-            delta = linear(z, w, b).reshape(*h.shape[:-1], len(heads), d)
+            delta = self.products.linear(z, w, b).reshape(*h.shape[:-1], len(heads), d)
         else:
             idx = torch.tensor(heads, device=h.device)
             rows = (idx[:, None] * d + torch.arange(d, device=h.device)).flatten()  # (len(heads) * D,)
             w, b = self.out.weight.index_select(0, rows), self.out.bias.index_select(0, rows)
-            delta = linear(z, w, b).reshape(*h.shape[:-1], len(heads), d)
+            delta = self.products.linear(z, w, b).reshape(*h.shape[:-1], len(heads), d)
         out = h.unsqueeze(-2) + delta
         if self.identity_first and 0 in heads:
             out = out.clone()

@@ -30,8 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.nn.fast_linear import linear
-from lightning_bpd.nn.invariant import attention
+from lightning_bpd.nn.products import FLOAT, Products
 
 
 @dataclass
@@ -52,6 +51,8 @@ class ChainCell(nn.Module):
     """One link of the chain: (z (..., D), e (..., D)) -> z + FFN([z; e]) (..., D); with a
     ``source``, z + FFN([z; e; attend(z + e, source)])."""
 
+    products: Products = FLOAT  # how it multiplies (:mod:`~lightning_bpd.nn.products`)
+
     def __init__(self, d_model: int, d_hidden: int, dropout: float = 0.0, source_attention: bool = False) -> None:
         super().__init__()
         self.z_in = nn.Linear(d_model, d_hidden)
@@ -66,6 +67,7 @@ class ChainCell(nn.Module):
             self.c_in = nn.Linear(d_model, d_hidden, bias=False)
 
     def forward(self, z: Tensor, e: Tensor, source: ChainSource | None = None) -> Tensor:
+        linear = self.products.linear
         a = linear(z, self.z_in.weight, self.z_in.bias) + linear(e, self.e_in.weight)  # (..., H)
         if self.source_attention:
             if source is None:
@@ -79,9 +81,9 @@ class ChainCell(nn.Module):
     def attend(self, x: Tensor, source: ChainSource) -> Tensor:
         """Attention of queries from x, (B, D) or (B, T, D), over the source rows (B, S, nh, dh) -> like x."""
         b, _, nh, dh = source.keys.shape
-        q = linear(x, self.query.weight, self.query.bias)
+        q = self.products.linear(x, self.query.weight, self.query.bias)
         q = (q[:, None] if x.dim() == 2 else q).reshape(b, -1, nh, dh).transpose(1, 2)  # (B, nh, T, dh)
-        out = attention(q, source.keys.transpose(1, 2), source.values.transpose(1, 2),
+        out = self.products.attention(q, source.keys.transpose(1, 2), source.values.transpose(1, 2),
                         attn_mask=source.valid[:, None, None, :])  # (B, nh, T, dh)
         out = out.transpose(1, 2).reshape(b, -1, nh * dh)  # (B, T, D)
         return out[:, 0] if x.dim() == 2 else out

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_bpd.nn.argmax import argmax
-from lightning_bpd.nn.fast_linear import linear
+from lightning_bpd.nn.products import FLOAT, Products
 
 
 def ids_from_counts(counts: Tensor, size: int, always: Iterable[int] = ()) -> Tensor:
@@ -35,6 +35,8 @@ def ids_from_counts(counts: Tensor, size: int, always: Iterable[int] = ()) -> Te
 
 class DraftVocabulary(nn.Module):
     """``size`` token ids (a buffer saved with the model) and argmaxes restricted to them."""
+
+    products: Products = FLOAT  # how it multiplies (:mod:`~lightning_bpd.nn.products`)
 
     def __init__(self, vocab_size: int, size: int) -> None:
         super().__init__()
@@ -61,7 +63,7 @@ class DraftVocabulary(nn.Module):
 
     def logits(self, h: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """Logits (..., N) of the draft tokens only, for states h (..., D) under ``weight`` (V, D)."""
-        return linear(h, *self.rows(weight, bias))
+        return self.products.linear(h, *self.rows(weight, bias))
 
     def argmax(self, h: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """Token ids (...) of the most likely draft token of states h (..., D) under ``weight`` (V, D)."""

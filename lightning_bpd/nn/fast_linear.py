@@ -18,20 +18,13 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from lightning_bpd.nn import int8, invariant
-
 MAX_ROWS = 64
 LARGE = 1 << 20  # weight entries from which 8 rows already favour (W @ x.T).T
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``: (..., in) -> (..., out). Inside
-    :func:`~lightning_bpd.nn.invariant.batch_invariant`: accumulated in float64, batch-invariant; with int8
-    products on (:mod:`~lightning_bpd.nn.int8`): int8 weights and per-row int8 activations, batch-invariant."""
-    if int8.is_active(x):
-        return int8.linear(x, weight, bias)
-    if invariant.is_active(x):
-        return invariant.linear(x, weight, bias)
+    """``F.linear(x, weight, bias)``: (..., in) -> (..., out), the plain products of
+    :data:`~lightning_bpd.nn.products.FLOAT` (other kinds: :mod:`lightning_bpd.inference.products`)."""
     rows = x.numel() // max(1, x.shape[-1])
     if torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32 or rows > MAX_ROWS or rows < (
             8 if weight.numel() >= LARGE else 16):

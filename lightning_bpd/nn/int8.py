@@ -19,16 +19,14 @@ CTranslate2's int8 (per-row activation scales, per-channel weight scales). :func
 the first construction of the same product (two constant columns +1, -1 appended so that the dynamic product
 picks that grid), kept as the check that the fixed grid is fbgemm's.
 
-Weights stay float32 in the model: the packed copies are made once per weight (rebuilt when its in-place
-version changes) and kept while the mode is on. ``precision int8`` turns it on for ``decode``, ``bench`` and
-the validation callback; :func:`reference_linear` is the slow, obviously correct version the tests compare.
+Weights stay float32 in the model: an int8 runtime (:class:`~lightning_bpd.inference.products.Int8Products`,
+precision ``int8`` of ``decode``, ``bench`` and the validation callback) packs its own copy of every weight once,
+when it is built; :func:`reference_linear` is the slow, obviously correct version the tests compare.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -71,11 +69,6 @@ def int8_linear(x: Tensor, packed: object, out_features: int) -> Tensor:
 
 UNIT_SCALE = 2.0 / 127  # fbgemm's 7-bit activation grid of [-1, 1] (scale, zero point)
 UNIT_ZERO_POINT = 64  # (row_int8 spells both out)
-
-_state = {"on": False}
-_packed: dict[int, tuple[tuple, RowInt8]] = {}  # id(weight) -> ((weight, bias, their versions), packed)
-MAX_PACKED = 512  # packed copies kept (weights made per call would otherwise pile up)
-
 
 class RowInt8:
     """``F.linear(x, weight, bias)`` with int8 weights (per output row) and int8 activations (per input row)."""
@@ -131,53 +124,3 @@ def reference_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> T
         rows.append((q_w @ q_x) * w_scale * step * scale)
     out = torch.stack(rows).reshape(*x.shape[:-1], w.shape[0])
     return out if bias is None else out + bias.double()
-
-
-def enabled() -> bool:
-    """Whether int8 products are on (:func:`int8_products` or :func:`set_int8`)."""
-    return _state["on"]
-
-
-def is_active(x: Tensor) -> bool:
-    """Whether a product of ``x`` is to run in int8 now (float32 inference on CPU)."""
-    return _state["on"] and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled()
-
-
-def set_int8(on: bool) -> None:
-    """Switch int8 products on (or off) for the rest of the process (``decode``, ``bench``)."""
-    if on and not available():
-        raise ValueError("precision int8 needs torch's fbgemm/x86 quantized engine (CPU); this build has "
-                         f"{torch.backends.quantized.supported_engines}")
-    _state["on"] = on
-    if not on:
-        _packed.clear()
-
-
-@contextmanager
-def int8_products(on: bool = True) -> Iterator[None]:
-    """int8 products for the ``with`` block (``on=False``: a no-op)."""
-    before = _state["on"]
-    set_int8(before or on)
-    try:
-        yield
-    finally:
-        set_int8(before)
-
-
-def packed(weight: Tensor, bias: Tensor | None) -> RowInt8:
-    """The packed copy of ``weight`` and ``bias``, made once while both are unchanged (same tensors, same
-    in-place versions)."""
-    made_from = (weight, bias, weight._version, None if bias is None else bias._version)
-    hit = _packed.get(id(weight))
-    if hit is not None and hit[0][0] is weight and hit[0][1] is bias and hit[0][2:] == made_from[2:]:
-        return hit[1]
-    if len(_packed) >= MAX_PACKED:
-        _packed.clear()
-    made = RowInt8(weight, bias)
-    _packed[id(weight)] = (made_from, made)
-    return made
-
-
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear`` through :class:`RowInt8` (the bias is taken with the weight when it is first packed)."""
-    return packed(weight, bias)(x)

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from lightning_bpd.nn.fast_linear import linear
+from lightning_bpd.nn.products import FLOAT, Products
 
 RESERVED = 2  # hidden coordinates (the last ones) that carry the prior's coefficients
 MAX_LOG_WIDTH = 2.0  # |rho|: the predicted width stays within exp(+-2) of the prior's
@@ -41,6 +41,8 @@ OUTSIDE = 4.0  # u^2 of ids that are no intensity (u^2 <= 1 for every intensity)
 class IntensityPrior(nn.Module):
     """The prior's learned precision and fixed intensity features for a vocabulary of ``vocab_size`` ids,
     of which ``levels`` intensities start at id ``offset``; ``sigma``: its initial width in intensity levels."""
+
+    products: Products = FLOAT  # how it multiplies (:mod:`~lightning_bpd.nn.products`)
 
     def __init__(self, vocab_size: int, offset: int, levels: int, sigma: float, d_model: int | None = None,
                  gaussian: bool = False) -> None:
@@ -83,7 +85,7 @@ class IntensityPrior(nn.Module):
         weight, bias = (self.adapt.weight, self.adapt.bias) if shift is None else shift
         rest = hidden[..., :-RESERVED]  # (B, T, D - 2)
         centre = centre.to(hidden.dtype)
-        delta, rho = linear(rest, weight, bias).unbind(-1)  # (B, T) each
+        delta, rho = self.products.linear(rest, weight, bias).unbind(-1)  # (B, T) each
         scale = torch.exp(-2 * rho.clamp(-MAX_LOG_WIDTH, MAX_LOG_WIDTH))  # precision relative to the prior's
         return torch.cat([rest, torch.stack([(centre + delta) * scale, -0.5 * scale], dim=-1)], dim=-1)
 

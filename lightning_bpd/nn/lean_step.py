@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_bpd.nn import int8, invariant
+from lightning_bpd.nn import int8
 from lightning_bpd.nn.fast_linear import LARGE, MAX_ROWS
+from lightning_bpd.nn.products import Products
 
 assert LARGE == 1048576, "lean_step's layout_linear spells fast_linear's LARGE out"
 
@@ -204,32 +205,31 @@ def listed(stack: torch.nn.Module, lister) -> tuple[list[Tensor], list[Tensor]]:
     return made
 
 
-def layouts(x: Tensor, weights: list[Tensor]) -> tuple[list[bool], list]:
+def layouts(x: Tensor, weights: list[Tensor], products: Products) -> tuple[list[bool], list]:
     """For a call on x: :func:`layout_linear`'s layout flags (:func:`column_layouts`), and the packed int8 weights of
-    every (weight, bias) pair when int8 products are on (else empty)."""
-    packed = [int8.packed(weights[j], weights[j + 1]).packed for j in range(0, len(weights), 2)] if int8.enabled() \
-        else []
-    return column_layouts(x), packed
+    every (weight, bias) pair when ``products`` are int8 (else empty)."""
+    return column_layouts(x), products.lean_int8_weights(x, weights)
 
 
 def encode(encoder: torch.nn.Module, x: Tensor, mask: Tensor) -> Tensor:
     """:meth:`Encoder.forward` through :func:`lean_encoder`."""
     weights, norms = listed(encoder, encoder_tensors)
-    by_columns, packed = layouts(x, weights)
+    by_columns, packed = layouts(x, weights, encoder.products)
     return lean_encoder(x, mask, weights, norms, encoder.layers[0].attn.n_heads, by_columns, packed)
 
 
 def step(decoder: torch.nn.Module, x: Tensor, context, cache, positions: Tensor, stop: int,
          cross_bias: Tensor) -> Tensor:
     """:meth:`Decoder.step`'s work (after its checks) through :func:`lean_decoder_step`; the caller advances
-    the cache. With int8 products on (:mod:`lightning_bpd.nn.int8`) the products take their packed weights."""
+    the cache. With int8 products (``decoder.products``) the products take their packed weights."""
+    products = decoder.products
     weights, norms = listed(decoder, decoder_tensors)
-    by_columns, packed = layouts(x, weights)
+    by_columns, packed = layouts(x, weights, products)
     low, high = cache.length_bounds()
     ring, window = cache.ring or 0, decoder.window or 0
     span_start = 0 if ring or not window else max(0, low - window + 1)  # cached_span's
-    wide_weights = [invariant.wide(w) for w in weights] if invariant.is_active(x) and not packed else []
-    wide_attention = (invariant.enabled() or int8.enabled()) and x.dtype in invariant.WIDENED
+    wide_weights = [] if packed else products.lean_wide_weights(x, weights)
+    wide_attention = products.widens_attention(x)
     return lean_decoder_step(x, cache.k, cache.v, positions, low if low == high and not ring else -1, stop, weights,
                              norms, [k for k, _ in context.cross_kv], [v for _, v in context.cross_kv], cross_bias,
                              decoder.n_heads, by_columns, packed, span_start, ring, window, wide_weights,

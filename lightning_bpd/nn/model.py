@@ -19,7 +19,6 @@ from lightning_bpd.nn.argmax import argmax
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.draft_vocab import DraftVocabulary
-from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.fused_chain import FusedChain
 from lightning_bpd.nn.image_chain import image_chain_links_scripted
 from lightning_bpd.nn.int8 import available as int8_available
@@ -29,6 +28,7 @@ from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.pixel_neighbours import PixelNeighbours
 from lightning_bpd.nn.positions import ImageGrid, build_positions, raster_coordinates
 from lightning_bpd.nn.precision import parse_precision
+from lightning_bpd.nn.products import FLOAT, Products
 from lightning_bpd.nn.screened_argmax import ScreenedArgmax
 from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
 
@@ -299,6 +299,8 @@ class BlockwiseTransformer(nn.Module):
     """Encoder + decoder + :class:`BlockwiseHead`, with the vocabulary projection tied to the target
     embedding (or its own layer). Embeddings are N(0, d^-1/2) and scaled by sqrt(d) on input."""
 
+    products: Products = FLOAT  # how the vocabulary projection multiplies (:mod:`~lightning_bpd.nn.products`)
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c = self.config = config
@@ -536,7 +538,7 @@ class BlockwiseTransformer(nn.Module):
     # ---- heads ---------------------------------------------------------------------------------
     def project(self, h: Tensor) -> Tensor:
         """Vocabulary projection (:meth:`output_layer`): (..., D) -> (..., V)."""
-        return linear(h, *self.output_layer())
+        return self.products.linear(h, *self.output_layer())
 
     def logits_first(self, h: Tensor) -> Tensor:
         """p_1 logits, the scoring model: (..., D) -> (..., V)."""
@@ -670,7 +672,7 @@ class BlockwiseTransformer(nn.Module):
         if self.proposal is not None and self.proposal.int8:
             logits = self.proposal.int8_logits(states, self.draft_vocab)  # (..., N or V)
         elif self.draft_vocab is None:
-            logits = linear(states, weight, bias)  # (..., V)
+            logits = self.products.linear(states, weight, bias)  # (..., V)
         else:
             logits = self.draft_vocab.logits(states, weight, bias)  # (..., N)
         best = argmax(logits)
@@ -736,7 +738,7 @@ class BlockwiseTransformer(nn.Module):
         if int8:  # link by link (no token tables, or a dtype the scripted chains do not take)
             project = lambda z: int8_linear(z, packed, rows.shape[0])
         else:
-            project = lambda z: linear(z, rows, row_bias)
+            project = lambda z: self.products.linear(z, rows, row_bias)
         z, token, out = h.to(weight.dtype), first, []
         for i in range(1, k):
             z = fused.step(z, token, i, source)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.nn import int8, invariant, lean_step
+from lightning_bpd.nn import lean_step
 from lightning_bpd.nn.attention import (
     MultiHeadAttention,
     additive,
@@ -22,8 +22,8 @@ from lightning_bpd.nn.attention import (
     causal_mask,
     padding_mask,
 )
-from lightning_bpd.nn.fast_linear import linear
 from lightning_bpd.nn.kv_cache import KVCache
+from lightning_bpd.nn.products import FLOAT, Products
 
 # Slots a ring cache keeps beyond the window: the most tokens one cached call may write (k <= 16).
 RING_MARGIN = 32
@@ -62,20 +62,23 @@ class EncoderContext:
 
 def lean_applies(stack: nn.Module, x: Tensor, invariant_ok: bool = False) -> bool:
     """Whether an encoder or decoder may run ``x`` through :mod:`~lightning_bpd.nn.lean_step`: inference
-    (eval mode, no gradients), outside the float64 products unless ``invariant_ok`` (the decoder step takes
-    them), and int8 products only for float32 on CPU."""
+    (eval mode, no gradients), with products the lean encoder takes unless ``invariant_ok`` (the decoder step
+    takes float64 ones too), and that apply to ``x`` (int8: float32 on CPU)."""
+    products = stack.products
     return (stack.lean and not stack.training and not torch.is_grad_enabled()
-            and (invariant_ok or not invariant.enabled())
-            and (not int8.enabled() or x.dtype == torch.float32 and x.device.type == "cpu"))
+            and (invariant_ok or products.lean_encoder) and products.applies(x))
 
 
 class FeedForward(nn.Module):
+    products: Products = FLOAT  # how it multiplies (:mod:`~lightning_bpd.nn.products`)
+
     def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
 
     def forward(self, x: Tensor) -> Tensor:
         first, _, drop, second = self.net  # Dropout is the identity in eval mode
+        linear = self.products.linear
         return linear(drop(torch.relu(linear(x, first.weight, first.bias))), second.weight, second.bias)
 
 
@@ -95,6 +98,8 @@ class EncoderLayer(nn.Module):
 
 class Encoder(nn.Module):
     """(B, S, D) embedded source, (B, S) validity -> (B, S, D) memory."""
+
+    products: Products = FLOAT  # what the lean path multiplies with (its layers hold their own)
 
     def __init__(self, n_layers: int, d_model: int, n_heads: int, d_ff: int, dropout: float) -> None:
         super().__init__()
@@ -128,6 +133,8 @@ class DecoderLayer(nn.Module):
 
 class Decoder(nn.Module):
     """Embedded target inputs (B, T, D) + encoder context -> hidden states (B, T, D)."""
+
+    products: Products = FLOAT  # what the lean step multiplies with (its layers hold their own)
 
     def __init__(
         self, n_layers: int, d_model: int, n_heads: int, d_ff: int, dropout: float, window: int | None = None

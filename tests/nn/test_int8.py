@@ -4,18 +4,12 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
+from lightning_bpd.inference import InferenceOptions, build_runtime
+from lightning_bpd.inference.products import Int8Products
 from lightning_bpd.nn import int8
-from lightning_bpd.nn.fast_linear import linear
-from lightning_bpd.nn.precision import active_precision_name, inference_precision, set_inference_precision
 from tests.models import float32_model, random_model, random_sources
 
 pytestmark = pytest.mark.skipif(not int8.available(), reason="no fbgemm/x86 quantized engine")
-
-
-@pytest.fixture(autouse=True)
-def int8_off():
-    yield
-    int8.set_int8(False)
 
 
 def rows_of_many_scales(n: int = 40, d: int = 64, seed: int = 0) -> torch.Tensor:
@@ -67,18 +61,19 @@ def test_a_row_gives_the_same_result_alone_and_in_any_batch():
     assert torch.equal(layer(x.view(5, 8, 64)).view(40, 200), alone)
 
 
-def test_linear_takes_int8_inside_the_mode_only_and_repacks_changed_weights():
+def test_int8_products_pack_at_build_time_and_take_float32_inference_only():
     lin = torch.nn.Linear(64, 30)
     x = rows_of_many_scales(8)
+    products = Int8Products().prepare(lin)
+    assert products.row_int8(lin.weight, lin.bias) is products.row_int8(lin.weight, lin.bias)  # packed once
     with torch.no_grad():
-        plain = linear(x, lin.weight, lin.bias)
-        with int8.int8_products():
-            eight = linear(x, lin.weight, lin.bias)
-            assert torch.equal(eight, int8.RowInt8(lin.weight, lin.bias)(x))
-            lin.weight.mul_(2)  # in place: the packed copy is stale
-            assert torch.equal(linear(x, lin.weight, lin.bias), int8.RowInt8(lin.weight, lin.bias)(x))
-        assert not int8.enabled()
-        torch.testing.assert_close(linear(x, lin.weight, lin.bias), torch.nn.functional.linear(x, lin.weight, lin.bias))
+        eight = products.linear(x, lin.weight, lin.bias)
+        assert torch.equal(eight, int8.RowInt8(lin.weight, lin.bias)(x))
+        other = torch.nn.Linear(64, 30)  # not what it was built from: packed per call
+        assert torch.equal(products.linear(x, other.weight, other.bias), int8.RowInt8(other.weight, other.bias)(x))
+        assert torch.equal(products.linear(x.double(), lin.weight.double()), x.double() @ lin.weight.double().t())
+    plain = products.linear(x, lin.weight, lin.bias)  # with gradients: plain float32
+    torch.testing.assert_close(plain, torch.nn.functional.linear(x, lin.weight, lin.bias))
     assert not torch.equal(plain, eight)
 
 
@@ -88,8 +83,8 @@ def test_exact_equals_int8_greedy_by_construction(head_type):
     model.eos_id = 5
     src = random_sources(8, vocab=40, seed=4)
     float32 = greedy_decode(model, src, 24).sequences()
-    set_inference_precision(model, "int8")
-    assert active_precision_name(model) == "int8"
+    model = build_runtime(model, InferenceOptions(precision="int8"))
+    assert model.precision == "int8"
     greedy = greedy_decode(model, src, 24).sequences()
     out = blockwise_decode(model, src, Exact(), 24)
     assert out.sequences() == greedy
@@ -97,22 +92,10 @@ def test_exact_equals_int8_greedy_by_construction(head_type):
     assert out.mean_accepted_block_size > 1.2
     same = sum(a == b for r, s in zip(greedy, float32) for a, b in zip(r, s)) / sum(len(r) for r in float32)
     assert same > 0.5  # the same model, rounded: mostly the same tokens
-    set_inference_precision(model, "float32")
-    assert not int8.enabled() and active_precision_name(model) == "float32"
-
-
-def test_inference_precision_int8_is_scoped():
-    model = random_model(k=2, vocab=40).float()
-    with inference_precision(model, "int8"):
-        assert int8.enabled() and active_precision_name(model) == "int8"
-    assert not int8.enabled()
 
 
 def test_int8_is_refused_for_a_model_off_the_cpu():
     model = random_model(k=2, vocab=40).float()
     model.to("meta")  # any device other than the CPU
     with pytest.raises(ValueError, match="precision int8 runs on the CPU"):
-        set_inference_precision(model, "int8")
-    with pytest.raises(ValueError, match="precision int8 runs on the CPU"), inference_precision(model, "int8"):
-        pass
-    assert not int8.enabled()
+        build_runtime(model, InferenceOptions(precision="int8"))

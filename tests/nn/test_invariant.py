@@ -5,34 +5,31 @@ import torch
 from torch.nn import functional as F
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
-from lightning_bpd.nn import invariant
-from lightning_bpd.nn.fast_linear import linear
-from lightning_bpd.nn.precision import (
-    active_precision_name,
-    canonical_precision,
-    inference_precision,
-    parse_precision,
-    set_inference_precision,
-)
+from lightning_bpd.inference import InferenceOptions, build_runtime
+from lightning_bpd.inference.products import WideProducts
+from lightning_bpd.nn.precision import canonical_precision, parse_precision
+from lightning_bpd.nn.products import FLOAT
 from lightning_bpd.tasks.superres.module import SuperResolutionModule
 
 
 def test_products_of_one_row_and_of_many_rows_agree_bit_for_bit():
-    """Inside the context a row's product and attention do not depend on how many rows came with it."""
+    """With float64-accumulated products a row's product and attention do not depend on how many rows came with
+    it."""
     g = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(24, 128, generator=g), torch.randn(512, 128, generator=g) / 11, torch.randn(512, generator=g)
     q, k, v = (torch.randn(1, 4, n, 32, generator=g) for n in (8, 208, 208))
     mask = torch.ones(8, 208, dtype=torch.bool).tril(200)  # query j sees keys 0..200 + j
-    with torch.no_grad(), invariant.batch_invariant():
-        many = linear(x, w, b)
+    wide = WideProducts()
+    with torch.no_grad():
+        many = wide.linear(x, w, b)
         for n in (1, 3, 8, 16, 24):
-            assert torch.equal(linear(x[:n], w, b), many[:n])
+            assert torch.equal(wide.linear(x[:n], w, b), many[:n])
         assert many.dtype == torch.float32
-        att = invariant.attention(q, k, v, attn_mask=mask)
+        att = wide.attention(q, k, v, attn_mask=mask)
         for j in range(8):
-            one = invariant.attention(q[:, :, j : j + 1], k[:, :, : 201 + j], v[:, :, : 201 + j])
+            one = wide.attention(q[:, :, j : j + 1], k[:, :, : 201 + j], v[:, :, : 201 + j])
             assert torch.equal(one, att[:, :, j : j + 1])
-    assert not invariant._state["on"] and not invariant._wide
+    assert torch.equal(wide.linear(x, w, b), F.linear(x, w, b))  # with gradients: plain float32 products
     torch.testing.assert_close(many, F.linear(x, w, b))  # the same function, rounded differently at most
 
 
@@ -43,23 +40,26 @@ def test_bfloat16_attention_is_taken_in_float64_and_products_stay_bfloat16():
     q, k, v = (torch.randn(2, 4, n, 16, generator=g).bfloat16() for n in (8, 40, 40))
     mask = torch.ones(8, 40, dtype=torch.bool).tril(32)
     x, w = torch.randn(3, 16, generator=g).bfloat16(), torch.randn(5, 16, generator=g).bfloat16()
-    with torch.no_grad(), invariant.batch_invariant():
-        att = invariant.attention(q, k, v, attn_mask=mask)
+    wide = WideProducts()
+    with torch.no_grad():
+        att = wide.attention(q, k, v, attn_mask=mask)
         assert att.dtype == torch.bfloat16
         for j in range(8):
-            assert torch.equal(invariant.attention(q[:, :, j : j + 1], k[:, :, : 33 + j], v[:, :, : 33 + j]),
+            assert torch.equal(wide.attention(q[:, :, j : j + 1], k[:, :, : 33 + j], v[:, :, : 33 + j]),
                                att[:, :, j : j + 1])
-        assert not invariant.is_active(x) and torch.equal(linear(x, w), F.linear(x, w))
+        assert not wide.active(x) and torch.equal(wide.linear(x, w), F.linear(x, w))
 
 
-def test_a_parameter_changed_in_place_gets_a_new_float64_copy():
+def test_the_float64_copies_are_made_when_the_products_are_built():
+    """A runtime is a snapshot: its float64 copies are taken at build time, and a weight it was not built from is
+    widened per call."""
     layer = torch.nn.Linear(4, 3)
     x = torch.randn(2, 4)
-    with torch.no_grad(), invariant.batch_invariant():
-        before = linear(x, layer.weight, layer.bias)
-        layer.weight.mul_(2.0)
-        after = linear(x, layer.weight, layer.bias)
-    torch.testing.assert_close(after - layer.bias, 2 * (before - layer.bias))
+    wide = WideProducts().prepare(layer)
+    assert wide.widened(layer.weight).dtype == torch.float64 and wide.widened(layer.weight) is wide.widened(layer.weight)
+    other = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(wide.linear(x, other.weight, other.bias), other(x))
 
 
 def image_model() -> torch.nn.Module:
@@ -80,12 +80,13 @@ def test_exact_decoding_of_gaussian_images_equals_greedy_in_float32_invariant(on
     blockwise output is greedy's on every face. Plain float32 drifts on some faces (the hardware test below)."""
     model = image_model()
     src = torch.randint(3, 259, (4, 192), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad(), inference_precision(model, "float32-invariant"):
-        assert active_precision_name(model) == "float32-invariant"
-        greedy = greedy_decode(model, src, 1536)
-        exact = blockwise_decode(model, src, Exact(), 1536)
+    runtime = build_runtime(model, InferenceOptions(precision="float32-invariant"))
+    assert runtime.precision == "float32-invariant"
+    with torch.no_grad():
+        greedy = greedy_decode(runtime, src, 1536)
+        exact = blockwise_decode(runtime, src, Exact(), 1536)
     assert torch.equal(exact.tokens, greedy.tokens)
-    assert active_precision_name(model) == "float32" and next(model.parameters()).dtype == torch.float32
+    assert all(getattr(m, "products", FLOAT) is FLOAT for m in model.modules()) and next(model.parameters()).dtype == torch.float32
 
 
 @pytest.mark.hardware
@@ -100,20 +101,12 @@ def test_plain_float32_exact_decoding_drifts_from_greedy_on_these_cpus(one_threa
     assert not torch.equal(exact.tokens, greedy.tokens)
 
 
-def test_precision_names_and_the_process_wide_switch():
+def test_precision_names():
     assert canonical_precision("fp32i") == canonical_precision("FLOAT32-INVARIANT") == "float32-invariant"
     assert canonical_precision("bf16i") == "bfloat16-invariant" and parse_precision("bf16i") == torch.bfloat16
     assert parse_precision("fp32i") == torch.float32
     with pytest.raises(ValueError, match="unknown precision 'fp16'"):
         canonical_precision("fp16")
-    model = torch.nn.Linear(2, 2)
-    try:
-        set_inference_precision(model, "float32-invariant")
-        assert active_precision_name(model) == "float32-invariant"
-        set_inference_precision(model, "float32")
-        assert active_precision_name(model) == "float32"
-    finally:
-        invariant.set_batch_invariant(False)
 
 
 def test_a_model_in_bfloat16_invariant_decodes_exactly_like_its_greedy(one_thread):
@@ -122,9 +115,10 @@ def test_a_model_in_bfloat16_invariant_decodes_exactly_like_its_greedy(one_threa
     model = random_model(k=3, seed=4).float()
     model.eos_id = 5
     src = random_sources(6, seed=3)
-    with torch.no_grad(), inference_precision(model, "bfloat16-invariant"):
-        assert active_precision_name(model) == "bfloat16-invariant" and next(model.parameters()).dtype == torch.bfloat16
-        greedy = greedy_decode(model, src, 20)
-        exact = blockwise_decode(model, src, Exact(), 20)
+    runtime = build_runtime(model, InferenceOptions(precision="bfloat16-invariant"))
+    assert runtime.precision == "bfloat16-invariant" and next(runtime.model.parameters()).dtype == torch.bfloat16
+    with torch.no_grad():
+        greedy = greedy_decode(runtime, src, 20)
+        exact = blockwise_decode(runtime, src, Exact(), 20)
     assert torch.equal(exact.tokens, greedy.tokens) and torch.equal(exact.lengths, greedy.lengths)
-    assert next(model.parameters()).dtype == torch.float32 and not invariant._state["on"]
+    assert next(model.parameters()).dtype == torch.float32

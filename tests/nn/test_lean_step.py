@@ -1,10 +1,15 @@
 """The scripted decoder step against :meth:`Decoder.step`, its reference: bitwise the same."""
 
+import copy
+
 import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
-from lightning_bpd.nn import int8, invariant
+from lightning_bpd.inference import InferenceOptions, build_runtime
+from lightning_bpd.inference.products import Int8Products, WideProducts
+from lightning_bpd.inference.runtime import with_products
+from lightning_bpd.nn import int8
 from lightning_bpd.nn.transformer import lean_applies
 from tests.models import random_model, random_sources
 
@@ -71,10 +76,10 @@ def test_lean_windowed_steps_equal_the_reference_bitwise(precision, ring):
     chunks = [torch.randint(3, 30, (3, t), generator=g) for t in sizes]
     crops = [None, None, [4, 6, 5], None, [20, 22, 18] if ring else [9, 11, 12], None, None, None, None, None]
     capacity = 90 if ring else 30  # a ring when the capacity exceeds window + RING_MARGIN
-    with invariant.batch_invariant(precision == "float32-invariant"):
-        assert (model.new_cache(3, capacity).ring is not None) == ring
-        lean = run_steps(model, src, chunks, crops, lean=True, capacity=capacity)
-        ref = run_steps(model, src, chunks, crops, lean=False, capacity=capacity)
+    runs = build_runtime(model, InferenceOptions(precision=precision)).model
+    assert (runs.new_cache(3, capacity).ring is not None) == ring
+    lean = run_steps(runs, src, chunks, crops, lean=True, capacity=capacity)
+    ref = run_steps(runs, src, chunks, crops, lean=False, capacity=capacity)
     for a, b in zip(lean, ref):
         assert torch.equal(a, b)
     if precision == "float32-invariant":  # and the float64 products were taken (plain float32 rounds differently)
@@ -88,14 +93,13 @@ def test_the_reference_keeps_what_the_lean_step_does_not_take():
         plain = random_model(k=2, vocab=30)
         cache = plain.new_cache(1, 40)
         assert plain.decoder.lean_applies(x, cache)
-        with invariant.batch_invariant():
-            assert plain.decoder.lean_applies(x, cache)  # the step takes the float64 products
-            assert not plain.encoder.lean or not lean_applies(plain.encoder, x)  # the encoder does not
+        wide = with_products(copy.deepcopy(plain), WideProducts())
+        assert wide.decoder.lean_applies(x, cache)  # the step takes the float64 products
+        assert not lean_applies(wide.encoder, x)  # the encoder does not
         if int8.available():
-            with int8.int8_products():
-                assert not plain.decoder.lean_applies(x, cache)  # int8 products of a float64 model
-                assert plain.decoder.lean_applies(x.float(), plain.float().new_cache(1, 40))  # float32: lean too
-            plain.double()
+            eight = with_products(copy.deepcopy(plain), Int8Products())
+            assert not eight.decoder.lean_applies(x, cache)  # int8 products of a float64 model
+            assert eight.decoder.lean_applies(x.float(), eight.float().new_cache(1, 40))  # float32: lean too
         cache.make_static()
         assert not plain.decoder.lean_applies(x, cache)
     assert not plain.decoder.lean_applies(x, plain.new_cache(1, 40))  # gradients on: training
@@ -109,9 +113,9 @@ def test_lean_int8_steps_equal_the_int8_reference_bitwise():
     g = torch.Generator().manual_seed(8)
     chunks = [torch.randint(3, 30, (3, t), generator=g) for t in (1, 4, 1, 2)]
     crops = [None, [4, 3, 5], None, None]
-    with int8.int8_products():
-        lean = run_steps(model, src, chunks, crops, lean=True)
-        ref = run_steps(model, src, chunks, crops, lean=False)
+    runs = build_runtime(model, InferenceOptions(precision="int8")).model
+    lean = run_steps(runs, src, chunks, crops, lean=True)
+    ref = run_steps(runs, src, chunks, crops, lean=False)
     plain = run_steps(model, src, chunks, crops, lean=True)
     for a, b, c in zip(lean, ref, plain):
         assert torch.equal(a, b) and not torch.equal(a, c)
@@ -124,7 +128,8 @@ def test_lean_encoder_equals_the_reference_bitwise(precision):
     model = random_model(k=2, vocab=30, seed=9)
     model = model.double() if precision == "float64" else model.float()
     src = random_sources(20, vocab=30, seed=9)  # padded rows; 20 rows of up to 9: every product layout
-    with torch.no_grad(), int8.int8_products(precision == "int8"):
+    model = build_runtime(model, InferenceOptions(precision=precision)).model
+    with torch.no_grad():
         lean = model.encode(src)
         model.encoder.lean = False
         ref = model.encode(src)

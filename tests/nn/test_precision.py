@@ -4,9 +4,10 @@ import torch.nn.functional as F
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.blockwise import chain_tokens
+from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.nn import int8
 from lightning_bpd.nn.fast_linear import linear
-from lightning_bpd.nn.precision import inference_precision, model_dtype, parse_precision, set_inference_precision
+from lightning_bpd.nn.precision import model_dtype, parse_precision
 from tests.models import float32_model, random_model, random_sources
 
 
@@ -31,15 +32,14 @@ def test_bfloat16_products_are_batch_invariant(shape):
         assert torch.equal(linear(x[:n], w, b), one[:n]), n
 
 
-def test_inference_precision_casts_and_restores_bitwise():
+def test_a_runtime_casts_its_snapshot_and_leaves_the_model_bitwise():
     model = random_model(k=3).float()
     before = {n: t.clone() for n, t in model.state_dict().items()}
-    with inference_precision(model, "bfloat16") as m:
-        assert model_dtype(m) == torch.bfloat16
+    runtime = build_runtime(model, InferenceOptions(precision="bfloat16"))
+    assert model_dtype(runtime.model) == torch.bfloat16 and runtime.precision == "bfloat16"
     after = model.state_dict()
     assert all(torch.equal(before[n], after[n]) and after[n].dtype == before[n].dtype for n in before)
-    with inference_precision(model, None):
-        assert model_dtype(model) == torch.float32
+    assert model_dtype(build_runtime(model).model) == torch.float32
 
 
 @pytest.mark.parametrize("head_type", ["paper", "chained", "chained_attn"])
@@ -52,7 +52,7 @@ def test_exact_equals_greedy_in_bfloat16(head_type):
     with torch.no_grad():
         model.tgt_embed.weight.mul_(30)  # wide logit margins
     model.eos_id = 5
-    set_inference_precision(model, "bf16")
+    model = build_runtime(model, InferenceOptions(precision="bf16"))
     src = random_sources(8, vocab=40, seed=4)
     greedy = greedy_decode(model, src, 24)
     assert blockwise_decode(model, src, Exact(), 24).sequences() == greedy.sequences()
@@ -66,13 +66,13 @@ def test_bfloat16_proposals_keep_float32_decoding_exact(head_type):
     src = random_sources(8, vocab=40, seed=6)
     greedy = greedy_decode(model, src, 24).sequences()
     full = blockwise_decode(model, src, Exact(), 24)
-    set_inference_precision(model, proposals="bfloat16")
-    assert model.proposal is not None and model_dtype(model) == torch.float32
-    assert not any("proposal" in name for name in model.state_dict())
-    cheap = blockwise_decode(model, src, Exact(), 24)
+    runtime = build_runtime(model, InferenceOptions(proposal_precision="bfloat16"))
+    assert runtime.model.proposal is not None and model_dtype(runtime.model) == torch.float32
+    assert model.proposal is None  # the model keeps its own proposals
+    assert not any("proposal" in name for name in runtime.model.state_dict())
+    cheap = blockwise_decode(runtime, src, Exact(), 24)
     assert cheap.sequences() == full.sequences() == greedy
-    model.set_proposal_precision("float32")  # the model's own precision: no copy
-    assert model.proposal is None
+    assert build_runtime(model, InferenceOptions(proposal_precision="float32")).model.proposal is None  # no copy
 
 
 def test_bfloat16_chain_proposes_what_the_float32_chain_proposes_on_clear_margins():
@@ -106,13 +106,14 @@ def test_int8_proposals_keep_float32_decoding_exact_and_propose_like_float32(hea
         used = sorted({t for row in greedy for t in row})
         model.use_draft_vocab(torch.tensor(used + [t for t in range(40) if t not in used][: 20 - len(used)]))
     full = blockwise_decode(model, src, Exact(), 24)
-    set_inference_precision(model, proposals="int8")
-    assert model.proposal is not None and model.proposal.int8 and model_dtype(model) == torch.float32
-    cheap = blockwise_decode(model, src, Exact(), 24)
+    runtime = build_runtime(model, InferenceOptions(proposal_precision="int8"))
+    assert runtime.model.proposal is not None and runtime.model.proposal.int8
+    assert model_dtype(runtime.model) == torch.float32
+    cheap = blockwise_decode(runtime, src, Exact(), 24)
     assert cheap.sequences() == full.sequences() == greedy
     assert cheap.mean_accepted_block_size >= 0.8 * full.mean_accepted_block_size > 1.1
     if model.chained_heads:
-        assert model.fused[1].int8 and model.fused[1].links[0].int8 is not None
+        assert runtime.model.fused[1].int8 and runtime.model.fused[1].links[0].int8 is not None
 
 
 def test_int8_proposals_need_a_float32_model():

@@ -163,10 +163,7 @@ def test_bench_and_decode_in_reduced_precision_with_a_confidence_stop(fitted, op
 
     if "int8" in options and not int8.available():
         pytest.skip("no fbgemm/x86 quantized engine")
-    try:
-        check_precision_options(fitted, options, json)
-    finally:
-        int8.set_int8(False)  # the CLIs switch int8 products on for their process: this one goes on testing
+    check_precision_options(fitted, options, json)
 
 
 def check_precision_options(fitted, options, json):

@@ -1,0 +1,64 @@
+"""The command-line face of :class:`~lightning_bpd.inference.options.InferenceOptions`, below every command.
+
+``decode`` offers what a user needs (:func:`add_precision_arg`, :func:`add_draft_vocab_args`); ``bench`` and
+``where_time_goes`` add the timing experiments (:func:`add_timing_args`). :func:`options_from_args` reads
+whichever of them a parser has into one :class:`InferenceOptions`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from lightning_bpd.inference.options import InferenceOptions
+
+PRECISION_HELP = (
+    "decode with the model in float32, bfloat16 (fast several-row products on AVX-512-BF16 / AMX CPUs), float64, "
+    "float32-invariant (float32 with float64 products: the verify pass and the greedy step round alike, so exact "
+    "decoding equals greedy even with the Gaussian image output), bfloat16-invariant (bfloat16 with float64 "
+    "attention) or int8 (float32 weights multiplied in int8 with a scale per weight row and per activation row, "
+    "float64 attention: batch-invariant, so exact decoding equals int8 greedy; CPU) (default: as trained)")
+
+
+def add_precision_arg(p: argparse.ArgumentParser) -> None:
+    """``--precision``."""
+    p.add_argument("--precision", default=None, help=PRECISION_HELP)
+
+
+def add_draft_vocab_args(p: argparse.ArgumentParser) -> None:
+    """``--draft-vocab N --draft-vocab-from TEXT``: the heads propose only the N most frequent target tokens."""
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="translation: the heads propose only this many most frequent target tokens of --draft-vocab-from")
+    p.add_argument("--draft-vocab-from", default=None, help="target-language text (.gz allowed) to count tokens in")
+
+
+def add_timing_args(p: argparse.ArgumentParser) -> None:
+    """The timing experiments of ``bench`` and ``where_time_goes``."""
+    p.add_argument("--stop-below", type=float, default=None,
+                   help="confidence stop: a block ends before the first head whose probability of its own token "
+                        "is below this (deterministic rules; exact decoding stays exact)")
+    p.add_argument("--proposal-precision", default=None,
+                   help="the heads propose from a copy in this precision (e.g. bfloat16; int8: a float32 copy whose "
+                        "chain links and projection multiply in int8) while verification keeps --precision: exact "
+                        "decoding stays exact")
+    p.add_argument("--screened-argmax", action="store_true",
+                   help="greedy decoding and exact verification take p_1's argmax through an int8 screen of the "
+                        "vocabulary and float64 logits of the candidates it leaves: the float64 logits' argmax, the "
+                        "same in a k-token verify pass as in a 1-token step; CPU, float32 translation models")
+    p.add_argument("--reference-steps", action="store_true",
+                   help="run the encoder and the cached decoder steps through the reference modules instead of the "
+                        "TorchScript lean steps (same outputs); for timing the difference")
+    p.add_argument("--unfused-chain", action="store_true",
+                   help="chained heads propose through the reference links instead of the fused ones; for timing")
+
+
+def options_from_args(args: argparse.Namespace) -> InferenceOptions:
+    """The :class:`InferenceOptions` that a command's parsed arguments ask for (raises ValueError on a bad name)."""
+    return InferenceOptions(
+        precision=getattr(args, "precision", None),
+        proposal_precision=getattr(args, "proposal_precision", None),
+        screened_argmax=getattr(args, "screened_argmax", False),
+        lean_steps=not getattr(args, "reference_steps", False),
+        fused_chain=not getattr(args, "unfused_chain", False),
+        stop_below=getattr(args, "stop_below", None),
+        fixed_shape=getattr(args, "fixed_shape", False),
+    )

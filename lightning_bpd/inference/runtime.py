@@ -1,0 +1,135 @@
+"""A model prepared for decoding once, from :class:`~lightning_bpd.inference.options.InferenceOptions`. Torch only.
+
+:func:`build_runtime` takes a snapshot of the model (a deep copy in eval mode, cast to the precision's dtype),
+gives every module of the snapshot the products of the precision (:mod:`lightning_bpd.inference.products`: the
+packed int8 or float64 copies of its weights are made here, once), and sets the snapshot's fast paths (lean
+steps, fused chain links, the proposal copy, the screened argmax, a draft vocabulary). The model itself is not
+touched: it keeps training, or decodes in its own dtype through the reference products, and two runtimes of one
+model in two precisions decode side by side in one process. A runtime built before the model's weights change
+does not see the change: build another.
+
+:class:`Runtime` implements the decoding protocol (:mod:`lightning_bpd.decoding.protocol`) by handing each call
+to its snapshot.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_bpd.inference.options import InferenceOptions
+from lightning_bpd.inference.products import Int8Products, WideProducts
+from lightning_bpd.nn.precision import model_dtype, parse_precision, precision_name
+from lightning_bpd.nn.products import FLOAT, Products
+
+
+def make_products(options: InferenceOptions, model: nn.Module) -> Products:
+    """The products of ``options.precision`` for ``model`` (the runtime's snapshot), built now."""
+    if options.int8:
+        return Int8Products().prepare(model)
+    if options.invariant:
+        return WideProducts().prepare(model)
+    return FLOAT
+
+
+def snapshot(model: nn.Module, options: InferenceOptions) -> nn.Module:
+    """A deep copy of ``model`` in eval mode without gradients, in the dtype of ``options.precision``."""
+    made = copy.deepcopy(model).eval().requires_grad_(False)
+    if options.precision is not None:
+        made.to(parse_precision(options.precision))
+    return made
+
+
+class Runtime:
+    """A model's snapshot with the products and fast paths of ``options``; the decoders take it as a model.
+
+    Attributes: ``model`` (the snapshot), ``options``, ``products``, ``precision`` (the canonical name of what it
+    decodes in). Other attributes of the model (its ``config``, ...) read through to the snapshot.
+    """
+
+    def __init__(self, model: nn.Module, options: InferenceOptions, products: Products) -> None:
+        self.model = model
+        self.options = options
+        self.products = products
+        self.precision = options.precision or precision_name(model_dtype(model))
+        self.k: int = model.k
+        self.pad_id: int = model.pad_id
+        self.bos_id: int = model.bos_id
+        self.eos_id: int | None = model.eos_id
+        self.chained_heads: bool = bool(getattr(model, "chained_heads", False))
+
+    # ---- the decoding protocol ----------------------------------------------------------------------------------
+    def encode(self, src: Tensor) -> Any:
+        return self.model.encode(src)
+
+    def new_cache(self, batch_size: int, capacity: int) -> Any:
+        return self.model.new_cache(batch_size, capacity)
+
+    def decode_step(self, tokens: Tensor, context: Any, cache: Any) -> Tensor:
+        return self.model.decode_step(tokens, context, cache)
+
+    def decode_full(self, tgt_in: Tensor, context: Any) -> Tensor:
+        return self.model.decode_full(tgt_in, context)
+
+    def logits_first(self, h: Tensor) -> Tensor:
+        return self.model.logits_first(h)
+
+    def logits_heads(self, h: Tensor, heads: Sequence[int] | None = None, *args: Any, **kwargs: Any) -> Tensor:
+        return self.model.logits_heads(h, heads, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        """Everything else the snapshot has (its optional decoding capabilities, ``config``, ...)."""
+        if name == "model":  # not set yet (copying, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+    def __repr__(self) -> str:
+        return f"Runtime({type(self.model).__name__}, {self.options})"
+
+
+def build_runtime(model: nn.Module | Runtime, options: InferenceOptions | None = None) -> Runtime:
+    """``model`` prepared for decoding with ``options`` (default: its own dtype, plain products, fast paths on).
+
+    Raises ValueError on options the model cannot take (int8 off the CPU, a screened argmax of an image model,
+    a proposal precision without a proposal path)."""
+    options = options or InferenceOptions()
+    if isinstance(model, Runtime):
+        model = model.model
+    made = snapshot(model, options)
+    products = make_products(options, made)
+    with_products(made, products)
+    for stack in (getattr(made, "encoder", None), getattr(made, "decoder", None)):
+        if stack is not None and hasattr(stack, "lean"):
+            stack.lean = options.lean_steps
+    if hasattr(made, "fuse_chain"):
+        made.fuse_chain = options.fused_chain
+    if options.draft_vocab is not None:
+        need(made, "use_draft_vocab", "a draft vocabulary")(torch.tensor(options.draft_vocab, dtype=torch.long))
+    if options.proposal_precision is not None:
+        need(made, "set_proposal_precision", "a proposal precision")(options.proposal_precision)
+    if options.screened_argmax:
+        need(made, "set_screened_argmax", "a screened argmax")(True)
+    return Runtime(made, options, products)
+
+
+def need(model: nn.Module, method: str, what: str) -> Any:
+    """``model``'s ``method``, or one clear error naming what the model cannot take."""
+    found = getattr(model, method, None)
+    if found is None:
+        raise ValueError(f"{type(model).__name__} cannot take {what} ({method})")
+    return found
+
+
+
+
+def with_products(model: nn.Module, products: Products) -> nn.Module:
+    """Give every module of ``model`` that multiplies these ``products`` (in place; :func:`build_runtime` does it
+    to its own snapshot). Returns ``model``."""
+    for module in model.modules():
+        if hasattr(type(module), "products"):
+            module.products = products
+    return model
