@@ -17,6 +17,9 @@ import os
 import re
 import sys
 import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +165,70 @@ def outputs_in_run_folder(trainer: Namespace, run_dir: str) -> None:
             cb.init_args.dirpath = run_dir
 
 
+def wandb_before_start(loggers: list[Any]) -> None:
+    """Prepare the W&B loggers that have not started: their folder exists (W&B looks for a git repository in it
+    before creating it, and warns "git root ... does not exist"), and no ``anonymous`` setting reaches ``wandb.init``
+    (Lightning passes ``anonymous=None`` when unset, which W&B warns has no effect; an explicit ``anonymous: true``
+    still goes through)."""
+    for lg in loggers:
+        if isinstance(lg, WandbLogger) and lg._experiment is None:
+            if lg._wandb_init.get("anonymous", False) is None:
+                del lg._wandb_init["anonymous"]
+            if lg.save_dir:
+                Path(lg.save_dir).mkdir(parents=True, exist_ok=True)
+
+
+def is_fresh_folder(path: str) -> bool:
+    """Whether ``path`` is missing or empty (a new run folder: nothing of an earlier run in it)."""
+    folder = Path(path)
+    return not folder.exists() or (folder.is_dir() and not any(folder.iterdir()))
+
+
+def hide_own_files_checkpoint_warning(callbacks: list[Any], run_dir: str) -> None:
+    """A checkpoint folder that is the run folder of a fresh run holds only what this run wrote before its
+    checkpoint callback looked (W&B's files, config.yaml): Lightning's "Checkpoint directory ... exists and is not
+    empty" is then about our own layout, not a stale run. Hidden for that folder only (in the CLI's scope of
+    warning filters); a folder that held files before this run still warns."""
+    if not is_fresh_folder(run_dir):
+        return
+    run_path = os.path.realpath(run_dir)
+    for cb in callbacks:
+        if isinstance(cb, ModelCheckpoint) and cb.dirpath and os.path.realpath(cb.dirpath) == run_path:
+            message = re.escape(f"Checkpoint directory {cb.dirpath} exists and is not empty.")
+            warnings.filterwarnings("ignore", message=message, module=r"pytorch_lightning\.callbacks\.model_checkpoint")
+
+
+class LitLoggerTipFilter(logging.Filter):
+    """Drops Lightning's "Tip: ... try installing litlogger" (printed by every Trainer without a LitLogger; no
+    option or environment variable turns it off)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("Tip:" in message and "litlogger" in message)
+
+
+# The logger that Lightning's rank_zero_info writes to.
+LIGHTNING_RANK_ZERO_LOG = "pytorch_lightning.utilities.rank_zero"
+
+
+@contextmanager
+def quiet_lightning_notices() -> Iterator[None]:
+    """The scope of a fit/validate/test: warning filters added in it (and the litlogger tip's filter) are removed
+    when it ends."""
+    tip_filter = LitLoggerTipFilter()
+    rank_zero_log = logging.getLogger(LIGHTNING_RANK_ZERO_LOG)
+    rank_zero_log.addFilter(tip_filter)
+    try:
+        with warnings.catch_warnings():
+            # Lightning's own pytree helper builds a torch LeafSpec, which torch deprecates: a FutureWarning about
+            # Lightning's code (pytorch_lightning/utilities/_pytree.py), not ours and not the user's.
+            warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                                    category=FutureWarning, module=r"pytorch_lightning\.utilities\._pytree")
+            yield
+    finally:
+        rank_zero_log.removeFilter(tip_filter)
+
+
 def warm_start_tokenizer(model_args: Namespace, data_args: Namespace) -> None:
     """A warm start (``init_from``) keeps its base's vocabulary: token ids index the base's embeddings, so an
     unset ``data.init_args.tokenizer_path`` becomes the base checkpoint (which stores its tokenizer)."""
@@ -222,6 +289,17 @@ class BPDCLI(LightningCLI):
             check_data(self.subcommand)
         return super().instantiate_trainer(**kwargs)
 
+    def before_fit(self) -> None:
+        cfg = self.config[self.subcommand]
+        hide_own_files_checkpoint_warning(self.trainer.callbacks, cfg.run_dir)
+        wandb_before_start(self.trainer.loggers)
+
+    def before_validate(self) -> None:
+        wandb_before_start(self.trainer.loggers)
+
+    def before_test(self) -> None:
+        wandb_before_start(self.trainer.loggers)
+
     def finish_loggers(self) -> None:
         """Close the W&B run so its offline file is complete (and a next run in this process is new)."""
         for lg in self.trainer.loggers:
@@ -253,17 +331,18 @@ def run_lightning(argv: list[str]) -> BPDCLI:
     sys.argv = [sys.argv[0], command, *rest]
     if torch.cuda.is_available():  # TF32 matrix products on GPUs that have them (fp32 accumulation)
         torch.set_float32_matmul_precision("high")
-    return BPDCLI(
-        model_class=None,
-        datamodule_class=None,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_callback=RunFolderConfig,
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"parser_mode": "omegaconf", "exit_on_error": False, "prog": "python -m lightning_bpd",
-                       **{name: {"exit_on_error": False} for name in ("fit", "validate", "test")}},
-        auto_configure_optimizers=False,
-    )
+    with quiet_lightning_notices():
+        return BPDCLI(
+            model_class=None,
+            datamodule_class=None,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_callback=RunFolderConfig,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"parser_mode": "omegaconf", "exit_on_error": False, "prog": "python -m lightning_bpd",
+                           **{name: {"exit_on_error": False} for name in ("fit", "validate", "test")}},
+            auto_configure_optimizers=False,
+        )
 
 
 def config_error(command: str, message: str) -> str:

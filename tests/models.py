@@ -10,6 +10,19 @@ from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
 
 PAD, BOS, EOS = 0, 1, 2
 
+ROUNDING = 1e-12  # relative: ~4500 float64 ulps of the largest value; a real bug moves values by far more
+
+
+def assert_close_to_rounding(actual: Tensor, expected: Tensor, rel: float = ROUNDING) -> None:
+    """``actual`` equals ``expected`` up to float rounding, for two computations of the same values along
+    different kernel paths (other row counts through MKL, a step against the teacher-forced whole, cached
+    against uncached): which way CPU vendors round differs (AVX-512 against AVX2 kernels), so an absolute
+    tolerance is an ulp or less for large values and says nothing for small ones. Each element may differ by
+    ``rel`` times its own magnitude or times the largest magnitude of ``expected`` (the rounding of a sum
+    scales with its terms, so an element near zero from large terms is rounded like them), never more."""
+    scale = float(expected.detach().abs().max()) if expected.numel() else 0.0
+    torch.testing.assert_close(actual, expected, rtol=rel, atol=rel * max(scale, torch.finfo(expected.dtype).tiny))
+
 
 def random_model(k: int, vocab: int = 16, seed: int = 0, window: int | None = None,
                  identity_first: bool = False, **overrides) -> BlockwiseTransformer:

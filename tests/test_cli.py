@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from lightning_bpd.cli import (
     REPO_ROOT,
     RUN_DIR_ENV,
     drop_lr_monitor_without_logger,
+    hide_own_files_checkpoint_warning,
     main,
     outputs_in_run_folder,
     run_folder,
@@ -173,3 +175,58 @@ def test_fit_with_a_missing_image_folder_is_one_line_in_a_subprocess(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("Seed set to")]
     assert len(lines) == 1 and lines[0].startswith("error: CelebA not found under nowhere (that folder does not exist)")
     assert nothing_written(tmp_path)
+
+
+# What a first `fit` printed that a user can do nothing about (issue 39), by the text that identifies each.
+FIRST_RUN_NOTICES = {
+    "W&B: anonymous setting has no effect": "anonymous setting",
+    "W&B: git root ... does not exist": "git root",
+    "Lightning: checkpoint directory exists and is not empty": "exists and is not empty",
+    "torch: LeafSpec deprecated (Lightning's _pytree)": "LeafSpec",
+    "Lightning: litlogger tip": "litlogger",
+}
+TINY_FIT = [
+    "--model.init_args.d_model=32", "--model.init_args.n_heads=2", "--model.init_args.d_ff=64",
+    "--model.init_args.n_encoder_layers=1", "--model.init_args.n_decoder_layers=1", "--model.init_args.head_hidden=16",
+    "--model.init_args.k=3", "--data.init_args.vocab_size=120", "--data.init_args.max_tokens=600",
+    "--data.init_args.eval_max_tokens=100", "--data.init_args.synthetic_sizes={train: 300, val: 13, test: 13}",
+    "--decode_eval.batch_size=2", "--decode_eval.criteria=[exact]", "--decode_eval.subset=4",
+    "--trainer.max_steps=2", "--trainer.val_check_interval=2",
+]
+
+
+def test_a_first_fit_prints_none_of_the_notices_a_user_cannot_act_on(tmp_path):
+    """The default fit (W&B offline logger, checkpoints in a fresh run folder), tiny, as a user runs it in a folder
+    that is no git repository: none of the five notices of issue 39 (W&B's anonymous and git root warnings,
+    Lightning's non-empty checkpoint folder and litlogger tip, torch's LeafSpec deprecation) comes back."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_CONFIG_DIR": str(tmp_path / "cfg"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    for name in (RUN_DIR_ENV, "LOCAL_RANK", "WANDB_SILENT", "WANDB_DIR", "PYTHONWARNINGS"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, "-m", "lightning_bpd", "fit", *TINY_FIT], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "offline-run-" in proc.stdout  # W&B did run (its notices were possible)
+    output = proc.stdout + proc.stderr
+    assert {name: text for name, text in FIRST_RUN_NOTICES.items() if text in output} == {}
+
+
+def test_the_checkpoint_folder_warning_is_hidden_only_for_a_fresh_run_folder(tmp_path):
+    """A run folder that held files before the run (a reused --run_dir) still gets Lightning's warning; so does a
+    checkpoint folder elsewhere."""
+    def shown(run_dir: Path, dirpath: Path) -> bool:
+        cb = ModelCheckpoint(dirpath=dirpath)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hide_own_files_checkpoint_warning([cb], str(run_dir))
+            warnings.warn_explicit(f"Checkpoint directory {cb.dirpath} exists and is not empty.", UserWarning,
+                                   "model_checkpoint.py", 1, module="pytorch_lightning.callbacks.model_checkpoint")
+        return len(caught) == 1
+
+    run = tmp_path / "run"
+    assert not shown(run, run)  # a new folder
+    run.mkdir()
+    assert not shown(run, run)  # an empty one
+    assert shown(run, tmp_path / "elsewhere")
+    (run / "last.ckpt").write_bytes(b"")
+    assert shown(run, run)  # an earlier run's files

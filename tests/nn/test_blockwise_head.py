@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
-from tests.models import random_model
+from tests.models import assert_close_to_rounding, random_model
 
 
 def test_shapes_and_selected_heads_equal_the_full_head():
@@ -12,8 +12,8 @@ def test_shapes_and_selected_heads_equal_the_full_head():
     full = head(h)
     assert full.shape == (2, 3, 4, 8)
     for heads in ([0], [2, 3], [3, 1], [1, 2, 3]):
-        torch.testing.assert_close(head.select(h, heads), full[:, :, heads], rtol=0, atol=1e-12)
-    torch.testing.assert_close(head.first(h), full[:, :, 0], rtol=0, atol=1e-12)
+        assert_close_to_rounding(head.select(h, heads), full[:, :, heads])
+    assert_close_to_rounding(head.first(h), full[:, :, 0])
 
 
 def test_residual_from_the_decoder_output_to_every_head():
@@ -39,7 +39,7 @@ def test_identity_first_bypasses_the_layer_and_k1_is_the_base():
 def test_model_logits_first_is_head_one():
     model = random_model(k=4)
     h = torch.randn(2, 5, 32, dtype=torch.float64)
-    torch.testing.assert_close(model.logits_first(h), model.logits_heads(h)[:, :, 0], rtol=0, atol=1e-10)
+    assert_close_to_rounding(model.logits_first(h), model.logits_heads(h)[:, :, 0])
     assert model.logits_heads(h, [1, 3]).shape == (2, 5, 2, 16)
 
 

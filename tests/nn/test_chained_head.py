@@ -3,7 +3,7 @@ import torch
 
 from lightning_bpd.nn.chained_head import ChainedHead
 from lightning_bpd.nn.model import ModelConfig
-from tests.models import random_model
+from tests.models import assert_close_to_rounding, random_model
 
 
 def embed(tokens: torch.Tensor) -> torch.Tensor:
@@ -56,11 +56,11 @@ def test_model_chain_step_matches_logits_heads():
     h = torch.randn(6, 32, dtype=torch.float64)
     prev = torch.randint(3, 16, (6, 3))
     full = model.logits_heads(h, range(4), prev)  # (6, 4, V)
-    torch.testing.assert_close(model.logits_first(h), full[:, 0], rtol=0, atol=1e-10)
+    assert_close_to_rounding(model.logits_first(h), full[:, 0])
     z = h
     for i in range(1, 4):
         z, logits = model.chain_step(z, prev[:, i - 1], i)
-        torch.testing.assert_close(logits, full[:, i], rtol=0, atol=1e-10)
+        assert_close_to_rounding(logits, full[:, i])
 
 
 def test_unknown_head_type_is_refused():
@@ -90,14 +90,14 @@ def test_source_attending_chain_reads_the_source_and_steps_equal_the_teacher_for
     z = h
     for i in range(1, 4):
         z, logits = model.chain_step(z, prev[:, i - 1], i, source)
-        torch.testing.assert_close(logits, full[:, i], rtol=0, atol=1e-10)
+        assert_close_to_rounding(logits, full[:, i])
     # positions of a (B, T, D) batch and the same positions taken one by one agree
     hs = torch.randn(3, 5, 32, dtype=torch.float64)
     prevs = torch.randint(3, 16, (3, 5, 3))
     batched = model.logits_heads(hs, [3], prevs, source)  # (3, 5, 1, V)
     rows = torch.arange(3).repeat_interleave(5)
     flat = model.logits_heads(hs.reshape(15, 32), [3], prevs.reshape(15, 3), source.take(rows))
-    torch.testing.assert_close(flat.reshape(3, 5, 1, -1), batched, rtol=0, atol=1e-10)
+    assert_close_to_rounding(flat.reshape(3, 5, 1, -1), batched)
     # another source changes heads 2..k, never head 1
     other = model.chain_source(model.encode(src.flip(0)))
     moved = model.logits_heads(h, range(4), prev, other)

@@ -5,7 +5,7 @@ import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, blockwise_decode_reference, greedy_decode, head_agreement
 from lightning_bpd.tasks.superres.module import LEGACY_HEADS, SuperResolutionModule
-from tests.models import random_model
+from tests.models import assert_close_to_rounding, random_model
 from tests.nn.test_intensity_prior import IMAGE
 
 K = 4
@@ -76,12 +76,12 @@ def test_a_chain_step_by_step_equals_the_teacher_forced_chain(head_type):
     source = model.chain_source(context)
     whole = model.logits_heads(hidden, range(K), tokens, source)  # (2, k, V)
     z = z_draft = hidden
-    torch.testing.assert_close(model.logits_first(hidden), whole[:, 0], rtol=0, atol=1e-12)
+    assert_close_to_rounding(model.logits_first(hidden), whole[:, 0])
     for i in range(1, K):
         z, logits = model.chain_step(z, tokens[:, i - 1], i, source)
         z_draft, token = model.chain_draft(z_draft, tokens[:, i - 1], i, source)  # the proposal path
         assert z.shape == z_draft.shape == hidden.shape
-        torch.testing.assert_close(logits, whole[:, i], rtol=0, atol=1e-12)
+        assert_close_to_rounding(logits, whole[:, i])
         assert torch.equal(token, logits.argmax(-1))
 
 

@@ -5,7 +5,7 @@ import torch
 from torch.nn import functional as F
 
 from lightning_bpd.nn.model import bicubic_taps, bilinear_taps, source_index
-from tests.models import random_model, random_sources
+from tests.models import assert_close_to_rounding, random_model, random_sources
 
 
 def full_logits(model, src, tgt_in):
@@ -26,7 +26,7 @@ def test_cached_steps_match_full_pass(window, chunks):
     for size in chunks:
         outs.append(model.logits_heads(model.decode_step(tgt_in[:, start : start + size], context, cache)))
         start += size
-    torch.testing.assert_close(torch.cat(outs, dim=1), ref, rtol=0, atol=1e-10)
+    assert_close_to_rounding(torch.cat(outs, dim=1), ref)
 
 
 def test_ragged_rows_and_crop_match_full_pass():
@@ -46,8 +46,8 @@ def test_ragged_rows_and_crop_match_full_pass():
     ref0 = model.decode_full(seq[:1, :5], context.select(torch.tensor([0])))[:, 3:5]
     prefix1 = torch.cat([seq[1, :3], torch.tensor([junk_row1]), seq[1, 3:5]])[None]
     ref1 = model.decode_full(prefix1, context.select(torch.tensor([1])))[:, 4:6]
-    torch.testing.assert_close(h[:1], ref0, rtol=0, atol=1e-10)
-    torch.testing.assert_close(h[1:], ref1, rtol=0, atol=1e-10)
+    assert_close_to_rounding(h[:1], ref0)
+    assert_close_to_rounding(h[1:], ref1)
 
 
 def test_local_window_ignores_tokens_outside_it():
@@ -67,9 +67,7 @@ def test_padding_in_source_does_not_change_outputs():
     model = random_model(k=1)
     src = torch.tensor([[5, 6, 7, 0, 0]])
     tgt_in = torch.tensor([[1, 4, 9]])
-    torch.testing.assert_close(
-        full_logits(model, src, tgt_in), full_logits(model, src[:, :3], tgt_in), rtol=0, atol=1e-10
-    )
+    assert_close_to_rounding(full_logits(model, src, tgt_in), full_logits(model, src[:, :3], tgt_in))
 
 
 def test_empty_source_is_refused():
@@ -87,7 +85,7 @@ def test_blocked_local_attention_equals_the_full_mask(t, window):
     x = model.embed_tgt(tgt_in, torch.arange(t).expand(2, -1))
     full = model.decoder(x, context, blocked=False)
     blocked = model.decoder(x, context, blocked=True)
-    torch.testing.assert_close(blocked, full, rtol=0, atol=1e-10)
+    assert_close_to_rounding(blocked, full)
 
 
 def test_ring_cache_with_crops_matches_the_full_pass():
@@ -111,7 +109,7 @@ def test_ring_cache_with_crops_matches_the_full_pass():
         outs.append(model.decode_step(seq[:, start : start + size], context, cache))
         start += size
     ref = model.decode_full(seq, context)
-    torch.testing.assert_close(torch.cat(outs, dim=1), ref, rtol=0, atol=1e-10)
+    assert_close_to_rounding(torch.cat(outs, dim=1), ref)
 
 
 IMAGE = {"share_embeddings": True, "src_image_shape": (2, 2, 3), "tgt_image_shape": (8, 8, 3), "eos_id": None,
@@ -163,9 +161,9 @@ def test_image_options_cached_steps_match_full_pass(option, window):
     for row in range(2):
         ref = model.decode_full(torch.tensor([seqs[row]]), context.select(torch.tensor([row])))[0]  # (T, D)
         kept = [t for t, o in enumerate(outs[row]) if o is not None]
-        torch.testing.assert_close(torch.stack([outs[row][t] for t in kept]), ref[kept], rtol=0, atol=1e-10)
-        torch.testing.assert_close(model.logits_heads(torch.stack([outs[row][t] for t in kept])),
-                                   model.logits_heads(ref[kept]), rtol=0, atol=1e-10)
+        stepped = torch.stack([outs[row][t] for t in kept])
+        assert_close_to_rounding(stepped, ref[kept])
+        assert_close_to_rounding(model.logits_heads(stepped), model.logits_heads(ref[kept]))
 
 
 def test_direct_conditioning_adds_the_source_intensity_under_each_target_pixel():
@@ -180,7 +178,7 @@ def test_direct_conditioning_adds_the_source_intensity_under_each_target_pixel()
     for r, c, ch in [(0, 0, 0), (3, 3, 2), (4, 3, 1), (7, 7, 2), (5, 6, 0)]:
         s = ((r // 4) * 2 + c // 4) * 3 + ch
         expected = model.src_embed(torch.tensor(s + 3)) * model.scale
-        torch.testing.assert_close(added[0, (r * 8 + c) * 3 + ch], expected, rtol=0, atol=1e-12)
+        assert_close_to_rounding(added[0, (r * 8 + c) * 3 + ch], expected)
 
 
 def test_bilinear_conditioning_adds_the_interpolated_input_intensity():
@@ -197,7 +195,7 @@ def test_bilinear_conditioning_adds_the_interpolated_input_intensity():
     context = model.encode(src)
     tokens, pos = torch.full((3, 768), 5), torch.arange(768).expand(3, -1)
     added = model.embed_tgt(tokens, pos, context) - (model.tgt_embed(tokens) * model.scale + model.tgt_pos(pos))
-    torch.testing.assert_close(added, model.src_embed(expected) * model.scale, rtol=0, atol=1e-12)
+    assert_close_to_rounding(added, model.src_embed(expected) * model.scale)
     index, weight = bilinear_taps((4, 4, 3), (16, 16, 3))
     assert index.shape == weight.shape == (768, 4) and torch.allclose(weight.sum(-1), torch.ones(768))
     nearest = random_model(k=1, vocab=300, **{**IMAGE, "src_image_shape": (4, 4, 3), "tgt_image_shape": (16, 16, 3),
@@ -231,7 +229,7 @@ def test_default_options_keep_the_translation_layout():
     model = random_model(k=2)
     assert not any(key.startswith("out_proj") or ".grid." in key for key in model.state_dict())
     h = torch.randn(3, 32, dtype=torch.float64)
-    torch.testing.assert_close(model.project(h), h @ model.tgt_embed.weight.T, rtol=0, atol=1e-12)
+    assert_close_to_rounding(model.project(h), h @ model.tgt_embed.weight.T)
 
 
 @pytest.mark.parametrize("bad, match", [
