@@ -55,7 +55,7 @@ class TimedModel:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.model, name)
-        if name not in TIMED:
+        if name not in TIMED or attr is None:  # None: a capability the model does not offer
             return attr
 
         def timed(*args: Any, **kwargs: Any) -> Any:

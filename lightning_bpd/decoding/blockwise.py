@@ -61,6 +61,12 @@ def chain_source(model: BlockwiseModel, context: Context) -> object | None:
     return get(context) if get is not None else None
 
 
+def restricted(model: BlockwiseModel, logits: Tensor) -> Tensor:
+    """A proposing head's logits (..., V) over the model's draft vocabulary (-inf outside it), when it has one."""
+    restrict = getattr(model, "restrict_draft", None)
+    return logits if restrict is None else restrict(logits)
+
+
 def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None = None,
             source: object | None = None, stop_below: float | None = None) -> Block:
     """Next block (b, k) from the hidden state (b, D) of each row's last accepted position.
@@ -93,12 +99,13 @@ def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, firs
         return chain_tokens(model, criterion, h, k, first, source, stop_below)
     draft = getattr(model, "draft_tokens", None)
     if stop_below is None:
-        rest = draft(h, range(1, k)) if draft is not None else criterion.propose(model.logits_heads(h, range(1, k)))
+        rest = draft(h, range(1, k)) if draft is not None else criterion.propose(
+            restricted(model, model.logits_heads(h, range(1, k))))
         return Block(torch.cat([first[:, None], rest], dim=1))  # (b, k)
     if draft is not None:
         rest, p = draft(h, range(1, k), confidence=True)  # (b, k - 1) each
     else:
-        logits = model.logits_heads(h, range(1, k))  # (b, k - 1, V)
+        logits = restricted(model, model.logits_heads(h, range(1, k)))  # (b, k - 1, V)
         rest = criterion.propose(logits)
         p = confidence_of(logits, rest)
     widths = 1 + (p >= stop_below).long().cumprod(dim=1).sum(dim=1)  # (b,): up to the first unsure head
@@ -129,6 +136,7 @@ def chain_tokens(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int,
             z, token, *p = draft(z, tokens[-1], i, source, confidence=True) if sure else draft(z, tokens[-1], i, source)
         else:
             z, logits = model.chain_step(z, tokens[-1], i, source)  # (b, D), (b, V)
+            logits = restricted(model, logits)
             token = criterion.propose(logits[:, None])[:, 0]
             p = [confidence_of(logits, token)] if sure else []
         if sure:

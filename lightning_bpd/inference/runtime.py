@@ -15,7 +15,7 @@ to its snapshot.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from lightning_bpd.inference.options import InferenceOptions
 from lightning_bpd.inference.products import Int8Products, WideProducts
+from lightning_bpd.inference.proposer import Proposer
 from lightning_bpd.nn.precision import model_dtype, parse_precision, precision_name
 from lightning_bpd.nn.products import FLOAT, Products
 
@@ -51,10 +52,12 @@ class Runtime:
     decodes in). Other attributes of the model (its ``config``, ...) read through to the snapshot.
     """
 
-    def __init__(self, model: nn.Module, options: InferenceOptions, products: Products) -> None:
+    def __init__(self, model: nn.Module, options: InferenceOptions, products: Products,
+                 proposer: Proposer | None = None) -> None:
         self.model = model
         self.options = options
         self.products = products
+        self.proposer = proposer  # the fast proposals and argmax (None: a model without them, e.g. a stub)
         self.precision = options.precision or precision_name(model_dtype(model))
         self.k: int = model.k
         self.pad_id: int = model.pad_id
@@ -81,6 +84,23 @@ class Runtime:
     def logits_heads(self, h: Tensor, heads: Sequence[int] | None = None, *args: Any, **kwargs: Any) -> Tensor:
         return self.model.logits_heads(h, heads, *args, **kwargs)
 
+    # ---- optional capabilities: the proposer's fast paths (None where not offered) ----------------------------
+    @property
+    def argmax_first(self) -> Callable[[Tensor], Tensor] | None:
+        return None if self.proposer is None else self.proposer.argmax_first
+
+    @property
+    def draft_tokens(self) -> Callable[..., Any] | None:
+        return None if self.proposer is None or self.chained_heads else self.proposer.draft_tokens
+
+    @property
+    def chain_draft(self) -> Callable[..., Any] | None:
+        return None if self.proposer is None or not self.chained_heads else self.proposer.chain_draft
+
+    @property
+    def chain_drafts(self) -> Callable[..., Any] | None:
+        return None if self.proposer is None or not self.chained_heads else self.proposer.chain_drafts
+
     def __getattr__(self, name: str) -> Any:
         """Everything else the snapshot has (its optional decoding capabilities, ``config``, ...)."""
         if name == "model":  # not set yet (copying, unpickling): no recursion
@@ -105,15 +125,14 @@ def build_runtime(model: nn.Module | Runtime, options: InferenceOptions | None =
     for stack in (getattr(made, "encoder", None), getattr(made, "decoder", None)):
         if stack is not None and hasattr(stack, "lean"):
             stack.lean = options.lean_steps
-    if hasattr(made, "fuse_chain"):
-        made.fuse_chain = options.fused_chain
     if options.draft_vocab is not None:
         need(made, "use_draft_vocab", "a draft vocabulary")(torch.tensor(options.draft_vocab, dtype=torch.long))
-    if options.proposal_precision is not None:
-        need(made, "set_proposal_precision", "a proposal precision")(options.proposal_precision)
-    if options.screened_argmax:
-        need(made, "set_screened_argmax", "a screened argmax")(True)
-    return Runtime(made, options, products)
+    proposer = None
+    if hasattr(made, "head") and hasattr(made, "output_layer"):  # a BlockwiseTransformer: its fast paths
+        proposer = Proposer(made, options.proposal_precision, options.fused_chain, options.screened_argmax)
+    elif options.proposal_precision is not None or options.screened_argmax:
+        raise ValueError(f"{type(made).__name__} has no proposal path for a proposal precision or a screened argmax")
+    return Runtime(made, options, products, proposer)
 
 
 def need(model: nn.Module, method: str, what: str) -> Any:

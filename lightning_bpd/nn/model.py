@@ -15,21 +15,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.nn.argmax import argmax
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.draft_vocab import DraftVocabulary
-from lightning_bpd.nn.fused_chain import FusedChain
-from lightning_bpd.nn.image_chain import image_chain_links_scripted
-from lightning_bpd.nn.int8 import available as int8_available
-from lightning_bpd.nn.int8 import int8_linear, pack_int8
 from lightning_bpd.nn.intensity_prior import RESERVED, IntensityPrior
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.pixel_neighbours import PixelNeighbours
 from lightning_bpd.nn.positions import ImageGrid, build_positions, raster_coordinates
-from lightning_bpd.nn.precision import parse_precision
 from lightning_bpd.nn.products import FLOAT, Products
-from lightning_bpd.nn.screened_argmax import ScreenedArgmax
 from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
 
 # "paper": the paper's parallel head (section 6); "chained": heads that see the tokens proposed
@@ -261,40 +254,6 @@ def source_taps(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, int]
     return index, torch.ones(index.shape)
 
 
-@dataclass
-class ProposalPath:
-    """A copy of the heads and the output projection (weight (V, D), bias) in ``dtype`` for proposals."""
-
-    head: nn.Module
-    weight: Tensor
-    bias: Tensor | None
-    dtype: torch.dtype
-    cast: tuple[Tensor, ChainSource] | None = None  # the last source cast, keyed by its keys tensor
-    int8: bool = False  # float32 copy whose products run in int8 (fused chain links, the projection)
-    packed: tuple[tuple, object, int] | None = None  # int8: (made from, the packed projection rows, their number)
-
-    def int8_rows(self, draft: DraftVocabulary | None) -> tuple[object, int]:
-        """The projection rows of the draft vocabulary (or every token) packed in int8, and their number."""
-        key = (self.weight._version, self.weight.data_ptr(), None if draft is None else (draft.ids._version,
-                                                                                         draft.ids.data_ptr()))
-        if self.packed is None or self.packed[0] != key:
-            weight, bias = (self.weight, self.bias) if draft is None else draft.rows(self.weight, self.bias)
-            self.packed = (key, pack_int8(weight, bias), weight.shape[0])
-        return self.packed[1], self.packed[2]
-
-    def int8_logits(self, states: Tensor, draft: DraftVocabulary | None) -> Tensor:
-        """int8 logits (..., N) of proposal states (..., D) over the draft vocabulary (or every token)."""
-        return int8_linear(states, *self.int8_rows(draft))
-
-    def source_in_dtype(self, source: ChainSource) -> ChainSource:
-        """``source`` with keys and values in ``dtype``, cast once per source tensor (every link of every
-        iteration reads the same one); holding the key tensor keeps its identity from being reused."""
-        if self.cast is None or self.cast[0] is not source.keys or self.cast[1].valid is not source.valid:
-            self.cast = (source.keys, ChainSource(source.keys.to(self.dtype), source.values.to(self.dtype),
-                                                  source.valid))
-        return self.cast[1]
-
-
 class BlockwiseTransformer(nn.Module):
     """Encoder + decoder + :class:`BlockwiseHead`, with the vocabulary projection tied to the target
     embedding (or its own layer). Embeddings are N(0, d^-1/2) and scaled by sqrt(d) on input."""
@@ -354,11 +313,6 @@ class BlockwiseTransformer(nn.Module):
         self.carried = (c.k + (self.neighbours.width if self.neighbours is not None else 0)) if self.own_centres else 0
         self.drop = nn.Dropout(c.dropout)
         self.scale = math.sqrt(c.d_model)
-        self.proposal: ProposalPath | None = None  # cheap proposals (set_proposal_precision); not saved
-        self.fuse_chain = True  # chained proposals through fused links (:mod:`~lightning_bpd.nn.fused_chain`)
-        self.fused: tuple[tuple, FusedChain, list] | None = None  # (what it was made from, the links, what to watch)
-        self.screened_argmax = False  # p_1's argmax through an int8 screen (set_screened_argmax); not saved
-        self.screen: tuple[tuple, ScreenedArgmax] | None = None  # (what it was made from, the screen)
 
     def head_shift(self) -> tuple[Tensor, Tensor] | None:
         """The (weight (2, D - 2), bias (2,)) through which heads 2..k read their Gaussian's shift and width: their
@@ -546,36 +500,6 @@ class BlockwiseTransformer(nn.Module):
         state = h if self.chained_heads else self.head.first(h)
         return self.project(self.readout(state, None if centres is None else centres[..., 0]))
 
-    def set_screened_argmax(self, on: bool = True) -> None:
-        """Greedy decoding and exact verification take p_1's argmax through an int8 screen of the vocabulary
-        with float64 logits for the candidates it leaves (:mod:`~lightning_bpd.nn.screened_argmax`): the
-        argmax of the float64 logits, the same from a k-token verify pass as from a 1-token step, and on CPU
-        cheaper than the float32 projection. For models whose p_1 is a plain vocabulary projection (not the
-        image models' intensity prior)."""
-        if on and self.prior is not None:
-            raise ValueError("the screened argmax takes models whose p_1 is a plain vocabulary projection; "
-                             "this one has an intensity prior (an image model): decode without it")
-        self.screened_argmax = on
-        self.screen = None
-
-    def argmax_first(self, h: Tensor) -> Tensor:
-        """Greedy's token: the argmax of p_1 at h (..., D) -> (...) long, ties to the lowest id. With
-        :meth:`set_screened_argmax` on (and float32 inference on CPU) the float64 logits' argmax through the
-        int8 screen; otherwise the argmax of :meth:`logits_first`."""
-        if not (self.screened_argmax and h.dtype == torch.float32 and h.device.type == "cpu"
-                and not torch.is_grad_enabled()):
-            return argmax(self.logits_first(h))
-        state = h if self.chained_heads else self.head.first(h)
-        return self.argmax_screen()(state)
-
-    def argmax_screen(self) -> ScreenedArgmax:
-        """The int8 screen of the output layer, rebuilt when its weight or bias changed."""
-        weight, bias = self.output_layer()
-        key = tuple((t.data_ptr(), t._version) for t in (weight, bias) if t is not None)
-        if self.screen is None or self.screen[0] != key:
-            self.screen = (key, ScreenedArgmax(weight, bias))
-        return self.screen[1]
-
     def logits_heads(self, h: Tensor, heads: list[int] | range | None = None, prev_tokens: Tensor | None = None,
                      source: ChainSource | None = None) -> Tensor:
         """Logits of the listed heads (all k by default): (..., D) -> (..., len(heads), V).
@@ -606,29 +530,6 @@ class BlockwiseTransformer(nn.Module):
         keys, values = context.cross_kv[-1]  # the last decoder layer's cross-attention, (B, S, nh, dh) each
         return ChainSource(keys, values, context.src_valid)
 
-    def set_proposal_precision(self, precision: str | torch.dtype | None) -> None:
-        """Deterministic proposals from a copy of the heads and the output projection in ``precision``
-        (e.g. ``bfloat16``; ``int8``: a float32 copy whose chain links and projection multiply in int8; None
-        or the model's own dtype: the model itself). Verification keeps the
-        model's precision, so exact decoding still reproduces greedy. The copy is taken now: call this
-        again after the weights change. It is not part of the state dict."""
-        weight, bias = self.output_layer()
-        if isinstance(precision, str) and precision.lower() == "int8":  # float32 copy, int8 products
-            if not int8_available() or weight.dtype != torch.float32:
-                raise ValueError("--proposal-precision int8 needs a float32 model and torch's fbgemm/x86 quantized "
-                                 f"engine (CPU); got {weight.dtype}, engines {torch.backends.quantized.supported_engines}")
-            with torch.no_grad():
-                self.proposal = ProposalPath(copy.deepcopy(self.head).eval(), weight.detach().clone(),
-                                             None if bias is None else bias.detach().clone(), torch.float32, int8=True)
-            return
-        dtype = parse_precision(precision) if isinstance(precision, str) else precision
-        if dtype is None or dtype == weight.dtype:
-            self.proposal = None
-            return
-        with torch.no_grad():
-            self.proposal = ProposalPath(copy.deepcopy(self.head).to(dtype).eval(), weight.detach().to(dtype),
-                                         None if bias is None else bias.detach().to(dtype), dtype)
-
     def output_layer(self) -> tuple[Tensor, Tensor | None]:
         """Weight (V, D) and bias of the vocabulary projection: the target embedding (``tie_output``),
         the source embedding (``tie_output_to_source``) or a layer of its own."""
@@ -647,146 +548,9 @@ class BlockwiseTransformer(nn.Module):
             self.config.draft_vocab = len(ids)
         self.draft_vocab.set_ids(ids)
 
-    def draft_tokens(self, h: Tensor, heads: list[int] | range,
-                     confidence: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Paper head, deterministic proposals: each listed head's argmax at h (b, D) over the draft
-        vocabulary (every token without one) -> (b, len(heads)) token ids; with ``confidence`` also each
-        head's probability of its token (b, len(heads))."""
-        head, weight, bias = self.proposal_parts()
-        h, centres = self.split_centres(h)
-        states = head.select(h.to(weight.dtype), heads)  # type: ignore[call-arg]  # (b, n, D)
-        states = self.readout(states, None if centres is None else centres[..., list(heads)], list(heads))
-        return self.proposal_argmax(states, weight, bias, confidence)
-
-    def proposal_parts(self) -> tuple[nn.Module, Tensor, Tensor | None]:
-        """The head and output projection that deterministic proposals use: the model's own, or the
-        reduced-precision copy of :meth:`set_proposal_precision`."""
-        if self.proposal is None:
-            return self.head, *self.output_layer()
-        return self.proposal.head, self.proposal.weight, self.proposal.bias
-
-    def proposal_argmax(self, states: Tensor, weight: Tensor, bias: Tensor | None,
-                        confidence: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Argmax token ids (...) of proposal states (..., D), over the draft vocabulary when there is one;
-        with ``confidence`` also the proposing distribution's probability of that token (...)."""
-        if self.proposal is not None and self.proposal.int8:
-            logits = self.proposal.int8_logits(states, self.draft_vocab)  # (..., N or V)
-        elif self.draft_vocab is None:
-            logits = self.products.linear(states, weight, bias)  # (..., V)
-        else:
-            logits = self.draft_vocab.logits(states, weight, bias)  # (..., N)
-        best = argmax(logits)
-        token = best if self.draft_vocab is None else self.draft_vocab.ids[best]
-        if not confidence:
-            return token
-        top = logits.gather(-1, best[..., None])[..., 0]
-        return token, (top - logits.logsumexp(dim=-1)).float().exp()
-
     def restrict_draft(self, logits: Tensor) -> Tensor:
         """Logits (..., V) of a proposing head as the draft vocabulary sees them (-inf outside it)."""
         return logits if self.draft_vocab is None else self.draft_vocab.restrict(logits)
-
-    def proposes_nearest(self, bias: Tensor | None, int8: bool) -> bool:
-        """Whether chain links propose the intensity nearest their Gaussian's mean without the projection
-        (:meth:`IntensityPrior.nearest`): own-centre Gaussian heads, no output bias, no draft vocabulary, no int8
-        proposals."""
-        return bool(self.own_centres and self.prior.gaussian and bias is None  # type: ignore[union-attr]
-                    and self.draft_vocab is None and not int8)
-
-    def chain_draft(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None,
-                    confidence: bool = False) -> tuple[Tensor, ...]:
-        """Chained heads, deterministic proposals: head ``i``'s state (b, D) and its argmax token (b,)
-        over the draft vocabulary (every token without one); with ``confidence`` also head i's
-        probability of that token (b,). Links run fused (:mod:`~lightning_bpd.nn.fused_chain`) unless
-        ``fuse_chain`` is off; :meth:`chain_step` is the unfused reference."""
-        head, weight, bias = self.proposal_parts()
-        int8 = self.proposal is not None and self.proposal.int8
-        fused = self.fused_chain(head, weight.dtype, check=i == 1, int8=int8) if self.fuse_chain and not torch.is_grad_enabled() else None
-        # a Gaussian-output image head: its argmax is the intensity nearest its mean (no projection)
-        nearest = self.proposes_nearest(bias, int8) and not confidence
-        if fused is not None:
-            z, state = self.chain_link(lambda x: fused.step(x, token, i, source), z, i, weight.dtype, token, nearest)
-        else:
-            if source is not None and self.proposal is not None:
-                source = self.proposal.source_in_dtype(source)
-            e = self.embed_tokens(token).to(weight.dtype)
-            z, state = self.chain_link(lambda x: head.step(x, e, i, source), z, i, weight.dtype, token, nearest)  # type: ignore[operator]
-        if nearest:
-            return z, state
-        out = self.proposal_argmax(state, weight, bias, confidence)
-        return (z, *out) if confidence else (z, out)
-
-    def chain_drafts(self, h: Tensor, first: Tensor, k: int, source: ChainSource | None = None) -> Tensor | None:
-        """Chained heads, deterministic proposals, the whole chain at once: the argmax tokens (b, k - 1) of heads
-        2..k from the state h (b, D) and greedy's token ``first`` (b,), as k - 1 calls of :meth:`chain_draft`
-        give them, with the weights looked up once instead of at every link. None where that path does not
-        apply (unfused links, training, images' own centres): the caller goes link by link."""
-        if not self.fuse_chain or torch.is_grad_enabled():
-            return None
-        if self.own_centres:
-            return self.image_chain_drafts(h, first, k, source)
-        head, weight, bias = self.proposal_parts()
-        int8 = self.proposal is not None and self.proposal.int8
-        fused = self.fused_chain(head, weight.dtype, int8=int8)
-        draft = self.draft_vocab
-        rows, row_bias = (weight, bias) if draft is None else draft.rows(weight, bias)
-        packed = self.proposal.int8_rows(draft)[0] if int8 else None  # type: ignore[union-attr]
-        tokens = fused.propose(h.to(weight.dtype), first, k, source, rows, row_bias,  # all links in one call
-                               None if draft is None else draft.ids, packed)
-        if tokens is not None:
-            return tokens
-        if int8:  # link by link (no token tables, or a dtype the scripted chains do not take)
-            project = lambda z: int8_linear(z, packed, rows.shape[0])
-        else:
-            project = lambda z: self.products.linear(z, rows, row_bias)
-        z, token, out = h.to(weight.dtype), first, []
-        for i in range(1, k):
-            z = fused.step(z, token, i, source)
-            token = argmax(project(z))
-            out.append(token if draft is None else draft.ids[token])
-            token = out[-1]
-        return torch.stack(out, dim=1)  # (b, k - 1)
-
-    def image_chain_drafts(self, h: Tensor, first: Tensor, k: int, source: ChainSource | None = None) -> Tensor | None:
-        """Own-centre Gaussian image heads (with or without pixel neighbours): :meth:`chain_drafts`'s tokens (b, k - 1)
-        from the decoder state h (b, D + carried) in one TorchScript call (:mod:`~lightning_bpd.nn.image_chain`),
-        bitwise the link-by-link :meth:`chain_draft`; None where that path does not apply (a categorical output,
-        int8 or reduced-precision proposals, no token tables)."""
-        head, weight, bias = self.proposal_parts()
-        int8 = self.proposal is not None and self.proposal.int8
-        if k < 2 or not self.proposes_nearest(bias, int8) or weight.dtype not in (torch.float32, torch.float64):
-            return None
-        fused = self.fused_chain(head, weight.dtype)
-        if fused.links[0].tok_table is None:
-            return None
-        z, carried = self.split_centres(h)
-        links = fused.links[: k - 1]
-        keys_t, values, mask, heads = fused.source_parts(source)
-        reader = self.neighbours
-        readers = [] if reader is None else [t for link in reader.links[: k - 1]
-                                             for t in (link[0].weight, link[0].bias, link[2].weight, link[2].bias)]
-        prior = self.prior
-        shift = self.head_shift() or (prior.adapt.weight, prior.adapt.bias)  # type: ignore[union-attr]
-        return image_chain_links_scripted(
-            z.to(weight.dtype), carried, first, k - 1, self.k, [x.zq_t for x in links], [x.zq_b for x in links],
-            [x.tok_table for x in links], [x.c_t if x.c_t is not None else x.zq_t for x in links],  # type: ignore[misc]
-            [x.out_t for x in links], [x.out_b for x in links], fused.hidden, keys_t, values, mask, heads,
-            0 if reader is None else reader.n, [] if reader is None else [list(s) for s in reader.slots], readers,
-            prior.features, prior.offset, prior.half, *shift)  # type: ignore[union-attr]
-
-    def fused_chain(self, head: nn.Module, dtype: torch.dtype, check: bool = True, int8: bool = False) -> FusedChain:
-        """The fused links of ``head`` (the model's or the proposal copy) in ``dtype``, rebuilt when a weight
-        they were made from changed (in place: its version; or replaced: its storage). ``check=False`` reuses
-        the links without looking (the chain checks at its first link, once per iteration)."""
-        made = self.fused
-        if made is not None and made[0][:3] == (id(head), dtype, int8) and (
-                not check or made[0][3:] == tuple((p.data_ptr(), p._version) for p in made[2])):
-            return made[1]
-        watched = [*head.parameters(), self.tgt_embed.weight]
-        key = (id(head), dtype, int8, *((p.data_ptr(), p._version) for p in watched))
-        embed = (self.tgt_embed.weight.detach() * self.scale).to(dtype)  # (V, D): as embed_tokens scales it
-        self.fused = (key, FusedChain(head, embed, int8=int8), watched)  # type: ignore[arg-type]
-        return self.fused[1]
 
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> tuple[Tensor, Tensor]:
         """Chained heads, decoding: head ``i`` (0-based, >= 1) from head i-1's state z (b, D) and the

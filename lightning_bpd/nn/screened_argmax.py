@@ -29,9 +29,6 @@ is the slow, obviously correct version (the full float64 projection); the tests 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 from torch import Tensor
 
@@ -106,20 +103,3 @@ class ScreenedArgmax:
         if self.bias64 is not None:
             logits = logits + self.bias64
         return logits.argmax(dim=-1)
-
-
-@contextmanager
-def screened(model: torch.nn.Module, on: bool = True) -> Iterator[None]:
-    """The model's screened argmax (``set_screened_argmax``) on for the ``with`` block (``on=False``: a no-op)."""
-    if not on:
-        yield
-        return
-    setter = getattr(model, "set_screened_argmax", None)
-    if setter is None:
-        raise ValueError(f"screened_argmax: {type(model).__name__} has no screened argmax")
-    before = getattr(model, "screened_argmax", False)
-    setter(True)
-    try:
-        yield
-    finally:
-        setter(before)

@@ -13,6 +13,7 @@ from lightning_bpd.decoding import (
     parse_criterion,
 )
 from lightning_bpd.decoding.methods import make_method
+from lightning_bpd.inference import build_runtime
 from tests.models import pick_eos, random_model, random_sources
 
 MAX_LEN = 24
@@ -90,7 +91,7 @@ def test_a_stopped_chain_computes_fewer_links_and_verifies_fewer_tokens():
     spread_chain(model, 33)
     src = random_sources(1, seed=33)
     pick_eos(model, src, MAX_LEN)
-    full, stopped = CountingModel(model), CountingModel(model)
+    full, stopped = CountingModel(build_runtime(model)), CountingModel(build_runtime(model))
     a = blockwise_decode(full, src, Exact(), MAX_LEN)
     b = blockwise_decode(stopped, src, Exact(), MAX_LEN, stop_below=0.5)
     assert a.sequences() == b.sequences()

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from lightning_bpd.inference import build_runtime
 from lightning_bpd.nn.draft_vocab import DraftVocabulary, ids_from_counts
 from tests.models import random_model
 
@@ -42,6 +43,6 @@ def test_model_proposals_use_the_list():
     h = torch.randn(6, 32, dtype=torch.float64)
     model.use_draft_vocab(torch.tensor([2, 5, 7, 11]))
     assert model.config.draft_vocab == 4
-    tokens = model.draft_tokens(h, range(1, 4))  # (6, 3)
+    tokens = build_runtime(model).draft_tokens(h, range(1, 4))  # (6, 3)
     assert set(tokens.flatten().tolist()) <= {2, 5, 7, 11}
     assert torch.equal(tokens, model.restrict_draft(model.logits_heads(h, range(1, 4))).argmax(-1))

@@ -5,6 +5,7 @@ import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.criteria import Distance
+from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.nn import int8
 from lightning_bpd.nn.fused_chain import FusedChain
 from tests.models import assert_close_to_rounding, random_model, random_sources, scramble_chain
@@ -37,10 +38,10 @@ def test_fused_and_reference_proposals_decode_alike_and_exact_equals_greedy(head
     model = random_model(k=4, seed=4, head_type=head_type)
     scramble_chain(model, std=0.05)
     src = random_sources(5)
-    model.fuse_chain = True
-    fused = blockwise_decode(model, src, criterion, 20)
-    model.fuse_chain = False
-    ref = blockwise_decode(model, src, criterion, 20)
+    fused = blockwise_decode(build_runtime(model), src, criterion, 20)
+    ref = blockwise_decode(build_runtime(model, InferenceOptions(fused_chain=False)), src, criterion, 20)
+    direct = blockwise_decode(model, src, criterion, 20)  # the model itself: the reference links (chain_step)
+    assert torch.equal(direct.tokens, ref.tokens) and direct.block_sizes == ref.block_sizes
     assert torch.equal(fused.tokens, ref.tokens) and fused.block_sizes == ref.block_sizes
     if isinstance(criterion, Exact):
         assert torch.equal(fused.tokens, greedy_decode(model, src, 20).tokens)
@@ -53,26 +54,29 @@ def test_fused_links_with_own_centres_decode_like_the_reference():
     with torch.no_grad():
         torch.nn.init.normal_(model.prior.adapt.weight, std=0.05)
     src = sources()
-    fused = blockwise_decode(model, src, Exact(), 192)
-    model.fuse_chain = False
-    ref = blockwise_decode(model, src, Exact(), 192)
+    fused = blockwise_decode(build_runtime(model), src, Exact(), 192)
+    ref = blockwise_decode(build_runtime(model, InferenceOptions(fused_chain=False)), src, Exact(), 192)
     assert torch.equal(fused.tokens, ref.tokens) and fused.block_sizes == ref.block_sizes
 
 
-def test_fused_links_are_rebuilt_when_the_weights_change():
+def test_a_runtime_fuses_the_links_of_its_snapshot_once():
+    """The fused links are made when the runtime is built, from its snapshot: a later change of the model's weights
+    reaches a runtime built after it, not one built before."""
     model = random_model(k=3, seed=3, head_type="chained")
     scramble_chain(model)
     h, token = torch.randn(2, 32, dtype=torch.float64), torch.tensor([4, 5])
+    runtime = build_runtime(model)
+    fused = runtime.proposer.fused
     with torch.no_grad():
-        before = model.chain_draft(h, token, 1)[0]
-        first = model.fused[1]
-        assert model.chain_draft(h, token, 1)[0] is not before and model.fused[1] is first  # reused
+        z1 = runtime.chain_draft(h, token, 1)[0]
+        before = runtime.chain_draft(z1, token, 2)[0]
+        assert runtime.proposer.fused is fused  # reused, never rebuilt
         model.head.cells[1].z_in.weight.mul_(2.0)  # an in-place update of one weight (of link 2)
-        z1 = model.chain_draft(h, token, 1)[0]  # the first link of an iteration checks the weights
-        assert model.fused[1] is not first
-        after = model.chain_draft(z1, token, 2)[0]
-        model.fuse_chain = False
-        assert_close_to_rounding(after, model.chain_draft(z1, token, 2)[0])
+        assert torch.equal(runtime.chain_draft(z1, token, 2)[0], before)  # the snapshot is unchanged
+        after = build_runtime(model).chain_draft(z1, token, 2)[0]
+        assert not torch.equal(after, before)
+        reference = build_runtime(model, InferenceOptions(fused_chain=False)).chain_draft(z1, token, 2)[0]
+        assert_close_to_rounding(after, reference)
 
 
 @pytest.mark.skipif(not int8.available(), reason="no fbgemm/x86 quantized engine")
@@ -104,17 +108,17 @@ def test_whole_chain_at_once_proposes_what_the_links_one_by_one_propose(draft, p
     scramble_chain(model, std=0.05)
     if draft:
         model.use_draft_vocab(torch.arange(3, 40, 2))
-    model.set_proposal_precision(proposals)
+    runtime = build_runtime(model, InferenceOptions(proposal_precision=proposals))
     src = random_sources(4, vocab=40)
     context = model.encode(src)
     source = model.chain_source(context)
     with torch.no_grad():
         h = model.decode_full(torch.ones(4, 1, dtype=torch.long), context)[:, -1]
         first = model.project(h).argmax(-1)
-        whole = model.chain_drafts(h, first, 5, source)
+        whole = runtime.chain_drafts(h, first, 5, source)
         z, token, one_by_one = h, first, []
         for i in range(1, 5):
-            z, token = model.chain_draft(z, token, i, source)
+            z, token = runtime.chain_draft(z, token, i, source)
             one_by_one.append(token)
     assert torch.equal(whole, torch.stack(one_by_one, dim=1))
     assert not draft or bool(torch.isin(whole, model.draft_vocab.ids).all())

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, blockwise_decode_reference, greedy_decode, head_agreement
+from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.tasks.superres.module import LEGACY_HEADS, SuperResolutionModule
 from tests.models import assert_close_to_rounding, random_model
 from tests.nn.test_intensity_prior import IMAGE
@@ -56,8 +57,8 @@ def test_own_centres_decode_exactly_like_the_reference_and_greedy(head_type, out
 
 def assert_exact_decoding_is_the_reference_and_greedy(model, src: torch.Tensor, max_len: int = 192) -> None:
     """Cached exact blockwise decoding of ``src`` equals the uncached reference (tokens and block sizes) and
-    greedy decoding, and some block is longer than 1."""
-    out = blockwise_decode(model, src, Exact(), max_len)
+    greedy decoding, and some block is longer than 1; through a runtime's fast proposals."""
+    out = blockwise_decode(build_runtime(model), src, Exact(), max_len)
     ref = blockwise_decode_reference(model, src, Exact(), max_len)
     assert torch.equal(out.tokens, ref.tokens) and out.block_sizes == ref.block_sizes
     assert torch.equal(out.tokens, greedy_decode(model, src, max_len).tokens)
@@ -76,10 +77,11 @@ def test_a_chain_step_by_step_equals_the_teacher_forced_chain(head_type):
     source = model.chain_source(context)
     whole = model.logits_heads(hidden, range(K), tokens, source)  # (2, k, V)
     z = z_draft = hidden
+    runtime = build_runtime(model)
     assert_close_to_rounding(model.logits_first(hidden), whole[:, 0])
     for i in range(1, K):
         z, logits = model.chain_step(z, tokens[:, i - 1], i, source)
-        z_draft, token = model.chain_draft(z_draft, tokens[:, i - 1], i, source)  # the proposal path
+        z_draft, token = runtime.chain_draft(z_draft, tokens[:, i - 1], i, source)  # the proposal path
         assert z.shape == z_draft.shape == hidden.shape
         assert_close_to_rounding(logits, whole[:, i])
         assert torch.equal(token, logits.argmax(-1))
@@ -92,8 +94,7 @@ def test_bfloat16_proposals_with_own_centres_stay_exact():
         model = image_model("own", head_type, "gaussian")
         src = sources()
         greedy = greedy_decode(model, src, 192).tokens
-        model.set_proposal_precision("bfloat16")
-        out = blockwise_decode(model, src, Exact(), 192)
+        out = blockwise_decode(build_runtime(model, InferenceOptions(proposal_precision="bfloat16")), src, Exact(), 192)
         assert torch.equal(out.tokens, greedy) and max(max(s) for s in out.block_sizes) > 1
 
 

@@ -7,6 +7,7 @@ import torch
 
 from lightning_bpd.decoding import blockwise_decode, blockwise_decode_reference
 from lightning_bpd.decoding.criteria import parse_criterion
+from lightning_bpd.inference import build_runtime
 from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
 from lightning_bpd.nn.warm_start import base_detached, freeze_base, load_base_weights
 from tests.models import assert_close_to_rounding, random_model
@@ -70,9 +71,10 @@ def test_decoding_with_an_own_head_prior_is_the_reference_and_greedy(head_type, 
         context = model.encode(src)
         source = model.chain_source(context)
         hidden = model.decode_full(tgt_in, context)
+        runtime = build_runtime(model)
         for t in range(0, 100, 9):
-            whole = model.chain_drafts(hidden[:, t], tgt_in[:, t], K, source)
-            assert whole is not None and torch.equal(whole, link_by_link(model, hidden[:, t], tgt_in[:, t], K, source))
+            whole = runtime.chain_drafts(hidden[:, t], tgt_in[:, t], K, source)
+            assert whole is not None and torch.equal(whole, link_by_link(runtime, hidden[:, t], tgt_in[:, t], K, source))
 
 
 def test_the_chain_step_by_step_equals_the_teacher_forced_chain():

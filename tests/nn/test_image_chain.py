@@ -5,6 +5,7 @@ import torch
 
 from lightning_bpd.decoding import blockwise_decode
 from lightning_bpd.decoding.criteria import parse_criterion
+from lightning_bpd.inference import build_runtime
 from tests.nn.test_head_centres import assert_exact_decoding_is_the_reference_and_greedy, image_model
 from tests.nn.test_pixel_neighbours import K, neighbour_model, sources
 
@@ -43,14 +44,15 @@ def test_the_whole_image_chain_proposes_what_the_links_one_by_one_propose(kind, 
         context = model.encode(src)
         source = model.chain_source(context)
         hidden = model.decode_full(tgt_in, context)  # (3, T, D + carried)
+        runtime = build_runtime(model)
         for k in (K, 2):
             for t in range(0, 150, 7):
                 h = hidden[:, t]
                 first = torch.randint(3, 20, (3,), generator=torch.Generator().manual_seed(t))
-                whole = model.chain_drafts(h, first, k, source)
+                whole = runtime.chain_drafts(h, first, k, source)
                 assert whole is not None and whole.shape == (3, k - 1)
-                assert torch.equal(whole, link_by_link(model, h, first, k, source)), (k, t)
-        drafts = torch.stack([model.chain_drafts(hidden[:, t], tgt_in[:, t], K, source) for t in range(150)])
+                assert torch.equal(whole, link_by_link(runtime, h, first, k, source)), (k, t)
+        drafts = torch.stack([runtime.chain_drafts(hidden[:, t], tgt_in[:, t], K, source) for t in range(150)])
     assert drafts.unique().numel() > 3
 
 
@@ -60,9 +62,10 @@ def test_exact_decoding_through_the_whole_image_chain_is_greedy_and_the_referenc
     assert_exact_decoding_is_the_reference_and_greedy(model, src)
     with torch.no_grad():  # the same blocks as with the links one by one
         eps = parse_criterion("eps2")
-        fast = blockwise_decode(model, src, eps, 192)
-        model.image_chain_drafts = lambda *args: None  # chain_drafts falls back to the links
-        slow = blockwise_decode(model, src, eps, 192)
+        runtime = build_runtime(model)
+        fast = blockwise_decode(runtime, src, eps, 192)
+        runtime.proposer.image_chain_drafts = lambda *args: None  # chain_drafts falls back to the links
+        slow = blockwise_decode(runtime, src, eps, 192)
     assert torch.equal(fast.tokens, slow.tokens) and fast.block_sizes == slow.block_sizes
 
 
@@ -71,4 +74,4 @@ def test_the_link_by_link_path_takes_what_the_whole_chain_does_not():
     model = image_model("own", "chained", "categorical")
     h = model.decode_full(torch.ones(2, 1, dtype=torch.long), model.encode(sources(2)))[:, -1]
     with torch.no_grad():
-        assert model.chain_drafts(h, torch.full((2,), 5), K) is None
+        assert build_runtime(model).chain_drafts(h, torch.full((2,), 5), K) is None

@@ -67,12 +67,11 @@ def test_bfloat16_proposals_keep_float32_decoding_exact(head_type):
     greedy = greedy_decode(model, src, 24).sequences()
     full = blockwise_decode(model, src, Exact(), 24)
     runtime = build_runtime(model, InferenceOptions(proposal_precision="bfloat16"))
-    assert runtime.model.proposal is not None and model_dtype(runtime.model) == torch.float32
-    assert model.proposal is None  # the model keeps its own proposals
+    assert runtime.proposer.proposal is not None and model_dtype(runtime.model) == torch.float32
     assert not any("proposal" in name for name in runtime.model.state_dict())
     cheap = blockwise_decode(runtime, src, Exact(), 24)
     assert cheap.sequences() == full.sequences() == greedy
-    assert build_runtime(model, InferenceOptions(proposal_precision="float32")).model.proposal is None  # no copy
+    assert build_runtime(model, InferenceOptions(proposal_precision="float32")).proposer.proposal is None  # no copy
 
 
 def test_bfloat16_chain_proposes_what_the_float32_chain_proposes_on_clear_margins():
@@ -86,9 +85,9 @@ def test_bfloat16_chain_proposes_what_the_float32_chain_proposes_on_clear_margin
     h = model.decode_full(torch.ones(6, 1, dtype=torch.long), context)[:, -1]
     first = model.project(h).argmax(-1)
     with torch.no_grad():
-        want = chain_tokens(model, Exact(), h, 5, first, model.chain_source(context)).tokens
-        model.set_proposal_precision("bfloat16")
-        got = chain_tokens(model, Exact(), h, 5, first, model.chain_source(context)).tokens
+        want = chain_tokens(build_runtime(model), Exact(), h, 5, first, model.chain_source(context)).tokens
+        cheap = build_runtime(model, InferenceOptions(proposal_precision="bfloat16"))
+        got = chain_tokens(cheap, Exact(), h, 5, first, model.chain_source(context)).tokens
     assert (got == want).float().mean() >= 0.9
 
 
@@ -107,16 +106,16 @@ def test_int8_proposals_keep_float32_decoding_exact_and_propose_like_float32(hea
         model.use_draft_vocab(torch.tensor(used + [t for t in range(40) if t not in used][: 20 - len(used)]))
     full = blockwise_decode(model, src, Exact(), 24)
     runtime = build_runtime(model, InferenceOptions(proposal_precision="int8"))
-    assert runtime.model.proposal is not None and runtime.model.proposal.int8
+    assert runtime.proposer.proposal is not None and runtime.proposer.int8
     assert model_dtype(runtime.model) == torch.float32
     cheap = blockwise_decode(runtime, src, Exact(), 24)
     assert cheap.sequences() == full.sequences() == greedy
     assert cheap.mean_accepted_block_size >= 0.8 * full.mean_accepted_block_size > 1.1
     if model.chained_heads:
-        assert runtime.model.fused[1].int8 and runtime.model.fused[1].links[0].int8 is not None
+        assert runtime.proposer.fused.int8 and runtime.proposer.fused.links[0].int8 is not None
 
 
 def test_int8_proposals_need_a_float32_model():
     model = random_model(k=2, vocab=40)  # float64
     with pytest.raises(ValueError, match="float32 model"):
-        model.set_proposal_precision("int8")
+        build_runtime(model, InferenceOptions(proposal_precision="int8"))

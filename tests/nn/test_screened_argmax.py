@@ -5,9 +5,10 @@ import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.greedy import greedy_decode_reference
+from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.nn import int8
 from lightning_bpd.nn.int8 import int8_linear, pack_int8
-from lightning_bpd.nn.screened_argmax import ScreenedArgmax, screened
+from lightning_bpd.nn.screened_argmax import ScreenedArgmax
 from tests.models import float32_model, random_sources
 from tests.nn.test_head_centres import image_model
 
@@ -69,42 +70,28 @@ def test_decoding_with_the_screen_exact_equals_greedy_and_the_reference(head_typ
     model = float32_model(4, head_type)
     src = random_sources(6, vocab=40)
     plain = greedy_decode(model, src, 24)
-    model.set_screened_argmax(True)
-    greedy = greedy_decode(model, src, 24)
+    runtime = build_runtime(model, InferenceOptions(screened_argmax=True))
+    greedy = greedy_decode(runtime, src, 24)
     assert torch.equal(greedy.tokens, greedy_decode_reference(model, src, 24).tokens)
     assert torch.equal(greedy.tokens, plain.tokens)  # no near-tie here: the float32 argmax's output
     for lazy in (False, True):
-        out = blockwise_decode(model, src, Exact(), 24, lazy=lazy)
+        out = blockwise_decode(runtime, src, Exact(), 24, lazy=lazy)
         assert torch.equal(out.tokens, greedy.tokens)
-    assert model.screen is not None and model.screen[1].rows > 0
+    assert runtime.proposer.screen is not None and runtime.proposer.screen.rows > 0
     assert max(max(sizes) for sizes in out.block_sizes) > 1
 
 
-def test_screen_is_rebuilt_when_the_output_layer_changes():
+def test_the_screen_is_made_from_the_runtimes_snapshot():
     model = float32_model(4, "chained")
-    model.set_screened_argmax(True)
     h = torch.randn(3, 32)
     with torch.no_grad():
-        before = model.argmax_first(h)
-        first = model.screen[1]
+        before = build_runtime(model, InferenceOptions(screened_argmax=True)).argmax_first(h)
         model.tgt_embed.weight.mul_(-1)  # in place: the output layer (tied) flips every logit
-        after = model.argmax_first(h)
-    assert model.screen[1] is not first
+        after = build_runtime(model, InferenceOptions(screened_argmax=True)).argmax_first(h)
     assert torch.equal(after, model.logits_first(h).argmax(-1)) and not torch.equal(before, after)
 
 
 def test_image_models_with_a_prior_are_refused_with_a_clear_message():
     model = image_model("own", "chained", "gaussian")
     with pytest.raises(ValueError, match="plain vocabulary projection"):
-        model.set_screened_argmax(True)
-
-
-def test_screened_context_turns_it_on_for_the_block_only():
-    model = float32_model(4, "chained")
-    with screened(model):
-        assert model.screened_argmax
-    assert not model.screened_argmax
-    with screened(model, on=False):
-        assert not model.screened_argmax
-    with pytest.raises(ValueError, match="has no screened argmax"), screened(torch.nn.Linear(2, 2)):
-        pass
+        build_runtime(model, InferenceOptions(screened_argmax=True))
