@@ -14,7 +14,8 @@ from lightning_bpd.inference.options import InferenceOptions
 PRECISION_HELP = (
     "decode with the model in float32, bfloat16 (fast several-row products on AVX-512-BF16 / AMX CPUs), float64, "
     "float32-invariant (float32 with float64 products: the verify pass and the greedy step round alike, so exact "
-    "decoding equals greedy even with the Gaussian image output), bfloat16-invariant (bfloat16 with float64 "
+    "decoding equals greedy even with the Gaussian image output), float32-packed (float32 with oneDNN's packed weights: "
+    "batch-invariant products on these CPUs, cheap for several rows; float64 attention), bfloat16-invariant (bfloat16 with float64 "
     "attention) or int8 (float32 weights multiplied in int8 with a scale per weight row and per activation row, "
     "float64 attention: batch-invariant, so exact decoding equals int8 greedy; CPU) (default: as trained)")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightning_bpd.nn.precision import INT8, INVARIANT, canonical_precision, parse_precision
+from lightning_bpd.nn.precision import INT8, INVARIANT, PACKED, canonical_precision, parse_precision
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,8 @@ class InferenceOptions:
     """How a runtime decodes a model.
 
     precision: ``float32``, ``bfloat16``, ``float64``, ``float32-invariant`` (float32 with float64 products and
-        attention: the verify pass and the greedy step round alike), ``bfloat16-invariant`` (bfloat16 with
+        attention: the verify pass and the greedy step round alike), ``float32-packed`` (float32 with oneDNN's
+        packed weights, batch-invariant on these CPUs, and float64 attention), ``bfloat16-invariant`` (bfloat16 with
         float64 attention) or ``int8`` (float32 weights multiplied in int8 per weight row and activation row,
         float64 attention; CPU); None: the model's own dtype, plain products.
     proposal_precision: the heads propose from a copy in this precision (``bfloat16``, ``int8``, ...) while
@@ -54,6 +55,11 @@ class InferenceOptions:
     def int8(self) -> bool:
         """Whether the products are int8."""
         return self.precision == INT8
+
+    @property
+    def packed(self) -> bool:
+        """Whether the products are float32 with oneDNN-packed weights."""
+        return self.precision == PACKED
 
     @property
     def invariant(self) -> bool:

@@ -3,6 +3,8 @@
 - :class:`WideProducts` (``float32-invariant``, ``bfloat16-invariant``): float32 products accumulated in float64
   and rounded back (:mod:`~lightning_bpd.nn.invariant`); attention of float32 or bfloat16 activations in float64.
   The verify pass and the greedy step then round alike, so exact decoding reproduces this precision's greedy.
+- :class:`PackedProducts` (``float32-packed``): float32 products with weights packed once for oneDNN, whose
+  products are batch-invariant on these CPUs (:mod:`~lightning_bpd.nn.onednn`); attention in float64.
 - :class:`Int8Products` (``int8``): float32 weights multiplied in int8 with a scale per weight row and per
   activation row (:class:`~lightning_bpd.nn.int8.RowInt8`), attention in float64: batch-invariant by
   construction.
@@ -19,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_bpd.nn import int8 as int8_ops
-from lightning_bpd.nn import invariant
+from lightning_bpd.nn import invariant, onednn
 from lightning_bpd.nn.products import Products, inference
 
 
@@ -70,10 +72,12 @@ class Int8Products(WideProducts):
 
     name = "int8"
     lean_encoder = True
+    MAX_MADE = 64
 
     def __init__(self) -> None:
         super().__init__()
-        self.packed: dict[int, tuple[Tensor, Tensor | None, int8_ops.RowInt8]] = {}  # id(weight) -> packed
+        self.packed: dict[int, tuple[Tensor, Tensor | None, int8_ops.RowInt8]] = {}  # id(weight) -> packed, at build
+        self.made: dict[int, tuple[Tensor, Tensor | None, int8_ops.RowInt8]] = {}  # others, packed when first met
 
     def prepare(self, model: nn.Module) -> Int8Products:
         """Packed int8 copies of every ``nn.Linear`` of ``model`` (weight with its bias), made now."""
@@ -84,17 +88,26 @@ class Int8Products(WideProducts):
         if device.type != "cpu":
             raise ValueError(f"precision int8 runs on the CPU (fbgemm's int8 products); the model is on {device}: "
                              "decode on --device cpu, or pick bfloat16 / float32 on a GPU")
-        for m in model.modules():
-            if isinstance(m, nn.Linear) and m.weight.dtype == torch.float32:
-                self.packed[id(m.weight)] = (m.weight, m.bias, int8_ops.RowInt8(m.weight, m.bias))
+        pairs = [(m.weight, m.bias) for m in model.modules() if isinstance(m, nn.Linear)]
+        if hasattr(model, "output_layer"):
+            pairs.append(model.output_layer())
+        for weight, bias in pairs:
+            if weight.dtype == torch.float32:
+                self.packed[id(weight)] = (weight, bias, int8_ops.RowInt8(weight, bias))
         return self
 
     def row_int8(self, weight: Tensor, bias: Tensor | None) -> int8_ops.RowInt8:
-        """The packed copy of a prepared (weight, bias) pair, or of any other pair packed now."""
-        hit = self.packed.get(id(weight))
-        if hit is not None and hit[0] is weight and hit[1] is bias:
-            return hit[2]
-        return int8_ops.RowInt8(weight, bias)
+        """The packed copy of a prepared (weight, bias) pair, or of another pair (a draft vocabulary's rows, a
+        projection made per call) packed now and kept while its tensors are (at most ``MAX_MADE`` pairs)."""
+        for book in (self.packed, self.made):
+            hit = book.get(id(weight))
+            if hit is not None and hit[0] is weight and hit[1] is bias:
+                return hit[2]
+        if len(self.made) >= self.MAX_MADE:
+            self.made.clear()
+        made = int8_ops.RowInt8(weight, bias)
+        self.made[id(weight)] = (weight, bias, made)
+        return made
 
     def active(self, x: Tensor) -> bool:
         return x.dtype == torch.float32 and x.device.type == "cpu" and inference(x)
@@ -112,3 +125,62 @@ class Int8Products(WideProducts):
 
     def lean_wide_weights(self, x: Tensor, weights: list[Tensor]) -> list[Tensor]:
         return []
+
+
+class PackedProducts(WideProducts):
+    """float32 products with weights packed once for oneDNN (batch-invariant on these CPUs, cheap for several
+    rows: :mod:`~lightning_bpd.nn.onednn`); attention of float32 / bfloat16 in float64."""
+
+    name = "packed"
+    lean_encoder = True
+    MAX_MADE = 64  # weights packed per call (not the model's own) kept, keyed by the tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.packed: dict[int, tuple[Tensor, Tensor]] = {}  # id(weight) -> (weight, its packed copy), at build time
+        self.made: dict[int, tuple[Tensor, Tensor]] = {}  # the same for other tensors, packed when first met
+
+    def prepare(self, model: nn.Module) -> PackedProducts:
+        """Packed copies of every float32 ``nn.Linear`` weight of ``model`` and of its vocabulary projection."""
+        if not onednn.available():
+            raise ValueError("precision float32-packed needs torch's oneDNN (mkldnn) packed-linear ops; this build "
+                             "has none: pick float32-invariant or int8")
+        device = next(model.parameters()).device
+        if device.type != "cpu":
+            raise ValueError(f"precision float32-packed runs on the CPU (oneDNN); the model is on {device}")
+        weights = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
+        if hasattr(model, "output_layer"):
+            weights.append(model.output_layer()[0])
+        for w in weights:
+            if w.dtype == torch.float32 and id(w) not in self.packed:
+                self.packed[id(w)] = (w, onednn.pack(w))
+        return self
+
+    def packed_weight(self, weight: Tensor) -> Tensor:
+        """The packed copy of a prepared weight, or of another tensor (a draft vocabulary's rows, a projection made
+        per call) packed now and kept while the tensor is (at most ``MAX_MADE`` of them)."""
+        hit = self.packed.get(id(weight)) or self.made.get(id(weight))
+        if hit is not None and hit[0] is weight:
+            return hit[1]
+        if len(self.made) >= self.MAX_MADE:
+            self.made.clear()
+        made = onednn.pack(weight.detach())
+        self.made[id(weight)] = (weight, made)
+        return made
+
+    def active(self, x: Tensor) -> bool:
+        return x.dtype == torch.float32 and x.device.type == "cpu" and inference(x)
+
+    def applies(self, x: Tensor) -> bool:
+        return self.active(x)
+
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        if not self.active(x):
+            return Products.linear(self, x, weight, bias)
+        return onednn.product(x, self.packed_weight(weight), None if bias is None else bias.detach())
+
+    def lean_wide_weights(self, x: Tensor, weights: list[Tensor]) -> list[Tensor]:
+        return []
+
+    def lean_onednn_weights(self, x: Tensor, weights: list[Tensor]) -> list[Tensor]:
+        return [self.packed_weight(weights[j]) for j in range(0, len(weights), 2)] if self.active(x) else []

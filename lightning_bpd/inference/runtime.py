@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_bpd.inference.options import InferenceOptions
-from lightning_bpd.inference.products import Int8Products, WideProducts
+from lightning_bpd.inference.products import Int8Products, PackedProducts, WideProducts
 from lightning_bpd.inference.proposer import Proposer
 from lightning_bpd.nn.precision import model_dtype, parse_precision, precision_name
 from lightning_bpd.nn.products import FLOAT, Products
@@ -34,6 +34,8 @@ def make_products(options: InferenceOptions, model: nn.Module) -> Products:
         return Int8Products().prepare(model)
     if options.invariant:
         return WideProducts().prepare(model)
+    if options.packed:
+        return PackedProducts().prepare(model)
     return FLOAT
 
 

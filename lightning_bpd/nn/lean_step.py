@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_bpd.nn import int8
+from lightning_bpd.nn import int8, onednn
 from lightning_bpd.nn.fast_linear import LARGE, MAX_ROWS
 from lightning_bpd.nn.products import Products
 
@@ -48,11 +48,13 @@ def column_layouts(x: Tensor) -> list[bool]:
 
 
 def _product(x: Tensor, j: int, weights: list[Tensor], packed: list[torch.classes.quantized.LinearPackedParamsBase],
-             by_columns: list[bool], wide: list[Tensor]) -> Tensor:
+             by_columns: list[bool], wide: list[Tensor], onednn_weights: list[Tensor]) -> Tensor:
     """Product ``j`` of the step (weights[2j], weights[2j + 1]): int8 when ``packed`` holds the packed weights,
     in float64 rounded to float32 when ``wide`` holds float64 copies (:func:`lightning_bpd.nn.invariant.linear`)."""
     if len(packed) > 0:
         return int8.row_int8(x, packed[j], weights[2 * j + 1])
+    if len(onednn_weights) > 0:
+        return onednn.product(x, onednn_weights[j], weights[2 * j + 1])  # back in Python (torch.jit.ignore)
     if len(wide) > 0:
         return F.linear(x.double(), wide[2 * j], wide[2 * j + 1]).float()
     return layout_linear(x, weights[2 * j], weights[2 * j + 1], by_columns)
@@ -74,8 +76,8 @@ def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Te
                       weights: list[Tensor], norms: list[Tensor], cross_k: list[Tensor], cross_v: list[Tensor],
                       cross_bias: Tensor, n_heads: int, by_columns: list[bool],
                       packed: list[torch.classes.quantized.LinearPackedParamsBase],
-                      span_start: int, ring: int, window: int, wide_weights: list[Tensor], wide_attention: bool
-                      ) -> Tensor:
+                      span_start: int, ring: int, window: int, wide_weights: list[Tensor], wide_attention: bool,
+                      onednn_weights: list[Tensor]) -> Tensor:
     """T new inputs per row x (B, T, D) at ``positions`` (B, T) -> the final-norm hidden states (B, T, D).
 
     Writes their keys and values into ``k_cache`` / ``v_cache`` (L, B, S, H, Dh): at slots ``start .. start
@@ -89,7 +91,8 @@ def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Te
     ``by_columns``: the float products' layout (:func:`layout_linear`); ``packed``: empty, or the int8 weights of
     every product (precision int8, :mod:`lightning_bpd.nn.int8`); ``wide_weights``: empty, or float64 copies of
     ``weights`` (float32-invariant: products in float64, :mod:`lightning_bpd.nn.invariant`); ``wide_attention``:
-    attention in float64, rounded back.
+    attention in float64, rounded back; ``onednn_weights``: empty, or the oneDNN-packed weights of every product
+    (precision float32-packed, :mod:`lightning_bpd.nn.onednn`).
     """
     b, t, d = x.shape[0], x.shape[1], x.shape[2]
     dh = d // n_heads
@@ -112,9 +115,10 @@ def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Te
         w = weights[12 * i : 12 * i + 12]
         p = packed[6 * i : 6 * i + 6]
         ww = wide_weights[12 * i : 12 * i + 12]
+        o = onednn_weights[6 * i : 6 * i + 6]
         n = norms[6 * i : 6 * i + 6]
         h = F.layer_norm(x, [d], n[0], n[1])
-        qkv = _product(h, 0, w, p, by_columns, ww).view(b, t, 3 * n_heads, dh).chunk(3, dim=2)
+        qkv = _product(h, 0, w, p, by_columns, ww, o).view(b, t, 3 * n_heads, dh).chunk(3, dim=2)
         if start >= 0:
             k_cache[i, :, start : start + t] = qkv[1]
             v_cache[i, :, start : start + t] = qkv[2]
@@ -126,30 +130,33 @@ def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Te
             v_cache[i][rows, positions] = qkv[2]
         span = ring if ring > 0 else stop
         a = _attention(qkv[0], k_cache[i, :, span_start:span], v_cache[i, :, span_start:span], self_bias, wide)
-        x = x + _product(a, 1, w, p, by_columns, ww)
-        q = _product(F.layer_norm(x, [d], n[2], n[3]), 2, w, p, by_columns, ww).view(b, t, n_heads, dh)
-        x = x + _product(_attention(q, cross_k[i], cross_v[i], cross_bias, wide), 3, w, p, by_columns, ww)
-        h = torch.relu(_product(F.layer_norm(x, [d], n[4], n[5]), 4, w, p, by_columns, ww))
-        x = x + _product(h, 5, w, p, by_columns, ww)
+        x = x + _product(a, 1, w, p, by_columns, ww, o)
+        q = _product(F.layer_norm(x, [d], n[2], n[3]), 2, w, p, by_columns, ww, o).view(b, t, n_heads, dh)
+        x = x + _product(_attention(q, cross_k[i], cross_v[i], cross_bias, wide), 3, w, p, by_columns, ww, o)
+        h = torch.relu(_product(F.layer_norm(x, [d], n[4], n[5]), 4, w, p, by_columns, ww, o))
+        x = x + _product(h, 5, w, p, by_columns, ww, o)
     return F.layer_norm(x, [d], norms[-2], norms[-1])
 
 
 def lean_encoder(x: Tensor, mask: Tensor, weights: list[Tensor], norms: list[Tensor], n_heads: int,
-                 by_columns: list[bool], packed: list[torch.classes.quantized.LinearPackedParamsBase]) -> Tensor:
+                 by_columns: list[bool], packed: list[torch.classes.quantized.LinearPackedParamsBase],
+                 wide_attention: bool, onednn_weights: list[Tensor]) -> Tensor:
     """The encoder's layers over embedded sources x (B, S, D) under the boolean ``mask`` (B, 1, 1, S) -> the
     final-norm memory (B, S, D). ``weights``: per layer qkv (w, b), out (w, b), ff1 (w, b), ff2 (w, b);
-    ``norms``: per layer norm1, norm2 (w, b), then the final norm; ``packed`` as for :func:`lean_decoder_step`."""
+    ``norms``: per layer norm1, norm2 (w, b), then the final norm; ``packed``, ``wide_attention`` and
+    ``onednn_weights`` as for :func:`lean_decoder_step`."""
     b, s, d = x.shape[0], x.shape[1], x.shape[2]
-    wide = len(packed) > 0
+    wide = wide_attention
     none: list[Tensor] = []
     for i in range(len(norms) // 4):
         w = weights[8 * i : 8 * i + 8]
         p = packed[4 * i : 4 * i + 4]
-        qkv = _product(F.layer_norm(x, [d], norms[4 * i], norms[4 * i + 1]), 0, w, p, by_columns, none)
+        o = onednn_weights[4 * i : 4 * i + 4]
+        qkv = _product(F.layer_norm(x, [d], norms[4 * i], norms[4 * i + 1]), 0, w, p, by_columns, none, o)
         qkv = qkv.view(b, s, 3 * n_heads, d // n_heads).chunk(3, dim=2)
-        x = x + _product(_attention(qkv[0], qkv[1], qkv[2], mask, wide), 1, w, p, by_columns, none)
-        h = torch.relu(_product(F.layer_norm(x, [d], norms[4 * i + 2], norms[4 * i + 3]), 2, w, p, by_columns, none))
-        x = x + _product(h, 3, w, p, by_columns, none)
+        x = x + _product(_attention(qkv[0], qkv[1], qkv[2], mask, wide), 1, w, p, by_columns, none, o)
+        h = torch.relu(_product(F.layer_norm(x, [d], norms[4 * i + 2], norms[4 * i + 3]), 2, w, p, by_columns, none, o))
+        x = x + _product(h, 3, w, p, by_columns, none, o)
     return F.layer_norm(x, [d], norms[-2], norms[-1])
 
 
@@ -215,7 +222,9 @@ def encode(encoder: torch.nn.Module, x: Tensor, mask: Tensor) -> Tensor:
     """:meth:`Encoder.forward` through :func:`lean_encoder`."""
     weights, norms = listed(encoder, encoder_tensors)
     by_columns, packed = layouts(x, weights, encoder.products)
-    return lean_encoder(x, mask, weights, norms, encoder.layers[0].attn.n_heads, by_columns, packed)
+    products = encoder.products
+    return lean_encoder(x, mask, weights, norms, encoder.layers[0].attn.n_heads, by_columns, packed,
+                        products.widens_attention(x), products.lean_onednn_weights(x, weights))
 
 
 def step(decoder: torch.nn.Module, x: Tensor, context, cache, positions: Tensor, stop: int,
@@ -233,4 +242,4 @@ def step(decoder: torch.nn.Module, x: Tensor, context, cache, positions: Tensor,
     return lean_decoder_step(x, cache.k, cache.v, positions, low if low == high and not ring else -1, stop, weights,
                              norms, [k for k, _ in context.cross_kv], [v for _, v in context.cross_kv], cross_bias,
                              decoder.n_heads, by_columns, packed, span_start, ring, window, wide_weights,
-                             wide_attention)
+                             wide_attention, products.lean_onednn_weights(x, weights))

@@ -35,7 +35,9 @@ neither speed nor bits (None, 2 and 8 pack one layout), except a hint of 1 (abov
 The packed weight is a ``torch._mkldnn`` tensor: inference only (no autograd, CPU, float32).
 """
 
-from __future__ import annotations
+# no ``from __future__ import annotations``: TorchScript reads :func:`product`'s signature (it is called from the
+# scripted lean step, back in Python) and cannot resolve string annotations of an ignored function
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -70,6 +72,21 @@ def packed_product(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
     """oneDNN's ``x @ W.T + bias`` for ``x`` (rows, in) float32 and ``packed`` from :func:`pack`: (rows, out).
     No single-row padding (see :class:`PackedLinear`)."""
     return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
+
+
+@torch.jit.ignore
+def product(x: Tensor, packed: Tensor, bias: Optional[Tensor]) -> Tensor:  # noqa: UP045 (TorchScript)
+    """``x`` (..., in) float32 times a :func:`pack`-ed weight (out, in), plus ``bias``: (..., out), batch-invariant;
+    a single row with ``in`` > :data:`PAD_SINGLE_ROW_ABOVE` is multiplied as two copies of itself (see the module
+    doc)."""
+    flat = x.reshape(-1, x.shape[-1])  # (rows, in)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    if flat.shape[0] == 1 and flat.shape[1] > PAD_SINGLE_ROW_ABOVE:  # a 2-row product reduces like every n >= 2
+        out = packed_product(flat.expand(2, -1).contiguous(), packed, bias)[:1]  # (1, out)
+    else:
+        out = packed_product(flat, packed, bias)  # (rows, out)
+    return out.reshape(list(x.shape[:-1]) + [out.shape[-1]])
 
 
 class PackedLinear:

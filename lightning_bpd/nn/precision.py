@@ -12,6 +12,10 @@ precision (the fused kernel blocks a k-query pass differently from a 1-query ste
 several rows at once: a 256 -> 8000 projection of 8 rows costs little more than 1 row, so a k-token
 verify pass costs about what a greedy step costs.
 
+``float32-packed`` keeps float32 weights and arithmetic but multiplies with oneDNN's packed weights
+(:mod:`~lightning_bpd.nn.onednn`), whose products are batch-invariant on these CPUs (a hardware property,
+``tests/nn/test_onednn.py -m hardware``) and cheap for the 8 rows of a verify pass; attention is taken in float64.
+
 ``int8`` keeps float32 weights and activations but multiplies in int8, with a scale per weight row and per
 activation row, and takes attention in float64 (:mod:`~lightning_bpd.nn.int8`): batch-invariant by
 construction, and a quarter of the weight bytes per product.
@@ -36,15 +40,20 @@ import torch
 from torch import nn
 
 PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64,
-              "float32-invariant": torch.float32, "bfloat16-invariant": torch.bfloat16, "int8": torch.float32}
+              "float32-invariant": torch.float32, "bfloat16-invariant": torch.bfloat16, "int8": torch.float32,
+              "float32-packed": torch.float32}
 ALIASES = {"fp32": "float32", "32": "float32", "bf16": "bfloat16", "fp64": "float64", "64": "float64",
            "fp32i": "float32-invariant", "fp32-invariant": "float32-invariant", "bf16i": "bfloat16-invariant",
-           "bf16-invariant": "bfloat16-invariant", "i8": "int8"}
+           "bf16-invariant": "bfloat16-invariant", "i8": "int8", "fp32p": "float32-packed",
+           "fp32-packed": "float32-packed", "packed": "float32-packed"}
 # batch-invariant precisions (:mod:`lightning_bpd.nn.invariant`): float32 with float64 products and attention;
 # bfloat16 (its oneDNN products are invariant already) with float64 attention
 INVARIANT = ("float32-invariant", "bfloat16-invariant")
 # float32 weights, int8 products with per-row activation scales, float64 attention (:mod:`lightning_bpd.nn.int8`)
 INT8 = "int8"
+# float32 weights packed once for oneDNN (batch-invariant products on these CPUs), float64 attention
+# (:mod:`lightning_bpd.nn.onednn`)
+PACKED = "float32-packed"
 
 
 def canonical_precision(name: str) -> str:

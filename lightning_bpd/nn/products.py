@@ -58,6 +58,11 @@ class Products:
         """For the lean step: float64 copies of ``weights`` when products of ``x`` are taken in float64, else []."""
         return []
 
+    def lean_onednn_weights(self, x: Tensor, weights: list[Tensor]) -> list[Tensor]:
+        """For the lean step: the oneDNN-packed weight of every (weight, bias) pair in ``weights`` when products of
+        ``x`` take them, else []."""
+        return []
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 

@@ -7,8 +7,8 @@ import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.inference.products import Int8Products, WideProducts
-from lightning_bpd.nn import int8
+from lightning_bpd.inference.products import Int8Products, PackedProducts, WideProducts
+from lightning_bpd.nn import int8, onednn
 from lightning_bpd.nn.products import FLOAT
 from tests.models import float32_model, random_sources
 
@@ -64,7 +64,7 @@ def test_the_int8_runtime_packs_every_linear_when_it_is_built():
     runtime = build_runtime(model, InferenceOptions(precision="int8"))
     assert isinstance(runtime.products, Int8Products)
     linears = [m for m in runtime.model.modules() if isinstance(m, torch.nn.Linear)]
-    assert len(runtime.products.packed) == len(linears) > 0
+    assert len(runtime.products.packed) == len(linears) + 1 > 1  # and the (tied) vocabulary projection
 
 
 def test_a_model_decodes_directly_in_its_own_dtype_with_plain_products():
@@ -91,3 +91,47 @@ def test_options_are_frozen():
     assert options.precision == "float32-invariant"
     with pytest.raises(AttributeError):
         options.precision = "int8"  # type: ignore[misc]
+
+
+needs_onednn = pytest.mark.skipif(not onednn.available(), reason="needs torch's oneDNN packed-linear ops")
+
+
+@needs_onednn
+def test_the_packed_runtime_multiplies_like_float32_up_to_rounding_and_its_lean_step_like_its_modules():
+    model = float32_model(seed=9, head_type="chained_attn")
+    src = random_sources(4, vocab=40, seed=9)
+    runtime = build_runtime(model, InferenceOptions(precision="float32-packed"))
+    assert isinstance(runtime.products, PackedProducts) and runtime.precision == "float32-packed"
+    tokens = torch.randint(3, 40, (4, 5), generator=torch.Generator().manual_seed(9))
+    outs = {}
+    with torch.no_grad():
+        for name, m in (("plain", model), ("packed", runtime.model)):
+            for lean in (True, False):
+                m.decoder.lean = m.encoder.lean = lean
+                context = m.encode(src)
+                cache = m.new_cache(4, 12)
+                outs[name, lean] = torch.cat([m.decode_step(tokens[:, :1], context, cache),
+                                              m.decode_step(tokens[:, 1:], context, cache)], dim=1)
+                m.decoder.lean = m.encoder.lean = True
+        heads = runtime.logits_heads(outs["packed", True][:, -1], range(4), tokens[:, :3],
+                                     runtime.chain_source(runtime.encode(src)))
+    assert torch.equal(outs["packed", True], outs["packed", False])  # the same kernels in the same order
+    assert not torch.equal(outs["packed", True], outs["plain", True])  # other kernels than MKL's
+    torch.testing.assert_close(outs["packed", True], outs["plain", True], rtol=1e-4, atol=1e-4)
+    assert heads.shape == (4, 4, 40)
+
+
+@needs_onednn
+@pytest.mark.hardware
+@pytest.mark.parametrize("head_type", ["paper", "chained_attn"])
+def test_exact_equals_greedy_in_float32_packed(head_type):
+    """What the precision rests on (a property of oneDNN's kernels on this CPU, checked in tests/nn/test_onednn.py):
+    exact blockwise decoding reproduces the packed runtime's greedy decoding, batched and row by row."""
+    model = float32_model(seed=10, head_type=head_type)
+    model.eos_id = 5
+    runtime = build_runtime(model, InferenceOptions(precision="float32-packed"))
+    src = random_sources(8, vocab=40, seed=10)
+    with torch.no_grad():
+        greedy = greedy_decode(runtime, src, 24).sequences()
+        assert blockwise_decode(runtime, src, Exact(), 24).sequences() == greedy
+        assert [blockwise_decode(runtime, row[None], Exact(), 24).sequences()[0] for row in src] == greedy
