@@ -4,6 +4,7 @@ import pytest
 
 from lightning_bpd.benchmarks.where_time_goes import TIMED, ceilings, profile
 from lightning_bpd.decoding import parse_criterion
+from lightning_bpd.inference import InferenceOptions, build_runtime
 from tests.models import random_model, random_sources
 
 
@@ -12,8 +13,9 @@ def test_parts_add_up_and_calls_match_the_decoders():
     model.eos_id = 5
     module = SimpleNamespace(model=model, make_criterion=parse_criterion, max_decode_len=lambda src: 12)
     inputs = [row[None] for row in random_sources(4, seed=3)]
-    greedy = profile(module, inputs, None, None)
-    blockwise = profile(module, inputs, 4, "exact")
+    runtime = build_runtime(model)
+    greedy = profile(module, runtime, inputs, None, None)
+    blockwise = profile(module, runtime, inputs, 4, "exact")
     for r in (greedy, blockwise):
         assert sum(r["share"].values()) == pytest.approx(1.0)
         assert sum(r["ms_per_step_by_part"].values()) == pytest.approx(r["ms_per_step"])
@@ -28,10 +30,9 @@ def test_chained_heads_chain_is_a_part_of_its_own(fused):
     """Fused links run the whole chain in one call (chain_drafts); the reference links one call per link."""
     model = random_model(k=4, seed=3, head_type="chained_attn")
     model.eos_id = 5
-    model.fuse_chain = fused
     module = SimpleNamespace(model=model, make_criterion=parse_criterion, max_decode_len=lambda src: 12)
     inputs = [row[None] for row in random_sources(3, seed=3)]
-    r = profile(module, inputs, 4, "exact")
+    r = profile(module, build_runtime(model, InferenceOptions(fused_chain=fused)), inputs, 4, "exact")
     chains = r["calls"]["decode_step"] - len(inputs)  # a chain of 3 links after every model call but each row's last
     part = "chain_drafts" if fused else "chain_draft"
     assert r["calls"][part] == (chains if fused else 3 * chains) and "logits_heads" not in r["calls"]
