@@ -31,7 +31,14 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.criteria import Block, Criterion, Exact
-from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args, first_argmax
+from lightning_bpd.decoding.protocol import (
+    BlockwiseModel,
+    Context,
+    DecodeResult,
+    Source,
+    check_decode_args,
+    first_argmax,
+)
 from lightning_bpd.decoding.row_book import RowBook
 from lightning_bpd.nn.argmax import argmax
 
@@ -55,14 +62,14 @@ def check_stop_below(stop_below: float | None, criterion: Criterion) -> None:
         raise ValueError(f"the confidence stop takes deterministic rules (exact, topN, epsX, ...), not {criterion.name}")
 
 
-def chain_source(model: BlockwiseModel, context: Context) -> object | None:
-    """What source-attending chained heads read (``model.chain_source``), or None."""
-    get = getattr(model, "chain_source", None)
+def chain_source(model: BlockwiseModel, context: Context) -> Source | None:
+    """What source-attending chained heads read (``model.chain_source``, when offered), or None."""
+    get = model.chain_source
     return get(context) if get is not None else None
 
 
 def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None = None,
-            source: object | None = None, stop_below: float | None = None) -> Block:
+            source: Source | None = None, stop_below: float | None = None) -> Block:
     """Next block (b, k) from the hidden state (b, D) of each row's last accepted position.
 
     Deterministic rules: token 1 is ``first`` (b,), greedy's next token from the verdict, or else the
@@ -78,7 +85,7 @@ def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, firs
     is as wide as the widest row (a chain stops computing links once every row stopped): the verify
     pass checks fewer tokens that would mostly be rejected. Exact decoding stays exact.
     """
-    chained = getattr(model, "chained_heads", False) and k > 1
+    chained = model.chained_heads and k > 1
     if criterion.stochastic:
         if chained:
             return propose_chained_sampled(model, criterion, h, k, first, source)
@@ -91,7 +98,7 @@ def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, firs
         return Block(first[:, None])
     if chained:
         return chain_tokens(model, criterion, h, k, first, source, stop_below)
-    draft = getattr(model, "draft_tokens", None)
+    draft = model.draft_tokens
     if stop_below is None:
         rest = draft(h, range(1, k)) if draft is not None else criterion.propose(model.logits_heads(h, range(1, k)))
         return Block(torch.cat([first[:, None], rest], dim=1))  # (b, k)
@@ -112,13 +119,13 @@ def confidence_of(logits: Tensor, tokens: Tensor) -> Tensor:
 
 
 def chain_tokens(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor,
-                 source: object | None = None, stop_below: float | None = None) -> Block:
+                 source: Source | None = None, stop_below: float | None = None) -> Block:
     """Chained heads, deterministic: the block (b, <= k), token i+1 the argmax of head i+1 fed token i.
     With ``stop_below`` a row's width ends before its first head below that probability, and the chain
     stops once no row is still going (a host read per link)."""
-    draft = getattr(model, "chain_draft", None)
+    draft = model.chain_draft
     sure = stop_below is not None
-    whole = getattr(model, "chain_drafts", None)
+    whole = model.chain_drafts
     rest = whole(h, first, k, source) if whole is not None and not sure else None  # (b, k - 1): all links at once
     if rest is not None:
         return Block(torch.cat([first[:, None], rest], dim=1))
@@ -141,7 +148,7 @@ def chain_tokens(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int,
 
 
 def propose_chained_sampled(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None,
-                            source: object | None = None) -> Block:
+                            source: Source | None = None) -> Block:
     """Chained heads, sampling rules: token 1 drawn from p_1 (or the carried residual token), token i
     drawn from head i fed token i-1; the block keeps each draw's distribution."""
     parts = [criterion.draft(model.logits_first(h)[:, None], first)]  # (b, 1)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
+from lightning_bpd.decoding.protocol import OptionalCapabilities
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.inference.products import Int8Products, WideProducts
 from lightning_bpd.nn import int8
@@ -91,3 +92,14 @@ def test_options_are_frozen():
     assert options.precision == "float32-invariant"
     with pytest.raises(AttributeError):
         options.precision = "int8"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("head_type", ["paper", "chained_attn"])
+def test_the_runtime_declares_every_optional_member_as_its_snapshots(head_type):
+    """The decoding core reads the optional members directly (no probing): the runtime has each of them, the
+    snapshot's own, and not through ``__getattr__``."""
+    runtime = build_runtime(float32_model(seed=3, head_type=head_type))
+    for name in OptionalCapabilities.__annotations__:
+        assert name in dir(type(runtime)) or name in vars(runtime), name
+        assert getattr(runtime, name) == getattr(runtime.model, name), name
+    assert runtime.chained_heads == (head_type == "chained_attn") and runtime.vocab_size == 40
