@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lightning_bpd.decoding.protocol import OptionalCapabilities
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
 
@@ -79,8 +80,9 @@ class StubContext:
         return StubContext(self.rows[rows])
 
 
-class StubModel:
-    """A model with hand-written logits: row r's greedy output is ``targets[r]`` (ending in EOS).
+class StubModel(OptionalCapabilities):
+    """A model with hand-written logits: row r's greedy output is ``targets[r]`` (ending in EOS); it offers
+    none of the protocol's optional members.
 
     The hidden state of position t is (t, row). p_1 at position t puts its mass on
     ``targets[r][t]`` (the second-highest score goes to ``runner_up(token)``). Head i (0-based)

@@ -46,7 +46,8 @@ TIMED = ("encode", "decode_step", "logits_first", "argmax_first", "logits_heads"
 
 
 class TimedModel:
-    """Forwards everything to ``model``; accumulates the wall-clock seconds of the timed methods."""
+    """Forwards everything to ``model``; accumulates the wall-clock seconds of the timed methods. An optional
+    member the model does not offer (None) stays None, so the decoders take the same path through the proxy."""
 
     def __init__(self, model: Any) -> None:
         self.model = model

@@ -32,7 +32,7 @@ def head_agreement(model: BlockwiseModel, src: Tensor, tokens: Tensor, lengths: 
     targets = torch.where(real, tokens, model.pad_id)  # (B, L)
     context = model.encode(src)
     hidden = model.decode_full(decoder_inputs(targets, model.bos_id), context)  # (B, L, D)
-    chained = bool(getattr(model, "chained_heads", False))
+    chained = bool(model.chained_heads)
     source = chain_source(model, context)
     prev = torch.stack([shifted_targets(targets, j, model.pad_id) for j in range(k - 1)], dim=-1) if chained and k > 1 else None
     matches, positions = torch.zeros(k), torch.zeros(k)

@@ -31,9 +31,15 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.criteria import Block, Criterion, Exact
-from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args, first_argmax
+from lightning_bpd.decoding.protocol import (
+    BlockwiseModel,
+    Context,
+    DecodeResult,
+    Source,
+    check_decode_args,
+    first_argmax,
+)
 from lightning_bpd.decoding.row_book import RowBook
-from lightning_bpd.nn.argmax import argmax
 
 
 def resolve_k(model: BlockwiseModel, k: int | None) -> int:
@@ -55,25 +61,25 @@ def check_stop_below(stop_below: float | None, criterion: Criterion) -> None:
         raise ValueError(f"the confidence stop takes deterministic rules (exact, topN, epsX, ...), not {criterion.name}")
 
 
-def chain_source(model: BlockwiseModel, context: Context) -> object | None:
-    """What source-attending chained heads read (``model.chain_source``), or None."""
-    get = getattr(model, "chain_source", None)
+def chain_source(model: BlockwiseModel, context: Context) -> Source | None:
+    """What source-attending chained heads read (``model.chain_source``, when offered), or None."""
+    get = model.chain_source
     return get(context) if get is not None else None
 
 
 def restricted(model: BlockwiseModel, logits: Tensor) -> Tensor:
     """A proposing head's logits (..., V) over the model's draft vocabulary (-inf outside it), when it has one."""
-    restrict = getattr(model, "restrict_draft", None)
-    return logits if restrict is None else restrict(logits)
+    return logits if model.restrict_draft is None else model.restrict_draft(logits)
 
 
 def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None = None,
-            source: object | None = None, stop_below: float | None = None) -> Block:
+            source: Source | None = None, stop_below: float | None = None) -> Block:
     """Next block (b, k) from the hidden state (b, D) of each row's last accepted position.
 
     Deterministic rules: token 1 is ``first`` (b,), greedy's next token from the verdict, or else the
-    argmax of p_1 at h; tokens 2..k are the heads' argmaxes, over the model's draft vocabulary when it
-    has one (:mod:`lightning_bpd.nn.draft_vocab`; only p_1's verification needs the whole vocabulary).
+    rule's :meth:`~lightning_bpd.decoding.criteria.Criterion.first_token` at h (from p_1); tokens 2..k are
+    the heads' argmaxes, over the model's draft vocabulary when it has one
+    (:mod:`lightning_bpd.nn.draft_vocab`; only p_1's verification needs the whole vocabulary).
     Sampling rules: the heads' draws, ``first`` (-1: none) replacing token 1 where a residual token was
     drawn. Chained heads (``model.chained_heads``) propose one token at a time, each step fed the
     token before it (and, source-attending ones, the ``source`` of each row: :func:`chain_source`).
@@ -84,20 +90,18 @@ def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, firs
     is as wide as the widest row (a chain stops computing links once every row stopped): the verify
     pass checks fewer tokens that would mostly be rejected. Exact decoding stays exact.
     """
-    chained = getattr(model, "chained_heads", False) and k > 1
+    chained = model.chained_heads and k > 1
     if criterion.stochastic:
         if chained:
             return propose_chained_sampled(model, criterion, h, k, first, source)
         return criterion.draft(model.logits_heads(h, range(k)), first)  # logits (b, k, V)
-    if first is None and isinstance(criterion, Exact):
-        first = first_argmax(model, h)  # (b,): greedy's token
-    elif first is None:
-        first = criterion.propose(model.logits_first(h)[:, None])[:, 0]  # (b,)
+    if first is None:
+        first = criterion.first_token(model, h)  # (b,)
     if k == 1:
         return Block(first[:, None])
     if chained:
         return chain_tokens(model, criterion, h, k, first, source, stop_below)
-    draft = getattr(model, "draft_tokens", None)
+    draft = model.draft_tokens
     if stop_below is None:
         rest = draft(h, range(1, k)) if draft is not None else criterion.propose(
             restricted(model, model.logits_heads(h, range(1, k))))
@@ -119,13 +123,13 @@ def confidence_of(logits: Tensor, tokens: Tensor) -> Tensor:
 
 
 def chain_tokens(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor,
-                 source: object | None = None, stop_below: float | None = None) -> Block:
+                 source: Source | None = None, stop_below: float | None = None) -> Block:
     """Chained heads, deterministic: the block (b, <= k), token i+1 the argmax of head i+1 fed token i.
     With ``stop_below`` a row's width ends before its first head below that probability, and the chain
     stops once no row is still going (a host read per link)."""
-    draft = getattr(model, "chain_draft", None)
+    draft = model.chain_draft
     sure = stop_below is not None
-    whole = getattr(model, "chain_drafts", None)
+    whole = model.chain_drafts
     rest = whole(h, first, k, source) if whole is not None and not sure else None  # (b, k - 1): all links at once
     if rest is not None:
         return Block(torch.cat([first[:, None], rest], dim=1))
@@ -149,7 +153,7 @@ def chain_tokens(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int,
 
 
 def propose_chained_sampled(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None,
-                            source: object | None = None) -> Block:
+                            source: Source | None = None) -> Block:
     """Chained heads, sampling rules: token 1 drawn from p_1 (or the carried residual token), token i
     drawn from head i fed token i-1; the block keeps each draw's distribution."""
     parts = [criterion.draft(model.logits_first(h)[:, None], first)]  # (b, 1)
@@ -165,22 +169,17 @@ def verify(model: BlockwiseModel, criterion: Criterion, block: Block, hidden: Te
     """Accepted block sizes (b,) in [1, k] and the token opening each row's next block (b,), from the
     verify pass ``hidden`` (b, k, D) over ``block`` (b, k). No host read (except ``lazy``).
 
-    Deterministic rules: p_1 at all k positions; token j+1 is judged by p_1 at position j, and the
-    argmax of p_1 at the last accepted position is greedy's next token. Sampling rules: their judge,
-    whose ``next_first`` is -1 where p_1 must still be sampled.
+    Deterministic rules: the rule's :meth:`~lightning_bpd.decoding.criteria.Criterion.verify` (p_1 at all k
+    positions; token j+1 is judged by p_1 at position j), and greedy's token at the last accepted position
+    opens the next block. Sampling rules: their judge, whose ``next_first`` is -1 where p_1 must still be
+    sampled.
     """
     if criterion.stochastic:
         verdict = criterion.judge(block, model.logits_first(hidden[:, :-1]))
         return verdict.accepted, verdict.next_first
     if lazy and criterion.prefix_checks and block.widths is None:
         return verify_lazily(model, criterion, block.tokens, hidden)
-    if isinstance(criterion, Exact):  # the same verdict as criterion.accept, from greedy's argmax
-        best = first_argmax(model, hidden)  # (b, k): greedy's token after each proposed one
-        accepted = 1 + (block.tokens[:, 1:] == best[:, :-1]).long().cumprod(dim=-1).sum(dim=-1)
-    else:
-        logits = model.logits_first(hidden)  # (b, k, V): p_1 after each proposed token
-        best = argmax(logits)  # (b, k)
-        accepted = criterion.accept(block.tokens, logits[:, :-1])  # (b,)
+    accepted, best = criterion.verify(model, block.tokens, hidden)  # (b,), (b, k): greedy's token after each
     if block.widths is not None:  # a confidence stop: nothing past a row's own proposals
         accepted = torch.minimum(accepted, block.widths)
     return accepted, best.gather(1, (accepted - 1)[:, None]).squeeze(1)
@@ -190,10 +189,11 @@ def verify_lazily(model: BlockwiseModel, criterion: Criterion, tokens: Tensor, h
     """Check a block position by position, projecting p_1 only where the verdict is still open.
 
     tokens (b, k), hidden (b, k, D) from the verify pass. Token j+1 is checked against p_1 at
-    ``hidden[:, j]`` for the rows whose tokens 2..j all passed; a row stops at its first failure,
-    and the argmax of p_1 there, the token greedy decoding emits next, becomes the first token of
-    its next block (p_1 was computed there anyway, and head 1 is p_1); rows that accepted all k get
-    it from p_1 at the last position. Same verdict as checking all k-1 positions at once
+    ``hidden[:, j]`` (the rule's :meth:`~lightning_bpd.decoding.criteria.Criterion.check_position`) for
+    the rows whose tokens 2..j all passed; a row stops at its first failure, and the argmax of p_1
+    there, the token greedy decoding emits next, becomes the first token of its next block (p_1 was
+    computed there anyway, and head 1 is p_1); rows that accepted all k get it from p_1 at the last
+    position. Same verdict as checking all k-1 positions at once
     (:meth:`Criterion.accept`), with about (accepted size) projections per row instead of k, at the
     price of a host read per position. Returns accepted (b,) in [1, k] and next_first (b,).
     """
@@ -201,15 +201,8 @@ def verify_lazily(model: BlockwiseModel, criterion: Criterion, tokens: Tensor, h
     accepted = torch.ones(b, dtype=torch.long, device=tokens.device)  # (b,)
     next_first = torch.full((b,), -1, dtype=torch.long, device=tokens.device)  # (b,)
     rows = torch.arange(b, device=tokens.device)  # rows whose verdict is still open
-    exact = isinstance(criterion, Exact)
     for j in range(k - 1):
-        if exact:  # greedy's token alone decides
-            best = first_argmax(model, hidden[rows, j])  # (a,)
-            ok = tokens[rows, j + 1] == best
-        else:
-            logits = model.logits_first(hidden[rows, j])[:, None]  # (a, 1, V)
-            ok = criterion.matches(tokens[rows, j + 1 : j + 2], logits)[:, 0]  # (a,)
-            best = argmax(logits[:, 0])
+        ok, best = criterion.check_position(model, tokens[rows, j + 1], hidden[rows, j])  # (a,) each
         if not bool(ok.all()):
             next_first[rows[~ok]] = best[~ok]
             rows = rows[ok]

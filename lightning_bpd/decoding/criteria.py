@@ -18,6 +18,13 @@ were drawn from), and :meth:`Criterion.judge` turns the block and the verify log
 :class:`Verdict` (the accepted sizes and, for sampling rules, the token that must open each row's
 next block). The deterministic rules only define :meth:`Criterion.matches`; ``draft`` and
 ``judge`` then reduce to ``propose`` and ``accept``.
+
+A rule also owns its verdict where the decoders read a model's hidden states for it:
+:meth:`Criterion.first_token` (token 1 of a block), :meth:`Criterion.verify` (a whole verify pass)
+and :meth:`Criterion.check_position` (one position of it, for the lazy check). By default they
+project p_1 and apply ``propose``, ``accept`` and ``matches``; :class:`Exact` takes greedy's token
+instead (:func:`~lightning_bpd.decoding.protocol.first_argmax`: the model's own argmax when it
+offers one), which decides the same.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_bpd.decoding.protocol import BlockwiseModel, first_argmax
 from lightning_bpd.decoding.sampling import (
     accept_draws,
     check_sampling_args,
@@ -113,18 +121,49 @@ class Criterion(ABC):
         ok = self.matches(proposals[:, 1:], verify_logits)  # (B, k-1)
         return 1 + ok.long().cumprod(dim=-1).sum(dim=-1)
 
+    # ---- the verdict from a model's hidden states (deterministic rules) ---------------------------------------
+    def first_token(self, model: BlockwiseModel, h: Tensor) -> Tensor:
+        """Token 1 of the block proposed at hidden states h (b, D): from p_1 -> (b,)."""
+        return self.propose(model.logits_first(h)[:, None])[:, 0]
+
+    def verify(self, model: BlockwiseModel, tokens: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        """The verdict on a block ``tokens`` (b, m) from its verify pass ``hidden`` (b, m, D): accepted sizes
+        (b,) in [1, m] (:meth:`accept`) and greedy's token after each position (b, m), whose entry at the
+        last accepted position opens the row's next block."""
+        logits = model.logits_first(hidden)  # (b, m, V): p_1 after each proposed token
+        return self.accept(tokens, logits[:, :-1]), argmax(logits)
+
+    def check_position(self, model: BlockwiseModel, token: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """One check of a prefix rule: whether ``token`` (a,) passes against p_1 at the hidden state h (a, D)
+        of the position before it (:meth:`matches`), and greedy's token there (a,)."""
+        logits = model.logits_first(h)[:, None]  # (a, 1, V)
+        return self.matches(token[:, None], logits)[:, 0], argmax(logits[:, 0])
+
     @property
     def name(self) -> str:
         return type(self).__name__.lower()
 
 
 class Exact(Criterion):
-    """Accept while the proposal equals the argmax of p_1: the output equals greedy decoding."""
+    """Accept while the proposal equals the argmax of p_1: the output equals greedy decoding.
+
+    Its verdict needs only greedy's token at each position (:func:`first_argmax`), not p_1's logits."""
 
     prefix_checks = True
 
     def matches(self, proposals: Tensor, verify_logits: Tensor) -> Tensor:
         return proposals == argmax(verify_logits)
+
+    def first_token(self, model: BlockwiseModel, h: Tensor) -> Tensor:
+        return first_argmax(model, h)  # (b,): greedy's token
+
+    def verify(self, model: BlockwiseModel, tokens: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        best = first_argmax(model, hidden)  # (b, m): greedy's token after each proposed one
+        return 1 + (tokens[:, 1:] == best[:, :-1]).long().cumprod(dim=-1).sum(dim=-1), best
+
+    def check_position(self, model: BlockwiseModel, token: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        best = first_argmax(model, h)  # (a,)
+        return token == best, best
 
     @property
     def name(self) -> str:

@@ -33,9 +33,11 @@ def check_draft_args(target: BlockwiseModel, draft: BlockwiseModel, k: int) -> N
     """Raise ValueError on a block size below 1 or a draft whose special token ids differ from the target's."""
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1 (tokens per target call), got {k!r}")
-    for name in ("pad_id", "bos_id", "eos_id"):
-        if getattr(target, name) != getattr(draft, name):
-            raise ValueError(f"draft {name}={getattr(draft, name)!r} differs from the target's {getattr(target, name)!r}")
+    ids = {"pad_id": (target.pad_id, draft.pad_id), "bos_id": (target.bos_id, draft.bos_id),
+           "eos_id": (target.eos_id, draft.eos_id)}
+    for name, (want, got) in ids.items():
+        if got != want:
+            raise ValueError(f"draft {name}={got!r} differs from the target's {want!r}")
 
 
 def draft_block(
@@ -124,7 +126,8 @@ def draft_decode(
 
 
 def check_draft_vocabulary(target: BlockwiseModel, draft: BlockwiseModel, target_logits: Tensor) -> None:
-    """Raise ValueError when the draft's vocabulary size differs from the target's."""
-    size = getattr(getattr(draft, "config", None), "tgt_vocab_size", None)
+    """Raise ValueError when the draft's vocabulary size (``draft.vocab_size``, when known) differs from the
+    target's, the width of its p_1 logits (..., V)."""
+    size = draft.vocab_size
     if size is not None and size != target_logits.shape[-1]:
         raise ValueError(f"draft vocabulary ({size}) differs from the target's ({target_logits.shape[-1]})")

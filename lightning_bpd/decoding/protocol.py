@@ -1,15 +1,20 @@
 """What the decoding core needs from a model, and what it returns. Torch only.
 
 The decoding core knows nothing about tokenizers, images, Lightning or tasks: a model is anything
-with this small interface (:class:`~lightning_bpd.nn.model.BlockwiseTransformer` is one; the
-tests use hand-written stubs).
+with this small interface (:class:`~lightning_bpd.nn.model.BlockwiseTransformer` is one, the inference
+:class:`~lightning_bpd.inference.runtime.Runtime` another; the tests use hand-written stubs).
+
+Every member the decoding core reads is declared on :class:`BlockwiseModel`. The optional capabilities
+(faster paths to what the required methods already give, and chained heads) are members too, never
+probed for: a callable member that is None is not offered, and the core then takes the required path.
+:class:`OptionalCapabilities` holds those defaults for a model or stub to inherit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -32,9 +37,25 @@ class Cache(Protocol):
 
     def select(self, rows: Tensor) -> None: ...
 
+    def make_static(self) -> None:
+        """Fixed shapes from now on (:class:`~lightning_bpd.decoding.static.StaticDecoder`)."""
+        ...
+
+
+class Source(Protocol):
+    """What source-attending chained heads read (``model.chain_source(context)``), one per source row."""
+
+    def take(self, rows: Tensor) -> Source: ...
+
 
 class BlockwiseModel(Protocol):
-    """A model with k heads; ``k = 1`` is an ordinary autoregressive model."""
+    """A model with k heads; ``k = 1`` is an ordinary autoregressive model.
+
+    The required members come first. The optional ones follow, each None (or False) when not offered:
+    the decoding core then takes the required path to the same tokens. Chained heads
+    (``chained_heads = True``) are the exception: they need :meth:`chain_step` and the ``prev_tokens``
+    and ``source`` of :meth:`logits_heads`.
+    """
 
     k: int
     pad_id: int
@@ -57,24 +78,64 @@ class BlockwiseModel(Protocol):
         """(..., D) -> (..., V): p_1."""
         ...
 
-    def logits_heads(self, h: Tensor, heads: Sequence[int] | None = None) -> Tensor:
-        """(..., D) -> (..., len(heads), V): p_1..p_k (all by default)."""
+    def logits_heads(self, h: Tensor, heads: Sequence[int] | None = None, prev_tokens: Tensor | None = None,
+                     source: Source | None = None) -> Tensor:
+        """(..., D) -> (..., len(heads), V): p_1..p_k (all by default). Chained heads also take the earlier
+        proposals ``prev_tokens`` (..., m) and the ``source`` of each leading row; other heads ignore both."""
         ...
 
-
-class ChainedModel(BlockwiseModel, Protocol):
-    """A model whose head i also sees the token proposed for head i-1 (``chained_heads = True``);
-    :func:`~lightning_bpd.decoding.blockwise.propose` then calls :meth:`chain_step` k - 1 times."""
-
+    # ---- optional: None (False) when not offered -------------------------------------------------------------
     chained_heads: bool
+    """Head i also sees the token proposed for head i-1: proposals run link by link (:meth:`chain_step`)."""
 
-    def logits_heads(self, h: Tensor, heads: Sequence[int] | None = None, prev_tokens: Tensor | None = None) -> Tensor:
-        """(..., D), prev_tokens (..., m) -> (..., len(heads), V): heads fed the given earlier proposals."""
+    vocab_size: int | None
+    """The output vocabulary's size when known (a draft model's is checked against its target's)."""
+
+    argmax_first: Callable[[Tensor], Tensor] | None
+    """Greedy's token: h (..., D) -> the argmax of p_1 (...) long, ties to the lowest id; None: the argmax of
+    :meth:`logits_first` (see :func:`first_argmax`)."""
+
+    draft_tokens: Callable[..., Any] | None
+    """Paper heads, deterministic proposals: ``draft_tokens(h (b, D), heads, confidence=False)`` -> the listed
+    heads' argmax tokens (b, len(heads)), and with ``confidence`` also their probabilities (b, len(heads)).
+    None: the argmax of :meth:`logits_heads`."""
+
+    restrict_draft: Callable[[Tensor], Tensor] | None
+    """Logits (..., V) of a proposing head as the model's draft vocabulary sees them (-inf outside it);
+    None: no draft vocabulary (every token may be proposed)."""
+
+    chain_source: Callable[[Context], Source | None] | None
+    """What source-attending chained heads read for the sources of a context; None (or a None result):
+    nothing."""
+
+    chain_draft: Callable[..., tuple[Tensor, ...]] | None
+    """Chained heads, deterministic proposals, one link: ``chain_draft(z (b, D), token (b,), i, source,
+    confidence=False)`` -> head i's state (b, D), its argmax token (b,) and with ``confidence`` its
+    probability (b,). None: :meth:`chain_step` and the argmax of its logits."""
+
+    chain_drafts: Callable[[Tensor, Tensor, int, Source | None], Tensor | None] | None
+    """Chained heads, deterministic proposals, the whole chain: ``chain_drafts(h (b, D), first (b,), k, source)``
+    -> heads 2..k's tokens (b, k - 1), or None where that path does not apply. None: link by link."""
+
+    def chain_step(self, z: Tensor, token: Tensor, i: int, source: Source | None = None) -> tuple[Tensor, Tensor]:
+        """Chained heads only: head i's state (b, D) and logits (b, V) from head i-1's state z (b, D) and its
+        token (b,)."""
         ...
 
-    def chain_step(self, z: Tensor, token: Tensor, i: int) -> tuple[Tensor, Tensor]:
-        """Head i's state (b, D) and logits (b, V) from head i-1's state z (b, D) and its token (b,)."""
-        ...
+
+class OptionalCapabilities:
+    """The optional members of :class:`BlockwiseModel`, none offered: a model or stub inherits this and
+    defines the ones it offers (a method of the subclass replaces the None). A proxy that forwards to a
+    model through ``__getattr__`` must not inherit it (these class attributes would hide the model's)."""
+
+    chained_heads: bool = False
+    vocab_size: int | None = None
+    argmax_first: Callable[[Tensor], Tensor] | None = None
+    draft_tokens: Callable[..., Any] | None = None
+    restrict_draft: Callable[[Tensor], Tensor] | None = None
+    chain_source: Callable[[Any], Any] | None = None
+    chain_draft: Callable[..., tuple[Tensor, ...]] | None = None
+    chain_drafts: Callable[..., Tensor | None] | None = None
 
 
 @dataclass
@@ -101,9 +162,9 @@ class DecodeResult:
 
 
 def first_argmax(model: BlockwiseModel, h: Tensor) -> Tensor:
-    """Greedy's next tokens (...) at hidden states h (..., D): ``model.argmax_first`` when the model has one
-    (e.g. a screened argmax that needs no float32 logits), else the argmax of ``model.logits_first``."""
-    own = getattr(model, "argmax_first", None)
+    """Greedy's next tokens (...) at hidden states h (..., D): ``model.argmax_first`` when the model offers
+    one (e.g. a screened argmax that needs no float32 logits), else the argmax of ``model.logits_first``."""
+    own = model.argmax_first
     return own(h) if own is not None else argmax(model.logits_first(h))
 
 

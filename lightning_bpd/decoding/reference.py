@@ -14,20 +14,20 @@ from torch import Tensor
 from lightning_bpd.decoding.blockwise import chain_source, check_stop_below, resolve_k
 from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.greedy import strip_padding
-from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
+from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source, check_decode_args, pack_rows
 
 
 def chained(model: BlockwiseModel) -> bool:
-    return bool(getattr(model, "chained_heads", False))
+    return bool(model.chained_heads)
 
 
 def reference_proposals(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int,
-                        source: object | None = None, stop_below: float | None = None) -> Tensor:
+                        source: Source | None = None, stop_below: float | None = None) -> Tensor:
     """The k proposals (1, k) at hidden state h (1, D). Chained heads: head i is evaluated through the
     teacher-forced (training) path, fed the proposals of heads 1..i-1 made so far (and the source).
     ``stop_below``: the proposals end before the first head (2..k) that gives its own token less
     probability (the confidence stop; (1, <= k))."""
-    restrict = getattr(model, "restrict_draft", None) or (lambda logits: logits)  # heads 2..k: the draft vocabulary
+    restrict = model.restrict_draft or (lambda logits: logits)  # heads 2..k: the draft vocabulary, when offered
     if not chained(model):
         logits = model.logits_heads(h, range(k))  # (1, k, V)
         heads = [restrict(logits[:, i : i + 1]) for i in range(1, k)]

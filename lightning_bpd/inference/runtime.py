@@ -51,7 +51,8 @@ class Runtime:
     """A model's snapshot with the products and fast paths of ``options``; the decoders take it as a model.
 
     Attributes: ``model`` (the snapshot), ``options``, ``products``, ``precision`` (the canonical name of what it
-    decodes in). Other attributes of the model (its ``config``, ...) read through to the snapshot.
+    decodes in). Every member of the decoding protocol is its own (the optional ones are the snapshot's, or None
+    where it offers none); other attributes of the model (its ``config``, ...) read through to the snapshot.
     """
 
     def __init__(self, model: nn.Module, options: InferenceOptions, products: Products,
@@ -65,7 +66,7 @@ class Runtime:
         self.pad_id: int = model.pad_id
         self.bos_id: int = model.bos_id
         self.eos_id: int | None = model.eos_id
-        self.chained_heads: bool = bool(getattr(model, "chained_heads", False))
+        self.chained_heads: bool = bool(offered(model, "chained_heads"))
 
     # ---- the decoding protocol ----------------------------------------------------------------------------------
     def encode(self, src: Tensor) -> Any:
@@ -86,7 +87,22 @@ class Runtime:
     def logits_heads(self, h: Tensor, heads: Sequence[int] | None = None, *args: Any, **kwargs: Any) -> Tensor:
         return self.model.logits_heads(h, heads, *args, **kwargs)
 
-    # ---- optional capabilities: the proposer's fast paths (None where not offered) ----------------------------
+    def chain_step(self, z: Tensor, token: Tensor, i: int, source: Any = None) -> tuple[Tensor, Tensor]:
+        return self.model.chain_step(z, token, i, source)
+
+    # ---- the protocol's optional members: the proposer's fast paths and the snapshot's own, None where not offered
+    @property
+    def vocab_size(self) -> int | None:
+        return offered(self.model, "vocab_size")
+
+    @property
+    def restrict_draft(self) -> Callable[[Tensor], Tensor] | None:
+        return offered(self.model, "restrict_draft")
+
+    @property
+    def chain_source(self) -> Callable[[Any], Any] | None:
+        return offered(self.model, "chain_source")
+
     @property
     def argmax_first(self) -> Callable[[Tensor], Tensor] | None:
         return None if self.proposer is None else self.proposer.argmax_first
@@ -96,21 +112,26 @@ class Runtime:
         return None if self.proposer is None or self.chained_heads else self.proposer.draft_tokens
 
     @property
-    def chain_draft(self) -> Callable[..., Any] | None:
+    def chain_draft(self) -> Callable[..., tuple[Tensor, ...]] | None:
         return None if self.proposer is None or not self.chained_heads else self.proposer.chain_draft
 
     @property
-    def chain_drafts(self) -> Callable[..., Any] | None:
+    def chain_drafts(self) -> Callable[..., Tensor | None] | None:
         return None if self.proposer is None or not self.chained_heads else self.proposer.chain_drafts
 
     def __getattr__(self, name: str) -> Any:
-        """Everything else the snapshot has (its optional decoding capabilities, ``config``, ...)."""
+        """Everything else the snapshot has (its ``config``, ...)."""
         if name == "model":  # not set yet (copying, unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.model, name)
 
     def __repr__(self) -> str:
         return f"Runtime({type(self.model).__name__}, {self.options})"
+
+
+def offered(model: nn.Module, member: str) -> Any:
+    """The snapshot's optional protocol ``member``, or None where it has none (a model of another kind)."""
+    return getattr(model, member, None)
 
 
 def build_runtime(model: nn.Module | Runtime, options: InferenceOptions | None = None) -> Runtime:

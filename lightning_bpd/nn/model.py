@@ -256,9 +256,14 @@ def source_taps(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, int]
 
 class BlockwiseTransformer(nn.Module):
     """Encoder + decoder + :class:`BlockwiseHead`, with the vocabulary projection tied to the target
-    embedding (or its own layer). Embeddings are N(0, d^-1/2) and scaled by sqrt(d) on input."""
+    embedding (or its own layer). Embeddings are N(0, d^-1/2) and scaled by sqrt(d) on input.
+
+    A :class:`~lightning_bpd.decoding.protocol.BlockwiseModel` that offers every optional member."""
 
     products: Products = FLOAT  # how the vocabulary projection multiplies (:mod:`~lightning_bpd.nn.products`)
+    # The decoding protocol's fast paths: the model offers none (its heads and links are the reference); a runtime
+    # offers them (:mod:`lightning_bpd.inference.proposer`).
+    argmax_first = draft_tokens = chain_draft = chain_drafts = None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -346,6 +351,11 @@ class BlockwiseTransformer(nn.Module):
     def neighbours(self) -> PixelNeighbours | None:
         """The chain's reader of pixel neighbours (``head_neighbours``), or None."""
         return getattr(self.head, "neighbours", None)
+
+    @property
+    def vocab_size(self) -> int:
+        """The output vocabulary's size (the decoding protocol's ``vocab_size``)."""
+        return self.config.tgt_vocab_size
 
     # ---- encoder -------------------------------------------------------------------------------
     def encode(self, src: Tensor) -> EncoderContext:

@@ -2,10 +2,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from lightning_bpd.benchmarks.where_time_goes import TIMED, ceilings, profile
-from lightning_bpd.decoding import parse_criterion
+from lightning_bpd.benchmarks.where_time_goes import TIMED, TimedModel, ceilings, profile
+from lightning_bpd.decoding import Exact, blockwise_decode, parse_criterion
+from lightning_bpd.decoding.protocol import OptionalCapabilities
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from tests.models import random_model, random_sources
+from tests.models import EOS, StubModel, random_model, random_sources, stub_sources
 
 
 def test_parts_add_up_and_calls_match_the_decoders():
@@ -53,3 +54,14 @@ def test_ceilings_take_the_named_parts_away():
     assert c["free_proposals"] == pytest.approx(10 / (8 - 4 * 0.3))
     assert c["and_lean_loop"] == pytest.approx(10 / (8 - 1.2 - 4 * 0.2))
     assert c["and_one_token_pass"] == pytest.approx(10 / (4 * (0.1 + 0.6 + 0.2 + 0.1)))  # encoder + a greedy step each
+
+
+def test_an_optional_member_the_model_does_not_offer_stays_none_through_the_proxy():
+    """A stub offers no fast path: the proxy leaves those members None, so blockwise decoding through it takes the
+    required path (and times it) and decodes what it decodes without the proxy."""
+    model = StubModel([[5, 6, 7, 8, EOS]], k=3)
+    proxy = TimedModel(model)
+    assert all(getattr(proxy, name) is None for name in TIMED if name in OptionalCapabilities.__annotations__)
+    src = stub_sources(1)
+    assert blockwise_decode(proxy, src, Exact(), 8).sequences() == blockwise_decode(model, src, Exact(), 8).sequences()
+    assert proxy.calls["logits_heads"] > 0 and "draft_tokens" not in proxy.calls

@@ -5,6 +5,7 @@ import torch
 
 from lightning_bpd.decoding import greedy_decode
 from lightning_bpd.decoding.beam import beam_search, beam_search_reference
+from lightning_bpd.decoding.protocol import OptionalCapabilities
 from lightning_bpd.nn.kv_cache import KVCache
 from tests.models import BOS, EOS, PAD, StubContext, Wrapped, pick_eos, random_model, random_sources
 
@@ -16,7 +17,7 @@ def lp(length: int, alpha: float) -> float:
     return ((5 + length) / 6) ** alpha
 
 
-class BigramStub:
+class BigramStub(OptionalCapabilities):
     """A k = 1 model whose next-token distribution depends only on the previous token (BOS first).
 
     ``table[prev] = {token: probability}``; unlisted tokens get probability 1e-12 and an unlisted

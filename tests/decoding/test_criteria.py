@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from lightning_bpd.decoding.criteria import Distance, Exact, MinBlock, TopK, parse_criterion
+from tests.models import random_model
 
 
 def logits_ranking(*rankings: list[int], vocab: int = 10) -> torch.Tensor:
@@ -72,3 +73,22 @@ def test_parse_criterion_names_round_trip():
     for spec in ["exact", "top2", "eps2", "min2", "min3_top2", "eps0.5"]:
         assert parse_criterion(spec).name == parse_criterion(parse_criterion(spec).name).name
     assert isinstance(parse_criterion("min2_eps4").inner, Distance)
+
+
+@pytest.mark.parametrize("criterion", [Exact(), TopK(2), MinBlock(2)])
+def test_a_rule_owns_its_verdict_from_hidden_states(criterion):
+    """first_token, verify and check_position: p_1 through propose, accept and matches; Exact's own (greedy's
+    token, the model's argmax when it offers one) decides the same."""
+    model = random_model(k=4, seed=4)
+    h = torch.randn(5, 4, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(4))  # (b, k, D)
+    tokens = criterion.propose(model.logits_heads(h[:, 0]))  # (b, k)
+    tokens[:2, 1:] = model.logits_first(h[:2, :-1]).argmax(-1)  # rows 0, 1: greedy's tokens, all accepted
+    logits = model.logits_first(h)  # (b, k, V)
+    accepted, best = criterion.verify(model, tokens, h)
+    assert torch.equal(accepted, criterion.accept(tokens, logits[:, :-1])) and torch.equal(best, logits.argmax(-1))
+    assert accepted[:2].tolist() == [4, 4] and (criterion.name == "top2" or bool((accepted < 4).any()))
+    assert torch.equal(criterion.first_token(model, h[:, 0]), logits[:, 0].argmax(-1))
+    if criterion.prefix_checks:
+        ok, token = criterion.check_position(model, tokens[:, 1], h[:, 0])
+        assert torch.equal(ok, criterion.matches(tokens[:, 1:2], logits[:, :1])[:, 0])
+        assert torch.equal(token, logits[:, 0].argmax(-1))

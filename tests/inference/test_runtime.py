@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
+from lightning_bpd.decoding.protocol import OptionalCapabilities
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.inference.products import Int8Products, PackedProducts, WideProducts
 from lightning_bpd.nn import int8, onednn
@@ -135,3 +136,22 @@ def test_exact_equals_greedy_in_float32_packed(head_type):
         greedy = greedy_decode(runtime, src, 24).sequences()
         assert blockwise_decode(runtime, src, Exact(), 24).sequences() == greedy
         assert [blockwise_decode(runtime, row[None], Exact(), 24).sequences()[0] for row in src] == greedy
+
+
+@pytest.mark.parametrize("head_type", ["paper", "chained_attn"])
+def test_the_runtime_declares_every_optional_member_as_its_snapshots(head_type):
+    """The decoding core reads the optional members directly (no probing): the runtime has each of them, the
+    snapshot's own, and not through ``__getattr__``."""
+    model = float32_model(seed=3, head_type=head_type)
+    runtime = build_runtime(model)
+    fast = {"argmax_first", "draft_tokens", "chain_draft", "chain_drafts"}  # the proposer's, where they apply
+    for name in OptionalCapabilities.__annotations__:
+        assert name in dir(type(runtime)) or name in vars(runtime), name
+        if name in fast:
+            assert getattr(model, name) is None  # the model itself offers only its reference path
+            offered = getattr(runtime, name)
+            assert offered is None or offered == getattr(runtime.proposer, name), name
+        else:
+            assert getattr(runtime, name) == getattr(runtime.model, name), name
+    assert (runtime.draft_tokens is None) == (runtime.chain_draft is not None) == (head_type == "chained_attn")
+    assert runtime.chained_heads == (head_type == "chained_attn") and runtime.vocab_size == 40
