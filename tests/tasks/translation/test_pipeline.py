@@ -154,7 +154,7 @@ def test_bench_command_writes_json(fitted, capsys):
                                       "--stop-below", "0.5"]],
                          ids=["bf16-with-stop", "fp32-with-bf16-proposals", "int8", "screened-reference-steps"])
 def test_bench_and_decode_in_reduced_precision_with_a_confidence_stop(fitted, options):
-    """The options reach the model and the record; with float32 verification exact output stays greedy's
+    """The options reach the runtime and the record; with float32 verification exact output stays greedy's
     (in bfloat16 a near-tie can break differently in the verify pass: bench reports it per run; int8 is
     batch-invariant by construction)."""
     import json
@@ -186,9 +186,10 @@ def check_precision_options(fitted, options, json):
     for bs in ("1", "3"):
         assert result["batch_sizes"][bs]["exact"]["equals_greedy"] in ((True,) if exact_in_fp32 else (True, False))
     texts = {}
+    user = ["--precision", precision]  # decode keeps the user's options; the timing experiments stay in bench
     for criterion in ("greedy", "exact"):
         dest = root / f"prec.{criterion}.de"
-        main(["decode", "--ckpt", ckpt, "--input", str(src), "--output", str(dest), "--criterion", criterion, *options])
+        main(["decode", "--ckpt", ckpt, "--input", str(src), "--output", str(dest), "--criterion", criterion, *user])
         texts[criterion] = dest.read_text()
     assert texts["greedy"].count("\n") == texts["exact"].count("\n") == 3
     assert texts["exact"] == texts["greedy"] or not exact_in_fp32
