@@ -39,7 +39,7 @@ from lightning_bpd.inference.arguments import (
     add_timing_args,
     options_from_args,
 )
-from lightning_bpd.results import write_json
+from lightning_bpd.records import write_json
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,7 +30,7 @@ from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.blockwise import resolve_k
 from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.evaluation import EvalBatch, decode_all
-from lightning_bpd.results import write_json
+from lightning_bpd.records import write_json
 from lightning_bpd.tasks.superres import SuperResolutionModule
 from lightning_bpd.tasks.superres.module import TARGET_LEN
 from lightning_bpd.tasks.superres.pixels import image_to_tokens, intensity_values

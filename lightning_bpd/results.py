@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_bpd.records import write_json
+
 QUALITY_KEYS = ("bleu", "psnr")
 
 
@@ -245,14 +247,6 @@ def parse_meta(pairs: list[str]) -> dict[str, Any]:
             except ValueError:
                 meta[key] = value
     return meta
-
-
-def write_json(path: str | Path, data: dict[str, Any]) -> Path:
-    """Write a record (or a benchmark's results) as indented JSON, making the folder if needed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return path
 
 
 def add(source: str | Path, dest: str | Path, label: str, command: str, meta: dict[str, Any] | None = None) -> Path:

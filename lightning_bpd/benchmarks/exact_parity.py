@@ -23,8 +23,8 @@ from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.protocol import DecodeResult
 from lightning_bpd.evaluation import batched, load_inputs
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.nn.precision import PRECISIONS
-from lightning_bpd.results import write_json
+from lightning_bpd.inference.precision import PRECISIONS
+from lightning_bpd.records import write_json
 
 
 def differing_tokens(a: DecodeResult, b: DecodeResult) -> list[int]:

@@ -1,9 +1,9 @@
-"""Float32 products of a few rows: MKL's ``F.linear`` against oneDNN's packed weights (:mod:`lightning_bpd.nn.onednn`).
+"""Float32 products of a few rows: MKL's ``F.linear`` against oneDNN's packed weights (:mod:`lightning_bpd.kernels.onednn`).
 
     python -m lightning_bpd.benchmarks.onednn_products --out results/onednn_products.json [--note TEXT]
 
 For each weight shape (in -> out) and row count (1, 2, 4, 8, 16, 32), times ``F.linear`` and
-:class:`~lightning_bpd.nn.onednn.PackedLinear` on ``--threads`` threads (median of many calls after a
+:class:`~lightning_bpd.kernels.onednn.PackedLinear` on ``--threads`` threads (median of many calls after a
 warm-up, the two kernels alternated call by call) and records the medians and the 8-row / 1-row
 ratio of each kernel. Checks for each kernel whether it is bitwise batch-invariant: row i of a
 product of n rows (n = 1..32) equals row i of a 1-row product, at 1 and 2 threads (``packed_unpadded``
@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from lightning_bpd.nn import onednn
-from lightning_bpd.results import write_json
+from lightning_bpd.kernels import onednn
+from lightning_bpd.records import write_json
 
 SHAPES = ((256, 8000), (256, 1024), (1024, 256), (512, 58101), (512, 2048), (2048, 512))  # (in, out)
 ROWS = (1, 2, 4, 8, 16, 32)

@@ -32,7 +32,7 @@ from lightning_bpd.benchmarks.ctranslate2_peer import (
 from lightning_bpd.decoding import greedy_decode
 from lightning_bpd.evaluation import timed
 from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
-from lightning_bpd.results import write_json
+from lightning_bpd.records import write_json
 
 
 def build_ours(args: argparse.Namespace) -> BlockwiseTransformer:

@@ -20,7 +20,7 @@ import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
-from lightning_bpd.results import write_json
+from lightning_bpd.records import write_json
 
 
 def build(k: int, vocab: int, identity_first: bool, head_hidden: int | None = None) -> BlockwiseTransformer:

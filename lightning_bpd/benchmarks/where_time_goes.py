@@ -39,7 +39,7 @@ from lightning_bpd.inference.arguments import (
     add_timing_args,
     options_from_args,
 )
-from lightning_bpd.results import write_json
+from lightning_bpd.records import write_json
 
 TIMED = ("encode", "decode_step", "logits_first", "argmax_first", "logits_heads", "draft_tokens", "chain_drafts",
          "chain_draft", "chain_step")

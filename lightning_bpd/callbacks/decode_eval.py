@@ -27,7 +27,7 @@ from lightning_bpd.decoding import Criterion, head_agreement
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 from lightning_bpd.evaluation import BatchRun, EvalBatch, MethodRun, run_batch
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.nn.precision import model_dtype, precision_name
+from lightning_bpd.inference.precision import model_dtype, precision_name
 
 __all__ = ["BatchRun", "DecodeEval", "EvalBatch", "MethodRun", "run_decode_eval"]
 
@@ -212,7 +212,7 @@ class DecodeEval(pl.Callback):
             built at each evaluation) in ``float32``, ``bfloat16``, ``float64``, ``float32-invariant`` or ``int8``
             (None: as it trains); the model itself is not touched.
         screened_argmax: greedy decoding and exact verification take p_1's argmax through the int8 screen
-            (:mod:`lightning_bpd.nn.screened_argmax`; CPU, float32, translation models).
+            (:mod:`lightning_bpd.inference.screened_argmax`; CPU, float32, translation models).
     """
 
     def __init__(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightning_bpd.nn.precision import INT8, INVARIANT, PACKED, canonical_precision, parse_precision
+from lightning_bpd.inference.precision import INT8, INVARIANT, PACKED, canonical_precision, parse_precision
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """The inference kinds of :class:`~lightning_bpd.nn.products.Products`, each built once for one model. Torch only.
 
 - :class:`WideProducts` (``float32-invariant``, ``bfloat16-invariant``): float32 products accumulated in float64
-  and rounded back (:mod:`~lightning_bpd.nn.invariant`); attention of float32 or bfloat16 activations in float64.
+  and rounded back (:mod:`~lightning_bpd.kernels.invariant`); attention of float32 or bfloat16 activations in float64.
   The verify pass and the greedy step then round alike, so exact decoding reproduces this precision's greedy.
 - :class:`PackedProducts` (``float32-packed``): float32 products with weights packed once for oneDNN, whose
-  products are batch-invariant on these CPUs (:mod:`~lightning_bpd.nn.onednn`); attention in float64.
+  products are batch-invariant on these CPUs (:mod:`~lightning_bpd.kernels.onednn`); attention in float64.
 - :class:`Int8Products` (``int8``): float32 weights multiplied in int8 with a scale per weight row and per
-  activation row (:class:`~lightning_bpd.nn.int8.RowInt8`), attention in float64: batch-invariant by
+  activation row (:class:`~lightning_bpd.kernels.int8.RowInt8`), attention in float64: batch-invariant by
   construction.
 
 Both make their float64 or packed copies of the model's weights when they are built (:meth:`prepare`), from the
@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.nn import int8 as int8_ops
-from lightning_bpd.nn import invariant, onednn
+from lightning_bpd.kernels import int8 as int8_ops
+from lightning_bpd.kernels import invariant, onednn
 from lightning_bpd.nn.products import Products, inference
 
 
@@ -129,7 +129,7 @@ class Int8Products(WideProducts):
 
 class PackedProducts(WideProducts):
     """float32 products with weights packed once for oneDNN (batch-invariant on these CPUs, cheap for several
-    rows: :mod:`~lightning_bpd.nn.onednn`); attention of float32 / bfloat16 in float64."""
+    rows: :mod:`~lightning_bpd.kernels.onednn`); attention of float32 / bfloat16 in float64."""
 
     name = "packed"
     lean_encoder = True

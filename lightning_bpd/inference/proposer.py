@@ -7,10 +7,10 @@ makes everything it needs there, once:
 
 - a copy of the heads and the output projection in the proposal precision (``proposal_precision``; int8: a
   float32 copy whose chain links and projection multiply in int8, :class:`ProposalPath`);
-- the fused chain links (:class:`~lightning_bpd.nn.fused_chain.FusedChain`, ``fused_chain``), and for own-centre
-  Gaussian image heads the whole chain in one TorchScript call (:mod:`~lightning_bpd.nn.image_chain`);
+- the fused chain links (:class:`~lightning_bpd.inference.fused_chain.FusedChain`, ``fused_chain``), and for own-centre
+  Gaussian image heads the whole chain in one TorchScript call (:mod:`~lightning_bpd.inference.image_chain`);
 - the int8 screen of the vocabulary for greedy's argmax (``screened_argmax``,
-  :mod:`~lightning_bpd.nn.screened_argmax`).
+  :mod:`~lightning_bpd.inference.screened_argmax`).
 
 Its methods are the decoding protocol's optional capabilities (:mod:`lightning_bpd.decoding.protocol`):
 ``draft_tokens``, ``chain_draft``, ``chain_drafts`` and ``argmax_first``.
@@ -24,15 +24,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from lightning_bpd.inference.fused_chain import FusedChain
+from lightning_bpd.inference.image_chain import image_chain_links_scripted
+from lightning_bpd.inference.precision import parse_precision
+from lightning_bpd.inference.screened_argmax import ScreenedArgmax
+from lightning_bpd.kernels.int8 import available as int8_available
+from lightning_bpd.kernels.int8 import int8_linear, pack_int8
 from lightning_bpd.nn.argmax import argmax
 from lightning_bpd.nn.chained_head import ChainSource
 from lightning_bpd.nn.draft_vocab import DraftVocabulary
-from lightning_bpd.nn.fused_chain import FusedChain
-from lightning_bpd.nn.image_chain import image_chain_links_scripted
-from lightning_bpd.nn.int8 import available as int8_available
-from lightning_bpd.nn.int8 import int8_linear, pack_int8
-from lightning_bpd.nn.precision import parse_precision
-from lightning_bpd.nn.screened_argmax import ScreenedArgmax
 
 
 @dataclass

@@ -22,9 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from lightning_bpd.inference.options import InferenceOptions
+from lightning_bpd.inference.precision import model_dtype, parse_precision, precision_name
 from lightning_bpd.inference.products import Int8Products, PackedProducts, WideProducts
 from lightning_bpd.inference.proposer import Proposer
-from lightning_bpd.nn.precision import model_dtype, parse_precision, precision_name
 from lightning_bpd.nn.products import FLOAT, Products
 
 

@@ -6,8 +6,8 @@ them: ~670 aten calls through module calls, the KV-cache object and mask helpers
 sequence of kernels runs from TorchScript's interpreter: on an AMD EPYC core (1 thread, the Multi30k shape:
 d 256, 3 layers, 4 heads, ff 1024, weights in cache) a 1-token step takes 0.9-1.1 ms instead of 1.3-1.7; in a
 decode the gain shows where the weights' bytes do not dominate (int8, docs/speed.md). It calls the same
-kernels in the same order, with the same product layouts as :func:`~lightning_bpd.nn.fast_linear.linear`
-(and, with int8 products on, :class:`~lightning_bpd.nn.int8.RowInt8`'s ops and float64 attention), so its
+kernels in the same order, with the same product layouts as :func:`~lightning_bpd.kernels.fast_linear.linear`
+(and, with int8 products on, :class:`~lightning_bpd.kernels.int8.RowInt8`'s ops and float64 attention), so its
 output is bitwise the reference's (tested). The modules stay the reference and take every case this does
 not: training and static caches (and, for the encoder, the float64 products of the invariant precisions). The
 decoder step also takes local windows with ring caches (the image decoder) and float32-invariant's float64 products
@@ -22,15 +22,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_bpd.nn import int8, onednn
-from lightning_bpd.nn.fast_linear import LARGE, MAX_ROWS
+from lightning_bpd.kernels import int8, onednn
+from lightning_bpd.kernels.fast_linear import LARGE, MAX_ROWS
 from lightning_bpd.nn.products import Products
 
 assert LARGE == 1048576, "lean_step's layout_linear spells fast_linear's LARGE out"
 
 
 def layout_linear(x: Tensor, weight: Tensor, bias: Tensor | None, by_columns: list[bool]) -> Tensor:
-    """``F.linear``, or as ``(W @ x.T).T`` where :func:`lightning_bpd.nn.fast_linear.linear` takes that layout:
+    """``F.linear``, or as ``(W @ x.T).T`` where :func:`lightning_bpd.kernels.fast_linear.linear` takes that layout:
     ``by_columns`` = [for a weight below ``LARGE`` entries, for a larger one] (:func:`column_layouts`)."""
     if not by_columns[int(weight.numel() >= 1048576)]:
         return F.linear(x, weight, bias)
@@ -50,7 +50,7 @@ def column_layouts(x: Tensor) -> list[bool]:
 def _product(x: Tensor, j: int, weights: list[Tensor], packed: list[torch.classes.quantized.LinearPackedParamsBase],
              by_columns: list[bool], wide: list[Tensor], onednn_weights: list[Tensor]) -> Tensor:
     """Product ``j`` of the step (weights[2j], weights[2j + 1]): int8 when ``packed`` holds the packed weights,
-    in float64 rounded to float32 when ``wide`` holds float64 copies (:func:`lightning_bpd.nn.invariant.linear`)."""
+    in float64 rounded to float32 when ``wide`` holds float64 copies (:func:`lightning_bpd.kernels.invariant.linear`)."""
     if len(packed) > 0:
         return int8.row_int8(x, packed[j], weights[2 * j + 1])
     if len(onednn_weights) > 0:
@@ -62,7 +62,7 @@ def _product(x: Tensor, j: int, weights: list[Tensor], packed: list[torch.classe
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, wide: bool) -> Tensor:
     """SDPA of (B, T, H, Dh) q and (B, S, H, Dh) k, v -> (B, T, H * Dh); ``wide``: in float64, rounded back
-    (:func:`lightning_bpd.nn.invariant.attention`)."""
+    (:func:`lightning_bpd.kernels.invariant.attention`)."""
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if wide:
         mask = bias.double() if bias.is_floating_point() else bias
@@ -89,10 +89,10 @@ def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Te
     ff1 (w, b), ff2 (w, b); ``norms``: per layer norm1..3 (w, b), then the final norm (w, b);
     ``cross_k`` / ``cross_v``: per layer (B, S_src, H, Dh); ``cross_bias``: (B, 1, 1, S_src) additive;
     ``by_columns``: the float products' layout (:func:`layout_linear`); ``packed``: empty, or the int8 weights of
-    every product (precision int8, :mod:`lightning_bpd.nn.int8`); ``wide_weights``: empty, or float64 copies of
-    ``weights`` (float32-invariant: products in float64, :mod:`lightning_bpd.nn.invariant`); ``wide_attention``:
+    every product (precision int8, :mod:`lightning_bpd.kernels.int8`); ``wide_weights``: empty, or float64 copies of
+    ``weights`` (float32-invariant: products in float64, :mod:`lightning_bpd.kernels.invariant`); ``wide_attention``:
     attention in float64, rounded back; ``onednn_weights``: empty, or the oneDNN-packed weights of every product
-    (precision float32-packed, :mod:`lightning_bpd.nn.onednn`).
+    (precision float32-packed, :mod:`lightning_bpd.kernels.onednn`).
     """
     b, t, d = x.shape[0], x.shape[1], x.shape[2]
     dh = d // n_heads

@@ -2,7 +2,7 @@
 
 Every module that multiplies (attention, feed-forward, heads, the vocabulary projection) calls
 ``self.products.linear(x, weight, bias)`` and ``self.products.attention(q, k, v, mask)``. A freshly built
-model holds :data:`FLOAT`: plain float products in the model's own dtype (:func:`~lightning_bpd.nn.fast_linear.linear`
+model holds :data:`FLOAT`: plain float products in the model's own dtype (:func:`~lightning_bpd.kernels.fast_linear.linear`
 and ``F.scaled_dot_product_attention``), the reference arithmetic of training and of a model decoded directly.
 An inference runtime (:func:`lightning_bpd.inference.build_runtime`) gives *its own copy* of the model another
 kind (:mod:`lightning_bpd.inference.products`: float64-accumulated ``float32-invariant``, batch-invariant int8),
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from lightning_bpd.nn.fast_linear import linear as float_linear
+from lightning_bpd.kernels.fast_linear import linear as float_linear
 
 
 class Products:

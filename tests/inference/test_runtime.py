@@ -9,7 +9,7 @@ from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.protocol import OptionalCapabilities
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.inference.products import Int8Products, PackedProducts, WideProducts
-from lightning_bpd.nn import int8, onednn
+from lightning_bpd.kernels import int8, onednn
 from lightning_bpd.nn.products import FLOAT
 from tests.models import float32_model, random_sources
 
@@ -126,7 +126,7 @@ def test_the_packed_runtime_multiplies_like_float32_up_to_rounding_and_its_lean_
 @pytest.mark.hardware
 @pytest.mark.parametrize("head_type", ["paper", "chained_attn"])
 def test_exact_equals_greedy_in_float32_packed(head_type):
-    """What the precision rests on (a property of oneDNN's kernels on this CPU, checked in tests/nn/test_onednn.py):
+    """What the precision rests on (a property of oneDNN's kernels on this CPU, checked in tests/kernels/test_onednn.py):
     exact blockwise decoding reproduces the packed runtime's greedy decoding, batched and row by row."""
     model = float32_model(seed=10, head_type=head_type)
     model.eos_id = 5

@@ -9,7 +9,7 @@ from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.inference.products import Int8Products, WideProducts
 from lightning_bpd.inference.runtime import with_products
-from lightning_bpd.nn import int8
+from lightning_bpd.kernels import int8
 from lightning_bpd.nn.transformer import lean_applies
 from tests.models import random_model, random_sources
 
@@ -143,7 +143,8 @@ def test_lean_encoder_equals_the_reference_bitwise(precision):
 @pytest.mark.skipif(not int8.available(), reason="no fbgemm/x86 quantized engine")
 def test_the_lean_functions_compile():
     """`script` falls back to plain Python where TorchScript fails: here it must not, or the speed is gone quietly."""
-    from lightning_bpd.nn import fused_chain, lean_step
+    from lightning_bpd.inference import fused_chain
+    from lightning_bpd.nn import lean_step
 
     for fn in (lean_step.lean_decoder_step, lean_step.lean_encoder, fused_chain.chain_links_scripted,
                fused_chain.chain_links_int8_scripted):

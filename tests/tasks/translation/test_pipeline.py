@@ -159,7 +159,7 @@ def test_bench_and_decode_in_reduced_precision_with_a_confidence_stop(fitted, op
     batch-invariant by construction)."""
     import json
 
-    from lightning_bpd.nn import int8
+    from lightning_bpd.kernels import int8
 
     if "int8" in options and not int8.available():
         pytest.skip("no fbgemm/x86 quantized engine")

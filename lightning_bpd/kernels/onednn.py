@@ -3,14 +3,14 @@
 Exact blockwise decoding reproduces greedy decoding when p_1 at a position comes out bit for bit the
 same from the k-token verify pass as from greedy's 1-token step. MKL's float32 ``F.linear`` is not
 batch-invariant: a row's bits depend on how many rows were multiplied with it (its small-row panels
-round differently). :mod:`~lightning_bpd.nn.invariant` fixes that by taking products in float64, at a
+round differently). :mod:`~lightning_bpd.kernels.invariant` fixes that by taking products in float64, at a
 cost. This module instead packs the weight once into oneDNN's blocked layout
 (``torch.ops.mkldnn._reorder_linear_weight``) and multiplies with ``torch.ops.mkldnn._linear_pointwise``:
 oneDNN then runs one brgemm kernel (``brg_matmul:avx512_core``) for every row count, and each row is
 reduced over ``in`` in the same order however many rows come with it.
 
 Measured on these CPUs (AMD EPYC, family 25 model 17 = Zen 4, AVX-512; torch 2.14.1 with oneDNN 3.12;
-``tests/nn/test_onednn.py``, ``python -m lightning_bpd.benchmarks.onednn_products``):
+``tests/kernels/test_onednn.py``, ``python -m lightning_bpd.benchmarks.onednn_products``):
 
 * With a weight packed without a batch-size hint (or with any hint >= 2, which gives the same
   ``AB16b64a`` layout), rows 1..64 are bitwise invariant for ``in <= 1024``, at 1 and 2 threads, and

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_bpd.nn.fast_linear import linear
+from lightning_bpd.kernels.fast_linear import linear
 
 
 @pytest.mark.parametrize("rows", [1, 2, 8, 16, 64, 65])

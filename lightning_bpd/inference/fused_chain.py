@@ -17,7 +17,7 @@ draft-vocabulary argmaxes cost 2.05 ms instead of 3.11 (``python -m lightning_bp
 ``--unfused-chain`` for the reference). A link is bound by the bytes of its weights once they no longer fit
 the cache, so what it saves is the ops around them.
 
-The products are plain (never the float64 ones of :mod:`~lightning_bpd.nn.invariant`): proposals only
+The products are plain (never the float64 ones of :mod:`~lightning_bpd.kernels.invariant`): proposals only
 decide what the verify pass checks, so rounding in them cannot change an exact decode's output, only
 (rarely) which near-tie token is proposed. :meth:`ChainedHead.step` is the reference; the tests check
 that both give the same states up to float rounding and that exact decoding still equals greedy.
@@ -26,7 +26,7 @@ Tables cost V * (H + D) numbers per link (Multi30k k = 8: 7 * 8000 * 768 floats 
 
 With ``int8`` (``--proposal-precision int8``) the three products of z, the source read-out and the hidden
 layer run in int8 (weights per output row, activations per call: fbgemm's dynamic product,
-:mod:`~lightning_bpd.nn.screened_argmax`), which streams a quarter of the bytes; the token tables, the
+:mod:`~lightning_bpd.inference.screened_argmax`), which streams a quarter of the bytes; the token tables, the
 attention over the source and the residual stay float32.
 """
 
@@ -37,9 +37,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_bpd.nn import argmax, int8
+from lightning_bpd.kernels import int8
+from lightning_bpd.kernels.int8 import int8_linear, pack_int8
+from lightning_bpd.nn import argmax
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
-from lightning_bpd.nn.int8 import int8_linear, pack_int8
 from lightning_bpd.nn.lean_step import column_layouts, layout_linear, script
 
 TABLE_BUDGET = 512 * 2**20  # bytes of token tables above which the token's terms are multiplied instead

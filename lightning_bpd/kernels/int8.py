@@ -12,7 +12,7 @@ row x is divided by its own max |x| (so it lies in [-1, 1], its largest entry ex
 quantizes it on one fixed grid, that of [-1, 1] (``UNIT_SCALE``, ``UNIT_ZERO_POINT``: what fbgemm's dynamic
 product picks for a call whose activations span exactly [-1, 1]), its int32 accumulation is exact, and the
 row's scale multiplies the result back. A row's output is then the same function of that row alone, whatever
-the batch: with attention taken in float64 (:func:`lightning_bpd.nn.invariant.attention`, as in
+the batch: with attention taken in float64 (:func:`lightning_bpd.kernels.invariant.attention`, as in
 ``bfloat16-invariant``) exact blockwise decoding reproduces int8 greedy decoding by construction. Activations
 get 7 bits (fbgemm's ``reduce_range``: u8 x s8 pairs stay inside its int16 sums) and the weights 8, like
 CTranslate2's int8 (per-row activation scales, per-channel weight scales). :func:`appended_range_product` is

@@ -8,7 +8,7 @@ CPUs (1 thread, medians, ``F.linear`` / ``(W @ x.T).T``): 8000 x 256 with 3 rows
 8 rows 976 / 700 us; 1024 x 256 with 8 rows 44 / 86 us, with 16 rows 90 / 78 us. So the second
 layout is used from 8 rows for a large W (>= 1M entries) and from 16 rows otherwise, up to 64
 rows. Training, GPUs, other row counts and other dtypes keep ``F.linear`` (bfloat16's oneDNN products
-are fast for several rows already, and batch-invariant: :mod:`lightning_bpd.nn.precision`). The result differs from
+are fast for several rows already, and batch-invariant: :mod:`lightning_bpd.inference.precision`). The result differs from
 ``F.linear`` only by float rounding.
 """
 

@@ -5,9 +5,9 @@ import torch.nn.functional as F
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.blockwise import chain_tokens
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.nn import int8
-from lightning_bpd.nn.fast_linear import linear
-from lightning_bpd.nn.precision import model_dtype, parse_precision
+from lightning_bpd.inference.precision import model_dtype, parse_precision
+from lightning_bpd.kernels import int8
+from lightning_bpd.kernels.fast_linear import linear
 from tests.models import float32_model, random_model, random_sources
 
 
@@ -47,7 +47,7 @@ def test_exact_equals_greedy_in_bfloat16(head_type):
     """Decoded in bfloat16, exact blockwise decoding reproduces bfloat16 greedy decoding token for token,
     batched and one row at a time, on a model whose argmaxes have clear margins (bfloat16 near-ties can
     break differently in the verify pass and the greedy step: the fused attention is not batch-invariant,
-    see lightning_bpd.nn.precision; how often that happens on real data is measured by bench)."""
+    see lightning_bpd.inference.precision; how often that happens on real data is measured by bench)."""
     model = random_model(k=4, vocab=40, seed=3, head_type=head_type).float()
     with torch.no_grad():
         model.tgt_embed.weight.mul_(30)  # wide logit margins

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lightning_bpd.nn import onednn
+from lightning_bpd.kernels import onednn
 
 pytestmark = pytest.mark.skipif(not onednn.available(), reason="no oneDNN packed linear ops in this torch")
 

@@ -8,7 +8,7 @@ grows with the rows: on an AMD EPYC core 1 / 8 / 32 rows take 0.20 / 0.26 / 0.60
 0.97 / 1.72 / 2.75 (cold weights, 1 thread).
 
 The int8 logits are approximate, but their error has a bound that is known per row. The product is
-:class:`~lightning_bpd.nn.int8.RowInt8`'s: a row x is divided by its own max |x| (s), so its activations u
+:class:`~lightning_bpd.kernels.int8.RowInt8`'s: a row x is divided by its own max |x| (s), so its activations u
 lie in [-1, 1] and are rounded to a grid of step 2/127; the weight row w of token v is quantized per row
 (w^ = s_v q_v, q_v integers); the int32 accumulation is exact. So::
 
@@ -32,10 +32,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_bpd.nn.int8 import RowInt8, quantize_rows
+from lightning_bpd.kernels.int8 import RowInt8, quantize_rows
 
 SLACK = 1e-5  # relative allowance for the float32 rounding of the int8 product's output
-STEP = 2 / 127  # the int8 product's activation grid on [-1, 1] (:mod:`lightning_bpd.nn.int8`)
+STEP = 2 / 127  # the int8 product's activation grid on [-1, 1] (:mod:`lightning_bpd.kernels.int8`)
 
 
 class ScreenedArgmax:

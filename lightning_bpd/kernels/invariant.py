@@ -19,7 +19,7 @@ cost on these CPUs (1 thread, batch 1): 1.15x a plain float32 decode for a d 64 
 must run with the same products (one runtime).
 
 A bfloat16 model needs only its attention widened: oneDNN's bfloat16 products are batch-invariant on
-these CPUs already (:mod:`~lightning_bpd.nn.precision`), so with ``bfloat16-invariant`` its products stay
+these CPUs already (:mod:`~lightning_bpd.inference.precision`), so with ``bfloat16-invariant`` its products stay
 bfloat16 and attention is taken in float64 and rounded to bfloat16 (``bfloat16-invariant``).
 """
 

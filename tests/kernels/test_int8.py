@@ -6,7 +6,7 @@ import torch
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.inference.products import Int8Products
-from lightning_bpd.nn import int8
+from lightning_bpd.kernels import int8
 from tests.models import float32_model, random_model, random_sources
 
 pytestmark = pytest.mark.skipif(not int8.available(), reason="no fbgemm/x86 quantized engine")

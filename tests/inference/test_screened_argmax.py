@@ -6,9 +6,9 @@ import torch
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.greedy import greedy_decode_reference
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.nn import int8
-from lightning_bpd.nn.int8 import int8_linear, pack_int8
-from lightning_bpd.nn.screened_argmax import ScreenedArgmax
+from lightning_bpd.inference.screened_argmax import ScreenedArgmax
+from lightning_bpd.kernels import int8
+from lightning_bpd.kernels.int8 import int8_linear, pack_int8
 from tests.models import float32_model, random_sources
 from tests.nn.test_head_centres import image_model
 

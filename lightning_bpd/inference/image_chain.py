@@ -4,7 +4,7 @@
 Link by link (:meth:`~lightning_bpd.nn.model.BlockwiseTransformer.chain_draft`), an image link is a few dozen small
 ops from Python: split off what the state carries, fill the pixel neighbours the previous token is
 (:meth:`~lightning_bpd.nn.pixel_neighbours.PixelNeighbours.fill`), the neighbour reader's MLP, the own-centre tag
-(:meth:`~lightning_bpd.nn.intensity_prior.IntensityPrior.tag`), the fused cell (:mod:`~lightning_bpd.nn.fused_chain`),
+(:meth:`~lightning_bpd.nn.intensity_prior.IntensityPrior.tag`), the fused cell (:mod:`~lightning_bpd.inference.fused_chain`),
 the Gaussian's nearest intensity (:meth:`~lightning_bpd.nn.intensity_prior.IntensityPrior.nearest`), and the
 carried values put back. At batch 1 a CelebA link costs ~0.3-0.4 ms that way, mostly the code around its small
 products. :func:`image_chain_links` runs the same ops in the same order for all k - 1 links from TorchScript's
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning_bpd.inference.fused_chain import source_read
 from lightning_bpd.nn import pixel_neighbours
-from lightning_bpd.nn.fused_chain import source_read
 from lightning_bpd.nn.intensity_prior import RESERVED
 from lightning_bpd.nn.lean_step import script
 

@@ -6,8 +6,8 @@ import torch
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.criteria import Distance
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.nn import int8
-from lightning_bpd.nn.fused_chain import FusedChain
+from lightning_bpd.inference.fused_chain import FusedChain
+from lightning_bpd.kernels import int8
 from tests.models import assert_close_to_rounding, random_model, random_sources, scramble_chain
 from tests.nn.test_head_centres import image_model, sources
 

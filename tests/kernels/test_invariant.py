@@ -6,8 +6,8 @@ from torch.nn import functional as F
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.inference import InferenceOptions, build_runtime
+from lightning_bpd.inference.precision import canonical_precision, parse_precision
 from lightning_bpd.inference.products import WideProducts
-from lightning_bpd.nn.precision import canonical_precision, parse_precision
 from lightning_bpd.nn.products import FLOAT
 from lightning_bpd.tasks.superres.module import SuperResolutionModule
 
