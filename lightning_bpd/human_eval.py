@@ -30,6 +30,8 @@ from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.blockwise import resolve_k
 from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.evaluation import EvalBatch, decode_all
+from lightning_bpd.inference import InferenceOptions, build_runtime
+from lightning_bpd.inference.arguments import add_precision_arg, options_from_args
 from lightning_bpd.records import write_json
 from lightning_bpd.tasks.superres import SuperResolutionModule
 from lightning_bpd.tasks.superres.module import TARGET_LEN
@@ -51,16 +53,19 @@ class HumanEvalError(ValueError):
 
 
 # ---- export ---------------------------------------------------------------------------------------
-def decode_method(module: SuperResolutionModule, spec: tuple[int | None, str], inputs: Tensor, batch_size: int = 16) -> Tensor:
+def decode_method(module: SuperResolutionModule, spec: tuple[int | None, str], inputs: Tensor, batch_size: int = 16,
+                  options: InferenceOptions | None = None) -> Tensor:
     """Super-resolve uint8 inputs ``(N, 8, 8, 3)`` with ``spec = (k, criterion)`` -> uint8 ``(N, 32, 32, 3)``.
 
-    ``criterion`` is ``greedy`` or a spec of ``module.make_criterion``; ``k=None`` uses all heads.
+    ``criterion`` is ``greedy`` or a spec of ``module.make_criterion``; ``k=None`` uses all heads; ``options``: the
+    runtime's (:func:`~lightning_bpd.inference.build_runtime`; default: the model's own precision).
     """
     k, criterion = spec
-    method = make_method(criterion, module.make_criterion, module.model, k)
+    runtime = build_runtime(module.model, options)
+    method = make_method(criterion, module.make_criterion, runtime, k)
     batches = [EvalBatch(image_to_tokens(inputs[start : start + batch_size]).to(module.device), MAX_LEN)
                for start in range(0, inputs.shape[0], batch_size)]  # (b, 192) sources
-    rows = decode_all(method, module.model, batches).outputs
+    rows = decode_all(method, runtime, batches).outputs
     return module.to_images(rows).permute(0, 2, 3, 1).to(torch.uint8)  # (N, 32, 32, 3)
 
 
@@ -85,7 +90,7 @@ def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, str]]) 
 
 
 def export(methods: list[Method], low: Tensor, out_dir: str | Path, seed: int, info: dict[str, Any] | None = None,
-           method_info: list[dict[str, Any]] | None = None) -> None:
+           method_info: list[dict[str, Any]] | None = None, options: InferenceOptions | None = None) -> None:
     """Decode ``low`` (N, 8, 8, 3) with both methods and write the evaluation folder ``out_dir``.
 
     ``info`` goes into ``methods.json`` as is, ``method_info[i]`` into the entry of method i + 1 (e.g. checkpoints).
@@ -94,7 +99,7 @@ def export(methods: list[Method], low: Tensor, out_dir: str | Path, seed: int, i
         raise HumanEvalError(f"export compares exactly two methods, got {len(methods)}")
     if methods[0][0] == methods[1][0]:
         raise HumanEvalError(f"the two methods need different names, both are {methods[0][0]!r}")
-    outputs = [decode_method(module, (k, criterion), low) for _, module, k, criterion in methods]
+    outputs = [decode_method(module, (k, criterion), low, options=options) for _, module, k, criterion in methods]
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
     sheet, key, pages = [], [], []
@@ -321,8 +326,9 @@ def run_export(args: argparse.Namespace) -> None:
 
         low, _ = synthetic_split(args.split, args.n, seed=args.data_seed)
         source = {"dataset": "synthetic_faces", "split": args.split, "data_seed": args.data_seed}
-    export(methods, low, args.out, args.seed, info={"inputs": source},
-           method_info=[{"checkpoint": ckpt} for ckpt, _, _ in specs])
+    options = options_from_args(args)
+    export(methods, low, args.out, args.seed, info={"inputs": source, "precision": options.precision},
+           method_info=[{"checkpoint": ckpt} for ckpt, _, _ in specs], options=options)
     print(f"wrote {low.shape[0]} pairs to {args.out} (upload sheet.csv or open index.html; keep key.csv hidden)")
 
 
@@ -342,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--name1", default=None, help="name of method 1 in key.csv (default: from the criterion)")
     e.add_argument("--name2", default=None, help="name of method 2 in key.csv")
     e.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_precision_arg(e)
     a = sub.add_parser("analyze", help="share of votes for method 1 with a 90%% bootstrap interval")
     a.add_argument("--responses", nargs="+", required=True, help="responses.csv files (pair_id,choice)")
     a.add_argument("--key", required=True, help="key.csv written by export")
