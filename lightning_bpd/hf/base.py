@@ -1,6 +1,6 @@
 """A pretrained Hugging Face encoder-decoder with a blockwise head, behind the decoding protocol.
 
-:class:`HFSeq2SeqBlockwise` wraps a transformers ``AutoModelForSeq2SeqLM`` (Marian, BART, mBART) and a
+:class:`HFSeq2SeqBlockwise` wraps a transformers ``AutoModelForSeq2SeqLM`` (Marian, BART, mBART, T5) and a
 blockwise head (:class:`~lightning_bpd.nn.blockwise_head.BlockwiseHead` or
 :class:`~lightning_bpd.nn.chained_head.ChainedHead`) that reads the base's last decoder hidden state (what its
 LM head reads) and projects through the base's own LM head, so p_1 is the base's own distribution and exact
@@ -9,7 +9,7 @@ blockwise decoding reproduces the base's greedy ``generate`` token for token.
 Rows of a batch accept different numbers of tokens, so every row has its own decoder length. The HF decoders
 compute positions from one cache length shared by the batch; :meth:`HFSeq2SeqBlockwise.decode_step` therefore
 runs the decoder itself around the HF submodules: the HF token embedding, the HF position table read at each
-row's own positions, then each HF ``decoder_layer`` with a 4-D mask built from those positions (causal, slots
+row's own positions (T5: its relative position bias at each row's own positions), then each HF ``decoder_layer`` with a 4-D mask built from those positions (causal, slots
 past a row's length hidden) and a cache object (:class:`StepCache`) through which the layers' self-attention
 writes its keys and values into our per-row :class:`~lightning_bpd.nn.kv_cache.KVCache` and reads the cross-
 attention keys and values computed once per source (:meth:`HFSeq2SeqBlockwise.encode`). Cropping rejected
@@ -41,7 +41,9 @@ from lightning_bpd.nn.kv_cache import KVCache
 HEAD_TYPES = ("paper", "chained", "chained_attn")
 # Families whose decoders are: token embedding (+ scale), + a position table, [layernorm_embedding], BART-style
 # decoder layers (self_attn / encoder_attn with k_proj, v_proj), [final layer_norm].
-SUPPORTED = ("marian", "bart", "mbart")
+# T5: no position table but a relative position bias (computed per row here), pre-norm blocks, a final layer norm
+# and, with tied embeddings, the decoder output scaled by d_model ** -0.5 before the LM head.
+SUPPORTED = ("marian", "bart", "mbart", "t5")
 ATTENTION = ("eager", "sdpa")  # implementations that take a 4-D mask
 
 
@@ -67,6 +69,9 @@ class SelfAttentionCache:
 
     def __init__(self, kv: KVCache, positions: Tensor, stop: int) -> None:
         self.kv, self.positions, self.stop = kv, positions, stop
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # T5 asks before it reads the bias it is handed
+        return 0
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
         self.kv.write(layer_idx, self.positions, key_states.transpose(1, 2), value_states.transpose(1, 2))
@@ -131,9 +136,20 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         self.bos_id = int(start)
         eos = config.eos_token_id
         self.eos_id = int(eos[0] if isinstance(eos, list) else eos) if eos is not None else None
-        first = self.decoder.layers[0].self_attn
-        self.n_layers, self.n_heads, self.head_dim = len(self.decoder.layers), first.num_heads, first.head_dim
-        self.n_positions = self.decoder.embed_positions.weight.shape[0] - getattr(self.decoder.embed_positions, "offset", 0)
+        self.t5 = config.model_type == "t5"
+        if self.t5:
+            first = self.layers[0].layer[0].SelfAttention
+            self.n_heads, self.head_dim = first.n_heads, first.key_value_proj_dim
+            self.n_positions: int | None = None  # relative positions: no table
+        else:
+            first = self.layers[0].self_attn
+            self.n_heads, self.head_dim = first.num_heads, first.head_dim
+            table = self.decoder.embed_positions
+            self.n_positions = table.weight.shape[0] - getattr(table, "offset", 0)
+        self.n_layers = len(self.layers)
+        if head_type == "chained_attn" and self.n_heads * self.head_dim != config.d_model:
+            raise ValueError(f"chained_attn heads need n_heads * head_dim == d_model, got {self.n_heads} * "
+                             f"{self.head_dim} != {config.d_model}")
         d, hidden = config.d_model, head_hidden or config.d_model
         self.chained_heads = head_type != "paper"
         if self.chained_heads:
@@ -155,6 +171,10 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         """The base's decoder (a property: not registered twice as a submodule)."""
         return self.base.get_decoder()
 
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.decoder.block if self.t5 else self.decoder.layers
+
     # ---- encoder -----------------------------------------------------------------------------------
     def encode(self, src: Tensor) -> HFContext:
         """Sources (B, S), padded with the pad id -> the encoder output and every decoder layer's cross K/V."""
@@ -162,10 +182,15 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         hidden = self.base.get_encoder()(input_ids=src, attention_mask=valid.long()).last_hidden_state  # (B, S, D)
         b, s = valid.shape
         cross = []
-        for layer in self.decoder.layers:
-            attn = layer.encoder_attn
-            shape = (b, s, -1, attn.head_dim)
-            cross.append((attn.k_proj(hidden).view(shape).transpose(1, 2), attn.v_proj(hidden).view(shape).transpose(1, 2)))
+        for layer in self.layers:
+            if self.t5:
+                attn = layer.layer[1].EncDecAttention
+                k_proj, v_proj = attn.k, attn.v
+            else:
+                attn = layer.encoder_attn
+                k_proj, v_proj = attn.k_proj, attn.v_proj
+            shape = (b, s, -1, self.head_dim)
+            cross.append((k_proj(hidden).view(shape).transpose(1, 2), v_proj(hidden).view(shape).transpose(1, 2)))
         mask = as_mask(valid[:, None, None, :], hidden.dtype, self.attention)  # (B, 1, 1, S)
         return HFContext(hidden, valid, mask, cross)
 
@@ -173,7 +198,7 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         """A per-row KV cache. Positions past the checkpoint's table (only blockwise proposals past ``max_len``
         reach them) read its last entry; a capacity that would need more is refused."""
-        if capacity > self.n_positions + 1 + self.k:
+        if self.n_positions is not None and capacity > self.n_positions + 1 + self.k:
             raise ValueError(f"max_len too long: the checkpoint has {self.n_positions} decoder positions, "
                              f"a cache of {capacity} would need more")
         w = self.base.get_output_embeddings().weight
@@ -181,13 +206,15 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """Token embeddings as the decoder sees them, without positions: (...) -> (..., D)."""
-        x = self.decoder.embed_tokens(tokens)  # BART and mBART scale inside the embedding
+        x = self.decoder.embed_tokens(tokens)  # BART and mBART scale inside the embedding, T5 does not scale
         if self.base.config.model_type == "marian":
             x = x * self.decoder.embed_scale
         return x
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """Decoder inputs (B, T) at absolute ``positions`` (B, T) -> the first layer's input (B, T, D)."""
+        if self.t5:
+            return self.decoder.dropout(self.embed_tokens(tokens))
         table = self.decoder.embed_positions
         at = positions.clamp(max=self.n_positions - 1) + getattr(table, "offset", 0)
         x = self.embed_tokens(tokens) + nn.functional.embedding(at, table.weight).to(self.decoder.embed_tokens.weight.dtype)
@@ -205,12 +232,27 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         x = self.embed(tokens, positions)
         self_mask = as_mask(allowed, x.dtype, self.attention)
         step = StepCache(SelfAttentionCache(cache, positions, stop), context.cross)
-        for layer in self.decoder.layers:
-            x = layer(x, self_mask, context.hidden, encoder_attention_mask=context.cross_mask, cache=step, use_cache=True)
+        if self.t5:
+            bias = self.relative_bias(slots[None, None, :] - positions[:, :, None])  # (B, H, T, S')
+            for layer in self.layers:
+                x = layer(x, self_mask, bias, context.hidden, context.cross_mask, None, cache=step)[0]
+        else:
+            for layer in self.layers:
+                x = layer(x, self_mask, context.hidden, encoder_attention_mask=context.cross_mask, cache=step,
+                          use_cache=True)
         cache.advance(n_new)
         return self.final_norm(x)
 
+    def relative_bias(self, relative: Tensor) -> Tensor:
+        """T5: the decoder's relative position bias at key minus query positions (B, T, S') -> (B, H, T, S')."""
+        attn = self.layers[0].layer[0].SelfAttention
+        buckets = attn._relative_position_bucket(relative, bidirectional=False, num_buckets=attn.relative_attention_num_buckets,
+                                                 max_distance=attn.relative_attention_max_distance)
+        return attn.relative_attention_bias(buckets).permute(0, 3, 1, 2)
+
     def final_norm(self, x: Tensor) -> Tensor:
+        if self.t5:
+            return self.decoder.dropout(self.decoder.final_layer_norm(x))
         norm = getattr(self.decoder, "layer_norm", None)  # mBART's pre-norm decoder ends with one
         return norm(x) if norm is not None else x
 
@@ -223,6 +265,8 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
     # ---- heads -------------------------------------------------------------------------------------
     def project(self, h: Tensor) -> Tensor:
         """The base's LM head (and final logits bias): (..., D) -> (..., V); banned tokens at -inf."""
+        if self.t5 and self.base.config.scale_decoder_outputs:
+            h = h * (self.base.model_dim ** -0.5)
         logits = self.base.get_output_embeddings()(h)
         bias = getattr(self.base, "final_logits_bias", None)
         if bias is not None:

@@ -7,7 +7,15 @@ import torch
 
 pytest.importorskip("transformers")
 
-from transformers import AutoModelForSeq2SeqLM, BartConfig, GPT2Config, GPT2LMHeadModel, MarianConfig, MBartConfig
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    BartConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    MarianConfig,
+    MBartConfig,
+    T5Config,
+)
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode, greedy_decode_reference
 from lightning_bpd.hf import HFSeq2SeqBlockwise, load_base
@@ -21,7 +29,7 @@ COMMON = {"vocab_size": VOCAB, "d_model": 32, "encoder_layers": 2, "decoder_laye
           "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0, "forced_eos_token_id": None,
           "pad_token_id": PAD, "eos_token_id": EOS, "tie_word_embeddings": False}
 EMBED, WEIGHT, FFN = 1.0, 3.0, 0.3  # scrambled weights: std of the embeddings, the attention and the FFN
-FAMILIES = ("marian", "bart", "mbart")
+FAMILIES = ("marian", "bart", "mbart", "t5")
 
 
 def tiny_base(family: str, seed: int = 0, dtype: torch.dtype = torch.float64, attention: str = "sdpa"):
@@ -30,6 +38,10 @@ def tiny_base(family: str, seed: int = 0, dtype: torch.dtype = torch.float64, at
     torch.manual_seed(seed)
     if family == "marian":
         config = MarianConfig(decoder_start_token_id=PAD, **COMMON)
+    elif family == "t5":  # tied embeddings: the decoder output is scaled by d_model ** -0.5 before the LM head
+        config = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+                          num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                          dropout_rate=0.0, pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD)
     elif family == "bart":
         config = BartConfig(decoder_start_token_id=EOS, bos_token_id=0, forced_bos_token_id=None, **COMMON)
     else:
@@ -40,7 +52,7 @@ def tiny_base(family: str, seed: int = 0, dtype: torch.dtype = torch.float64, at
     with torch.no_grad():
         for name, p in base.named_parameters():
             if p.dim() == 2 and p.requires_grad:
-                std = EMBED if "embed" in name or "shared" in name else (FFN if ".fc" in name else WEIGHT) / p.shape[1] ** 0.5
+                std = EMBED if "embed" in name or "shared" in name else (FFN if ".fc" in name or "DenseReluDense" in name else WEIGHT) / p.shape[1] ** 0.5
                 p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * std)
         if hasattr(base, "final_logits_bias"):
             base.final_logits_bias.copy_(torch.randn(base.final_logits_bias.shape, generator=g, dtype=dtype) * 0.5)
