@@ -9,12 +9,13 @@ blockwise decoding reproduces the base's greedy ``generate`` token for token.
 Rows of a batch accept different numbers of tokens, so every row has its own decoder length. The HF decoders
 compute positions from one cache length shared by the batch; :meth:`HFSeq2SeqBlockwise.decode_step` therefore
 runs the decoder itself around the HF submodules: the HF token embedding, the HF position table read at each
-row's own positions (T5: its relative position bias at each row's own positions), then each HF ``decoder_layer`` with a 4-D mask built from those positions (causal, slots
-past a row's length hidden) and a cache object (:class:`StepCache`) through which the layers' self-attention
-writes its keys and values into our per-row :class:`~lightning_bpd.nn.kv_cache.KVCache` and reads the cross-
-attention keys and values computed once per source (:meth:`HFSeq2SeqBlockwise.encode`). Cropping rejected
-proposals is the KVCache's per-row crop. :meth:`~HFSeq2SeqBlockwise.decode_full` is the HF decoder's own
-uncached forward: the reference.
+row's own positions (T5: its relative position bias at each row's own positions), then each HF ``decoder_layer``
+with a 4-D mask built from those positions (causal, slots past a row's length hidden) and a cache object
+(:class:`StepCache`) through which the layers' self-attention writes its keys and values into our per-row
+:class:`~lightning_bpd.nn.kv_cache.KVCache` and reads the cross-attention keys and values computed once per
+source (:meth:`HFSeq2SeqBlockwise.encode`). Cropping rejected proposals is the KVCache's per-row crop.
+:meth:`~HFSeq2SeqBlockwise.decode_full` is the HF decoder's own uncached forward: the
+reference.
 
 Only the LM head's logits are p_1: ``generate``'s logits processors are not reproduced, except single-token
 ``bad_words_ids`` of the base's generation config (Marian's pad ban), which are masked out of every head's
