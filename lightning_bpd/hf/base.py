@@ -1,0 +1,328 @@
+"""A pretrained Hugging Face encoder-decoder with a blockwise head, behind the decoding protocol.
+
+:class:`HFSeq2SeqBlockwise` wraps a transformers ``AutoModelForSeq2SeqLM`` (Marian, BART, mBART, T5) and a
+blockwise head (:class:`~lightning_bpd.nn.blockwise_head.BlockwiseHead` or
+:class:`~lightning_bpd.nn.chained_head.ChainedHead`) that reads the base's last decoder hidden state (what its
+LM head reads) and projects through the base's own LM head, so p_1 is the base's own distribution and exact
+blockwise decoding reproduces the base's greedy ``generate`` token for token.
+
+Rows of a batch accept different numbers of tokens, so every row has its own decoder length. The HF decoders
+compute positions from one cache length shared by the batch; :meth:`HFSeq2SeqBlockwise.decode_step` therefore
+runs the decoder itself around the HF submodules: the HF token embedding, the HF position table read at each
+row's own positions (T5: its relative position bias at each row's own positions), then each HF ``decoder_layer``
+with a 4-D mask built from those positions (causal, slots past a row's length hidden) and a cache object
+(:class:`StepCache`) through which the layers' self-attention writes its keys and values into our per-row
+:class:`~lightning_bpd.nn.kv_cache.KVCache` and reads the cross-attention keys and values computed once per
+source (:meth:`HFSeq2SeqBlockwise.encode`). Cropping rejected proposals is the KVCache's per-row crop.
+:meth:`~HFSeq2SeqBlockwise.decode_full` is the HF decoder's own uncached forward: the
+reference.
+
+Only the LM head's logits are p_1: ``generate``'s logits processors are not reproduced, except single-token
+``bad_words_ids`` of the base's generation config (Marian's pad ban), which are masked out of every head's
+logits. Forced BOS/EOS, minimum lengths, repetition rules and the like make ``generate`` differ from greedy
+decoding of p_1; turn them off there to compare.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+from torch import Tensor, nn
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, EncoderDecoderCache, PreTrainedModel
+
+from lightning_bpd.decoding.protocol import OptionalCapabilities
+from lightning_bpd.nn.blockwise_head import BlockwiseHead
+from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
+from lightning_bpd.nn.kv_cache import KVCache
+
+HEAD_TYPES = ("paper", "chained", "chained_attn")
+# Families whose decoders are: token embedding (+ scale), + a position table, [layernorm_embedding], BART-style
+# decoder layers (self_attn / encoder_attn with k_proj, v_proj), [final layer_norm].
+# T5: no position table but a relative position bias (computed per row here), pre-norm blocks, a final layer norm
+# and, with tied embeddings, the decoder output scaled by d_model ** -0.5 before the LM head.
+SUPPORTED = ("marian", "bart", "mbart", "t5")
+ATTENTION = ("eager", "sdpa")  # implementations that take a 4-D mask
+
+
+@dataclass
+class HFContext:
+    """The encoded sources: encoder output ``hidden`` (B, S, D), ``valid`` (B, S) True for real tokens,
+    the cross-attention mask as the layers take it (B, 1, 1, S) and every decoder layer's cross-attention
+    keys and values (B, H, S, Dh)."""
+
+    hidden: Tensor
+    valid: Tensor
+    cross_mask: Tensor
+    cross: list[tuple[Tensor, Tensor]]
+
+    def select(self, rows: Tensor) -> HFContext:
+        return HFContext(self.hidden[rows], self.valid[rows], self.cross_mask[rows],
+                         [(k[rows], v[rows]) for k, v in self.cross])
+
+
+class SelfAttentionCache:
+    """What an HF attention layer calls on its self-attention cache: ``update`` writes the new keys and values
+    (B, H, T, Dh) at each row's own ``positions`` (B, T) of the KVCache and returns those of slots 0..stop-1."""
+
+    def __init__(self, kv: KVCache, positions: Tensor, stop: int) -> None:
+        self.kv, self.positions, self.stop = kv, positions, stop
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # T5 asks before it reads the bias it is handed
+        return 0
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        self.kv.write(layer_idx, self.positions, key_states.transpose(1, 2), value_states.transpose(1, 2))
+        keys, values = self.kv.view(layer_idx, self.stop)  # (B, S', H, Dh)
+        return keys.transpose(1, 2), values.transpose(1, 2)
+
+
+class StepCache(EncoderDecoderCache):
+    """The cache one :meth:`HFSeq2SeqBlockwise.decode_step` hands every decoder layer: the HF attention sees an
+    ``EncoderDecoderCache`` whose cross-attention part is already filled (``is_updated``) with the context's keys
+    and values, and whose self-attention part is a :class:`SelfAttentionCache`. Only the members the attention
+    layers read are set (the base class's constructor is not run)."""
+
+    def __init__(self, self_attention: SelfAttentionCache, cross: list[tuple[Tensor, Tensor]]) -> None:
+        self.self_attention_cache = self_attention  # type: ignore[assignment]
+        self.cross_attention_cache = SimpleNamespace(layers=[SimpleNamespace(keys=k, values=v) for k, v in cross])
+        self.is_updated = dict.fromkeys(range(len(cross)), True)
+
+
+def as_mask(allowed: Tensor, dtype: torch.dtype, implementation: str) -> Tensor:
+    """A boolean mask (True: attend) as the attention implementation takes it: sdpa the booleans, eager an
+    additive float mask (0, or the dtype's minimum), as transformers' own mask functions build them."""
+    if implementation == "sdpa":
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
+    """A transformers seq2seq model (``base``) with k blockwise heads, implementing the decoding protocol
+    (:class:`~lightning_bpd.decoding.protocol.BlockwiseModel`).
+
+    ``head_type``: ``paper`` (:class:`BlockwiseHead`, p_1 the base itself), ``chained`` or ``chained_attn``
+    (:class:`ChainedHead`; the source-attending one reads the last decoder layer's cross-attention keys and
+    values). ``head_hidden``: the head's hidden size (default d_model). ``frozen``: the base's parameters do not
+    train. The head takes the base's dtype and device.
+    """
+
+    def __init__(self, base: PreTrainedModel, k: int = 1, head_type: str = "paper", head_hidden: int | None = None,
+                 frozen: bool = True) -> None:
+        super().__init__()
+        config = getattr(base, "config", None)
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be an integer >= 1 (1 = the base model alone), got {k!r}")
+        if head_type not in HEAD_TYPES:
+            raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {head_type!r}")
+        if config is None or not getattr(config, "is_encoder_decoder", False):
+            name = getattr(config, "model_type", type(base).__name__)
+            raise ValueError(f"{name} is a decoder-only checkpoint: blockwise heads on Hugging Face models need an "
+                             "encoder-decoder (seq2seq) one")
+        if config.model_type not in SUPPORTED:
+            raise ValueError(f"model type {config.model_type!r} is not supported yet (supported: {', '.join(SUPPORTED)})")
+        implementation = config._attn_implementation or "eager"
+        if implementation not in ATTENTION:
+            raise ValueError(f"attention implementation {implementation!r} is not supported (use one of {ATTENTION})")
+        self.base = base
+        self.attention = implementation
+        self.k, self.head_type = k, head_type
+        self.pad_id = int(config.pad_token_id)
+        start = config.decoder_start_token_id
+        if start is None:
+            raise ValueError(f"{config.model_type}: the config has no decoder_start_token_id (the decoder's first input)")
+        self.bos_id = int(start)
+        eos = config.eos_token_id
+        self.eos_id = int(eos[0] if isinstance(eos, list) else eos) if eos is not None else None
+        self.t5 = config.model_type == "t5"
+        if self.t5:
+            first = self.layers[0].layer[0].SelfAttention
+            self.n_heads, self.head_dim = first.n_heads, first.key_value_proj_dim
+            self.n_positions: int | None = None  # relative positions: no table
+        else:
+            first = self.layers[0].self_attn
+            self.n_heads, self.head_dim = first.num_heads, first.head_dim
+            table = self.decoder.embed_positions
+            self.n_positions = table.weight.shape[0] - getattr(table, "offset", 0)
+        self.n_layers = len(self.layers)
+        if head_type == "chained_attn" and self.n_heads * self.head_dim != config.d_model:
+            raise ValueError(f"chained_attn heads need n_heads * head_dim == d_model, got {self.n_heads} * "
+                             f"{self.head_dim} != {config.d_model}")
+        d, hidden = config.d_model, head_hidden or config.d_model
+        self.chained_heads = head_type != "paper"
+        if self.chained_heads:
+            self.head: BlockwiseHead | ChainedHead = ChainedHead(d, hidden, k, source_attention=head_type == "chained_attn")
+        else:
+            self.head = BlockwiseHead(d, hidden, k, identity_first=True)
+        weight = base.get_output_embeddings().weight
+        self.head.to(dtype=weight.dtype, device=weight.device)
+        self.vocab_size = weight.shape[0]
+        bad = getattr(base.generation_config, "bad_words_ids", None) or []
+        self.register_buffer("banned", torch.tensor([w[0] for w in bad if len(w) == 1], dtype=torch.long,
+                                                    device=weight.device), persistent=False)
+        self.frozen = frozen
+        if frozen:
+            base.requires_grad_(False)
+
+    @property
+    def decoder(self) -> nn.Module:
+        """The base's decoder (a property: not registered twice as a submodule)."""
+        return self.base.get_decoder()
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.decoder.block if self.t5 else self.decoder.layers
+
+    # ---- encoder -----------------------------------------------------------------------------------
+    def encode(self, src: Tensor) -> HFContext:
+        """Sources (B, S), padded with the pad id -> the encoder output and every decoder layer's cross K/V."""
+        valid = src != self.pad_id
+        hidden = self.base.get_encoder()(input_ids=src, attention_mask=valid.long()).last_hidden_state  # (B, S, D)
+        b, s = valid.shape
+        cross = []
+        for layer in self.layers:
+            if self.t5:
+                attn = layer.layer[1].EncDecAttention
+                k_proj, v_proj = attn.k, attn.v
+            else:
+                attn = layer.encoder_attn
+                k_proj, v_proj = attn.k_proj, attn.v_proj
+            shape = (b, s, -1, self.head_dim)
+            cross.append((k_proj(hidden).view(shape).transpose(1, 2), v_proj(hidden).view(shape).transpose(1, 2)))
+        mask = as_mask(valid[:, None, None, :], hidden.dtype, self.attention)  # (B, 1, 1, S)
+        return HFContext(hidden, valid, mask, cross)
+
+    # ---- decoder -----------------------------------------------------------------------------------
+    def new_cache(self, batch_size: int, capacity: int) -> KVCache:
+        """A per-row KV cache. Positions past the checkpoint's table (only blockwise proposals past ``max_len``
+        reach them) read its last entry; a capacity that would need more is refused."""
+        if self.n_positions is not None and capacity > self.n_positions + 1 + self.k:
+            raise ValueError(f"max_len too long: the checkpoint has {self.n_positions} decoder positions, "
+                             f"a cache of {capacity} would need more")
+        w = self.base.get_output_embeddings().weight
+        return KVCache(self.n_layers, batch_size, capacity, self.n_heads, self.head_dim, dtype=w.dtype, device=w.device)
+
+    def embed_tokens(self, tokens: Tensor) -> Tensor:
+        """Token embeddings as the decoder sees them, without positions: (...) -> (..., D)."""
+        x = self.decoder.embed_tokens(tokens)  # BART and mBART scale inside the embedding, T5 does not scale
+        if self.base.config.model_type == "marian":
+            x = x * self.decoder.embed_scale
+        return x
+
+    def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """Decoder inputs (B, T) at absolute ``positions`` (B, T) -> the first layer's input (B, T, D)."""
+        if self.t5:
+            return self.decoder.dropout(self.embed_tokens(tokens))
+        table = self.decoder.embed_positions
+        at = positions.clamp(max=self.n_positions - 1) + getattr(table, "offset", 0)
+        x = self.embed_tokens(tokens) + nn.functional.embedding(at, table.weight).to(self.decoder.embed_tokens.weight.dtype)
+        norm = getattr(self.decoder, "layernorm_embedding", None)
+        return norm(x) if norm is not None else x
+
+    def decode_step(self, tokens: Tensor, context: HFContext, cache: KVCache) -> Tensor:
+        """T >= 1 new decoder inputs per row (B, T) after what ``cache`` holds -> hidden (B, T, D)."""
+        n_new = tokens.shape[1]
+        cache.check_room(n_new)
+        positions = cache.positions(n_new)  # (B, T)
+        stop = cache.length_bounds()[1] + n_new
+        slots = torch.arange(stop, device=tokens.device)
+        allowed = slots[None, None, None, :] <= positions[:, None, :, None]  # (B, 1, T, S'): causal, own length
+        x = self.embed(tokens, positions)
+        self_mask = as_mask(allowed, x.dtype, self.attention)
+        step = StepCache(SelfAttentionCache(cache, positions, stop), context.cross)
+        if self.t5:
+            bias = self.relative_bias(slots[None, None, :] - positions[:, :, None])  # (B, H, T, S')
+            for layer in self.layers:
+                x = layer(x, self_mask, bias, context.hidden, context.cross_mask, None, cache=step)[0]
+        else:
+            for layer in self.layers:
+                x = layer(x, self_mask, context.hidden, encoder_attention_mask=context.cross_mask, cache=step,
+                          use_cache=True)
+        cache.advance(n_new)
+        return self.final_norm(x)
+
+    def relative_bias(self, relative: Tensor) -> Tensor:
+        """T5: the decoder's relative position bias at key minus query positions (B, T, S') -> (B, H, T, S')."""
+        attn = self.layers[0].layer[0].SelfAttention
+        buckets = attn._relative_position_bucket(relative, bidirectional=False, num_buckets=attn.relative_attention_num_buckets,
+                                                 max_distance=attn.relative_attention_max_distance)
+        return attn.relative_attention_bias(buckets).permute(0, 3, 1, 2)
+
+    def final_norm(self, x: Tensor) -> Tensor:
+        if self.t5:
+            return self.decoder.dropout(self.decoder.final_layer_norm(x))
+        norm = getattr(self.decoder, "layer_norm", None)  # mBART's pre-norm decoder ends with one
+        return norm(x) if norm is not None else x
+
+    def decode_full(self, tgt_in: Tensor, context: HFContext) -> Tensor:
+        """Uncached: the HF decoder's own forward over whole prefixes (B, T) starting with BOS -> (B, T, D)."""
+        out = self.decoder(input_ids=tgt_in, encoder_hidden_states=context.hidden,
+                           encoder_attention_mask=context.valid.long(), use_cache=False)
+        return out.last_hidden_state
+
+    # ---- heads -------------------------------------------------------------------------------------
+    def project(self, h: Tensor) -> Tensor:
+        """The base's LM head (and final logits bias): (..., D) -> (..., V); banned tokens at -inf."""
+        if self.t5 and self.base.config.scale_decoder_outputs:
+            h = h * (self.base.model_dim ** -0.5)
+        logits = self.base.get_output_embeddings()(h)
+        bias = getattr(self.base, "final_logits_bias", None)
+        if bias is not None:
+            logits = logits + bias
+        if self.banned.numel():
+            logits = logits.index_fill(-1, self.banned, float("-inf"))
+        return logits
+
+    def logits_first(self, h: Tensor) -> Tensor:
+        """p_1, the base's own logits: (..., D) -> (..., V)."""
+        return self.project(h)
+
+    def logits_heads(self, h: Tensor, heads: Sequence[int] | None = None, prev_tokens: Tensor | None = None,
+                     source: ChainSource | None = None) -> Tensor:
+        """Logits of the listed heads (all k by default): (..., D) -> (..., len(heads), V). Chained heads also
+        take the tokens proposed for heads 1..m (..., m) and, source-attending ones, the ``source``."""
+        heads = list(range(self.k) if heads is None else heads)
+        if self.chained_heads:
+            states = self.head.select(h, heads, prev_tokens, self.embed_tokens, source)  # type: ignore[call-arg]
+        else:
+            states = self.head.select(h, heads)  # type: ignore[call-arg]
+        return self.project(states)
+
+    def chain_step(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> tuple[Tensor, Tensor]:
+        """Chained heads: head ``i``'s state (b, D) and logits (b, V) from head i-1's state z and its token (b,)."""
+        z = self.head.step(z, self.embed_tokens(token), i, source)  # type: ignore[union-attr,operator]
+        return z, self.project(z)
+
+    def chain_source(self, context: HFContext) -> ChainSource | None:  # type: ignore[override]
+        """Source-attending chained heads read the last decoder layer's cross-attention K/V (B, S, H, Dh)."""
+        if self.head_type != "chained_attn":
+            return None
+        keys, values = context.cross[-1]
+        return ChainSource(keys.transpose(1, 2), values.transpose(1, 2), context.valid)
+
+
+def load_base(path_or_model: str | os.PathLike | PreTrainedModel, k: int = 1, head_type: str = "paper",
+              head_hidden: int | None = None, frozen: bool = True) -> HFSeq2SeqBlockwise:
+    """A local checkpoint directory (never downloaded) or a loaded model -> :class:`HFSeq2SeqBlockwise`."""
+    if isinstance(path_or_model, (str, os.PathLike)):
+        path = os.fspath(path_or_model)
+        if not os.path.isdir(path):
+            raise ValueError(f"{path}: not a directory (a local Hugging Face checkpoint is expected)")
+        try:
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError, KeyError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(f"{path}: not a Hugging Face checkpoint ({first})") from None
+        if not getattr(config, "is_encoder_decoder", False):
+            raise ValueError(f"{path}: a {config.model_type} checkpoint is decoder-only, not a seq2seq one")
+        try:
+            model = AutoModelForSeq2SeqLM.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError, KeyError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(f"{path}: not a seq2seq checkpoint ({first})") from None
+    else:
+        model = path_or_model
+    return HFSeq2SeqBlockwise(model.eval(), k=k, head_type=head_type, head_hidden=head_hidden, frozen=frozen)
