@@ -167,11 +167,18 @@ def test_export_command_line(tmp_path, monkeypatch):
 
     module = tiny_module()
     monkeypatch.setattr(lightning_bpd.checkpoints, "load_model", lambda path, device: module)
-    monkeypatch.setattr(human_eval, "decode_method",
-                        lambda m, spec, low: torch.full((low.shape[0], 32, 32, 3), spec[0] or 0, dtype=torch.uint8))
+    seen = []
+
+    def fake_decode(m, spec, low, options=None):
+        seen.append(options)
+        return torch.full((low.shape[0], 32, 32, 3), spec[0] or 0, dtype=torch.uint8)
+
+    monkeypatch.setattr(human_eval, "decode_method", fake_decode)
     human_eval.main(["export", "--method1", "a.ckpt::greedy", "--method2", "b.ckpt:2:top2", "--out", str(tmp_path),
-                     "--n", "1", "--device", "cpu"])
+                     "--n", "1", "--device", "cpu", "--precision", "fp32i"])
+    assert [o.precision for o in seen] == ["float32-invariant"] * 2  # both methods decode in the asked precision
     meta = json.loads((tmp_path / "methods.json").read_text())
+    assert meta["precision"] == "float32-invariant"
     assert meta["method1"]["name"] == "greedy" and meta["method1"]["checkpoint"] == "a.ckpt"
     assert meta["method2"]["name"] == "top2_k2" and meta["inputs"]["dataset"] == "synthetic_faces"
     assert len(read_rows(tmp_path / "key.csv")) == 1
