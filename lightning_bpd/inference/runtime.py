@@ -25,7 +25,7 @@ from lightning_bpd.inference.options import InferenceOptions
 from lightning_bpd.inference.precision import model_dtype, parse_precision, precision_name
 from lightning_bpd.inference.products import Int8Products, PackedProducts, WideProducts
 from lightning_bpd.inference.proposer import Proposer
-from lightning_bpd.nn.products import FLOAT, Products
+from lightning_bpd.nn.products import FLOAT, Products, use_products
 
 
 def make_products(options: InferenceOptions, model: nn.Module) -> Products:
@@ -144,7 +144,7 @@ def build_runtime(model: nn.Module | Runtime, options: InferenceOptions | None =
         model = model.model
     made = snapshot(model, options)
     products = make_products(options, made)
-    with_products(made, products)
+    use_products(made, products)
     for stack in (getattr(made, "encoder", None), getattr(made, "decoder", None)):
         if stack is not None and hasattr(stack, "lean"):
             stack.lean = options.lean_steps
@@ -164,14 +164,3 @@ def need(model: nn.Module, method: str, what: str) -> Any:
     if found is None:
         raise ValueError(f"{type(model).__name__} cannot take {what} ({method})")
     return found
-
-
-
-
-def with_products(model: nn.Module, products: Products) -> nn.Module:
-    """Give every module of ``model`` that multiplies these ``products`` (in place; :func:`build_runtime` does it
-    to its own snapshot). Returns ``model``."""
-    for module in model.modules():
-        if hasattr(type(module), "products"):
-            module.products = products
-    return model

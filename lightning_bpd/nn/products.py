@@ -73,3 +73,27 @@ FLOAT = Products()  # stateless: the default of every module
 def inference(x: Tensor) -> bool:
     """Whether a product of ``x`` happens at inference (no gradients), where a kind may differ from FLOAT."""
     return not torch.is_grad_enabled()
+
+
+class ProductLinear(torch.nn.Linear):
+    """An ``nn.Linear`` whose forward multiplies through ``self.products``: a runtime turns every plain
+    ``nn.Linear`` of its snapshot into one (:func:`use_products`), so that a model whose modules call their
+    linear layers directly (a Hugging Face base) takes the runtime's precision too. Same parameters, same
+    state dict."""
+
+    products: Products = FLOAT
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.products.linear(x, self.weight, self.bias)
+
+
+def use_products(model: torch.nn.Module, products: Products) -> torch.nn.Module:
+    """Give every module of ``model`` that multiplies ``products`` (in place; a runtime does it to its own snapshot):
+    modules that hold ``products`` get these, and every plain ``nn.Linear`` becomes a :class:`ProductLinear`.
+    Returns ``model``."""
+    for module in model.modules():
+        if type(module) is torch.nn.Linear:
+            module.__class__ = ProductLinear
+        if hasattr(type(module), "products"):
+            module.products = products
+    return model

@@ -8,8 +8,8 @@ import torch
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.inference.products import Int8Products, WideProducts
-from lightning_bpd.inference.runtime import with_products
 from lightning_bpd.kernels import int8
+from lightning_bpd.nn.products import use_products
 from lightning_bpd.nn.transformer import lean_applies
 from tests.models import random_model, random_sources
 
@@ -93,11 +93,11 @@ def test_the_reference_keeps_what_the_lean_step_does_not_take():
         plain = random_model(k=2, vocab=30)
         cache = plain.new_cache(1, 40)
         assert plain.decoder.lean_applies(x, cache)
-        wide = with_products(copy.deepcopy(plain), WideProducts())
+        wide = use_products(copy.deepcopy(plain), WideProducts())
         assert wide.decoder.lean_applies(x, cache)  # the step takes the float64 products
         assert not lean_applies(wide.encoder, x)  # the encoder does not
         if int8.available():
-            eight = with_products(copy.deepcopy(plain), Int8Products())
+            eight = use_products(copy.deepcopy(plain), Int8Products())
             assert not eight.decoder.lean_applies(x, cache)  # int8 products of a float64 model
             assert eight.decoder.lean_applies(x.float(), eight.float().new_cache(1, 40))  # float32: lean too
         cache.make_static()
