@@ -6,8 +6,9 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.protocol import OptionalCapabilities
+from lightning_bpd.nn.config import ModelConfig
 from lightning_bpd.nn.kv_cache import KVCache
-from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
+from lightning_bpd.nn.model import BlockwiseTransformer
 
 PAD, BOS, EOS = 0, 1, 2
 

@@ -8,11 +8,12 @@ import torch
 from lightning_bpd.decoding import blockwise_decode, blockwise_decode_reference
 from lightning_bpd.decoding.criteria import parse_criterion
 from lightning_bpd.inference import build_runtime
-from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
+from lightning_bpd.nn.config import ModelConfig
+from lightning_bpd.nn.model import BlockwiseTransformer
 from lightning_bpd.nn.warm_start import base_detached, freeze_base, load_base_weights
+from tests.inference.test_image_chain import link_by_link
 from tests.models import assert_close_to_rounding, random_model
 from tests.nn.test_head_centres import assert_exact_decoding_is_the_reference_and_greedy
-from tests.nn.test_image_chain import link_by_link
 from tests.nn.test_intensity_prior import IMAGE
 from tests.nn.test_pixel_neighbours import K, sources
 

@@ -6,7 +6,8 @@ import torch
 from lightning_bpd.decoding import blockwise_decode, blockwise_decode_reference, greedy_decode, head_agreement
 from lightning_bpd.decoding.criteria import parse_criterion
 from lightning_bpd.inference import build_runtime
-from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
+from lightning_bpd.nn.config import ModelConfig
+from lightning_bpd.nn.model import BlockwiseTransformer
 from lightning_bpd.nn.pixel_neighbours import PENDING, PixelNeighbours, neighbour_offsets
 from lightning_bpd.nn.warm_start import freeze_base
 from tests.models import assert_close_to_rounding, random_model

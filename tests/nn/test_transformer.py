@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from lightning_bpd.nn.model import bicubic_taps, bilinear_taps, source_index
+from lightning_bpd.nn.conditioning import bicubic_taps, bilinear_taps, source_index
 from tests.models import assert_close_to_rounding, random_model, random_sources
 
 

@@ -20,8 +20,9 @@ from torchmetrics.functional.image import peak_signal_noise_ratio, structural_si
 
 from lightning_bpd.decoding import Criterion, parse_criterion
 from lightning_bpd.evaluation import EvalBatch
+from lightning_bpd.nn.conditioning import CONDITIONING
+from lightning_bpd.nn.config import HEAD_CENTRES, HEAD_PRIORS, INTENSITY_OUTPUTS, ModelConfig
 from lightning_bpd.nn.loss import gaussian_kernel
-from lightning_bpd.nn.model import CONDITIONING, HEAD_CENTRES, HEAD_PRIORS, INTENSITY_OUTPUTS, ModelConfig
 from lightning_bpd.tasks.blockwise_module import BlockwiseModule
 from lightning_bpd.tasks.superres.conditioning import conditioning_diagnostic, nearest_upsample, smooth_upsample
 from lightning_bpd.tasks.superres.pixels import (
