@@ -7,7 +7,6 @@ through the small protocol in :mod:`lightning_bpd.decoding.protocol`.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 
@@ -19,9 +18,9 @@ from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.conditioning import source_taps
 from lightning_bpd.nn.config import ModelConfig
 from lightning_bpd.nn.draft_vocab import DraftVocabulary
+from lightning_bpd.nn.image_readout import ImageReadout
 from lightning_bpd.nn.intensity_prior import IntensityPrior
 from lightning_bpd.nn.kv_cache import KVCache
-from lightning_bpd.nn.pixel_neighbours import PixelNeighbours
 from lightning_bpd.nn.positions import ImageGrid, build_positions
 from lightning_bpd.nn.products import FLOAT, Products
 from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
@@ -76,41 +75,17 @@ class BlockwiseTransformer(nn.Module):
                 c.d_model, c.head_hidden or c.d_ff, c.k, identity_first=c.identity_first, dropout=c.dropout
             )
         self.draft_vocab = DraftVocabulary(c.tgt_vocab_size, c.draft_vocab) if c.draft_vocab else None
-        # Own centres: the decoder output carries k more coordinates, the prior's centres at t..t+k-1
-        # (:meth:`mark_prior`); every head is marked with its own one when it is read out.
-        self.own_centres = self.prior is not None and c.k > 1 and c.head_centres == "own"
-        # Pixel neighbours: the chain also reads the decoded intensities around each head's pixel (a part of
-        # the head, head.neighbours; :mod:`~lightning_bpd.nn.pixel_neighbours`).
-        if c.head_neighbours and c.k > 1:  # a base (k = 1) has no chain to read them
-            self.head.neighbours = PixelNeighbours(c.tgt_image_shape, c.k, c.d_model, c.head_hidden or c.d_ff)
-        # Own head prior: heads 2..k read out through a copy of the prior's shift-and-width layer (head.prior_adapt);
-        # residual: through the prior's layer, detached, plus head.prior_adapt (starting at zero).
-        if c.head_prior != "shared" and self.own_centres:
-            self.head.prior_adapt = copy.deepcopy(self.prior.adapt)  # type: ignore[union-attr]
-            if c.head_prior == "residual":
-                nn.init.zeros_(self.head.prior_adapt.weight)
-                nn.init.zeros_(self.head.prior_adapt.bias)
-        self.carried = (c.k + (self.neighbours.width if self.neighbours is not None else 0)) if self.own_centres else 0
+        # The intensity prior's read-out: a plain object that attaches the heads' image parts (head.neighbours,
+        # head.prior_adapt) and reads the model's own parameters (:mod:`~lightning_bpd.nn.image_readout`).
+        self.image = ImageReadout(self)
         self.drop = nn.Dropout(c.dropout)
         self.scale = math.sqrt(c.d_model)
-
-    def head_shift(self) -> tuple[Tensor, Tensor] | None:
-        """The (weight (2, D - 2), bias (2,)) through which heads 2..k read their Gaussian's shift and width: their
-        own layer (``head_prior: own``), the prior's detached plus their correction (``residual``), or None (the
-        prior's own layer, ``shared``)."""
-        own = getattr(self.head, "prior_adapt", None)
-        if own is None:
-            return None
-        if self.config.head_prior == "residual":
-            base = self.prior.adapt  # type: ignore[union-attr]
-            return base.weight.detach() + own.weight, base.bias.detach() + own.bias
-        return own.weight, own.bias
 
     def readout_parameters(self) -> dict[str, nn.Parameter]:
         """The base's parameters that act only after the decoder states, by name: a Gaussian output's shift-and-width
         layer and precision (``prior.*``) when the heads carry their own centres, so that the states (and a frozen
         base's cache of them) do not depend on them; else none. ``train_readout`` trains these beside a frozen base."""
-        if self.prior is None or not self.prior.gaussian or not self.own_centres:
+        if self.prior is None or not self.prior.gaussian or not self.image.own_centres:
             return {}
         return {f"prior.{name}": param for name, param in self.prior.named_parameters()}
 
@@ -121,11 +96,6 @@ class BlockwiseTransformer(nn.Module):
         if own is not None and self.config.head_prior == "own" and "head.prior_adapt.weight" in fresh:
             with torch.no_grad():
                 own.load_state_dict(self.prior.adapt.state_dict())  # type: ignore[union-attr]
-
-    @property
-    def neighbours(self) -> PixelNeighbours | None:
-        """The chain's reader of pixel neighbours (``head_neighbours``), or None."""
-        return getattr(self.head, "neighbours", None)
 
     @property
     def vocab_size(self) -> int:
@@ -143,30 +113,17 @@ class BlockwiseTransformer(nn.Module):
         pos = torch.arange(src.shape[1], device=src.device).expand_as(src)
         x = self.drop(self.src_embed(src) * self.scale + self.src_pos(pos, src.shape[1]).to(self.src_embed.weight.dtype))
         memory = self.encoder(x, src_valid)  # (B, S, D)
-        ids = self.conditioning_ids(src) if self.config.direct_conditioning else None  # (B, T)
+        ids = self.image.conditioning_ids(src) if self.config.direct_conditioning else None  # (B, T)
         cond = None if ids is None else self.src_embed(ids) * self.scale  # (B, T, D)
         prior = None if self.prior is None else self.prior.centres(ids)  # (B, T)
         return EncoderContext(memory, src_valid, self.decoder.cross_kv(memory), cond, prior)
-
-    def conditioning_ids(self, src: Tensor) -> Tensor:
-        """Source intensities (B, S) -> the input intensity id that direct conditioning adds at every
-        target position (B, T): the one under the pixel, or the taps' weighted mean rounded half up and clipped to
-        the intensities (bicubic overshoots). The sum is taken in float64, where it is exact for the weights of
-        :func:`bilinear_taps` (multiples of 1/64) and :func:`bicubic_taps` (dyadic), so rounding is the same
-        everywhere and in every model precision."""
-        taps = src[:, self.cond_index]  # (B, T, n)
-        if taps.shape[-1] == 1:
-            return taps[..., 0]
-        mean = (taps.double() * self.cond_weight.double()).sum(-1)  # (B, T)
-        low, high = self.config.intensity_offset, self.config.tgt_vocab_size - 1
-        return (mean + 0.5).floor().clamp(low, high).long()  # ties up
 
     # ---- decoder -------------------------------------------------------------------------------
     def embed_tgt(self, tokens: Tensor, positions: Tensor, context: EncoderContext | None = None,
                   limit: int | None = None) -> Tensor:
         """Decoder inputs (B, T) at absolute ``positions`` (B, T) -> (B, T, D); with direct conditioning
-        the ``context`` adds the input intensity of each target position (:meth:`conditioning_ids`). ``limit``: a host-side
-        bound (exclusive) on ``positions``, so that no device value is read."""
+        the ``context`` adds the input intensity of each target position (:meth:`ImageReadout.conditioning_ids`).
+        ``limit``: a host-side bound (exclusive) on ``positions``, so that no device value is read."""
         x = self.tgt_embed(tokens) * self.scale + self.tgt_pos(positions, limit).to(self.tgt_embed.weight.dtype)
         if self.config.direct_conditioning:
             if context is None or context.cond is None:
@@ -178,7 +135,7 @@ class BlockwiseTransformer(nn.Module):
     def decode_full(self, tgt_in: Tensor, context: EncoderContext) -> Tensor:
         """Uncached decoder over whole prefixes (B, T) starting with BOS -> hidden (B, T, D)."""
         pos = torch.arange(tgt_in.shape[1], device=tgt_in.device).expand_as(tgt_in)
-        return self.mark_prior(self.decoder(self.embed_tgt(tgt_in, pos, context), context), pos, context, tgt_in)
+        return self.image.mark_prior(self.decoder(self.embed_tgt(tgt_in, pos, context), context), pos, context, tgt_in)
 
     def decode_step(self, tokens: Tensor, context: EncoderContext, cache: KVCache) -> Tensor:
         """T >= 1 new decoder inputs per row (B, T) after what ``cache`` holds -> hidden (B, T, D)."""
@@ -186,89 +143,11 @@ class BlockwiseTransformer(nn.Module):
         limit = cache.length_bounds()[1] + n_new  # host-side: no device read once the cache knows its bounds
         pos = cache.positions(n_new)  # (B, T)
         decoded = None
-        if self.neighbours is not None:
+        if self.image.neighbours is not None:
             decoded = cache.keep_tokens()  # (B, capacity): every decoder input so far
             decoded.scatter_(1, pos, tokens)
-        return self.mark_prior(self.decoder.step(self.embed_tgt(tokens, pos, context, limit), context, cache), pos,
+        return self.image.mark_prior(self.decoder.step(self.embed_tgt(tokens, pos, context, limit), context, cache), pos,
                                context, decoded)
-
-    def mark_prior(self, hidden: Tensor, positions: Tensor, context: EncoderContext,
-                   decoded: Tensor | None = None) -> Tensor:
-        """With ``intensity_prior``: the decoder output (B, T, D) carries the prior's centre at each of
-        ``positions`` (B, T) in its reserved coordinates (:meth:`IntensityPrior.mark`); else unchanged.
-
-        With own centres (``head_centres="own"``) the output is (B, T, D + k): the state tagged with the
-        centre at t (:meth:`IntensityPrior.tag`, what the heads read), then the centres at t..t+k-1 (the
-        last positions clamped), with which :meth:`readout` marks head i. With pixel neighbours, then the
-        neighbours' values (:meth:`PixelNeighbours.carried`) from ``decoded`` (B, >= T) decoder inputs. Only
-        the model's own methods look inside a hidden state, so the decoding core passes it along unchanged."""
-        if self.prior is None:
-            return hidden
-        if context.prior is None:
-            raise ValueError("intensity_prior: the decoder needs the encoder context of the sources")
-        last = context.prior.shape[1] - 1
-        if not self.own_centres:
-            return self.prior.mark(hidden, context.prior.gather(1, positions.clamp(max=last)))
-        b, t = positions.shape
-        at = (positions[..., None] + torch.arange(self.k, device=positions.device)).clamp(max=last)  # (B, T, k)
-        centres = context.prior.gather(1, at.reshape(b, t * self.k)).reshape(b, t, self.k).to(hidden.dtype)
-        parts = [self.prior.tag(hidden, centres[..., 0]), centres]
-        if self.neighbours is not None:
-            if decoded is None:
-                raise ValueError("head_neighbours: mark_prior needs the decoded intensities (the decoder inputs)")
-            parts.append(self.neighbours.carried(decoded, positions, context.prior, self.prior.centres).to(hidden.dtype))
-        return torch.cat(parts, dim=-1)  # (B, T, D + k [+ 2 k n])
-
-    def split_centres(self, h: Tensor) -> tuple[Tensor, Tensor | None]:
-        """A hidden state (..., D [+ k [+ 2 k n]]) -> (the state (..., D), what it carries (..., k [+ 2 k n]) or
-        None): the centres at t..t+k-1 first, then the pixel neighbours' values."""
-        if not self.own_centres:
-            return h, None
-        return h[..., : -self.carried], h[..., -self.carried :]
-
-    def readout(self, states: Tensor, centres: Tensor | None, heads: int | list[int] = 0) -> Tensor:
-        """Head states (..., D) as the output layer reads them: with own centres, marked with the prior's
-        centre of the position each one predicts (``centres`` (...)); else unchanged. ``heads``: the head
-        (0-based) of every state, one for all or one per slot of dim -2 (states (..., n, D)); with an own or
-        residual head prior, heads 1.. are marked through :meth:`head_shift`. The mark is taken in the prior's precision and the result
-        returned in the states'."""
-        if centres is None:
-            return states
-        prior, own = self.prior, self.head_shift()
-        dtype = prior.log_precision.dtype  # type: ignore[union-attr]
-        s, c = states.to(dtype), centres.to(dtype)
-        later = [h > 0 for h in (heads if isinstance(heads, list) else [heads])]
-        if own is None or not any(later):
-            return prior.mark(s, c).to(states.dtype)  # type: ignore[union-attr]
-        if all(later):
-            return prior.mark(s, c, own).to(states.dtype)  # type: ignore[union-attr]
-        mask = torch.tensor(later, device=s.device)[:, None]  # (n, 1): which slots are heads 2..k
-        return torch.where(mask, prior.mark(s, c, own), prior.mark(s, c)).to(states.dtype)  # type: ignore[union-attr]
-
-    def chain_input(self, centres: Tensor | None) -> Callable[[Tensor, int], Tensor] | None:
-        """Own centres: what chain link i reads of head i-1's state (:meth:`link_input`, from what the hidden
-        state carries, ``centres`` (..., k [+ 2 k n])); None otherwise."""
-        if centres is None:
-            return None
-        return lambda z, i: self.link_input(z, centres, i)
-
-    def link_input(self, z: Tensor, carried: Tensor, i: int) -> Tensor:
-        """What chain link ``i`` reads of head i-1's state z (..., D), from what the hidden state carries
-        (..., k + 2 k n, every neighbour of head i filled): with pixel neighbours, z shifted by link i's reading of
-        them; tagged with head i's own centre."""
-        if self.neighbours is not None:
-            shift = self.neighbours.shift(carried[..., self.k :], i, carried[..., i])
-            z = z + shift.to(z.dtype)
-        return self.prior.tag(z, carried[..., i])  # type: ignore[union-attr]
-
-    def fill_neighbours(self, carried: Tensor | None, tokens: Tensor, first: int = 0) -> Tensor | None:
-        """Pixel neighbours: ``tokens`` (..., m), proposed (or teacher-forced) for heads first..first+m-1, fill the
-        neighbours they are (``carried`` (..., k + 2 k n)); unchanged otherwise."""
-        if carried is None or self.neighbours is None:
-            return carried
-        for j in range(tokens.shape[-1]):
-            carried = self.neighbours.fill(carried, self.prior.centres(tokens[..., j]), first + j, self.k)  # type: ignore[union-attr]
-        return carried
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         w = self.tgt_embed.weight
@@ -281,9 +160,9 @@ class BlockwiseTransformer(nn.Module):
 
     def logits_first(self, h: Tensor) -> Tensor:
         """p_1 logits, the scoring model: (..., D) -> (..., V)."""
-        h, centres = self.split_centres(h)
+        h, centres = self.image.split_centres(h)
         state = h if self.chained_heads else self.head.first(h)
-        return self.project(self.readout(state, None if centres is None else centres[..., 0]))
+        return self.project(self.image.readout(state, None if centres is None else centres[..., 0]))
 
     def logits_heads(self, h: Tensor, heads: list[int] | range | None = None, prev_tokens: Tensor | None = None,
                      source: ChainSource | None = None) -> Tensor:
@@ -294,15 +173,15 @@ class BlockwiseTransformer(nn.Module):
         ``source`` of each leading row of h (:meth:`chain_source`). The paper's head ignores both.
         """
         heads = list(range(self.k) if heads is None else heads)
-        h, centres = self.split_centres(h)
+        h, centres = self.image.split_centres(h)
         if self.chained_heads:
             if prev_tokens is not None and max(heads) > 0:
-                centres = self.fill_neighbours(centres, prev_tokens[..., : max(heads)])
+                centres = self.image.fill_neighbours(centres, prev_tokens[..., : max(heads)])
             states = self.head.select(h, heads, prev_tokens, self.embed_tokens, source,  # type: ignore[call-arg]
-                                      self.chain_input(centres))
+                                      self.image.chain_input(centres))
         else:
             states = self.head.select(h, heads)  # type: ignore[call-arg]  # (..., n, D)
-        return self.project(self.readout(states, None if centres is None else centres[..., heads], heads))
+        return self.project(self.image.readout(states, None if centres is None else centres[..., heads], heads))
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """Token embeddings as the decoder sees them, without positions: (...) -> (..., D)."""
@@ -349,22 +228,22 @@ class BlockwiseTransformer(nn.Module):
                    token: Tensor | None = None, nearest: bool = False) -> tuple[Tensor, Tensor]:
         """Link ``i`` from head i-1's state z (b, D [+ k]): ``step`` maps the state the link reads (b, D) to head
         i's state -> (head i's state, carrying the centres like z; head i's state as the output layer reads it
-        (b, D), :meth:`readout`). ``dtype``: the link's precision (default z's). ``token`` (b,): the one proposed
+        (b, D), :meth:`ImageReadout.readout`). ``dtype``: the link's precision (default z's). ``token`` (b,): the one proposed
         for head i-1 (pixel neighbours read it). ``nearest`` (own centres, Gaussian output): instead of the state,
         head i's argmax token (b,) (:meth:`IntensityPrior.nearest`)."""
-        z, centres = self.split_centres(z)
+        z, centres = self.image.split_centres(z)
         z = z if dtype is None else z.to(dtype)
         if centres is not None:
-            if self.neighbours is not None:
+            if self.image.neighbours is not None:
                 if token is None:
                     raise ValueError("head_neighbours: a chain link needs the token proposed for the head before it")
-                centres = self.fill_neighbours(centres, token[..., None], i - 1)
-            z = self.link_input(z, centres, i)  # type: ignore[arg-type]
+                centres = self.image.fill_neighbours(centres, token[..., None], i - 1)
+            z = self.image.link_input(z, centres, i)  # type: ignore[arg-type]
         z = step(z)
         if nearest:
-            state = self.prior.nearest(z, centres[..., i], self.head_shift())  # type: ignore[union-attr,index]
+            state = self.prior.nearest(z, centres[..., i], self.image.head_shift())  # type: ignore[union-attr,index]
         else:
-            state = self.readout(z, None if centres is None else centres[..., i], i)
+            state = self.image.readout(z, None if centres is None else centres[..., i], i)
         return (z if centres is None else torch.cat([z, centres.to(z.dtype)], dim=-1)), state
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:

@@ -146,7 +146,7 @@ def test_bad_head_prior_options_are_one_clear_error():
     with pytest.raises(ValueError, match="needs intensity_output 'gaussian' and head_centres 'own'"):
         ModelConfig(**{**base, "head_prior": "own", "intensity_output": "gaussian", "head_centres": "first"})
     k1 = BlockwiseTransformer(ModelConfig(**{**base, "k": 1, "head_prior": "own"}))  # a base ignores it
-    assert k1.head_shift() is None
+    assert k1.image.head_shift() is None
 
 
 def test_a_residual_head_prior_follows_the_priors_layer_plus_its_correction():
@@ -181,4 +181,4 @@ def test_a_residual_head_prior_follows_the_priors_layer_plus_its_correction():
     fresh = BlockwiseTransformer(ModelConfig(**{**shared.config.__dict__, "head_prior": "residual"})).double()
     assert "head.prior_adapt.weight" in load_base_weights(fresh, base.state_dict())
     assert not fresh.head.prior_adapt.weight.any() and not fresh.head.prior_adapt.bias.any()
-    assert torch.equal(fresh.head_shift()[0], base.prior.adapt.weight)
+    assert torch.equal(fresh.image.head_shift()[0], base.prior.adapt.weight)

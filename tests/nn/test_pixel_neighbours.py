@@ -120,7 +120,7 @@ def test_the_neighbours_move_the_proposals():
     prev = torch.stack([out.tokens[:, j : j + 150] for j in range(1, K)], dim=-1)
     with_them = model.logits_heads(hidden[:, :150], range(K), prev, None).argmax(-1)
     with torch.no_grad():
-        for link in model.neighbours.links:
+        for link in model.image.neighbours.links:
             link[2].weight.zero_()
             link[2].bias.zero_()
     without = model.logits_heads(hidden[:, :150], range(K), prev, None).argmax(-1)
@@ -146,6 +146,6 @@ def test_bad_neighbour_options_are_one_clear_error():
         ModelConfig(**{**base, "head_type": "paper"})
     with pytest.raises(ValueError, match="head_neighbours needs chained heads"):
         ModelConfig(**{**base, "head_type": "chained", "head_centres": "first"})
-    assert BlockwiseTransformer(ModelConfig(**{**base, "head_type": "paper", "k": 1})).neighbours is None  # a base
+    assert BlockwiseTransformer(ModelConfig(**{**base, "head_type": "paper", "k": 1})).image.neighbours is None  # a base
     with pytest.raises(ValueError, match="k <= 24"):
         BlockwiseTransformer(ModelConfig(**{**base, "head_type": "chained", "k": 25}))
