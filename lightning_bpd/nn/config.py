@@ -1,8 +1,15 @@
-"""The shape and options of a :class:`~lightning_bpd.nn.model.BlockwiseTransformer`."""
+"""The shape and options of a :class:`~lightning_bpd.nn.model.BlockwiseTransformer`.
+
+:class:`ModelConfig` holds what both tasks share; the image options nest in :class:`ImageOptions`
+(``ModelConfig.image``, None for translation). :meth:`ModelConfig.from_dict` also reads the flat dicts of
+before the nesting (every image option at the top level).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from lightning_bpd.nn.conditioning import CONDITIONING
 from lightning_bpd.nn.intensity_prior import RESERVED
@@ -20,15 +27,10 @@ HEAD_PRIORS = ("shared", "own", "residual")
 
 
 @dataclass
-class ModelConfig:
-    """Shape of a :class:`BlockwiseTransformer`. ``head_hidden`` defaults to ``d_ff``.
+class ImageOptions:
+    """The image options of a :class:`ModelConfig` (their defaults are the original design).
 
-    Image options (their defaults are the original design, which translation keeps):
-    ``tie_output``: the vocabulary projection is the target embedding (else its own layer with a bias);
-    ``tie_output_to_source``: the vocabulary projection is the source embedding (a table of its own,
-    ``share_embeddings`` off), so that with direct conditioning the input intensity under the predicted
-    position votes for itself: nearest-neighbour upsampling is the model's prior, not the last token;
-    ``src_positions = tgt_positions = "grid"``: both rasters on one shared row / column grid;
+    ``src_image_shape``, ``tgt_image_shape``: (H, W, C) of the source and target rasters;
     ``scale_positions``: image position vectors are scaled to the token vectors' size (RMS 1, like
     ``embedding * sqrt(d)``); ``direct_conditioning``: the decoder input at target intensity
     (r, c, channel) adds the source embedding of the input intensity at (r / f, c / f, channel);
@@ -53,6 +55,58 @@ class ModelConfig:
     ``shared`` (default): every head reads out through the prior's. A base ignores it.
     """
 
+    src_image_shape: tuple[int, int, int]
+    tgt_image_shape: tuple[int, int, int]
+    scale_positions: bool = False
+    direct_conditioning: bool = False
+    conditioning: str = "nearest"
+    intensity_prior: float = 0.0
+    intensity_output: str = "categorical"
+    intensity_offset: int = 3
+    head_centres: str = "first"
+    head_neighbours: bool = False
+    head_prior: str = "shared"
+
+    def __post_init__(self) -> None:
+        if self.src_image_shape is None or self.tgt_image_shape is None:
+            raise ValueError("image options need src_image_shape and tgt_image_shape")
+        self.src_image_shape, self.tgt_image_shape = tuple(self.src_image_shape), tuple(self.tgt_image_shape)
+        if self.conditioning not in CONDITIONING:
+            raise ValueError(f"conditioning must be one of {CONDITIONING}, got {self.conditioning!r}")
+        if self.direct_conditioning:
+            (sh, sw, sc), (th, tw, tc) = self.src_image_shape, self.tgt_image_shape
+            if th % sh or tw % sw or sc != tc:
+                raise ValueError(f"direct_conditioning needs a target {th}x{tw}x{tc} that is an integer multiple "
+                                 f"of the source {sh}x{sw}x{sc} (same channels)")
+        if self.intensity_prior < 0:
+            raise ValueError(f"intensity_prior must be >= 0 intensity levels (0 = off), got {self.intensity_prior}")
+        if self.intensity_output not in INTENSITY_OUTPUTS:
+            raise ValueError(f"intensity_output must be one of {INTENSITY_OUTPUTS}, got {self.intensity_output!r}")
+        if self.intensity_output == "gaussian" and self.intensity_prior <= 0:
+            raise ValueError("intensity_output 'gaussian' needs intensity_prior > 0 (its initial width in levels)")
+        if self.head_centres not in HEAD_CENTRES:
+            raise ValueError(f"head_centres must be one of {HEAD_CENTRES}, got {self.head_centres!r}")
+        if self.head_prior not in HEAD_PRIORS:
+            raise ValueError(f"head_prior must be one of {HEAD_PRIORS}, got {self.head_prior!r}")
+
+
+IMAGE_KEYS = tuple(f.name for f in fields(ImageOptions))  # the flat keys of before the nesting
+
+
+@dataclass
+class ModelConfig:
+    """Shape of a :class:`BlockwiseTransformer`. ``head_hidden`` defaults to ``d_ff``.
+
+    ``tie_output``: the vocabulary projection is the target embedding (else its own layer with a bias);
+    ``tie_output_to_source``: the vocabulary projection is the source embedding (a table of its own,
+    ``share_embeddings`` off), so that with direct conditioning the input intensity under the predicted
+    position votes for itself: nearest-neighbour upsampling is the model's prior, not the last token;
+    ``src_positions``, ``tgt_positions``: ``sinusoidal``, or for images (``image`` options needed) ``image``
+    (row / column / channel tables) or ``grid`` (both rasters on one shared row / column grid);
+    ``window``: the decoder's local self-attention window (None: the whole prefix);
+    ``image``: the image options (:class:`ImageOptions`), None for text.
+    """
+
     src_vocab_size: int
     tgt_vocab_size: int
     d_model: int = 256
@@ -69,23 +123,31 @@ class ModelConfig:
     share_embeddings: bool = False
     src_positions: str = "sinusoidal"
     tgt_positions: str = "sinusoidal"
-    src_image_shape: tuple[int, int, int] | None = None
-    tgt_image_shape: tuple[int, int, int] | None = None
     window: int | None = None
     tie_output: bool = True
     tie_output_to_source: bool = False
-    scale_positions: bool = False
-    direct_conditioning: bool = False
-    conditioning: str = "nearest"
-    intensity_prior: float = 0.0
-    intensity_output: str = "categorical"
-    intensity_offset: int = 3
-    head_centres: str = "first"
-    head_neighbours: bool = False
-    head_prior: str = "shared"
+    image: ImageOptions | None = None
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int | None = 2
+
+    @classmethod
+    def from_dict(cls, options: Mapping[str, Any]) -> ModelConfig:
+        """A config from a dict: the nested one of :func:`dataclasses.asdict` (``image`` a dict, an
+        :class:`ImageOptions` or None) or the flat one of before the nesting, every image option at the top level
+        (``src_image_shape: None`` or absent: no image options). Flat image keys beside ``image`` override it."""
+        options = dict(options)
+        image = options.pop("image", None)
+        flat = {key: options.pop(key) for key in IMAGE_KEYS if key in options}
+        image = asdict(image) if isinstance(image, ImageOptions) else dict(image or {})
+        image.update(flat)
+        if image.get("src_image_shape") is None and image.get("tgt_image_shape") is None:
+            defaults = {f.name: f.default for f in fields(ImageOptions)}
+            changed = sorted(key for key, value in image.items() if value is not None and value != defaults[key])
+            if changed:
+                raise ValueError(f"image options {changed} need src_image_shape and tgt_image_shape")
+            return cls(**options)
+        return cls(**options, image=ImageOptions(**image))
 
     def __post_init__(self) -> None:
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "k"):
@@ -102,54 +164,35 @@ class ModelConfig:
             raise ValueError("head_type chained_attn reads the last decoder layer's cross-attention: n_decoder_layers >= 1")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError("share_embeddings needs src_vocab_size == tgt_vocab_size")
-        for name in ("src_image_shape", "tgt_image_shape"):
-            if getattr(self, name) is not None:
-                setattr(self, name, tuple(getattr(self, name)))
-        self.check_image_options()
-
-    def check_image_options(self) -> None:
-        images = self.src_image_shape is not None and self.tgt_image_shape is not None
-        if "grid" in (self.src_positions, self.tgt_positions) and not (
-            self.src_positions == self.tgt_positions == "grid" and images
-        ):
-            raise ValueError("grid positions need src_positions = tgt_positions = 'grid' and both image shapes")
-        if self.scale_positions and "sinusoidal" in (self.src_positions, self.tgt_positions):
-            raise ValueError("scale_positions applies to image positions ('image' or 'grid'), not 'sinusoidal'")
         if self.tie_output_to_source and (self.tie_output or self.share_embeddings):
             raise ValueError("tie_output_to_source needs tie_output off and share_embeddings off "
                              "(a source embedding of its own to tie the output to)")
-        if self.conditioning not in CONDITIONING:
-            raise ValueError(f"conditioning must be one of {CONDITIONING}, got {self.conditioning!r}")
-        if self.direct_conditioning:
-            if not images:
-                raise ValueError("direct_conditioning needs src_image_shape and tgt_image_shape")
-            (sh, sw, sc), (th, tw, tc) = self.src_image_shape, self.tgt_image_shape
-            if th % sh or tw % sw or sc != tc:
-                raise ValueError(f"direct_conditioning needs a target {th}x{tw}x{tc} that is an integer multiple "
-                                 f"of the source {sh}x{sw}x{sc} (same channels)")
-            if not self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
-                raise ValueError("direct_conditioning needs one vocabulary for source and target intensities")
-        if self.intensity_prior < 0:
-            raise ValueError(f"intensity_prior must be >= 0 intensity levels (0 = off), got {self.intensity_prior}")
-        if self.intensity_prior > 0 and (not self.direct_conditioning or self.d_model <= RESERVED):
+        if isinstance(self.image, Mapping):
+            self.image = ImageOptions(**self.image)
+        if "grid" in (self.src_positions, self.tgt_positions) and not (
+            self.src_positions == self.tgt_positions == "grid" and self.image is not None
+        ):
+            raise ValueError("grid positions need src_positions = tgt_positions = 'grid' and both image shapes")
+        if self.image is not None:
+            self.check_image_options(self.image)
+
+    def check_image_options(self, image: ImageOptions) -> None:
+        """What the image options need of the rest of the config."""
+        if image.scale_positions and "sinusoidal" in (self.src_positions, self.tgt_positions):
+            raise ValueError("scale_positions applies to image positions ('image' or 'grid'), not 'sinusoidal'")
+        if image.direct_conditioning and not self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError("direct_conditioning needs one vocabulary for source and target intensities")
+        if image.intensity_prior > 0 and (not image.direct_conditioning or self.d_model <= RESERVED):
             raise ValueError("intensity_prior is centred on the input intensity that direct conditioning adds: it "
                              f"needs direct_conditioning and d_model > {RESERVED}")
-        if self.intensity_output not in INTENSITY_OUTPUTS:
-            raise ValueError(f"intensity_output must be one of {INTENSITY_OUTPUTS}, got {self.intensity_output!r}")
-        if self.intensity_output == "gaussian" and self.intensity_prior <= 0:
-            raise ValueError("intensity_output 'gaussian' needs intensity_prior > 0 (its initial width in levels)")
-        if self.head_centres not in HEAD_CENTRES:
-            raise ValueError(f"head_centres must be one of {HEAD_CENTRES}, got {self.head_centres!r}")
-        if self.head_neighbours and self.k > 1 and not (self.intensity_prior > 0 and self.head_centres == "own"
-                                                        and self.head_type in ("chained", "chained_attn")):
+        if image.head_neighbours and self.k > 1 and not (image.intensity_prior > 0 and image.head_centres == "own"
+                                                         and self.head_type in ("chained", "chained_attn")):
             raise ValueError("head_neighbours needs chained heads (head_type chained or chained_attn) centred on their "
                              "own pixel (intensity_prior > 0, head_centres: own)")
-        if self.head_prior not in HEAD_PRIORS:
-            raise ValueError(f"head_prior must be one of {HEAD_PRIORS}, got {self.head_prior!r}")
-        if self.head_prior != "shared" and self.k > 1 and not (self.intensity_output == "gaussian"
-                                                             and self.head_centres == "own"):
-            raise ValueError(f"head_prior {self.head_prior!r} gives the heads a shift-and-width layer of the Gaussian "
+        if image.head_prior != "shared" and self.k > 1 and not (image.intensity_output == "gaussian"
+                                                              and image.head_centres == "own"):
+            raise ValueError(f"head_prior {image.head_prior!r} gives the heads a shift-and-width layer of the Gaussian "
                              "output's: it needs intensity_output 'gaussian' and head_centres 'own'")
-        if self.intensity_prior > 0 and not 0 <= self.intensity_offset <= self.tgt_vocab_size - 2:
-            raise ValueError(f"intensity_offset {self.intensity_offset} leaves fewer than two intensity ids in a "
+        if image.intensity_prior > 0 and not 0 <= image.intensity_offset <= self.tgt_vocab_size - 2:
+            raise ValueError(f"intensity_offset {image.intensity_offset} leaves fewer than two intensity ids in a "
                              f"vocabulary of {self.tgt_vocab_size}: set it to the first intensity id")

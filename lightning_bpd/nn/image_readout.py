@@ -38,15 +38,15 @@ class ImageReadout:
     through the prior's layer, detached, plus ``head.prior_adapt`` (starting at zero)."""
 
     def __init__(self, model: BlockwiseTransformer) -> None:
-        c = model.config
+        c, img = model.config, model.config.image
         self.model = model
         self.k = c.k
-        self.own_centres = model.prior is not None and c.k > 1 and c.head_centres == "own"
-        if c.head_neighbours and c.k > 1:  # a base (k = 1) has no chain to read them
-            model.head.neighbours = PixelNeighbours(c.tgt_image_shape, c.k, c.d_model, c.head_hidden or c.d_ff)
-        if c.head_prior != "shared" and self.own_centres:
+        self.own_centres = model.prior is not None and c.k > 1 and img.head_centres == "own"  # type: ignore[union-attr]
+        if img is not None and img.head_neighbours and c.k > 1:  # a base (k = 1) has no chain to read them
+            model.head.neighbours = PixelNeighbours(img.tgt_image_shape, c.k, c.d_model, c.head_hidden or c.d_ff)
+        if self.own_centres and img.head_prior != "shared":  # type: ignore[union-attr]
             model.head.prior_adapt = copy.deepcopy(model.prior.adapt)  # type: ignore[union-attr]
-            if c.head_prior == "residual":
+            if img.head_prior == "residual":  # type: ignore[union-attr]
                 nn.init.zeros_(model.head.prior_adapt.weight)
                 nn.init.zeros_(model.head.prior_adapt.bias)
         # What the decoder output carries after its D coordinates: k centres, then the neighbours' values.
@@ -69,7 +69,7 @@ class ImageReadout:
         own = getattr(self.model.head, "prior_adapt", None)
         if own is None:
             return None
-        if self.model.config.head_prior == "residual":
+        if self.model.config.image.head_prior == "residual":  # type: ignore[union-attr]
             base = self.prior.adapt  # type: ignore[union-attr]
             return base.weight.detach() + own.weight, base.bias.detach() + own.bias
         return own.weight, own.bias
@@ -86,7 +86,7 @@ class ImageReadout:
         if taps.shape[-1] == 1:
             return taps[..., 0]
         mean = (taps.double() * model.cond_weight.double()).sum(-1)  # (B, T)
-        low, high = model.config.intensity_offset, model.config.tgt_vocab_size - 1
+        low, high = model.config.image.intensity_offset, model.config.tgt_vocab_size - 1  # type: ignore[union-attr]
         return (mean + 0.5).floor().clamp(low, high).long()  # ties up
 
     def mark_prior(self, hidden: Tensor, positions: Tensor, context: EncoderContext,

@@ -47,22 +47,25 @@ class BlockwiseTransformer(nn.Module):
         self.src_embed = self.tgt_embed if c.share_embeddings else nn.Embedding(c.src_vocab_size, c.d_model)
         for emb in [self.tgt_embed] if c.share_embeddings else [self.tgt_embed, self.src_embed]:
             nn.init.normal_(emb.weight, std=c.d_model**-0.5)
-        pos_scale = math.sqrt(c.d_model / 3) if c.scale_positions else 1.0  # 3 tables of RMS d^-1/2 -> RMS 1
-        grid = ImageGrid(c.d_model, *c.tgt_image_shape) if c.tgt_positions == "grid" else None
-        self.src_pos = build_positions(c.src_positions, c.d_model, c.src_image_shape, pos_scale, grid)
-        self.tgt_pos = build_positions(c.tgt_positions, c.d_model, c.tgt_image_shape, pos_scale, grid)
+        img = c.image
+        shapes = (None, None) if img is None else (img.src_image_shape, img.tgt_image_shape)
+        pos_scale = math.sqrt(c.d_model / 3) if img is not None and img.scale_positions else 1.0  # 3 tables -> RMS 1
+        grid = ImageGrid(c.d_model, *shapes[1]) if c.tgt_positions == "grid" else None
+        self.src_pos = build_positions(c.src_positions, c.d_model, shapes[0], pos_scale, grid)
+        self.tgt_pos = build_positions(c.tgt_positions, c.d_model, shapes[1], pos_scale, grid)
         if not (c.tie_output or c.tie_output_to_source):
             self.out_proj = nn.Linear(c.d_model, c.tgt_vocab_size)
             nn.init.normal_(self.out_proj.weight, std=c.d_model**-0.5)
             nn.init.zeros_(self.out_proj.bias)
-        if c.direct_conditioning:
-            index, weight = source_taps(c.src_image_shape, c.tgt_image_shape, c.conditioning)  # (T, n) each
+        self.direct_conditioning = img is not None and img.direct_conditioning
+        if self.direct_conditioning:
+            index, weight = source_taps(*shapes, img.conditioning)  # type: ignore[union-attr]  # (T, n) each
             self.register_buffer("cond_index", index, persistent=False)
             self.register_buffer("cond_weight", weight, persistent=False)
         self.prior = None
-        if c.intensity_prior > 0:
-            self.prior = IntensityPrior(c.tgt_vocab_size, c.intensity_offset, c.tgt_vocab_size - c.intensity_offset,
-                                        c.intensity_prior, c.d_model, gaussian=c.intensity_output == "gaussian")
+        if img is not None and img.intensity_prior > 0:
+            self.prior = IntensityPrior(c.tgt_vocab_size, img.intensity_offset, c.tgt_vocab_size - img.intensity_offset,
+                                        img.intensity_prior, c.d_model, gaussian=img.intensity_output == "gaussian")
         self.encoder = Encoder(c.n_encoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout)
         self.decoder = Decoder(c.n_decoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.window)
         self.chained_heads = c.head_type in ("chained", "chained_attn") and c.k > 1
@@ -93,7 +96,7 @@ class BlockwiseTransformer(nn.Module):
         """After a warm start left ``fresh`` keys as initialized: an own head prior starts as the base's layer (a
         residual one stays at zero)."""
         own = getattr(self.head, "prior_adapt", None)
-        if own is not None and self.config.head_prior == "own" and "head.prior_adapt.weight" in fresh:
+        if own is not None and self.config.image.head_prior == "own" and "head.prior_adapt.weight" in fresh:
             with torch.no_grad():
                 own.load_state_dict(self.prior.adapt.state_dict())  # type: ignore[union-attr]
 
@@ -113,7 +116,7 @@ class BlockwiseTransformer(nn.Module):
         pos = torch.arange(src.shape[1], device=src.device).expand_as(src)
         x = self.drop(self.src_embed(src) * self.scale + self.src_pos(pos, src.shape[1]).to(self.src_embed.weight.dtype))
         memory = self.encoder(x, src_valid)  # (B, S, D)
-        ids = self.image.conditioning_ids(src) if self.config.direct_conditioning else None  # (B, T)
+        ids = self.image.conditioning_ids(src) if self.direct_conditioning else None  # (B, T)
         cond = None if ids is None else self.src_embed(ids) * self.scale  # (B, T, D)
         prior = None if self.prior is None else self.prior.centres(ids)  # (B, T)
         return EncoderContext(memory, src_valid, self.decoder.cross_kv(memory), cond, prior)
@@ -125,7 +128,7 @@ class BlockwiseTransformer(nn.Module):
         the ``context`` adds the input intensity of each target position (:meth:`ImageReadout.conditioning_ids`).
         ``limit``: a host-side bound (exclusive) on ``positions``, so that no device value is read."""
         x = self.tgt_embed(tokens) * self.scale + self.tgt_pos(positions, limit).to(self.tgt_embed.weight.dtype)
-        if self.config.direct_conditioning:
+        if self.direct_conditioning:
             if context is None or context.cond is None:
                 raise ValueError("direct_conditioning: embed_tgt needs the encoder context of the sources")
             at = positions.clamp(max=self.cond_index.shape[0] - 1)  # (B, T) target positions

@@ -143,9 +143,9 @@ def test_bad_neighbour_options_are_one_clear_error():
     base = dict(src_vocab_size=20, tgt_vocab_size=20, d_model=32, n_heads=4, k=K, intensity_prior=2.0,
                 head_centres="own", head_neighbours=True, **IMAGE)
     with pytest.raises(ValueError, match="head_neighbours needs chained heads"):
-        ModelConfig(**{**base, "head_type": "paper"})
+        ModelConfig.from_dict({**base, "head_type": "paper"})
     with pytest.raises(ValueError, match="head_neighbours needs chained heads"):
-        ModelConfig(**{**base, "head_type": "chained", "head_centres": "first"})
-    assert BlockwiseTransformer(ModelConfig(**{**base, "head_type": "paper", "k": 1})).image.neighbours is None  # a base
+        ModelConfig.from_dict({**base, "head_type": "chained", "head_centres": "first"})
+    assert BlockwiseTransformer(ModelConfig.from_dict({**base, "head_type": "paper", "k": 1})).image.neighbours is None  # a base
     with pytest.raises(ValueError, match="k <= 24"):
-        BlockwiseTransformer(ModelConfig(**{**base, "head_type": "chained", "k": 25}))
+        BlockwiseTransformer(ModelConfig.from_dict({**base, "head_type": "chained", "k": 25}))
