@@ -6,8 +6,9 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.protocol import OptionalCapabilities
+from lightning_bpd.nn.config import ModelConfig
 from lightning_bpd.nn.kv_cache import KVCache
-from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
+from lightning_bpd.nn.model import BlockwiseTransformer
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -33,7 +34,7 @@ def random_model(k: int, vocab: int = 16, seed: int = 0, window: int | None = No
     cfg = {"src_vocab_size": vocab, "tgt_vocab_size": vocab, "d_model": 32, "n_heads": 4, "n_encoder_layers": 2,
                "n_decoder_layers": 2, "d_ff": 64, "dropout": 0.0, "k": k, "window": window, "identity_first": identity_first}
     cfg.update(overrides)
-    model = BlockwiseTransformer(ModelConfig(**cfg)).double().eval()
+    model = BlockwiseTransformer(ModelConfig.from_dict(cfg)).double().eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         model.tgt_embed.weight.mul_(0.1)

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from lightning_bpd.nn.model import HEAD_TYPES
+from lightning_bpd.nn.config import HEAD_TYPES
 from lightning_bpd.records import write_json
 from lightning_bpd.tasks.translation import TranslationDataModule, TranslationModule
 

@@ -31,7 +31,8 @@ from lightning_bpd.benchmarks.ctranslate2_peer import (
 )
 from lightning_bpd.decoding import greedy_decode
 from lightning_bpd.evaluation import timed
-from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
+from lightning_bpd.nn.config import ModelConfig
+from lightning_bpd.nn.model import BlockwiseTransformer
 from lightning_bpd.records import write_json
 
 

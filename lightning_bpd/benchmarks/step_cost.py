@@ -19,7 +19,8 @@ import time
 import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
-from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
+from lightning_bpd.nn.config import ModelConfig
+from lightning_bpd.nn.model import BlockwiseTransformer
 from lightning_bpd.records import write_json
 
 

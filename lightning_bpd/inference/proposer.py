@@ -129,9 +129,9 @@ class Proposer:
         token ids; with ``confidence`` also each head's probability of its token (b, n)."""
         model = self.model
         head, weight, bias = self.parts()
-        h, centres = model.split_centres(h)
+        h, centres = model.image.split_centres(h)
         states = head.select(h.to(weight.dtype), heads)  # (b, n, D)
-        states = model.readout(states, None if centres is None else centres[..., list(heads)], list(heads))
+        states = model.image.readout(states, None if centres is None else centres[..., list(heads)], list(heads))
         return self.argmax_states(states, weight, bias, confidence)
 
     def argmax_states(self, states: Tensor, weight: Tensor, bias: Tensor | None,
@@ -157,7 +157,7 @@ class Proposer:
         """Whether chain links propose the intensity nearest their Gaussian's mean without the projection: own-centre
         Gaussian heads, no output bias, no draft vocabulary, no int8 proposals."""
         model = self.model
-        return bool(model.own_centres and model.prior.gaussian and bias is None and model.draft_vocab is None
+        return bool(model.image.own_centres and model.prior.gaussian and bias is None and model.draft_vocab is None
                     and not self.int8)
 
     def chain_draft(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None,
@@ -188,7 +188,7 @@ class Proposer:
         if self.fused is None:
             return None
         model = self.model
-        if model.own_centres:
+        if model.image.own_centres:
             return self.image_chain_drafts(h, first, k, source)
         _, weight, bias = self.parts()
         draft = model.draft_vocab
@@ -222,14 +222,14 @@ class Proposer:
             return None
         if fused.links[0].tok_table is None:
             return None
-        z, carried = model.split_centres(h)
+        z, carried = model.image.split_centres(h)
         links = fused.links[: k - 1]
         keys_t, values, mask, heads = fused.source_parts(source)
-        reader = model.neighbours
+        reader = model.image.neighbours
         readers = [] if reader is None else [t for link in reader.links[: k - 1]
                                              for t in (link[0].weight, link[0].bias, link[2].weight, link[2].bias)]
         prior = model.prior
-        shift = model.head_shift() or (prior.adapt.weight, prior.adapt.bias)
+        shift = model.image.head_shift() or (prior.adapt.weight, prior.adapt.bias)
         return image_chain_links_scripted(
             z.to(weight.dtype), carried, first, k - 1, model.k, [x.zq_t for x in links], [x.zq_b for x in links],
             [x.tok_table for x in links], [x.c_t if x.c_t is not None else x.zq_t for x in links],  # type: ignore[misc]

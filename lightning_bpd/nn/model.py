@@ -7,251 +7,25 @@ through the small protocol in :mod:`lightning_bpd.decoding.protocol`.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
+from lightning_bpd.nn.conditioning import source_taps
+from lightning_bpd.nn.config import ModelConfig
 from lightning_bpd.nn.draft_vocab import DraftVocabulary
-from lightning_bpd.nn.intensity_prior import RESERVED, IntensityPrior
+from lightning_bpd.nn.image_readout import ImageReadout
+from lightning_bpd.nn.intensity_prior import IntensityPrior
 from lightning_bpd.nn.kv_cache import KVCache
-from lightning_bpd.nn.pixel_neighbours import PixelNeighbours
-from lightning_bpd.nn.positions import ImageGrid, build_positions, raster_coordinates
+from lightning_bpd.nn.positions import ImageGrid, build_positions
 from lightning_bpd.nn.products import FLOAT, Products
 from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
 
-# "paper": the paper's parallel head (section 6); "chained": heads that see the tokens proposed
-# before them; "chained_attn": chained heads that also attend over the source
-# (:mod:`lightning_bpd.nn.chained_head`).
-HEAD_TYPES = ("paper", "chained", "chained_attn")
-# Which input intensities direct conditioning adds under a target pixel (:func:`source_taps`).
-CONDITIONING = ("nearest", "bilinear", "bicubic")
-# The output distribution over intensities (:mod:`lightning_bpd.nn.intensity_prior`).
-INTENSITY_OUTPUTS = ("categorical", "gaussian")
-# Where head i's intensity prior is centred: "first": on the input intensity under the position p_1
-# predicts (t; the original design), "own": under the position head i predicts (t + i).
-HEAD_CENTRES = ("first", "own")
-HEAD_PRIORS = ("shared", "own", "residual")
-
-
-@dataclass
-class ModelConfig:
-    """Shape of a :class:`BlockwiseTransformer`. ``head_hidden`` defaults to ``d_ff``.
-
-    Image options (their defaults are the original design, which translation keeps):
-    ``tie_output``: the vocabulary projection is the target embedding (else its own layer with a bias);
-    ``tie_output_to_source``: the vocabulary projection is the source embedding (a table of its own,
-    ``share_embeddings`` off), so that with direct conditioning the input intensity under the predicted
-    position votes for itself: nearest-neighbour upsampling is the model's prior, not the last token;
-    ``src_positions = tgt_positions = "grid"``: both rasters on one shared row / column grid;
-    ``scale_positions``: image position vectors are scaled to the token vectors' size (RMS 1, like
-    ``embedding * sqrt(d)``); ``direct_conditioning``: the decoder input at target intensity
-    (r, c, channel) adds the source embedding of the input intensity at (r / f, c / f, channel);
-    ``conditioning``: which input intensity it adds, ``nearest`` (the one under the target pixel),
-    ``bilinear`` (the bilinear interpolation of the four around the target pixel's centre, rounded) or
-    ``bicubic`` (the bicubic one of the sixteen around it, rounded and clipped: bicubic upsampling);
-    ``intensity_prior``: a Gaussian prior of this initial width (intensity levels; 0 = off) over every
-    output distribution, centred on that input intensity (:mod:`~lightning_bpd.nn.intensity_prior`);
-    ``intensity_output``: ``categorical`` (a softmax over the vocabulary, plus the prior) or ``gaussian``
-    (a discretized Gaussian per intensity around the input intensity, shift and width predicted);
-    ``intensity_offset``: the first intensity id (the target vocabulary's ids from there on are intensities);
-    ``head_centres``: with the prior and k > 1, ``own`` centres head i's distribution on the input
-    intensity under the position *it* predicts (t + i), ``first`` on the one under p_1's (t; the original
-    design, in which heads 2..k cannot see the input under their own pixel);
-    ``head_neighbours``: chained heads with own centres also read the decoded intensities around the pixel
-    each one predicts (left, above-left, above, above-right; :mod:`~lightning_bpd.nn.pixel_neighbours`); a
-    base (k = 1) ignores it, as it does ``head_centres``;
-    ``head_prior``: with a Gaussian output and own centres, ``own`` gives heads 2..k a shift-and-width layer of
-    their own (``head.prior_adapt``, a copy of the prior's ``adapt``), so that their losses cannot move p_1's
-    mean; ``residual`` reads them out through the prior's layer detached plus a correction of their own
-    (``head.prior_adapt``, starting at zero): they follow p_1's layer as it learns and still cannot move it;
-    ``shared`` (default): every head reads out through the prior's. A base ignores it.
-    """
-
-    src_vocab_size: int
-    tgt_vocab_size: int
-    d_model: int = 256
-    n_heads: int = 4
-    n_encoder_layers: int = 3
-    n_decoder_layers: int = 3
-    d_ff: int = 1024
-    dropout: float = 0.1
-    k: int = 1
-    head_hidden: int | None = None
-    identity_first: bool = False
-    head_type: str = "paper"
-    draft_vocab: int | None = None
-    share_embeddings: bool = False
-    src_positions: str = "sinusoidal"
-    tgt_positions: str = "sinusoidal"
-    src_image_shape: tuple[int, int, int] | None = None
-    tgt_image_shape: tuple[int, int, int] | None = None
-    window: int | None = None
-    tie_output: bool = True
-    tie_output_to_source: bool = False
-    scale_positions: bool = False
-    direct_conditioning: bool = False
-    conditioning: str = "nearest"
-    intensity_prior: float = 0.0
-    intensity_output: str = "categorical"
-    intensity_offset: int = 3
-    head_centres: str = "first"
-    head_neighbours: bool = False
-    head_prior: str = "shared"
-    pad_id: int = 0
-    bos_id: int = 1
-    eos_id: int | None = 2
-
-    def __post_init__(self) -> None:
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "k"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("n_encoder_layers", "n_decoder_layers"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
-        if self.head_type not in HEAD_TYPES:
-            raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}")
-        if self.head_type == "chained_attn" and self.n_decoder_layers < 1:
-            raise ValueError("head_type chained_attn reads the last decoder layer's cross-attention: n_decoder_layers >= 1")
-        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
-            raise ValueError("share_embeddings needs src_vocab_size == tgt_vocab_size")
-        for name in ("src_image_shape", "tgt_image_shape"):
-            if getattr(self, name) is not None:
-                setattr(self, name, tuple(getattr(self, name)))
-        self.check_image_options()
-
-    def check_image_options(self) -> None:
-        images = self.src_image_shape is not None and self.tgt_image_shape is not None
-        if "grid" in (self.src_positions, self.tgt_positions) and not (
-            self.src_positions == self.tgt_positions == "grid" and images
-        ):
-            raise ValueError("grid positions need src_positions = tgt_positions = 'grid' and both image shapes")
-        if self.scale_positions and "sinusoidal" in (self.src_positions, self.tgt_positions):
-            raise ValueError("scale_positions applies to image positions ('image' or 'grid'), not 'sinusoidal'")
-        if self.tie_output_to_source and (self.tie_output or self.share_embeddings):
-            raise ValueError("tie_output_to_source needs tie_output off and share_embeddings off "
-                             "(a source embedding of its own to tie the output to)")
-        if self.conditioning not in CONDITIONING:
-            raise ValueError(f"conditioning must be one of {CONDITIONING}, got {self.conditioning!r}")
-        if self.direct_conditioning:
-            if not images:
-                raise ValueError("direct_conditioning needs src_image_shape and tgt_image_shape")
-            (sh, sw, sc), (th, tw, tc) = self.src_image_shape, self.tgt_image_shape
-            if th % sh or tw % sw or sc != tc:
-                raise ValueError(f"direct_conditioning needs a target {th}x{tw}x{tc} that is an integer multiple "
-                                 f"of the source {sh}x{sw}x{sc} (same channels)")
-            if not self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
-                raise ValueError("direct_conditioning needs one vocabulary for source and target intensities")
-        if self.intensity_prior < 0:
-            raise ValueError(f"intensity_prior must be >= 0 intensity levels (0 = off), got {self.intensity_prior}")
-        if self.intensity_prior > 0 and (not self.direct_conditioning or self.d_model <= RESERVED):
-            raise ValueError("intensity_prior is centred on the input intensity that direct conditioning adds: it "
-                             f"needs direct_conditioning and d_model > {RESERVED}")
-        if self.intensity_output not in INTENSITY_OUTPUTS:
-            raise ValueError(f"intensity_output must be one of {INTENSITY_OUTPUTS}, got {self.intensity_output!r}")
-        if self.intensity_output == "gaussian" and self.intensity_prior <= 0:
-            raise ValueError("intensity_output 'gaussian' needs intensity_prior > 0 (its initial width in levels)")
-        if self.head_centres not in HEAD_CENTRES:
-            raise ValueError(f"head_centres must be one of {HEAD_CENTRES}, got {self.head_centres!r}")
-        if self.head_neighbours and self.k > 1 and not (self.intensity_prior > 0 and self.head_centres == "own"
-                                                        and self.head_type in ("chained", "chained_attn")):
-            raise ValueError("head_neighbours needs chained heads (head_type chained or chained_attn) centred on their "
-                             "own pixel (intensity_prior > 0, head_centres: own)")
-        if self.head_prior not in HEAD_PRIORS:
-            raise ValueError(f"head_prior must be one of {HEAD_PRIORS}, got {self.head_prior!r}")
-        if self.head_prior != "shared" and self.k > 1 and not (self.intensity_output == "gaussian"
-                                                             and self.head_centres == "own"):
-            raise ValueError(f"head_prior {self.head_prior!r} gives the heads a shift-and-width layer of the Gaussian "
-                             "output's: it needs intensity_output 'gaussian' and head_centres 'own'")
-        if self.intensity_prior > 0 and not 0 <= self.intensity_offset <= self.tgt_vocab_size - 2:
-            raise ValueError(f"intensity_offset {self.intensity_offset} leaves fewer than two intensity ids in a "
-                             f"vocabulary of {self.tgt_vocab_size}: set it to the first intensity id")
-
-
-def source_index(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, int]) -> Tensor:
-    """(T,) for every target raster position, the raster position of the source intensity under it:
-    target (r, c, channel) -> source (r // f_r, c // f_c, channel)."""
-    (_, sw, c), (th, tw, _) = src_shape, tgt_shape
-    row, col, chan = raster_coordinates(torch.arange(th * tw * c), tgt_shape)
-    fr, fc = th // src_shape[0], tw // sw
-    return ((row // fr) * sw + col // fc) * c + chan
-
-
-def bilinear_taps(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, int]) -> tuple[Tensor, Tensor]:
-    """For every target raster position, the raster positions of the 4 source intensities around the
-    target pixel's centre and their bilinear weights (align_corners=False, edges clamped, as
-    ``F.interpolate(mode="bilinear")``): ((T, 4) long, (T, 4) float, rows summing to 1)."""
-    (sh, sw, c), (th, tw, _) = src_shape, tgt_shape
-    row, col, chan = raster_coordinates(torch.arange(th * tw * c), tgt_shape)
-
-    def axis(index: Tensor, n_src: int, n_tgt: int) -> tuple[Tensor, Tensor, Tensor]:
-        x = ((index.double() + 0.5) * n_src / n_tgt - 0.5).clamp(min=0)  # source coordinate
-        lo = x.floor().long().clamp(max=n_src - 1)
-        hi = (lo + 1).clamp(max=n_src - 1)
-        return lo, hi, (x - lo).clamp(0, 1)
-
-    r0, r1, fr = axis(row, sh, th)
-    c0, c1, fc = axis(col, sw, tw)
-    index = torch.stack([(r * sw + q) * c + chan for r in (r0, r1) for q in (c0, c1)], dim=-1)  # (T, 4)
-    weight = torch.stack([(1 - fr) * (1 - fc), (1 - fr) * fc, fr * (1 - fc), fr * fc], dim=-1)  # (T, 4)
-    return index, weight.float()
-
-
-CUBIC_A = -0.75  # the cubic convolution kernel's parameter in F.interpolate(mode="bicubic")
-
-
-def cubic_weights(t: Tensor) -> Tensor:
-    """Cubic convolution weights (..., 4) of the taps at floor(x) - 1 .. floor(x) + 2 for fractional parts t
-    (...) of a source coordinate x (Keys' kernel with a = -0.75, as ``F.interpolate(mode="bicubic")``)."""
-    a = CUBIC_A
-
-    def near(d: Tensor) -> Tensor:  # |d| <= 1
-        return ((a + 2) * d - (a + 3)) * d * d + 1
-
-    def far(d: Tensor) -> Tensor:  # 1 < |d| < 2
-        return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
-
-    return torch.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], dim=-1)
-
-
-def bicubic_taps(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, int]) -> tuple[Tensor, Tensor]:
-    """For every target raster position, the raster positions of the 16 source intensities around the target
-    pixel's centre and their bicubic weights (align_corners=False, taps past an edge clamped to it, as
-    ``F.interpolate(mode="bicubic")``): ((T, 16) long, (T, 16) float, rows summing to 1). For integer factors
-    that are powers of two the weights are dyadic fractions of at most 24 significant bits: exact in float32."""
-    (sh, sw, c), (th, tw, _) = src_shape, tgt_shape
-    row, col, chan = raster_coordinates(torch.arange(th * tw * c), tgt_shape)
-
-    def axis(index: Tensor, n_src: int, n_tgt: int) -> tuple[Tensor, Tensor]:
-        x = (index.double() + 0.5) * n_src / n_tgt - 0.5  # source coordinate (not clamped, as for cubic)
-        base = x.floor()
-        taps = (base.long()[:, None] + torch.arange(-1, 3)).clamp(0, n_src - 1)  # (T, 4)
-        return taps, cubic_weights(x - base)  # (T, 4) each
-
-    r, wr = axis(row, sh, th)
-    q, wc = axis(col, sw, tw)
-    index = ((r[:, :, None] * sw + q[:, None, :]) * c + chan[:, None, None]).reshape(-1, 16)  # (T, 16)
-    weight = (wr[:, :, None] * wc[:, None, :]).reshape(-1, 16)  # (T, 16)
-    return index, weight.float()
-
-
-def source_taps(src_shape: tuple[int, int, int], tgt_shape: tuple[int, int, int], mode: str) -> tuple[Tensor, Tensor]:
-    """Direct conditioning's source positions (T, n) and weights (T, n) per target position: n = 1 for
-    ``nearest`` (:func:`source_index`, weight 1), 4 for ``bilinear`` (:func:`bilinear_taps`), 16 for ``bicubic``
-    (:func:`bicubic_taps`)."""
-    if mode == "bilinear":
-        return bilinear_taps(src_shape, tgt_shape)
-    if mode == "bicubic":
-        return bicubic_taps(src_shape, tgt_shape)
-    index = source_index(src_shape, tgt_shape)[:, None]  # (T, 1)
-    return index, torch.ones(index.shape)
+__all__ = ["BlockwiseTransformer", "ModelConfig"]
 
 
 class BlockwiseTransformer(nn.Module):
@@ -273,22 +47,25 @@ class BlockwiseTransformer(nn.Module):
         self.src_embed = self.tgt_embed if c.share_embeddings else nn.Embedding(c.src_vocab_size, c.d_model)
         for emb in [self.tgt_embed] if c.share_embeddings else [self.tgt_embed, self.src_embed]:
             nn.init.normal_(emb.weight, std=c.d_model**-0.5)
-        pos_scale = math.sqrt(c.d_model / 3) if c.scale_positions else 1.0  # 3 tables of RMS d^-1/2 -> RMS 1
-        grid = ImageGrid(c.d_model, *c.tgt_image_shape) if c.tgt_positions == "grid" else None
-        self.src_pos = build_positions(c.src_positions, c.d_model, c.src_image_shape, pos_scale, grid)
-        self.tgt_pos = build_positions(c.tgt_positions, c.d_model, c.tgt_image_shape, pos_scale, grid)
+        img = c.image
+        shapes = (None, None) if img is None else (img.src_image_shape, img.tgt_image_shape)
+        pos_scale = math.sqrt(c.d_model / 3) if img is not None and img.scale_positions else 1.0  # 3 tables -> RMS 1
+        grid = ImageGrid(c.d_model, *shapes[1]) if c.tgt_positions == "grid" else None
+        self.src_pos = build_positions(c.src_positions, c.d_model, shapes[0], pos_scale, grid)
+        self.tgt_pos = build_positions(c.tgt_positions, c.d_model, shapes[1], pos_scale, grid)
         if not (c.tie_output or c.tie_output_to_source):
             self.out_proj = nn.Linear(c.d_model, c.tgt_vocab_size)
             nn.init.normal_(self.out_proj.weight, std=c.d_model**-0.5)
             nn.init.zeros_(self.out_proj.bias)
-        if c.direct_conditioning:
-            index, weight = source_taps(c.src_image_shape, c.tgt_image_shape, c.conditioning)  # (T, n) each
+        self.direct_conditioning = img is not None and img.direct_conditioning
+        if self.direct_conditioning:
+            index, weight = source_taps(*shapes, img.conditioning)  # type: ignore[union-attr]  # (T, n) each
             self.register_buffer("cond_index", index, persistent=False)
             self.register_buffer("cond_weight", weight, persistent=False)
         self.prior = None
-        if c.intensity_prior > 0:
-            self.prior = IntensityPrior(c.tgt_vocab_size, c.intensity_offset, c.tgt_vocab_size - c.intensity_offset,
-                                        c.intensity_prior, c.d_model, gaussian=c.intensity_output == "gaussian")
+        if img is not None and img.intensity_prior > 0:
+            self.prior = IntensityPrior(c.tgt_vocab_size, img.intensity_offset, c.tgt_vocab_size - img.intensity_offset,
+                                        img.intensity_prior, c.d_model, gaussian=img.intensity_output == "gaussian")
         self.encoder = Encoder(c.n_encoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout)
         self.decoder = Decoder(c.n_decoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.window)
         self.chained_heads = c.head_type in ("chained", "chained_attn") and c.k > 1
@@ -301,41 +78,17 @@ class BlockwiseTransformer(nn.Module):
                 c.d_model, c.head_hidden or c.d_ff, c.k, identity_first=c.identity_first, dropout=c.dropout
             )
         self.draft_vocab = DraftVocabulary(c.tgt_vocab_size, c.draft_vocab) if c.draft_vocab else None
-        # Own centres: the decoder output carries k more coordinates, the prior's centres at t..t+k-1
-        # (:meth:`mark_prior`); every head is marked with its own one when it is read out.
-        self.own_centres = self.prior is not None and c.k > 1 and c.head_centres == "own"
-        # Pixel neighbours: the chain also reads the decoded intensities around each head's pixel (a part of
-        # the head, head.neighbours; :mod:`~lightning_bpd.nn.pixel_neighbours`).
-        if c.head_neighbours and c.k > 1:  # a base (k = 1) has no chain to read them
-            self.head.neighbours = PixelNeighbours(c.tgt_image_shape, c.k, c.d_model, c.head_hidden or c.d_ff)
-        # Own head prior: heads 2..k read out through a copy of the prior's shift-and-width layer (head.prior_adapt);
-        # residual: through the prior's layer, detached, plus head.prior_adapt (starting at zero).
-        if c.head_prior != "shared" and self.own_centres:
-            self.head.prior_adapt = copy.deepcopy(self.prior.adapt)  # type: ignore[union-attr]
-            if c.head_prior == "residual":
-                nn.init.zeros_(self.head.prior_adapt.weight)
-                nn.init.zeros_(self.head.prior_adapt.bias)
-        self.carried = (c.k + (self.neighbours.width if self.neighbours is not None else 0)) if self.own_centres else 0
+        # The intensity prior's read-out: a plain object that attaches the heads' image parts (head.neighbours,
+        # head.prior_adapt) and reads the model's own parameters (:mod:`~lightning_bpd.nn.image_readout`).
+        self.image = ImageReadout(self)
         self.drop = nn.Dropout(c.dropout)
         self.scale = math.sqrt(c.d_model)
-
-    def head_shift(self) -> tuple[Tensor, Tensor] | None:
-        """The (weight (2, D - 2), bias (2,)) through which heads 2..k read their Gaussian's shift and width: their
-        own layer (``head_prior: own``), the prior's detached plus their correction (``residual``), or None (the
-        prior's own layer, ``shared``)."""
-        own = getattr(self.head, "prior_adapt", None)
-        if own is None:
-            return None
-        if self.config.head_prior == "residual":
-            base = self.prior.adapt  # type: ignore[union-attr]
-            return base.weight.detach() + own.weight, base.bias.detach() + own.bias
-        return own.weight, own.bias
 
     def readout_parameters(self) -> dict[str, nn.Parameter]:
         """The base's parameters that act only after the decoder states, by name: a Gaussian output's shift-and-width
         layer and precision (``prior.*``) when the heads carry their own centres, so that the states (and a frozen
         base's cache of them) do not depend on them; else none. ``train_readout`` trains these beside a frozen base."""
-        if self.prior is None or not self.prior.gaussian or not self.own_centres:
+        if self.prior is None or not self.prior.gaussian or not self.image.own_centres:
             return {}
         return {f"prior.{name}": param for name, param in self.prior.named_parameters()}
 
@@ -343,14 +96,9 @@ class BlockwiseTransformer(nn.Module):
         """After a warm start left ``fresh`` keys as initialized: an own head prior starts as the base's layer (a
         residual one stays at zero)."""
         own = getattr(self.head, "prior_adapt", None)
-        if own is not None and self.config.head_prior == "own" and "head.prior_adapt.weight" in fresh:
+        if own is not None and self.config.image.head_prior == "own" and "head.prior_adapt.weight" in fresh:
             with torch.no_grad():
                 own.load_state_dict(self.prior.adapt.state_dict())  # type: ignore[union-attr]
-
-    @property
-    def neighbours(self) -> PixelNeighbours | None:
-        """The chain's reader of pixel neighbours (``head_neighbours``), or None."""
-        return getattr(self.head, "neighbours", None)
 
     @property
     def vocab_size(self) -> int:
@@ -368,32 +116,19 @@ class BlockwiseTransformer(nn.Module):
         pos = torch.arange(src.shape[1], device=src.device).expand_as(src)
         x = self.drop(self.src_embed(src) * self.scale + self.src_pos(pos, src.shape[1]).to(self.src_embed.weight.dtype))
         memory = self.encoder(x, src_valid)  # (B, S, D)
-        ids = self.conditioning_ids(src) if self.config.direct_conditioning else None  # (B, T)
+        ids = self.image.conditioning_ids(src) if self.direct_conditioning else None  # (B, T)
         cond = None if ids is None else self.src_embed(ids) * self.scale  # (B, T, D)
         prior = None if self.prior is None else self.prior.centres(ids)  # (B, T)
         return EncoderContext(memory, src_valid, self.decoder.cross_kv(memory), cond, prior)
-
-    def conditioning_ids(self, src: Tensor) -> Tensor:
-        """Source intensities (B, S) -> the input intensity id that direct conditioning adds at every
-        target position (B, T): the one under the pixel, or the taps' weighted mean rounded half up and clipped to
-        the intensities (bicubic overshoots). The sum is taken in float64, where it is exact for the weights of
-        :func:`bilinear_taps` (multiples of 1/64) and :func:`bicubic_taps` (dyadic), so rounding is the same
-        everywhere and in every model precision."""
-        taps = src[:, self.cond_index]  # (B, T, n)
-        if taps.shape[-1] == 1:
-            return taps[..., 0]
-        mean = (taps.double() * self.cond_weight.double()).sum(-1)  # (B, T)
-        low, high = self.config.intensity_offset, self.config.tgt_vocab_size - 1
-        return (mean + 0.5).floor().clamp(low, high).long()  # ties up
 
     # ---- decoder -------------------------------------------------------------------------------
     def embed_tgt(self, tokens: Tensor, positions: Tensor, context: EncoderContext | None = None,
                   limit: int | None = None) -> Tensor:
         """Decoder inputs (B, T) at absolute ``positions`` (B, T) -> (B, T, D); with direct conditioning
-        the ``context`` adds the input intensity of each target position (:meth:`conditioning_ids`). ``limit``: a host-side
-        bound (exclusive) on ``positions``, so that no device value is read."""
+        the ``context`` adds the input intensity of each target position (:meth:`ImageReadout.conditioning_ids`).
+        ``limit``: a host-side bound (exclusive) on ``positions``, so that no device value is read."""
         x = self.tgt_embed(tokens) * self.scale + self.tgt_pos(positions, limit).to(self.tgt_embed.weight.dtype)
-        if self.config.direct_conditioning:
+        if self.direct_conditioning:
             if context is None or context.cond is None:
                 raise ValueError("direct_conditioning: embed_tgt needs the encoder context of the sources")
             at = positions.clamp(max=self.cond_index.shape[0] - 1)  # (B, T) target positions
@@ -403,7 +138,7 @@ class BlockwiseTransformer(nn.Module):
     def decode_full(self, tgt_in: Tensor, context: EncoderContext) -> Tensor:
         """Uncached decoder over whole prefixes (B, T) starting with BOS -> hidden (B, T, D)."""
         pos = torch.arange(tgt_in.shape[1], device=tgt_in.device).expand_as(tgt_in)
-        return self.mark_prior(self.decoder(self.embed_tgt(tgt_in, pos, context), context), pos, context, tgt_in)
+        return self.image.mark_prior(self.decoder(self.embed_tgt(tgt_in, pos, context), context), pos, context, tgt_in)
 
     def decode_step(self, tokens: Tensor, context: EncoderContext, cache: KVCache) -> Tensor:
         """T >= 1 new decoder inputs per row (B, T) after what ``cache`` holds -> hidden (B, T, D)."""
@@ -411,89 +146,11 @@ class BlockwiseTransformer(nn.Module):
         limit = cache.length_bounds()[1] + n_new  # host-side: no device read once the cache knows its bounds
         pos = cache.positions(n_new)  # (B, T)
         decoded = None
-        if self.neighbours is not None:
+        if self.image.neighbours is not None:
             decoded = cache.keep_tokens()  # (B, capacity): every decoder input so far
             decoded.scatter_(1, pos, tokens)
-        return self.mark_prior(self.decoder.step(self.embed_tgt(tokens, pos, context, limit), context, cache), pos,
+        return self.image.mark_prior(self.decoder.step(self.embed_tgt(tokens, pos, context, limit), context, cache), pos,
                                context, decoded)
-
-    def mark_prior(self, hidden: Tensor, positions: Tensor, context: EncoderContext,
-                   decoded: Tensor | None = None) -> Tensor:
-        """With ``intensity_prior``: the decoder output (B, T, D) carries the prior's centre at each of
-        ``positions`` (B, T) in its reserved coordinates (:meth:`IntensityPrior.mark`); else unchanged.
-
-        With own centres (``head_centres="own"``) the output is (B, T, D + k): the state tagged with the
-        centre at t (:meth:`IntensityPrior.tag`, what the heads read), then the centres at t..t+k-1 (the
-        last positions clamped), with which :meth:`readout` marks head i. With pixel neighbours, then the
-        neighbours' values (:meth:`PixelNeighbours.carried`) from ``decoded`` (B, >= T) decoder inputs. Only
-        the model's own methods look inside a hidden state, so the decoding core passes it along unchanged."""
-        if self.prior is None:
-            return hidden
-        if context.prior is None:
-            raise ValueError("intensity_prior: the decoder needs the encoder context of the sources")
-        last = context.prior.shape[1] - 1
-        if not self.own_centres:
-            return self.prior.mark(hidden, context.prior.gather(1, positions.clamp(max=last)))
-        b, t = positions.shape
-        at = (positions[..., None] + torch.arange(self.k, device=positions.device)).clamp(max=last)  # (B, T, k)
-        centres = context.prior.gather(1, at.reshape(b, t * self.k)).reshape(b, t, self.k).to(hidden.dtype)
-        parts = [self.prior.tag(hidden, centres[..., 0]), centres]
-        if self.neighbours is not None:
-            if decoded is None:
-                raise ValueError("head_neighbours: mark_prior needs the decoded intensities (the decoder inputs)")
-            parts.append(self.neighbours.carried(decoded, positions, context.prior, self.prior.centres).to(hidden.dtype))
-        return torch.cat(parts, dim=-1)  # (B, T, D + k [+ 2 k n])
-
-    def split_centres(self, h: Tensor) -> tuple[Tensor, Tensor | None]:
-        """A hidden state (..., D [+ k [+ 2 k n]]) -> (the state (..., D), what it carries (..., k [+ 2 k n]) or
-        None): the centres at t..t+k-1 first, then the pixel neighbours' values."""
-        if not self.own_centres:
-            return h, None
-        return h[..., : -self.carried], h[..., -self.carried :]
-
-    def readout(self, states: Tensor, centres: Tensor | None, heads: int | list[int] = 0) -> Tensor:
-        """Head states (..., D) as the output layer reads them: with own centres, marked with the prior's
-        centre of the position each one predicts (``centres`` (...)); else unchanged. ``heads``: the head
-        (0-based) of every state, one for all or one per slot of dim -2 (states (..., n, D)); with an own or
-        residual head prior, heads 1.. are marked through :meth:`head_shift`. The mark is taken in the prior's precision and the result
-        returned in the states'."""
-        if centres is None:
-            return states
-        prior, own = self.prior, self.head_shift()
-        dtype = prior.log_precision.dtype  # type: ignore[union-attr]
-        s, c = states.to(dtype), centres.to(dtype)
-        later = [h > 0 for h in (heads if isinstance(heads, list) else [heads])]
-        if own is None or not any(later):
-            return prior.mark(s, c).to(states.dtype)  # type: ignore[union-attr]
-        if all(later):
-            return prior.mark(s, c, own).to(states.dtype)  # type: ignore[union-attr]
-        mask = torch.tensor(later, device=s.device)[:, None]  # (n, 1): which slots are heads 2..k
-        return torch.where(mask, prior.mark(s, c, own), prior.mark(s, c)).to(states.dtype)  # type: ignore[union-attr]
-
-    def chain_input(self, centres: Tensor | None) -> Callable[[Tensor, int], Tensor] | None:
-        """Own centres: what chain link i reads of head i-1's state (:meth:`link_input`, from what the hidden
-        state carries, ``centres`` (..., k [+ 2 k n])); None otherwise."""
-        if centres is None:
-            return None
-        return lambda z, i: self.link_input(z, centres, i)
-
-    def link_input(self, z: Tensor, carried: Tensor, i: int) -> Tensor:
-        """What chain link ``i`` reads of head i-1's state z (..., D), from what the hidden state carries
-        (..., k + 2 k n, every neighbour of head i filled): with pixel neighbours, z shifted by link i's reading of
-        them; tagged with head i's own centre."""
-        if self.neighbours is not None:
-            shift = self.neighbours.shift(carried[..., self.k :], i, carried[..., i])
-            z = z + shift.to(z.dtype)
-        return self.prior.tag(z, carried[..., i])  # type: ignore[union-attr]
-
-    def fill_neighbours(self, carried: Tensor | None, tokens: Tensor, first: int = 0) -> Tensor | None:
-        """Pixel neighbours: ``tokens`` (..., m), proposed (or teacher-forced) for heads first..first+m-1, fill the
-        neighbours they are (``carried`` (..., k + 2 k n)); unchanged otherwise."""
-        if carried is None or self.neighbours is None:
-            return carried
-        for j in range(tokens.shape[-1]):
-            carried = self.neighbours.fill(carried, self.prior.centres(tokens[..., j]), first + j, self.k)  # type: ignore[union-attr]
-        return carried
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         w = self.tgt_embed.weight
@@ -506,9 +163,9 @@ class BlockwiseTransformer(nn.Module):
 
     def logits_first(self, h: Tensor) -> Tensor:
         """p_1 logits, the scoring model: (..., D) -> (..., V)."""
-        h, centres = self.split_centres(h)
+        h, centres = self.image.split_centres(h)
         state = h if self.chained_heads else self.head.first(h)
-        return self.project(self.readout(state, None if centres is None else centres[..., 0]))
+        return self.project(self.image.readout(state, None if centres is None else centres[..., 0]))
 
     def logits_heads(self, h: Tensor, heads: list[int] | range | None = None, prev_tokens: Tensor | None = None,
                      source: ChainSource | None = None) -> Tensor:
@@ -519,15 +176,15 @@ class BlockwiseTransformer(nn.Module):
         ``source`` of each leading row of h (:meth:`chain_source`). The paper's head ignores both.
         """
         heads = list(range(self.k) if heads is None else heads)
-        h, centres = self.split_centres(h)
+        h, centres = self.image.split_centres(h)
         if self.chained_heads:
             if prev_tokens is not None and max(heads) > 0:
-                centres = self.fill_neighbours(centres, prev_tokens[..., : max(heads)])
+                centres = self.image.fill_neighbours(centres, prev_tokens[..., : max(heads)])
             states = self.head.select(h, heads, prev_tokens, self.embed_tokens, source,  # type: ignore[call-arg]
-                                      self.chain_input(centres))
+                                      self.image.chain_input(centres))
         else:
             states = self.head.select(h, heads)  # type: ignore[call-arg]  # (..., n, D)
-        return self.project(self.readout(states, None if centres is None else centres[..., heads], heads))
+        return self.project(self.image.readout(states, None if centres is None else centres[..., heads], heads))
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """Token embeddings as the decoder sees them, without positions: (...) -> (..., D)."""
@@ -574,22 +231,22 @@ class BlockwiseTransformer(nn.Module):
                    token: Tensor | None = None, nearest: bool = False) -> tuple[Tensor, Tensor]:
         """Link ``i`` from head i-1's state z (b, D [+ k]): ``step`` maps the state the link reads (b, D) to head
         i's state -> (head i's state, carrying the centres like z; head i's state as the output layer reads it
-        (b, D), :meth:`readout`). ``dtype``: the link's precision (default z's). ``token`` (b,): the one proposed
+        (b, D), :meth:`ImageReadout.readout`). ``dtype``: the link's precision (default z's). ``token`` (b,): the one proposed
         for head i-1 (pixel neighbours read it). ``nearest`` (own centres, Gaussian output): instead of the state,
         head i's argmax token (b,) (:meth:`IntensityPrior.nearest`)."""
-        z, centres = self.split_centres(z)
+        z, centres = self.image.split_centres(z)
         z = z if dtype is None else z.to(dtype)
         if centres is not None:
-            if self.neighbours is not None:
+            if self.image.neighbours is not None:
                 if token is None:
                     raise ValueError("head_neighbours: a chain link needs the token proposed for the head before it")
-                centres = self.fill_neighbours(centres, token[..., None], i - 1)
-            z = self.link_input(z, centres, i)  # type: ignore[arg-type]
+                centres = self.image.fill_neighbours(centres, token[..., None], i - 1)
+            z = self.image.link_input(z, centres, i)  # type: ignore[arg-type]
         z = step(z)
         if nearest:
-            state = self.prior.nearest(z, centres[..., i], self.head_shift())  # type: ignore[union-attr,index]
+            state = self.prior.nearest(z, centres[..., i], self.image.head_shift())  # type: ignore[union-attr,index]
         else:
-            state = self.readout(z, None if centres is None else centres[..., i], i)
+            state = self.image.readout(z, None if centres is None else centres[..., i], i)
         return (z if centres is None else torch.cat([z, centres.to(z.dtype)], dim=-1)), state
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:

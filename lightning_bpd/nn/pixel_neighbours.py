@@ -17,7 +17,7 @@ q (the input's gradient), plus q's own input intensity; a neighbour outside the 
 first or last column) gives zeros. A small per-link MLP (zero-initialized output) maps them into the
 link's state before the link runs, so a fresh link proposes what it proposed without them.
 
-The values ride along with the decoder output like the own centres (:meth:`BlockwiseTransformer.mark_prior`):
+The values ride along with the decoder output like the own centres (:meth:`~lightning_bpd.nn.image_readout.ImageReadout.mark_prior`):
 k * n more coordinates of decoded-or-pending intensities, k * n of input intensities under the
 neighbours (u in [-1, 1]), where ``PENDING`` marks a neighbour the chain has not proposed yet. The
 decoding core passes hidden states along unchanged; only the model looks inside.

@@ -17,8 +17,9 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from lightning_bpd.nn.config import ModelConfig
 from lightning_bpd.nn.loss import LOSS_MODES, blockwise_loss, choose_heads, decoder_inputs, shifted_targets
-from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
+from lightning_bpd.nn.model import BlockwiseTransformer
 from lightning_bpd.nn.transformer import EncoderContext
 from lightning_bpd.nn.warm_start import CheckpointMismatchError, base_detached, load_base_weights
 from lightning_bpd.nn.warm_start import freeze_base as freeze_base_params

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from lightning_bpd.nn.chained_head import ChainedHead
-from lightning_bpd.nn.model import ModelConfig
+from lightning_bpd.nn.config import ModelConfig
 from tests.models import assert_close_to_rounding, random_model
 
 

@@ -32,7 +32,7 @@ def test_with_a_narrow_prior_each_head_proposes_the_input_under_its_own_pixel(he
     cond = None
     for centres in ["own", "first"]:
         model = image_model(centres, head_type, sigma=0.1)
-        cond = model.conditioning_ids(src) if cond is None else cond  # (3, 192)
+        cond = model.image.conditioning_ids(src) if cond is None else cond  # (3, 192)
         hidden = model(src, tgt_in)  # (3, 40, D [+ k])
         assert hidden.shape[-1] == 32 + (K if centres == "own" else 0)
         prev = torch.stack([cond[:, j + 1 : j + 41] for j in range(K - 1)], dim=-1) if head_type != "paper" else None

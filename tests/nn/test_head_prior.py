@@ -8,7 +8,8 @@ import torch
 from lightning_bpd.decoding import blockwise_decode, blockwise_decode_reference
 from lightning_bpd.decoding.criteria import parse_criterion
 from lightning_bpd.inference import build_runtime
-from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
+from lightning_bpd.nn.config import ModelConfig
+from lightning_bpd.nn.model import BlockwiseTransformer
 from lightning_bpd.nn.warm_start import base_detached, freeze_base, load_base_weights
 from tests.inference.test_image_chain import link_by_link
 from tests.models import assert_close_to_rounding, random_model
@@ -137,15 +138,15 @@ def test_bad_head_prior_options_are_one_clear_error():
     base = dict(src_vocab_size=20, tgt_vocab_size=20, d_model=32, n_heads=4, k=K, intensity_prior=2.0,
                 head_type="chained", head_centres="own", **IMAGE)
     with pytest.raises(ValueError, match="head_prior must be one of"):
-        ModelConfig(**{**base, "head_prior": "mine"})
+        ModelConfig.from_dict({**base, "head_prior": "mine"})
     with pytest.raises(ValueError, match="needs intensity_output 'gaussian' and head_centres 'own'"):
-        ModelConfig(**{**base, "head_prior": "own"})  # categorical output
+        ModelConfig.from_dict({**base, "head_prior": "own"})  # categorical output
     with pytest.raises(ValueError, match="head_prior 'residual' gives the heads"):
-        ModelConfig(**{**base, "head_prior": "residual"})
+        ModelConfig.from_dict({**base, "head_prior": "residual"})
     with pytest.raises(ValueError, match="needs intensity_output 'gaussian' and head_centres 'own'"):
-        ModelConfig(**{**base, "head_prior": "own", "intensity_output": "gaussian", "head_centres": "first"})
-    k1 = BlockwiseTransformer(ModelConfig(**{**base, "k": 1, "head_prior": "own"}))  # a base ignores it
-    assert k1.head_shift() is None
+        ModelConfig.from_dict({**base, "head_prior": "own", "intensity_output": "gaussian", "head_centres": "first"})
+    k1 = BlockwiseTransformer(ModelConfig.from_dict({**base, "k": 1, "head_prior": "own"}))  # a base ignores it
+    assert k1.image.head_shift() is None
 
 
 def test_a_residual_head_prior_follows_the_priors_layer_plus_its_correction():
@@ -177,7 +178,7 @@ def test_a_residual_head_prior_follows_the_priors_layer_plus_its_correction():
                         head_centres="own", conditioning="bilinear", **IMAGE)
     with torch.no_grad():
         torch.nn.init.normal_(base.prior.adapt.weight, std=0.05)
-    fresh = BlockwiseTransformer(ModelConfig(**{**shared.config.__dict__, "head_prior": "residual"})).double()
+    fresh = BlockwiseTransformer(ModelConfig.from_dict({**shared.config.__dict__, "head_prior": "residual"})).double()
     assert "head.prior_adapt.weight" in load_base_weights(fresh, base.state_dict())
     assert not fresh.head.prior_adapt.weight.any() and not fresh.head.prior_adapt.bias.any()
-    assert torch.equal(fresh.head_shift()[0], base.prior.adapt.weight)
+    assert torch.equal(fresh.image.head_shift()[0], base.prior.adapt.weight)

@@ -44,7 +44,7 @@ def test_a_narrow_prior_makes_greedy_decoding_return_the_conditioning_intensitie
     model = random_model(k=2, vocab=20, intensity_prior=0.1, conditioning="bilinear", **IMAGE)
     src = torch.randint(3, 20, (2, 12), generator=torch.Generator().manual_seed(0))
     out = greedy_decode(model, src, 192)
-    assert torch.equal(out.tokens, model.conditioning_ids(src))
+    assert torch.equal(out.tokens, model.image.conditioning_ids(src))
     assert torch.equal(out.tokens, greedy_decode_reference(model, src, 192).tokens)
 
 
@@ -79,7 +79,7 @@ def test_a_gaussian_output_is_a_discretized_gaussian_around_the_predicted_mean()
     with torch.no_grad():  # as initialized (random_model scrambles every matrix)
         torch.nn.init.zeros_(model.prior.adapt.weight)
         torch.nn.init.zeros_(model.prior.adapt.bias)
-    assert torch.equal(greedy_decode(model, src, 192).tokens, model.conditioning_ids(src))
+    assert torch.equal(greedy_decode(model, src, 192).tokens, model.image.conditioning_ids(src))
     with torch.no_grad():
         torch.nn.init.normal_(model.prior.adapt.weight, std=0.05)
         torch.nn.init.normal_(model.prior.adapt.bias, std=0.05)
@@ -91,7 +91,7 @@ def test_a_gaussian_output_is_a_discretized_gaussian_around_the_predicted_mean()
             model.embed_tgt(tgt_in, torch.arange(40).expand(2, -1), model.encode(src)), model.encode(src)
         )[..., :-2]).unbind(-1)
     prior = model.prior
-    centre = prior.centres(model.conditioning_ids(src))[:, :40] + delta  # (2, 40)
+    centre = prior.centres(model.image.conditioning_ids(src))[:, :40] + delta  # (2, 40)
     precision = prior.log_precision.exp() * torch.exp(-2 * rho)
     u = prior.features[3:, 0]  # (17,)
     gauss = -precision[..., None] / 2 * (u - centre[..., None]) ** 2  # (2, 40, 17)
@@ -126,6 +126,6 @@ def test_the_gaussian_argmax_is_the_intensity_nearest_its_mean():
     states = torch.randn(500, 32, generator=g, dtype=torch.float64)
     ids = torch.randint(3, 20, (500,), generator=g)
     centres = model.prior.centres(ids)
-    full = model.project(model.readout(states, centres)).argmax(-1)
+    full = model.project(model.image.readout(states, centres)).argmax(-1)
     assert torch.equal(model.prior.nearest(states, centres), full)
     assert {3, 19} <= set(full.tolist())  # both ends reached

@@ -6,7 +6,8 @@ import torch
 from lightning_bpd.decoding import blockwise_decode, blockwise_decode_reference, greedy_decode, head_agreement
 from lightning_bpd.decoding.criteria import parse_criterion
 from lightning_bpd.inference import build_runtime
-from lightning_bpd.nn.model import BlockwiseTransformer, ModelConfig
+from lightning_bpd.nn.config import ModelConfig
+from lightning_bpd.nn.model import BlockwiseTransformer
 from lightning_bpd.nn.pixel_neighbours import PENDING, PixelNeighbours, neighbour_offsets
 from lightning_bpd.nn.warm_start import freeze_base
 from tests.models import assert_close_to_rounding, random_model
@@ -119,7 +120,7 @@ def test_the_neighbours_move_the_proposals():
     prev = torch.stack([out.tokens[:, j : j + 150] for j in range(1, K)], dim=-1)
     with_them = model.logits_heads(hidden[:, :150], range(K), prev, None).argmax(-1)
     with torch.no_grad():
-        for link in model.neighbours.links:
+        for link in model.image.neighbours.links:
             link[2].weight.zero_()
             link[2].bias.zero_()
     without = model.logits_heads(hidden[:, :150], range(K), prev, None).argmax(-1)
@@ -142,9 +143,9 @@ def test_bad_neighbour_options_are_one_clear_error():
     base = dict(src_vocab_size=20, tgt_vocab_size=20, d_model=32, n_heads=4, k=K, intensity_prior=2.0,
                 head_centres="own", head_neighbours=True, **IMAGE)
     with pytest.raises(ValueError, match="head_neighbours needs chained heads"):
-        ModelConfig(**{**base, "head_type": "paper"})
+        ModelConfig.from_dict({**base, "head_type": "paper"})
     with pytest.raises(ValueError, match="head_neighbours needs chained heads"):
-        ModelConfig(**{**base, "head_type": "chained", "head_centres": "first"})
-    assert BlockwiseTransformer(ModelConfig(**{**base, "head_type": "paper", "k": 1})).neighbours is None  # a base
+        ModelConfig.from_dict({**base, "head_type": "chained", "head_centres": "first"})
+    assert BlockwiseTransformer(ModelConfig.from_dict({**base, "head_type": "paper", "k": 1})).image.neighbours is None  # a base
     with pytest.raises(ValueError, match="k <= 24"):
-        BlockwiseTransformer(ModelConfig(**{**base, "head_type": "chained", "k": 25}))
+        BlockwiseTransformer(ModelConfig.from_dict({**base, "head_type": "chained", "k": 25}))

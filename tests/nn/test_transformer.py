@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from lightning_bpd.nn.model import bicubic_taps, bilinear_taps, source_index
+from lightning_bpd.nn.conditioning import bicubic_taps, bilinear_taps, source_index
 from tests.models import assert_close_to_rounding, random_model, random_sources
 
 
@@ -191,7 +191,7 @@ def test_bilinear_conditioning_adds_the_interpolated_input_intensity():
     src = values.flatten(1) + 3  # (B, 48) raster ids, intensity + 3
     up = F.interpolate(values.permute(0, 3, 1, 2).double(), scale_factor=4, mode="bilinear", align_corners=False)
     expected = (up + 0.5).floor().long().permute(0, 2, 3, 1).flatten(1) + 3  # (B, 768), ties rounded up
-    assert torch.equal(model.conditioning_ids(src), expected)
+    assert torch.equal(model.image.conditioning_ids(src), expected)
     context = model.encode(src)
     tokens, pos = torch.full((3, 768), 5), torch.arange(768).expand(3, -1)
     added = model.embed_tgt(tokens, pos, context) - (model.tgt_embed(tokens) * model.scale + model.tgt_pos(pos))
@@ -200,7 +200,7 @@ def test_bilinear_conditioning_adds_the_interpolated_input_intensity():
     assert index.shape == weight.shape == (768, 4) and torch.allclose(weight.sum(-1), torch.ones(768))
     nearest = random_model(k=1, vocab=300, **{**IMAGE, "src_image_shape": (4, 4, 3), "tgt_image_shape": (16, 16, 3),
                                               "direct_conditioning": True})
-    assert torch.equal(nearest.conditioning_ids(src), src[:, source_index((4, 4, 3), (16, 16, 3))])
+    assert torch.equal(nearest.image.conditioning_ids(src), src[:, source_index((4, 4, 3), (16, 16, 3))])
 
 
 @pytest.mark.parametrize("shapes", [((4, 4, 3), (16, 16, 3)), ((8, 8, 3), (32, 32, 3)), ((8, 8, 3), (16, 16, 3))])
@@ -218,7 +218,7 @@ def test_bicubic_conditioning_is_bicubic_upsampling(shapes):
     up = F.interpolate(values.permute(0, 3, 1, 2).double(), size=high[:2], mode="bicubic", align_corners=False)
     assert float(up.max()) > 255.5 and float(up.min()) < -0.5  # the clip is exercised
     expected = (up + 0.5).floor().clamp(0, 255).long().permute(0, 2, 3, 1).flatten(1) + 3
-    assert torch.equal(model.conditioning_ids(src), expected)
+    assert torch.equal(model.image.conditioning_ids(src), expected)
     index, weight = bicubic_taps(low, high)
     assert index.shape == weight.shape == (high[0] * high[1] * 3, 16) and torch.equal(weight.double().sum(-1),
                                                                                          torch.ones(len(weight)).double())

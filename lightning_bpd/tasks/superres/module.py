@@ -20,8 +20,9 @@ from torchmetrics.functional.image import peak_signal_noise_ratio, structural_si
 
 from lightning_bpd.decoding import Criterion, parse_criterion
 from lightning_bpd.evaluation import EvalBatch
+from lightning_bpd.nn.conditioning import CONDITIONING
+from lightning_bpd.nn.config import HEAD_CENTRES, HEAD_PRIORS, INTENSITY_OUTPUTS, ImageOptions, ModelConfig
 from lightning_bpd.nn.loss import gaussian_kernel
-from lightning_bpd.nn.model import CONDITIONING, HEAD_CENTRES, HEAD_PRIORS, INTENSITY_OUTPUTS, ModelConfig
 from lightning_bpd.tasks.blockwise_module import BlockwiseModule
 from lightning_bpd.tasks.superres.conditioning import conditioning_diagnostic, nearest_upsample, smooth_upsample
 from lightning_bpd.tasks.superres.pixels import (
@@ -192,17 +193,19 @@ class SuperResolutionModule(BlockwiseModule):
         if source_output and (tie_output or not direct_conditioning):
             raise ValueError("model.source_output needs tie_output: false and direct_conditioning: true "
                              f"(got tie_output={tie_output}, direct_conditioning={direct_conditioning})")
+        image = ImageOptions(
+            src_image_shape=LOW, tgt_image_shape=HIGH, scale_positions=scale_positions,
+            direct_conditioning=direct_conditioning, conditioning=conditioning, intensity_prior=intensity_prior,
+            intensity_output=intensity_output, intensity_offset=OFFSET, head_centres=head_centres,
+            head_neighbours=head_neighbours, head_prior=head_prior,
+        )
         config = ModelConfig(
             src_vocab_size=VOCAB_SIZE, tgt_vocab_size=VOCAB_SIZE, d_model=d_model, n_heads=n_heads,
             n_encoder_layers=n_encoder_layers, n_decoder_layers=n_decoder_layers, d_ff=d_ff, dropout=dropout, k=k,
             head_hidden=head_hidden, identity_first=identity_first, head_type=head_type,
             share_embeddings=not source_output, tie_output_to_source=source_output,
-            src_positions=positions, tgt_positions=positions, src_image_shape=LOW, tgt_image_shape=HIGH,
-            window=window, tie_output=tie_output, scale_positions=scale_positions,
-            direct_conditioning=direct_conditioning, conditioning=conditioning, intensity_prior=intensity_prior,
-            intensity_output=intensity_output, intensity_offset=OFFSET, head_centres=head_centres,
-            head_neighbours=head_neighbours, head_prior=head_prior, pad_id=PAD_ID,
-            bos_id=BOS_ID, eos_id=None,
+            src_positions=positions, tgt_positions=positions, window=window, tie_output=tie_output, image=image,
+            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=None,
         )
         super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
                          seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb,

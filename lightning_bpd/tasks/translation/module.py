@@ -16,8 +16,8 @@ from torch import Tensor
 
 from lightning_bpd.decoding import Criterion, parse_criterion
 from lightning_bpd.evaluation import EvalBatch, MethodRun, run_batch
+from lightning_bpd.nn.config import ModelConfig
 from lightning_bpd.nn.draft_vocab import ids_from_counts
-from lightning_bpd.nn.model import ModelConfig
 from lightning_bpd.tasks.blockwise_module import BlockwiseModule
 from lightning_bpd.tasks.translation.datamodule_utils import collate_pairs
 from lightning_bpd.tasks.translation.tokenizer import Tokenizer
