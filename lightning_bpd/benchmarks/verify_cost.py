@@ -30,6 +30,8 @@ SHAPES = {
                 "decoder_attention_heads": 8, "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048, "vocab_size": 58101},
     "multi30k": {"d_model": 256, "encoder_layers": 3, "decoder_layers": 3, "encoder_attention_heads": 4,
                  "decoder_attention_heads": 4, "encoder_ffn_dim": 1024, "decoder_ffn_dim": 1024, "vocab_size": 8000},
+    "tiny": {"d_model": 32, "encoder_layers": 1, "decoder_layers": 2, "encoder_attention_heads": 4,  # for tests
+             "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "vocab_size": 1200},
 }
 
 
@@ -59,14 +61,11 @@ def build(shape: str, k: int) -> Any:
     return HFSeq2SeqBlockwise(base, k=k)
 
 
-def timed(fn, repeats: int) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def timed(fn) -> float:
+    """Seconds of one call of ``fn()``; a ``fn`` that times itself (returns seconds) is taken at its word."""
+    start = time.perf_counter()
+    own = fn()
+    return own if own is not None else time.perf_counter() - start
 
 
 def step_and_verify(model: Any, k: int, prefix: int, src_len: int) -> tuple[Any, Any]:
@@ -82,7 +81,7 @@ def step_and_verify(model: Any, k: int, prefix: int, src_len: int) -> tuple[Any,
     def call(tokens: torch.Tensor) -> None:
         h = model.decode_step(tokens, context, cache)
         model.logits_first(h).argmax(-1)
-        cache.crop(keep)
+        cache.crop(keep.clone())  # crop keeps the tensor it is given, and the next call advances it in place
 
     return (lambda: call(one)), (lambda: call(block))
 
@@ -95,20 +94,14 @@ def hf_own_step(model: Any, k: int, prefix: int, src_len: int) -> tuple[Any, Any
     src = torch.randint(2, 1000, (1, src_len))
     encoder_out = base.get_encoder()(input_ids=src)
 
-    def call(n: int) -> None:
+    def call(n: int) -> float:  # the prefix pass untimed, then the n-token step
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         base(encoder_outputs=encoder_out, decoder_input_ids=torch.randint(2, 1000, (1, prefix)), past_key_values=cache)
         start = time.perf_counter()
         base(encoder_outputs=encoder_out, decoder_input_ids=torch.randint(2, 1000, (1, n)), past_key_values=cache)
-        call.seconds = time.perf_counter() - start  # type: ignore[attr-defined]
+        return time.perf_counter() - start
 
-    def one() -> None:
-        call(1)
-
-    def block() -> None:
-        call(k)
-
-    return one, block
+    return (lambda: call(1)), (lambda: call(k))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -123,7 +116,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    try:
+        return run(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`main`'s work, on ``args.threads`` threads."""
     from lightning_bpd.inference import InferenceOptions, build_runtime
 
     model = build(args.shape, args.k)
@@ -137,8 +139,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         samples: dict[str, dict[str, list[float]]] = {n: {"step": [], "verify": []} for n in calls}
         for _ in range(args.repeats):  # alternate the runtimes and the two calls
             for name, (one, block) in calls.items():
-                samples[name]["step"].append(timed(one, 1))
-                samples[name]["verify"].append(timed(block, 1))
+                samples[name]["step"].append(timed(one))
+                samples[name]["verify"].append(timed(block))
     report: dict[str, Any] = {"shape": args.shape, **SHAPES[args.shape], "k": args.k, "prefix": args.prefix,
                               "src_len": args.src_len, "repeats": args.repeats, "threads": torch.get_num_threads(),
                               "cpu": cpu_name(), "torch": torch.__version__, "runtimes": {}}
