@@ -67,45 +67,57 @@ class WideProducts(Products):
         return [self.widened(w) for w in weights] if self.active(x) else []
 
 
-class Int8Products(WideProducts):
-    """int8 products per weight row and activation row (float32 activations on CPU); float64 attention."""
+class CopiedProducts(WideProducts):
+    """float32 inference on CPU through copies of the weights made once (:class:`Int8Products`,
+    :class:`PackedProducts`); float64 attention. A subclass says what a copy is (:meth:`copy`) and how it
+    multiplies (:meth:`multiply`)."""
 
-    name = "int8"
     lean_encoder = True
-    MAX_MADE = 64
+    MAX_MADE = 64  # copies of tensors that are not the model's own (made per call) kept, keyed by the tensor
+    needs = "a CPU build of torch"  # what a subclass's kernel needs, for the error when it is missing
 
     def __init__(self) -> None:
         super().__init__()
-        self.packed: dict[int, tuple[Tensor, Tensor | None, int8_ops.RowInt8]] = {}  # id(weight) -> packed, at build
-        self.made: dict[int, tuple[Tensor, Tensor | None, int8_ops.RowInt8]] = {}  # others, packed when first met
+        self.copies: dict[int, tuple[Tensor, Tensor | None, object]] = {}  # id(weight) -> (weight, bias, copy)
+        self.made: dict[int, tuple[Tensor, Tensor | None, object]] = {}  # the same for others, made when first met
 
-    def prepare(self, model: nn.Module) -> Int8Products:
-        """Packed int8 copies of every ``nn.Linear`` of ``model`` (weight with its bias), made now."""
-        if not int8_ops.available():
-            raise ValueError("precision int8 needs torch's fbgemm/x86 quantized engine (CPU); this build has "
-                             f"{torch.backends.quantized.supported_engines}")
+    def available(self) -> bool:
+        return True
+
+    def copy(self, weight: Tensor, bias: Tensor | None) -> object:
+        raise NotImplementedError
+
+    def multiply(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+    def prepare(self, model: nn.Module) -> CopiedProducts:
+        """Copies of every float32 ``nn.Linear`` of ``model`` (weight with its bias) and of its vocabulary
+        projection, made now."""
+        if not self.available():
+            raise ValueError(f"precision {self.precision} needs {self.needs}; this build has none: pick "
+                             "float32-invariant or float32")
         device = next(model.parameters()).device
         if device.type != "cpu":
-            raise ValueError(f"precision int8 runs on the CPU (fbgemm's int8 products); the model is on {device}: "
-                             "decode on --device cpu, or pick bfloat16 / float32 on a GPU")
+            raise ValueError(f"precision {self.precision} runs on the CPU; the model is on {device}: decode on "
+                             "--device cpu, or pick bfloat16 / float32 on a GPU")
         pairs = [(m.weight, m.bias) for m in model.modules() if isinstance(m, nn.Linear)]
         if hasattr(model, "output_layer"):
             pairs.append(model.output_layer())
         for weight, bias in pairs:
             if weight.dtype == torch.float32:
-                self.packed[id(weight)] = (weight, bias, int8_ops.RowInt8(weight, bias))
+                self.copies[id(weight)] = (weight, bias, self.copy(weight, bias))
         return self
 
-    def row_int8(self, weight: Tensor, bias: Tensor | None) -> int8_ops.RowInt8:
-        """The packed copy of a prepared (weight, bias) pair, or of another pair (a draft vocabulary's rows, a
-        projection made per call) packed now and kept while its tensors are (at most ``MAX_MADE`` pairs)."""
-        for book in (self.packed, self.made):
+    def copy_of(self, weight: Tensor, bias: Tensor | None) -> object:
+        """The copy of a prepared (weight, bias) pair, or of another pair (a draft vocabulary's rows, a projection
+        made per call) made now and kept while its tensors are (at most ``MAX_MADE`` pairs)."""
+        for book in (self.copies, self.made):
             hit = book.get(id(weight))
             if hit is not None and hit[0] is weight and hit[1] is bias:
                 return hit[2]
         if len(self.made) >= self.MAX_MADE:
             self.made.clear()
-        made = int8_ops.RowInt8(weight, bias)
+        made = self.copy(weight, bias)
         self.made[id(weight)] = (weight, bias, made)
         return made
 
@@ -118,69 +130,49 @@ class Int8Products(WideProducts):
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         if not self.active(x):
             return Products.linear(self, x, weight, bias)
-        return self.row_int8(weight, bias)(x)
-
-    def lean_int8_weights(self, x: Tensor, weights: list[Tensor]) -> list:
-        return [self.row_int8(weights[j], weights[j + 1]).packed for j in range(0, len(weights), 2)]
+        return self.multiply(x, weight, bias)
 
     def lean_wide_weights(self, x: Tensor, weights: list[Tensor]) -> list[Tensor]:
         return []
 
 
-class PackedProducts(WideProducts):
+class Int8Products(CopiedProducts):
+    """int8 products per weight row and activation row (float32 activations on CPU); float64 attention."""
+
+    name = precision = "int8"
+    needs = "torch's fbgemm/x86 quantized engine (CPU)"
+
+    def available(self) -> bool:
+        return int8_ops.available()
+
+    def copy(self, weight: Tensor, bias: Tensor | None) -> int8_ops.RowInt8:
+        return int8_ops.RowInt8(weight, bias)
+
+    def multiply(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return self.copy_of(weight, bias)(x)  # type: ignore[operator]
+
+    def lean_int8_weights(self, x: Tensor, weights: list[Tensor]) -> list:
+        return [self.copy_of(weights[j], weights[j + 1]).packed for j in range(0, len(weights), 2)]  # type: ignore[attr-defined]
+
+
+class PackedProducts(CopiedProducts):
     """float32 products with weights packed once for oneDNN (batch-invariant on these CPUs, cheap for several
     rows: :mod:`~lightning_bpd.kernels.onednn`); attention of float32 / bfloat16 in float64."""
 
     name = "packed"
-    lean_encoder = True
-    MAX_MADE = 64  # weights packed per call (not the model's own) kept, keyed by the tensor
+    precision = "float32-packed"
+    needs = "torch's oneDNN (mkldnn) packed-linear ops"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.packed: dict[int, tuple[Tensor, Tensor]] = {}  # id(weight) -> (weight, its packed copy), at build time
-        self.made: dict[int, tuple[Tensor, Tensor]] = {}  # the same for other tensors, packed when first met
+    def available(self) -> bool:
+        return onednn.available()
 
-    def prepare(self, model: nn.Module) -> PackedProducts:
-        """Packed copies of every float32 ``nn.Linear`` weight of ``model`` and of its vocabulary projection."""
-        if not onednn.available():
-            raise ValueError("precision float32-packed needs torch's oneDNN (mkldnn) packed-linear ops; this build "
-                             "has none: pick float32-invariant or int8")
-        device = next(model.parameters()).device
-        if device.type != "cpu":
-            raise ValueError(f"precision float32-packed runs on the CPU (oneDNN); the model is on {device}")
-        weights = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
-        if hasattr(model, "output_layer"):
-            weights.append(model.output_layer()[0])
-        for w in weights:
-            if w.dtype == torch.float32 and id(w) not in self.packed:
-                self.packed[id(w)] = (w, onednn.pack(w))
-        return self
+    def copy(self, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return onednn.pack(weight.detach())  # the bias is added by the product
 
-    def packed_weight(self, weight: Tensor) -> Tensor:
-        """The packed copy of a prepared weight, or of another tensor (a draft vocabulary's rows, a projection made
-        per call) packed now and kept while the tensor is (at most ``MAX_MADE`` of them)."""
-        hit = self.packed.get(id(weight)) or self.made.get(id(weight))
-        if hit is not None and hit[0] is weight:
-            return hit[1]
-        if len(self.made) >= self.MAX_MADE:
-            self.made.clear()
-        made = onednn.pack(weight.detach())
-        self.made[id(weight)] = (weight, made)
-        return made
-
-    def active(self, x: Tensor) -> bool:
-        return x.dtype == torch.float32 and x.device.type == "cpu" and inference(x)
-
-    def applies(self, x: Tensor) -> bool:
-        return self.active(x)
-
-    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-        if not self.active(x):
-            return Products.linear(self, x, weight, bias)
-        return onednn.product(x, self.packed_weight(weight), None if bias is None else bias.detach())
-
-    def lean_wide_weights(self, x: Tensor, weights: list[Tensor]) -> list[Tensor]:
-        return []
+    def multiply(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return onednn.product(x, self.copy_of(weight, bias), None if bias is None else bias.detach())  # type: ignore[arg-type]
 
     def lean_onednn_weights(self, x: Tensor, weights: list[Tensor]) -> list[Tensor]:
-        return [self.packed_weight(weights[j]) for j in range(0, len(weights), 2)] if self.active(x) else []
+        if not self.active(x):
+            return []
+        return [self.copy_of(weights[j], weights[j + 1]) for j in range(0, len(weights), 2)]  # type: ignore[misc]

@@ -39,7 +39,7 @@ def test_an_int8_runtime_multiplies_the_hf_base_in_int8():
     runtime = build_runtime(model, InferenceOptions(precision="int8"))
     assert isinstance(runtime.products, Int8Products)
     linears = [m for m in runtime.model.modules() if isinstance(m, torch.nn.Linear)]
-    assert len(runtime.products.packed) >= len(linears) > 0
+    assert len(runtime.products.copies) >= len(linears) > 0
     src = sources()
     with torch.no_grad():
         plain = model.decode_full(torch.full((src.shape[0], 1), model.bos_id), model.encode(src))

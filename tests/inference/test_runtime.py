@@ -65,7 +65,7 @@ def test_the_int8_runtime_packs_every_linear_when_it_is_built():
     runtime = build_runtime(model, InferenceOptions(precision="int8"))
     assert isinstance(runtime.products, Int8Products)
     linears = [m for m in runtime.model.modules() if isinstance(m, torch.nn.Linear)]
-    assert len(runtime.products.packed) == len(linears) + 1 > 1  # and the (tied) vocabulary projection
+    assert len(runtime.products.copies) == len(linears) + 1 > 1  # and the (tied) vocabulary projection
 
 
 def test_a_model_decodes_directly_in_its_own_dtype_with_plain_products():

@@ -65,7 +65,7 @@ def test_int8_products_pack_at_build_time_and_take_float32_inference_only():
     lin = torch.nn.Linear(64, 30)
     x = rows_of_many_scales(8)
     products = Int8Products().prepare(lin)
-    assert products.row_int8(lin.weight, lin.bias) is products.row_int8(lin.weight, lin.bias)  # packed once
+    assert products.copy_of(lin.weight, lin.bias) is products.copy_of(lin.weight, lin.bias)  # packed once
     with torch.no_grad():
         eight = products.linear(x, lin.weight, lin.bias)
         assert torch.equal(eight, int8.RowInt8(lin.weight, lin.bias)(x))
