@@ -9,13 +9,21 @@ import pytorch_lightning as pl
 import torch
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> pl.LightningModule:
+def load_model(path: str | Path, device: str | torch.device = "cpu", base: str | Path | None = None) -> pl.LightningModule:
     """The task module of a checkpoint written by ``python -m lightning_bpd fit``, in eval mode.
 
     ``module.model`` is the :class:`~lightning_bpd.nn.model.BlockwiseTransformer` that the decoding
-    functions take; a translation module also carries its ``tokenizer``.
+    functions take; a translation module also carries its ``tokenizer``. A folder of heads saved on their own
+    (:func:`~lightning_bpd.tasks.translation.hf_module.save_heads`) comes back on its Hugging Face base: the
+    directory named in its ``heads.json``, or ``base``.
     """
     path = Path(path)
+    if path.is_dir() and (path / "heads.json").is_file():
+        from lightning_bpd.tasks.translation.hf_module import HFTranslationModule
+
+        return HFTranslationModule.from_heads(path, base, device)
+    if base is not None:
+        raise ValueError(f"base= re-attaches heads saved on their own; {path} is not a folder with heads.json")
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {str(path)!r}: give the path of a .ckpt file from a fit run")
     try:
