@@ -74,11 +74,22 @@ def test_fit_then_load_model_and_decode(checkpoint, data, tmp_path, capsys):
     assert "mean_accepted_block_size" in out.err
     assert time.perf_counter() - start < 60
 
+    moved = tmp_path / "moved"
+    checkpoint.rename(moved)  # the base directory has moved since the run: load_model(ckpt, base=) finds it
+    try:
+        with pytest.raises(ValueError, match="not a directory"):
+            lightning_bpd.load_model(run / "last.ckpt")
+        again = lightning_bpd.load_model(run / "last.ckpt", base=moved)
+        assert again.hparams.pretrained == str(moved)
+        assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(), module.model.state_dict().values()))
+    finally:
+        moved.rename(checkpoint)
+
 
 def test_finetune_config_trains_the_base(checkpoint, data, tmp_path):
     cli = main(["fit", "--config", str(CONF_DIR / "hf" / "finetune.yaml"), f"--model.init_args.pretrained={checkpoint}",
                 f"--data.init_args.root={data}", f"--run_dir={tmp_path / 'run'}", *FAST,
-                "--trainer.max_steps=2", "--trainer.limit_val_batches=0"])
+                "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--model.init_args.head_targets=own"])
     fresh = HFTranslationModule(str(checkpoint), k=4)
     trained = cli.model.model.base.state_dict()
     assert any(not torch.equal(value, trained[key]) for key, value in base_state(fresh).items())
@@ -116,6 +127,18 @@ def test_heads_saved_on_their_own_come_back_identical(checkpoint, tmp_path, head
         for rule in (Exact(), parse_criterion("top2")):
             assert blockwise_decode(other.model, src, rule, n).sequences() == blockwise_decode(module.model, src, rule,
                                                                                               n).sequences()
+
+
+def test_decode_reads_heads_saved_on_their_own(checkpoint, tmp_path, capsys):
+    module = scrambled(checkpoint, "chained_attn")
+    folder = save_heads(module, tmp_path / "heads")
+    sentences = [en for en, _ in sentence_pairs(3, seed=4)]
+    (tmp_path / "in.en").write_text("\n".join(sentences) + "\n")
+    capsys.readouterr()
+    main(["decode", "--ckpt", str(folder), "--input", str(tmp_path / "in.en"), "--criterion", "top2", "--device", "cpu"])
+    src = module.encode_sources(sentences)
+    expected = blockwise_decode(module.model, src, parse_criterion("top2"), module.max_decode_len(src)).sequences()
+    assert capsys.readouterr().out.splitlines() == module.detokenize(expected)
 
 
 def test_heads_refuse_another_base(checkpoint, tmp_path):
