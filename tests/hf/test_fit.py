@@ -3,6 +3,7 @@ Marian and its own tokenizer, then ``load_model``, ``decode --ckpt``; heads save
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -45,8 +46,9 @@ def test_fit_then_load_model_and_decode(checkpoint, data, tmp_path, capsys):
     """The contract other tools call: fit -> last.ckpt -> load_model (model, encode_sources, detokenize) -> decode."""
     start = time.perf_counter()
     run = tmp_path / "run"
+    logger = json.dumps({"class_path": "pytorch_lightning.loggers.CSVLogger", "init_args": {"save_dir": str(run)}})
     cli = main(["fit", "--config", str(CONF_DIR / "hf" / "frozen_heads.yaml"), f"--model.init_args.pretrained={checkpoint}",
-                f"--data.init_args.root={data}", f"--run_dir={run}", *FAST])
+                f"--data.init_args.root={data}", f"--run_dir={run}", *FAST, f"--trainer.logger={logger}"])
     trained = cli.model
     assert trained.global_step == 6
     assert trained.frozen_states is not None and trained.frozen_states.hits > 0  # head steps skipped the base

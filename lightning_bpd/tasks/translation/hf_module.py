@@ -115,8 +115,8 @@ class HFTranslationModule(TranslationModule):
         BlockwiseModule.__init__(self, None, loss_mode, freeze_base, None, lr, warmup_steps, label_smoothing,
                                  weight_decay, seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale,
                                  frozen_cache_gb, head_targets=head_targets, model=model)
-        self.save_hyperparameters()
-        self.hparams.pretrained = pretrained  # absolute: load_model works from any folder
+        self.save_hyperparameters(ignore=["vocab_size"])  # the CLI's link from the data's tokenizer: not an option here
+        self.hparams.pretrained = pretrained  # absolute (the CLI hands the path as given): load_model from any folder
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self._tokenizer = tokenizer  # type: ignore[assignment]
 
