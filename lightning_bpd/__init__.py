@@ -7,11 +7,12 @@ the tasks (:mod:`lightning_bpd.tasks`) wrap them in LightningModules.
 __version__ = "0.1.0"
 
 
-def load_model(path, device="cpu"):
-    """The task module of a checkpoint, in eval mode; see :func:`lightning_bpd.checkpoints.load_model`."""
+def load_model(path, device="cpu", base=None):
+    """The task module of a checkpoint (or of heads saved on their own, on ``base``), in eval mode; see
+    :func:`lightning_bpd.checkpoints.load_model`."""
     from lightning_bpd.checkpoints import load_model as _load
 
-    return _load(path, device)
+    return _load(path, device, base)
 
 
 __all__ = ["load_model"]

@@ -9,13 +9,20 @@ import pytorch_lightning as pl
 import torch
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> pl.LightningModule:
+def load_model(path: str | Path, device: str | torch.device = "cpu", base: str | Path | None = None) -> pl.LightningModule:
     """The task module of a checkpoint written by ``python -m lightning_bpd fit``, in eval mode.
 
     ``module.model`` is the :class:`~lightning_bpd.nn.model.BlockwiseTransformer` that the decoding
-    functions take; a translation module also carries its ``tokenizer``.
+    functions take; a translation module also carries its ``tokenizer``. A folder of heads saved on their own
+    (:func:`~lightning_bpd.tasks.translation.hf_module.save_heads`) comes back on its Hugging Face base: the
+    directory named in its ``heads.json``, or ``base``; ``base`` also replaces the base directory that the
+    checkpoint of a Hugging Face run names (``model.pretrained``), should it have moved.
     """
     path = Path(path)
+    if path.is_dir() and (path / "heads.json").is_file():
+        from lightning_bpd.tasks.translation.hf_module import HFTranslationModule
+
+        return HFTranslationModule.from_heads(path, base, device)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {str(path)!r}: give the path of a .ckpt file from a fit run")
     try:
@@ -28,6 +35,11 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> pl.Light
     module_name, _, name = class_path.rpartition(".")
     cls = getattr(importlib.import_module(module_name), name)
     legacy = getattr(cls, "legacy_hparams", None)  # options newer than the checkpoint: as it was trained
-    overrides = legacy(ckpt.get("hyper_parameters", {})) if legacy is not None else {}
+    hparams = ckpt.get("hyper_parameters", {})
+    overrides = legacy(hparams) if legacy is not None else {}
+    if base is not None:  # a Hugging Face run's base directory, moved since it was trained
+        if "pretrained" not in hparams:
+            raise ValueError(f"base={base}: {path} is not a run on a Hugging Face base (no model.pretrained)")
+        overrides["pretrained"] = str(base)
     module = cls.load_from_checkpoint(path, map_location=device, **overrides)
     return module.eval()

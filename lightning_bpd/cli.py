@@ -238,6 +238,15 @@ def warm_start_tokenizer(model_args: Namespace, data_args: Namespace) -> None:
         log.info("data.tokenizer_path: the tokenizer of %s", init_from)
 
 
+def pretrained_tokenizer(model_args: Namespace, data_args: Namespace) -> None:
+    """A Hugging Face model (``model.init_args.pretrained``) reads its own tokenizer: an unset
+    ``data.init_args.tokenizer_path`` becomes ``hf:<the checkpoint directory>``."""
+    pretrained = getattr(model_args, "pretrained", None)
+    if pretrained and "tokenizer_path" in data_args and data_args.tokenizer_path is None:
+        data_args.tokenizer_path = f"hf:{pretrained}"
+        log.info("data.tokenizer_path: the tokenizer of %s", pretrained)
+
+
 class BPDCLI(LightningCLI):
     """LightningCLI with configs that build on others, a run folder per run and the model's vocabulary size
     linked from the data module's tokenizer."""
@@ -279,6 +288,7 @@ class BPDCLI(LightningCLI):
         drop_lr_monitor_without_logger(cfg.trainer)
         outputs_in_run_folder(cfg.trainer, cfg.run_dir)
         warm_start_tokenizer(cfg.model.init_args, cfg.data.init_args)
+        pretrained_tokenizer(cfg.model.init_args, cfg.data.init_args)
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         """The data module checks its data (``check_data(stage)``) first: a missing folder or split file, or files

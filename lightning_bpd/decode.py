@@ -27,7 +27,8 @@ from lightning_bpd.inference.arguments import add_draft_vocab_args, add_precisio
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd decode", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="checkpoint (.ckpt) of a translation run")
+    p.add_argument("--ckpt", required=True, help="checkpoint (.ckpt) of a translation run, or a folder of heads saved on their own "
+                        "(save_heads: heads.json names their Hugging Face base)")
     p.add_argument("--input", default="-", help="text file, one sentence per line (.gz allowed); - for stdin")
     p.add_argument("--output", default="-", help="where to write the translations; - for stdout")
     p.add_argument("--criterion", default="exact",

@@ -152,6 +152,7 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
             raise ValueError(f"chained_attn heads need n_heads * head_dim == d_model, got {self.n_heads} * "
                              f"{self.head_dim} != {config.d_model}")
         d, hidden = config.d_model, head_hidden or config.d_model
+        self.head_hidden = hidden
         self.chained_heads = head_type != "paper"
         if self.chained_heads:
             self.head: BlockwiseHead | ChainedHead = ChainedHead(d, hidden, k, source_attention=head_type == "chained_attn")
@@ -262,6 +263,10 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         out = self.decoder(input_ids=tgt_in, encoder_hidden_states=context.hidden,
                            encoder_attention_mask=context.valid.long(), use_cache=False)
         return out.last_hidden_state
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Training: sources (B, S) and teacher-forced decoder inputs (B, T) -> last decoder states (B, T, D)."""
+        return self.decode_full(tgt_in, self.encode(src))
 
     # ---- heads -------------------------------------------------------------------------------------
     def project(self, h: Tensor) -> Tensor:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lightning_bpd.nn.config import ModelConfig
 from lightning_bpd.nn.loss import LOSS_MODES, blockwise_loss, choose_heads, decoder_inputs, shifted_targets
@@ -41,7 +41,7 @@ class BlockwiseModule(pl.LightningModule):
 
     def __init__(
         self,
-        model_config: ModelConfig,
+        model_config: ModelConfig | None,
         loss_mode: str = "random",
         freeze_base: bool = False,
         init_from: str | None = None,
@@ -60,8 +60,14 @@ class BlockwiseModule(pl.LightningModule):
         head_targets: str = "data",
         detach_heads: str = "none",
         train_readout: bool = False,
+        model: nn.Module | None = None,
     ) -> None:
+        """``model``: a model built by the subclass (a pretrained one, e.g. :class:`~lightning_bpd.hf.HFSeq2SeqBlockwise`
+        with the same training interface) instead of a :class:`BlockwiseTransformer` of ``model_config``."""
         super().__init__()
+        if (model is None) == (model_config is None):
+            raise ValueError("BlockwiseModule takes a model_config or a built model, not both")
+        k = model.k if model is not None else model_config.k  # type: ignore[union-attr]
         if detach_heads not in DETACH_HEADS:
             raise ValueError(f"model.detach_heads must be one of {DETACH_HEADS}, got {detach_heads!r}")
         self.detach_heads = detach_heads
@@ -71,13 +77,13 @@ class BlockwiseModule(pl.LightningModule):
         if not 0.0 < loss_fraction <= 1.0:
             raise ValueError(f"model.loss_fraction must lie in (0, 1], got {loss_fraction}")
         self.loss_fraction = loss_fraction
-        if not 1 <= model_config.k <= MAX_K:
-            raise ValueError(f"model.k must lie in [1, {MAX_K}] (1 = the base model), got {model_config.k}")
+        if not 1 <= k <= MAX_K:
+            raise ValueError(f"model.k must lie in [1, {MAX_K}] (1 = the base model), got {k}")
         if loss_mode not in LOSS_MODES:
             raise ValueError(f"model.loss_mode must be one of {LOSS_MODES}, got {loss_mode!r}")
-        if freeze_base and init_from is None:
+        if freeze_base and init_from is None and model is None:
             raise ValueError("model.freeze_base needs model.init_from: a trained base checkpoint to freeze")
-        if freeze_base and model_config.k == 1:
+        if freeze_base and k == 1:
             raise ValueError("model.freeze_base with k=1 leaves nothing to train: set model.k >= 2")
         if train_readout and not freeze_base:
             raise ValueError("model.train_readout trains the base's readout beside an otherwise frozen base: set "
@@ -106,7 +112,7 @@ class BlockwiseModule(pl.LightningModule):
         self.head_loss_decay, self.base_lr_scale = head_loss_decay, base_lr_scale
         if lr <= 0 or warmup_steps < 0 or not 0 <= label_smoothing < 1:
             raise ValueError("model.lr must be > 0, model.warmup_steps >= 0 and model.label_smoothing in [0, 1)")
-        self.model = BlockwiseTransformer(model_config)
+        self.model = model if model is not None else BlockwiseTransformer(model_config)
         self.loss_mode, self.freeze, self.init_from = loss_mode, freeze_base, init_from
         self.lr, self.warmup_steps = lr, warmup_steps
         self.label_smoothing, self.weight_decay, self.seed = label_smoothing, weight_decay, seed
@@ -335,7 +341,7 @@ class BlockwiseModule(pl.LightningModule):
             self.log(f"train/head{i}_loss", out.head_loss[i], batch_size=n)
             self.log(f"train/head{i}_acc", out.head_acc[i], batch_size=n)
         self.log("train/tokens", (batch["tgt"] != self.model.pad_id).sum().float(), reduce_fx="sum", batch_size=n)
-        if self.model.prior is not None:  # the intensity prior's learned width, in intensity levels
+        if getattr(self.model, "prior", None) is not None:  # the intensity prior's learned width, in intensity levels
             self.log("train/prior_sigma", self.model.prior.sigma, batch_size=n)
         return out.loss
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -43,7 +43,9 @@ class TranslationDataModule(pl.LightningDataModule):
         vocab_size: SentencePiece vocabulary size (a soft limit on tiny corpora).
         tokenizer_type: ``unigram`` or ``bpe``.
         tokenizer_path: reuse this SentencePiece ``.model`` (or the one stored in a translation
-            ``.ckpt``, e.g. the base a warm start begins from) instead of training one.
+            ``.ckpt``, e.g. the base a warm start begins from) instead of training one; ``hf:<dir>``: the
+            tokenizer of a local Hugging Face checkpoint (its own ids; set from ``model.init_args.pretrained``
+            when unset).
         max_words: drop training pairs with more whitespace words than this on either side.
         max_tokens: token budget of a training batch (padded positions).
         eval_max_tokens: token budget of a validation/test batch.
@@ -140,7 +142,12 @@ class TranslationDataModule(pl.LightningDataModule):
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
-        """The joint SentencePiece tokenizer: loaded from ``tokenizer_path``, the cache, or trained now."""
+        """The joint SentencePiece tokenizer: loaded from ``tokenizer_path``, the cache, or trained now; or a Hugging
+        Face checkpoint's own (``tokenizer_path: hf:<dir>``, an :class:`HFTokenizer` with the same methods)."""
+        if self.tokenizer_path is not None and str(self.tokenizer_path).startswith("hf:"):
+            from lightning_bpd.tasks.translation.hf_tokenizer import HF_PREFIX, HFTokenizer
+
+            return HFTokenizer.load(str(self.tokenizer_path).removeprefix(HF_PREFIX))  # type: ignore[return-value]
         if self.tokenizer_path is not None:
             return Tokenizer.load(self.tokenizer_path)
         prefix = self.cache_dir / "tokenizers" / f"spm-{self.tokenizer_key()}"
@@ -174,7 +181,7 @@ class TranslationDataModule(pl.LightningDataModule):
         if split not in self.datasets:
             src, tgt = self.split_texts(split)
             tok = self.tokenizer
-            self.datasets[split] = TokenPairDataset(tok.encode_batch(src), tok.encode_batch(tgt))
+            self.datasets[split] = TokenPairDataset(tok.encode_batch(src), tok.encode_targets(tgt))
         return self.datasets[split]
 
     def setup(self, stage: str | None = None) -> None:
@@ -189,8 +196,9 @@ class TranslationDataModule(pl.LightningDataModule):
             ds.src_lengths, ds.tgt_lengths, self.max_tokens if shuffle else self.eval_max_tokens,
             shuffle=shuffle, seed=self.seed, drop_uneven=False, split_examples=not shuffle,
         )
+        collate = partial(collate_pairs, pad_id=self.tokenizer.pad_id, eos_id=self.tokenizer.eos_id)
         return (ResumableLoader if shuffle else DataLoader)(
-            ds, batch_sampler=sampler, collate_fn=collate_pairs, num_workers=self.num_workers,
+            ds, batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0, generator=torch.Generator().manual_seed(self.seed),
         )
 

@@ -183,6 +183,10 @@ class Tokenizer:
         """Encode many sentences (no BOS/EOS)."""
         return [list(ids) for ids in self._sp.EncodeAsIds(list(texts))]
 
+    def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
+        """Encode target sentences: :meth:`encode_batch` (one joint vocabulary)."""
+        return self.encode_batch(texts)
+
     def decode(self, ids: Iterable[int]) -> str:
         """Decode ids to text: stops at the first EOS and ignores PAD/BOS (accepts lists or 1-D tensors)."""
         kept: list[int] = []

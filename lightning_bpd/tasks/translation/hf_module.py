@@ -1,0 +1,216 @@
+"""Blockwise heads on a pretrained Hugging Face translation model: the LightningModule.
+
+:class:`HFTranslationModule` trains the heads of an :class:`~lightning_bpd.hf.HFSeq2SeqBlockwise` (a local
+``AutoModelForSeq2SeqLM`` checkpoint, ``pretrained``) with the shared blockwise training step
+(:class:`~lightning_bpd.tasks.blockwise_module.BlockwiseModule`): frozen base (only the heads train; the base's
+decoder states can be cached per example) or joint fine-tuning (``freeze_base: false``, ``base_lr_scale``).
+Text goes through the checkpoint's own tokenizer (:class:`~lightning_bpd.tasks.translation.hf_tokenizer.HFTokenizer`);
+decoding, ``decode --ckpt`` and DecodeEval work as for :class:`TranslationModule`.
+
+The checkpoint of a run names the base directory (``pretrained``, stored absolute) and holds every weight; the
+heads alone go out with :func:`save_heads` (``heads.safetensors`` + ``heads.json``) and come back on a base
+directory with :meth:`HFTranslationModule.from_heads` (``lightning_bpd.load_model(heads_dir, base=...)``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+
+from lightning_bpd.hf.base import HEAD_TYPES, HFSeq2SeqBlockwise, load_base
+from lightning_bpd.tasks.blockwise_module import MAX_K, BlockwiseModule
+from lightning_bpd.tasks.translation.hf_tokenizer import HFTokenizer
+from lightning_bpd.tasks.translation.module import TranslationModule
+
+__all__ = ["HEADS_JSON", "HEADS_WEIGHTS", "HFTranslationModule", "config_hash", "save_heads"]
+
+HEADS_JSON, HEADS_WEIGHTS = "heads.json", "heads.safetensors"
+PAD_MULTIPLE = 64  # a model's vocabulary may be its tokenizer's padded up to a multiple of this (T5: 32100 -> 32128)
+
+
+def check_vocabularies(path: str, tokenizer: HFTokenizer, model: HFSeq2SeqBlockwise) -> None:
+    """The tokenizer beside a checkpoint must index the model's vocabulary and share its pad and EOS ids."""
+    n, v = tokenizer.vocab_size, model.vocab_size
+    padded = n < v and v % PAD_MULTIPLE == 0 and v - n < 2 * PAD_MULTIPLE
+    if n != v and not padded:
+        raise ValueError(f"{path}: the tokenizer has {n} tokens but the model's vocabulary has {v} (vocab_size "
+                         "mismatch): the tokenizer beside the checkpoint must be the model's own")
+    if tokenizer.pad_id != model.pad_id:
+        raise ValueError(f"{path}: the tokenizer's pad id {tokenizer.pad_id} is not the model's {model.pad_id}")
+    if model.eos_id is not None and tokenizer.eos_id != model.eos_id:
+        raise ValueError(f"{path}: the tokenizer's EOS id {tokenizer.eos_id} is not the model's {model.eos_id}")
+
+
+def config_hash(model: HFSeq2SeqBlockwise) -> str:
+    """SHA-256 (16 hex digits) of the base's architecture config (names, dtypes and versions left out)."""
+    config = model.base.config.to_dict()
+    kept = {key: value for key, value in config.items()
+            if not key.startswith("_") and key not in ("transformers_version", "dtype", "torch_dtype", "name_or_path")}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def base_fingerprint(model: HFSeq2SeqBlockwise) -> str:
+    """SHA-256 (16 hex digits) of the base's output layer weights (float32): which trained base the heads read."""
+    weight = model.base.get_output_embeddings().weight.detach().float().cpu().contiguous()
+    return hashlib.sha256(weight.numpy().tobytes()).hexdigest()[:16]
+
+
+def head_dtype(model: HFSeq2SeqBlockwise) -> torch.dtype:
+    return model.base.get_output_embeddings().weight.dtype
+
+
+class HFTranslationModule(TranslationModule):
+    """Blockwise heads on a pretrained Hugging Face seq2seq translation model.
+
+    Args:
+        pretrained: a local checkpoint directory (``save_pretrained`` output with its tokenizer; never downloaded).
+        k: number of heads (2..16 with a frozen base; 1 = the base alone).
+        head_type: ``paper``, ``chained`` or ``chained_attn`` (chained heads that also attend to the source).
+        head_hidden: the head's hidden size (default: the base's d_model).
+        freeze_base: train only the heads (the base's weights stay bit-identical, its dropout off).
+        loss_mode, lr, warmup_steps, label_smoothing, weight_decay, seed, loss_fraction, head1_weight,
+        head_loss_decay, base_lr_scale, frozen_cache_gb, head_targets: as in :class:`TranslationModule`.
+        max_len_a, max_len_b: decoding stops after ``a * source_length + b`` tokens (at most the base's positions).
+    """
+
+    def __init__(
+        self,
+        pretrained: str | None = None,
+        k: int = 8,
+        head_type: str = "chained_attn",
+        head_hidden: int | None = None,
+        freeze_base: bool = True,
+        loss_mode: str = "random",
+        lr: float = 1e-3,
+        warmup_steps: int = 500,
+        label_smoothing: float = 0.1,
+        weight_decay: float = 0.0,
+        max_len_a: float = 1.5,
+        max_len_b: int = 10,
+        seed: int = 0,
+        loss_fraction: float = 1.0,
+        head1_weight: float = 0.0,
+        head_loss_decay: float = 1.0,
+        base_lr_scale: float = 1.0,
+        frozen_cache_gb: float = 4.0,
+        head_targets: str = "data",
+    ) -> None:
+        if pretrained is None:
+            raise ValueError("model.init_args.pretrained: give the directory of a local Hugging Face seq2seq checkpoint")
+        if not isinstance(k, int) or not 1 <= k <= MAX_K:
+            raise ValueError(f"model.k must lie in [1, {MAX_K}] (1 = the base model), got {k!r}")
+        if head_type not in HEAD_TYPES:
+            raise ValueError(f"model.head_type must be one of {HEAD_TYPES}, got {head_type!r}")
+        pretrained = os.path.abspath(os.fspath(pretrained))
+        model = load_base(pretrained, k=k, head_type=head_type, head_hidden=head_hidden, frozen=freeze_base)
+        tokenizer = HFTokenizer.load(pretrained)
+        check_vocabularies(pretrained, tokenizer, model)
+        BlockwiseModule.__init__(self, None, loss_mode, freeze_base, None, lr, warmup_steps, label_smoothing,
+                                 weight_decay, seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale,
+                                 frozen_cache_gb, head_targets=head_targets, model=model)
+        self.save_hyperparameters(ignore=["vocab_size"])  # the CLI's link from the data's tokenizer: not an option here
+        self.hparams.pretrained = pretrained  # absolute (the CLI hands the path as given): load_model from any folder
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self._tokenizer = tokenizer  # type: ignore[assignment]
+
+    # ---- tokenizer and checkpoints ------------------------------------------------------------------------
+    def on_fit_start(self) -> None:
+        """The data must be tokenized with the checkpoint's own tokenizer (``data.tokenizer_path: hf:<dir>``)."""
+        dm = getattr(self.trainer, "datamodule", None)
+        theirs = getattr(dm, "tokenizer", None)
+        if theirs is None:
+            return
+        ours = self.tokenizer
+        if (theirs.vocab_size, theirs.pad_id, theirs.eos_id) != (ours.vocab_size, ours.pad_id, ours.eos_id):
+            raise ValueError(f"the data's tokenizer ({theirs!r}) is not the checkpoint's own ({ours!r}): leave "
+                             f"data.init_args.tokenizer_path unset or set it to hf:{self.hparams.pretrained}")
+
+    def use_draft_vocab(self, counts: Tensor, size: int) -> None:
+        raise ValueError("a draft vocabulary is not supported on Hugging Face models")
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        BlockwiseModule.on_save_checkpoint(self, checkpoint)
+        checkpoint["hf_pretrained"] = self.hparams.pretrained
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The tokenizer is the checkpoint directory's (read in ``__init__``)."""
+
+    # ---- training ---------------------------------------------------------------------------------------
+    def ordinary_argmax(self, logits: Tensor) -> Tensor:
+        """The argmax of p_1's ``logits`` (..., V) over the tokenizer's ordinary tokens (special ones left out)."""
+        special = torch.tensor(sorted(self.tokenizer.special_ids), dtype=torch.long, device=logits.device)
+        return logits.index_fill(-1, special, float("-inf")).argmax(dim=-1)
+
+    # ---- decoding ---------------------------------------------------------------------------------------
+    def max_decode_len(self, src: Tensor) -> int:
+        """``a * longest source + b``, at most the base's decoder positions."""
+        length = super().max_decode_len(src)
+        positions = self.model.n_positions
+        return length if positions is None else min(length, positions)
+
+    # ---- heads on their own ----------------------------------------------------------------------------
+    @classmethod
+    def from_heads(cls, heads_dir: str | os.PathLike, base: str | os.PathLike | None = None,
+                   device: str | torch.device = "cpu") -> HFTranslationModule:
+        """The heads saved by :func:`save_heads` in ``heads_dir`` re-attached to ``base`` (a checkpoint directory;
+        default: the one named in ``heads.json``), in eval mode. ValueError if the base is not the one they
+        were trained on (architecture or output layer)."""
+        from safetensors.torch import load_file
+
+        folder = Path(heads_dir)
+        meta_path = folder / HEADS_JSON
+        if not meta_path.is_file():
+            raise ValueError(f"{folder}: no {HEADS_JSON} (a folder written by save_heads is expected)")
+        meta = json.loads(meta_path.read_text())
+        base_dir = os.fspath(base) if base is not None else meta["base"]
+        module = cls(base_dir, k=meta["k"], head_type=meta["head_type"], head_hidden=meta["head_hidden"],
+                     freeze_base=True, max_len_a=meta.get("max_len_a", 1.5), max_len_b=meta.get("max_len_b", 10))
+        model = module.model
+        if model.vocab_size != meta["vocab_size"] or config_hash(model) != meta["config_hash"]:
+            raise ValueError(f"{base_dir}: not the base the heads of {folder} were trained on (its config or "
+                             f"vocabulary differs from {meta['base']}'s)")
+        if base_fingerprint(model) != meta["base_fingerprint"]:
+            raise ValueError(f"{base_dir}: not the base the heads of {folder} were trained on (same architecture, "
+                             f"other weights than {meta['base']}'s)")
+        state = load_file(str(folder / HEADS_WEIGHTS))
+        model.head.load_state_dict({key: value.to(head_dtype(model)) for key, value in state.items()})
+        return module.to(device).eval()
+
+
+def save_heads(module_or_model: pl.LightningModule | HFSeq2SeqBlockwise, out_dir: str | os.PathLike) -> Path:
+    """Write the heads of an :class:`HFTranslationModule` (or of its :class:`HFSeq2SeqBlockwise`) on their own:
+    ``heads.safetensors`` (the head's weights only) and ``heads.json`` (k, head type and size, the base's
+    directory, config hash and output-layer fingerprint, vocabulary size, lightning_bpd version). Refused for a
+    fine-tuned base: its heads need that base (save the whole checkpoint)."""
+    from safetensors.torch import save_file
+
+    import lightning_bpd
+
+    model = getattr(module_or_model, "model", module_or_model)
+    if not isinstance(model, HFSeq2SeqBlockwise):
+        raise TypeError(f"save_heads takes an HFTranslationModule or an HFSeq2SeqBlockwise, got {type(model).__name__}")
+    if not model.frozen:
+        raise ValueError("the base was fine-tuned with the heads: the heads alone do not fit the pretrained base "
+                         "(keep the whole checkpoint)")
+    hparams = getattr(module_or_model, "hparams", {})
+    base = hparams.get("pretrained") or model.base.name_or_path
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {key: value.detach().cpu().contiguous() for key, value in model.head.state_dict().items()}
+    save_file(state, str(folder / HEADS_WEIGHTS), metadata={"format": "pt"})
+    meta = {"k": model.k, "head_type": model.head_type, "head_hidden": model.head_hidden, "base": base,
+            "model_type": model.base.config.model_type, "config_hash": config_hash(model),
+            "base_fingerprint": base_fingerprint(model), "vocab_size": model.vocab_size,
+            "dtype": str(head_dtype(model)).removeprefix("torch."), "lightning_bpd_version": lightning_bpd.__version__}
+    for key in ("max_len_a", "max_len_b"):
+        if key in hparams:
+            meta[key] = hparams[key]
+    (folder / HEADS_JSON).write_text(json.dumps(meta, indent=2) + "\n")
+    return folder

@@ -1,0 +1,200 @@
+"""The fit contract of Hugging Face models (issue 40): ``fit --config conf/hf/frozen_heads.yaml`` on a tiny random
+Marian and its own tokenizer, then ``load_model``, ``decode --ckpt``; heads saved on their own; bad input."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+import lightning_bpd
+from lightning_bpd.cli import CONF_DIR, main
+from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode, parse_criterion
+from lightning_bpd.tasks.translation.hf_module import HEADS_JSON, HFTranslationModule, save_heads
+from lightning_bpd.tasks.translation.hf_tokenizer import HFTokenizer
+from tests.hf.tiny_checkpoint import sentence_pairs, write_checkpoint, write_data, write_decoder_only
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+FAST = ["--trainer.max_steps=6", "--trainer.val_check_interval=6", "--trainer.logger=false",
+        "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false", "--decode_eval.subset=4",
+        "--decode_eval.batch_size=4", "--data.init_args.max_tokens=200", "--model.init_args.k=4",
+        "--model.init_args.warmup_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp("hf") / "marian")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return write_data(tmp_path_factory.mktemp("data") / "corpus")
+
+
+def base_state(module: HFTranslationModule) -> dict[str, torch.Tensor]:
+    return {key: value.clone() for key, value in module.model.base.state_dict().items()}
+
+
+def test_fit_then_load_model_and_decode(checkpoint, data, tmp_path, capsys):
+    """The contract other tools call: fit -> last.ckpt -> load_model (model, encode_sources, detokenize) -> decode."""
+    start = time.perf_counter()
+    run = tmp_path / "run"
+    logger = json.dumps({"class_path": "pytorch_lightning.loggers.CSVLogger", "init_args": {"save_dir": str(run)}})
+    cli = main(["fit", "--config", str(CONF_DIR / "hf" / "frozen_heads.yaml"), f"--model.init_args.pretrained={checkpoint}",
+                f"--data.init_args.root={data}", f"--run_dir={run}", *FAST, f"--trainer.logger={logger}"])
+    trained = cli.model
+    assert trained.global_step == 6
+    assert trained.frozen_states is not None and trained.frozen_states.hits > 0  # head steps skipped the base
+    fresh = HFTranslationModule(str(checkpoint), k=4)
+    assert all(torch.equal(value, trained.model.base.state_dict()[key]) for key, value in base_state(fresh).items())
+    assert any(not torch.equal(a, b) for a, b in zip(fresh.model.head.parameters(), trained.model.head.parameters()))
+
+    module = lightning_bpd.load_model(run / "last.ckpt")
+    assert isinstance(module, HFTranslationModule) and module.model.k == 4
+    assert module.model.head_type == "chained_attn"
+    sentences = [en for en, _ in sentence_pairs(3, seed=9)]
+    src = module.encode_sources(sentences)  # (3, S): the checkpoint's own ids, EOS appended, padded with its pad
+    assert (src == module.model.eos_id).sum(dim=1).tolist() == [1, 1, 1]
+    assert module.detokenize([row.tolist() for row in src]) == sentences  # EOS ends each row, pads are left out
+    greedy = greedy_decode(module.model, src, module.max_decode_len(src))
+    exact = blockwise_decode(module.model, src, Exact(), module.max_decode_len(src))
+    assert exact.sequences() == greedy.sequences()
+
+    (tmp_path / "in.en").write_text("\n".join(sentences) + "\n")
+    capsys.readouterr()
+    main(["decode", "--ckpt", str(run / "last.ckpt"), "--input", str(tmp_path / "in.en"), "--criterion", "exact",
+          "--device", "cpu"])
+    out = capsys.readouterr()
+    assert out.out.splitlines() == module.detokenize(greedy.sequences())
+    assert "mean_accepted_block_size" in out.err
+    assert time.perf_counter() - start < 60
+
+    moved = tmp_path / "moved"
+    checkpoint.rename(moved)  # the base directory has moved since the run: load_model(ckpt, base=) finds it
+    try:
+        with pytest.raises(ValueError, match="not a directory"):
+            lightning_bpd.load_model(run / "last.ckpt")
+        again = lightning_bpd.load_model(run / "last.ckpt", base=moved)
+        assert again.hparams.pretrained == str(moved)
+        assert all(torch.equal(a, b) for a, b in zip(again.model.state_dict().values(), module.model.state_dict().values()))
+    finally:
+        moved.rename(checkpoint)
+
+
+def test_finetune_config_trains_the_base(checkpoint, data, tmp_path):
+    cli = main(["fit", "--config", str(CONF_DIR / "hf" / "finetune.yaml"), f"--model.init_args.pretrained={checkpoint}",
+                f"--data.init_args.root={data}", f"--run_dir={tmp_path / 'run'}", *FAST,
+                "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--model.init_args.head_targets=own"])
+    fresh = HFTranslationModule(str(checkpoint), k=4)
+    trained = cli.model.model.base.state_dict()
+    assert any(not torch.equal(value, trained[key]) for key, value in base_state(fresh).items())
+    with pytest.raises(ValueError, match="fine-tuned"):
+        save_heads(cli.model, tmp_path / "heads")
+
+
+def scrambled(checkpoint: Path, head_type: str) -> HFTranslationModule:
+    module = HFTranslationModule(str(checkpoint), k=3, head_type=head_type, head_hidden=24).eval()
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in module.model.head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return module
+
+
+@pytest.mark.parametrize("head_type", ["paper", "chained", "chained_attn"])
+def test_heads_saved_on_their_own_come_back_identical(checkpoint, tmp_path, head_type):
+    module = scrambled(checkpoint, head_type)
+    folder = save_heads(module, tmp_path / "heads")
+    assert sorted(p.name for p in folder.iterdir()) == [HEADS_JSON, "heads.safetensors"]
+    back = lightning_bpd.load_model(folder)  # the base directory named in heads.json
+    again = lightning_bpd.load_model(folder, base=checkpoint)  # or another path to it
+    assert isinstance(back, HFTranslationModule) and back.model.k == 3 and back.model.head_hidden == 24
+    src = module.encode_sources([en for en, _ in sentence_pairs(4, seed=3)])
+    ctx = module.model.encode(src)
+    tgt_in = torch.cat([torch.full((4, 1), module.model.bos_id), src[:, :5].clamp(min=3)], dim=1)
+    h = module.model.decode_full(tgt_in, ctx)
+    prev = torch.randint(3, 40, (4, 6, 2), generator=torch.Generator().manual_seed(1))
+    source = module.model.chain_source(ctx)
+    expected = module.model.logits_heads(h, None, prev, source)
+    for other in (back, again):
+        assert torch.equal(other.model.logits_heads(h, None, prev, source), expected)
+        n = module.max_decode_len(src)
+        for rule in (Exact(), parse_criterion("top2")):
+            assert blockwise_decode(other.model, src, rule, n).sequences() == blockwise_decode(module.model, src, rule,
+                                                                                              n).sequences()
+
+
+def test_decode_reads_heads_saved_on_their_own(checkpoint, tmp_path, capsys):
+    module = scrambled(checkpoint, "chained_attn")
+    folder = save_heads(module, tmp_path / "heads")
+    sentences = [en for en, _ in sentence_pairs(3, seed=4)]
+    (tmp_path / "in.en").write_text("\n".join(sentences) + "\n")
+    capsys.readouterr()
+    main(["decode", "--ckpt", str(folder), "--input", str(tmp_path / "in.en"), "--criterion", "top2", "--device", "cpu"])
+    src = module.encode_sources(sentences)
+    expected = blockwise_decode(module.model, src, parse_criterion("top2"), module.max_decode_len(src)).sequences()
+    assert capsys.readouterr().out.splitlines() == module.detokenize(expected)
+
+
+def test_heads_refuse_another_base(checkpoint, tmp_path):
+    folder = save_heads(scrambled(checkpoint, "chained"), tmp_path / "heads")
+    other = write_checkpoint(tmp_path / "other", seed=1)
+    with pytest.raises(ValueError, match="not the base the heads"):
+        lightning_bpd.load_model(folder, base=other)
+
+
+def one_line(err: pytest.ExceptionInfo) -> str:
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_bad_checkpoints_are_one_clear_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="not a Hugging Face checkpoint") as err:
+        HFTranslationModule(str(tmp_path / "empty"))
+    one_line(err)
+    with pytest.raises(ValueError, match="decoder-only") as err:
+        HFTranslationModule(str(write_decoder_only(tmp_path / "gpt2")))
+    one_line(err)
+    with pytest.raises(ValueError, match="no tokenizer beside the checkpoint") as err:
+        HFTranslationModule(str(write_checkpoint(tmp_path / "bare", tokenizer=False)))
+    one_line(err)
+    with pytest.raises(ValueError, match="vocab_size mismatch") as err:
+        HFTranslationModule(str(write_checkpoint(tmp_path / "bigger", vocab_extra=5)))
+    one_line(err)
+
+
+@pytest.mark.parametrize("k", [0, 17])
+def test_k_out_of_range(checkpoint, k):
+    with pytest.raises(ValueError, match=r"model.k must lie in \[1, 16\]") as err:
+        HFTranslationModule(str(checkpoint), k=k)
+    one_line(err)
+
+
+def test_a_bad_pretrained_path_in_fit_is_one_error_line(data, tmp_path):
+    with pytest.raises(SystemExit, match="^error: .*not a directory"):
+        main(["fit", "--config", str(CONF_DIR / "hf" / "frozen_heads.yaml"),
+              f"--model.init_args.pretrained={tmp_path / 'missing'}", f"--data.init_args.root={data}",
+              f"--run_dir={tmp_path / 'run'}", *FAST])
+
+
+def test_the_data_reads_the_checkpoints_own_ids(checkpoint, data):
+    from lightning_bpd.tasks.translation import TranslationDataModule
+
+    dm = TranslationDataModule(root=str(data), tokenizer_path=f"hf:{checkpoint}", max_tokens=200)
+    assert isinstance(dm.tokenizer, HFTokenizer)
+    batch = next(iter(dm.val_dataloader()))
+    tok = dm.tokenizer
+    rows = batch["tgt"].tolist()
+    assert all(row.count(tok.eos_id) == 1 for row in rows)
+    targets = dm.split_texts("val")[1]
+    assert dm.tokenizer.decode_batch(rows) == [targets[i] for i in batch["index"].tolist()]
+    assert (batch["src"] == tok.pad_id).any()  # padded with the checkpoint's pad id (2), not ours (0)
