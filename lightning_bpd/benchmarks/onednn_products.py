@@ -1,6 +1,6 @@
 """Float32 products of a few rows: MKL's ``F.linear`` against oneDNN's packed weights (:mod:`lightning_bpd.kernels.onednn`).
 
-    python -m lightning_bpd.benchmarks.onednn_products --out results/onednn_products.json [--note TEXT]
+    python -m lightning_bpd.benchmarks.onednn_products --out results/runtime/onednn_products.json [--note TEXT]
 
 For each weight shape (in -> out) and row count (1, 2, 4, 8, 16, 32), times ``F.linear`` and
 :class:`~lightning_bpd.kernels.onednn.PackedLinear` on ``--threads`` threads (median of many calls after a
@@ -167,7 +167,7 @@ def measure_shape(d_in: int, d_out: int, threads: int, budget_s: float, g: torch
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="results/onednn_products.json", help="write the record here")
+    p.add_argument("--out", default="results/runtime/onednn_products.json", help="write the record here")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the timings")
     p.add_argument("--budget", type=float, default=0.6, help="seconds of timed calls per (shape, rows) cell")
     p.add_argument("--note", default="", help="free text stored in the record (e.g. the machine's load)")

@@ -23,7 +23,7 @@ Measured on these CPUs (AMD EPYC, family 25 model 17 = Zen 4, AVX-512; torch 2.1
 * A hint of 1 packs the weight in the plain ``ab`` layout; oneDNN then runs an AVX2 kernel for 1 row
   and an AVX-512 one for more: not invariant at any shape, and slower. :func:`pack` refuses it.
 
-It is also cheap for several rows (``results/onednn_products.json``, 1 thread, taken beside another
+It is also cheap for several rows (``results/runtime/onednn_products.json``, 1 thread; first taken beside another
 job, so noisy; ranges over three runs):
 256 -> 8000 costs 0.19-0.37 ms for 1 row and 0.56-0.71 for 8 (``F.linear``: 0.29-0.77 and 1.14-1.48;
 MKL's products are slow on this AMD CPU); 512 -> 58101 costs 7.4-11.9 and 7.8-8.4 ms (``F.linear``:
