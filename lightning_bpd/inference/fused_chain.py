@@ -35,12 +35,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_bpd.kernels import int8
 from lightning_bpd.kernels.int8 import int8_linear, pack_int8
-from lightning_bpd.nn import argmax
+from lightning_bpd.nn import argmax, pixel_neighbours
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
+from lightning_bpd.nn.intensity_prior import RESERVED
 from lightning_bpd.nn.lean_step import column_layouts, layout_linear, script
 
 TABLE_BUDGET = 512 * 2**20  # bytes of token tables above which the token's terms are multiplied instead
@@ -60,52 +62,95 @@ def pick(logits: Tensor, ids: Tensor | None) -> Tensor:
     return best if ids is None else ids[best]
 
 
+def image_link_input(z: Tensor, carried: Tensor, token: Tensor, i: int, k: int, n: int, slots: list[list[int]],
+                     readers: list[Tensor], features: Tensor, offset: int, half: float) -> tuple[Tensor, Tensor]:
+    """An own-centre image link's input, as :meth:`~lightning_bpd.nn.model.BlockwiseTransformer.chain_link` makes it:
+    with pixel neighbours (``n`` > 0) the previous head's ``token`` (b,) fills its ``slots[i - 1]`` of ``carried``
+    (b, k + 2 k n; value slots from coordinate k) and link i's reader (``readers[4 (i - 1) ..]``: w0, b0, w2, b2)
+    shifts z (b, D); then z is tagged with head i's centre (``IntensityPrior.tag``). -> (z, carried)."""
+    if n > 0:
+        slots_i = slots[i - 1]
+        if len(slots_i) > 0:  # PixelNeighbours.fill of the previous head's token
+            token_u = ((token - offset).to(features.dtype) - half) / half
+            new = token_u[..., None].to(carried.dtype).clamp(-1, 1)
+            carried = carried.clone()
+            for slot in slots_i:
+                column = carried[..., k + slot : k + slot + 1]
+                column.copy_(torch.where(column == 8.0, new, column))
+        c = carried[..., k:]  # PixelNeighbours.shift (its features without the pending check)
+        rest = k * n
+        value, under = c[..., i * n : (i + 1) * n], c[..., rest + i * n : rest + (i + 1) * n]
+        own = carried[..., i][..., None].to(value.dtype)
+        units = 127.5 / 16
+        feats = torch.cat([(value - under) * units, (under - own) * units, own], dim=-1)
+        r = 4 * (i - 1)
+        h = torch.relu(F.linear(feats, readers[r], readers[r + 1]))
+        z = z + F.linear(h, readers[r + 2], readers[r + 3]).to(z.dtype)
+    centre = carried[..., i].to(z.dtype)  # IntensityPrior.tag
+    z = torch.cat([z[..., :-2], torch.stack([centre, torch.full_like(centre, -0.5)], dim=-1)], dim=-1)
+    return z, carried
+
+
 def chain_links(z: Tensor, token: Tensor, links: int, zq_t: list[Tensor], zq_b: list[Tensor], tables: list[Tensor],
                 c_t: list[Tensor], out_t: list[Tensor], out_b: list[Tensor], hidden: int, keys_t: Tensor,
-                values: Tensor, mask: Tensor, heads: int, weight: Tensor, bias: Tensor | None, ids: Tensor | None,
-                by_columns: list[bool]) -> Tensor:
-    """``links`` float32 links with token tables, each followed by its proposal's argmax, as
-    :meth:`FusedChain.step` and :meth:`~lightning_bpd.nn.model.BlockwiseTransformer.chain_drafts` compute them:
-    tokens (b, links). ``keys_t`` is empty without source attention; ``weight`` (N, D) and ``bias`` the
-    projection rows, ``ids`` (N,) their token ids (None: the rows are the vocabulary); ``by_columns``: the
-    projection's layout (:func:`~lightning_bpd.nn.lean_step.column_layouts`)."""
+                values: Tensor, mask: Tensor, heads: int,
+                packed: list[torch.classes.quantized.LinearPackedParamsBase],
+                weight: Tensor, bias: Tensor | None, ids: Tensor | None, by_columns: list[bool],
+                projection: list[torch.classes.quantized.LinearPackedParamsBase],
+                carried: Tensor, k: int, n: int, slots: list[list[int]], readers: list[Tensor], features: Tensor,
+                offset: int, half: float, adapt_w: Tensor, adapt_b: Tensor) -> Tensor:
+    """``links`` fused links from head 1's state z (b, D) and its token (b,), each followed by its proposal, as
+    :meth:`FusedChain.step` and the link-by-link proposals compute them: the tokens of heads 2..links+1 (b, links).
+    The one whole-chain path; its variants are parameters:
+
+    - the cell: ``zq_t`` / ``zq_b`` / ``tables`` / ``c_t`` / ``out_t`` / ``out_b`` (:class:`FusedLink`;
+      ``keys_t`` empty without source attention); with ``packed`` (3 int8 weights per link: zq, c, out, biases
+      inside) the cell's products are int8 instead;
+    - the proposal: the argmax over the projection rows ``weight`` (N, D), ``bias``, token ids ``ids`` (None: the
+      rows are the vocabulary) in the layout ``by_columns`` (:func:`~lightning_bpd.nn.lean_step.column_layouts`),
+      or over the int8 ``projection`` (one packed weight) when given;
+    - own-centre Gaussian image heads (``carried`` non-empty: what head 1's state carries, (b, k [+ 2 k n])):
+      each link's input is made by :func:`image_link_input` and its token is the intensity nearest the Gaussian's
+      mean (``adapt_w`` (2, D - 2), ``adapt_b``; ids from ``offset``, ``half`` = (levels - 1) / 2), no projection.
+    """
     out: list[Tensor] = []
+    image = carried.numel() > 0
+    eight = len(packed) > 0
     for i in range(links):
-        zq = torch.addmm(zq_b[i], z, zq_t[i]) + tables[i].index_select(0, token)  # (b, H [+ D])
+        if image:
+            z, carried = image_link_input(z, carried, token, i + 1, k, n, slots, readers, features, offset, half)
+        if eight:
+            zq = torch.ops.quantized.linear_dynamic(z, packed[3 * i], True) + tables[i].index_select(0, token)
+        else:
+            zq = torch.addmm(zq_b[i], z, zq_t[i]) + tables[i].index_select(0, token)  # (b, H [+ D])
         if keys_t.numel() == 0:
             a = zq.relu_()
         else:
-            c = source_read(zq[:, hidden:], keys_t, values, mask, heads)
-            a = torch.addmm(zq[:, :hidden], c, c_t[i]).relu_()
-        z = torch.addmm(z + out_b[i], a, out_t[i])  # (b, D)
-        token = pick(layout_linear(z, weight, bias, by_columns), ids)  # logits (b, N)
-        out.append(token)
-    return torch.stack(out, dim=1)
-
-
-def chain_links_int8(z: Tensor, token: Tensor, links: int, zq: list[torch.classes.quantized.LinearPackedParamsBase],
-                     tables: list[Tensor], c: list[torch.classes.quantized.LinearPackedParamsBase],
-                     out_w: list[torch.classes.quantized.LinearPackedParamsBase], hidden: int, keys_t: Tensor,
-                     values: Tensor, mask: Tensor, heads: int, projection: torch.classes.quantized.LinearPackedParamsBase,
-                     ids: Tensor | None) -> Tensor:
-    """:func:`chain_links` with int8 links (:meth:`FusedChain.pack`) and an int8 projection (biases inside)."""
-    out: list[Tensor] = []
-    for i in range(links):
-        zq_i = torch.ops.quantized.linear_dynamic(z, zq[i], True) + tables[i].index_select(0, token)
-        if keys_t.numel() == 0:
-            a = zq_i.relu_()
+            read = source_read(zq[:, hidden:], keys_t, values, mask, heads)
+            if eight:
+                a = (zq[:, :hidden] + torch.ops.quantized.linear_dynamic(read, packed[3 * i + 1], True)).relu_()
+            else:
+                a = torch.addmm(zq[:, :hidden], read, c_t[i]).relu_()
+        if eight:
+            z = z + torch.ops.quantized.linear_dynamic(a, packed[3 * i + 2], True)
         else:
-            read = source_read(zq_i[:, hidden:], keys_t, values, mask, heads)
-            a = (zq_i[:, :hidden] + torch.ops.quantized.linear_dynamic(read, c[i], True)).relu_()
-        z = z + torch.ops.quantized.linear_dynamic(a, out_w[i], True)
-        token = pick(torch.ops.quantized.linear_dynamic(z, projection, True), ids)
+            z = torch.addmm(z + out_b[i], a, out_t[i])  # (b, D)
+        if image:  # IntensityPrior.nearest
+            delta = F.linear(z[..., :-2], adapt_w.to(z.dtype), adapt_b.to(z.dtype))[..., 0]
+            level = torch.ceil((carried[..., i + 1].to(z.dtype) + delta) * half + half - 0.5)
+            token = level.clamp(0, 2 * half).long() + offset
+        elif len(projection) > 0:
+            token = pick(torch.ops.quantized.linear_dynamic(z, projection[0], True), ids)
+        else:
+            token = pick(layout_linear(z, weight, bias, by_columns), ids)  # logits (b, N)
         out.append(token)
     return torch.stack(out, dim=1)
 
 
 assert argmax.SMALL == 4096, "pick spells lightning_bpd.nn.argmax's SMALL out"
-chain_links_scripted = script(chain_links)
-chain_links_int8_scripted = script(chain_links_int8) if int8.available() else chain_links_int8
+assert pixel_neighbours.PENDING == 8.0 and pixel_neighbours.UNITS == 127.5 / 16 and RESERVED == 2, \
+    "image_link_input spells PENDING, UNITS and RESERVED out"
+chain_links_scripted = script(chain_links) if int8.available() else chain_links
 
 
 @dataclass
@@ -214,22 +259,29 @@ class FusedChain:
                 bias: Tensor | None, ids: Tensor | None, projection: object = None) -> Tensor | None:
         """Heads 2..k's argmax tokens (b, k - 1) from head 1's state z (b, D) and token ``first`` (b,), over the
         projection rows ``weight`` (N, D) (token ids ``ids``, or the whole vocabulary; int8 links: the rows
-        packed in int8, ``projection``), all links in one TorchScript call (:func:`chain_links`,
-        :func:`chain_links_int8`); None where it does not apply (no token tables, a dtype other than float32
+        packed in int8, ``projection``), all links in one TorchScript call (:func:`chain_links`); None where it does not apply (no token tables, a dtype other than float32
         or float64): the caller goes link by link."""
         if k < 2 or self.links[0].tok_table is None or z.dtype not in (torch.float32, torch.float64):
             return None
-        links = self.links[: k - 1]
+        return self.run(z, first, k - 1, source, weight, bias, ids, [] if projection is None else [projection])
+
+    def run(self, z: Tensor, first: Tensor, links: int, source: ChainSource | None, weight: Tensor,
+            bias: Tensor | None, ids: Tensor | None, projection: list, image: tuple | None = None) -> Tensor:
+        """:func:`chain_links` over the first ``links`` links (``image``: the own-centre image parameters
+        ``(carried, k, n, slots, readers, features, offset, half, adapt_w, adapt_b)``)."""
+        chosen = self.links[:links]
         keys_t, values, mask, heads = self.source_parts(source)
-        if self.int8:
-            return chain_links_int8_scripted(
-                z, first, k - 1, [x.int8["zq"] for x in links], [x.tok_table for x in links],
-                [x.int8.get("c", x.int8["zq"]) for x in links], [x.int8["out"] for x in links], self.hidden, keys_t,
-                values, mask, heads, projection, ids)
-        return chain_links_scripted(z, first, k - 1, [x.zq_t for x in links], [x.zq_b for x in links],
-                                    [x.tok_table for x in links], [x.c_t if x.c_t is not None else z for x in links],
-                                    [x.out_t for x in links], [x.out_b for x in links], self.hidden, keys_t, values,
-                                    mask, heads, weight, bias, ids, column_layouts(z))
+        packed = [w for x in chosen for w in (x.int8["zq"], x.int8.get("c", x.int8["zq"]), x.int8["out"])] \
+            if self.int8 else []
+        empty = z.new_zeros(0)
+        carried, k, n, slots, readers, features, offset, half, adapt_w, adapt_b = image or (
+            empty, 0, 0, [], [], empty, 0, 0.0, empty, empty)
+        return chain_links_scripted(z, first, links, [x.zq_t for x in chosen], [x.zq_b for x in chosen],
+                                    [x.tok_table for x in chosen],
+                                    [x.c_t if x.c_t is not None else x.zq_t for x in chosen],
+                                    [x.out_t for x in chosen], [x.out_b for x in chosen], self.hidden, keys_t, values,
+                                    mask, heads, packed, weight, bias, ids, column_layouts(z), projection, carried, k,
+                                    n, slots, readers, features, offset, half, adapt_w, adapt_b)
 
     def source_parts(self, source: ChainSource | None) -> tuple[Tensor, Tensor, Tensor, int]:
         """What the scripted chains read of the source: the laid-out keys, values, mask and head count; without

@@ -8,7 +8,7 @@ makes everything it needs there, once:
 - a copy of the heads and the output projection in the proposal precision (``proposal_precision``; int8: a
   float32 copy whose chain links and projection multiply in int8, :class:`ProposalPath`);
 - the fused chain links (:class:`~lightning_bpd.inference.fused_chain.FusedChain`, ``fused_chain``), and for own-centre
-  Gaussian image heads the whole chain in one TorchScript call (:mod:`~lightning_bpd.inference.image_chain`);
+  Gaussian image heads the whole chain in the same TorchScript call (:func:`~lightning_bpd.inference.fused_chain.chain_links`);
 - the int8 screen of the vocabulary for greedy's argmax (``screened_argmax``,
   :mod:`~lightning_bpd.inference.screened_argmax`).
 
@@ -25,7 +25,6 @@ import torch
 from torch import Tensor, nn
 
 from lightning_bpd.inference.fused_chain import FusedChain
-from lightning_bpd.inference.image_chain import image_chain_links_scripted
 from lightning_bpd.inference.precision import parse_precision
 from lightning_bpd.inference.screened_argmax import ScreenedArgmax
 from lightning_bpd.kernels.int8 import available as int8_available
@@ -223,16 +222,12 @@ class Proposer:
         if fused.links[0].tok_table is None:
             return None
         z, carried = model.image.split_centres(h)
-        links = fused.links[: k - 1]
-        keys_t, values, mask, heads = fused.source_parts(source)
         reader = model.image.neighbours
         readers = [] if reader is None else [t for link in reader.links[: k - 1]
                                              for t in (link[0].weight, link[0].bias, link[2].weight, link[2].bias)]
         prior = model.prior
         shift = model.image.head_shift() or (prior.adapt.weight, prior.adapt.bias)
-        return image_chain_links_scripted(
-            z.to(weight.dtype), carried, first, k - 1, model.k, [x.zq_t for x in links], [x.zq_b for x in links],
-            [x.tok_table for x in links], [x.c_t if x.c_t is not None else x.zq_t for x in links],  # type: ignore[misc]
-            [x.out_t for x in links], [x.out_b for x in links], fused.hidden, keys_t, values, mask, heads,
-            0 if reader is None else reader.n, [] if reader is None else [list(s) for s in reader.slots], readers,
-            prior.features, prior.offset, prior.half, *shift)
+        image = (carried, model.k, 0 if reader is None else reader.n,
+                 [] if reader is None else [list(s) for s in reader.slots], readers, prior.features, prior.offset,
+                 prior.half, *shift)
+        return fused.run(z.to(weight.dtype), first, k - 1, source, weight, None, None, [], image)

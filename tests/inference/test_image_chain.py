@@ -1,4 +1,4 @@
-"""The whole image chain in one call (:mod:`lightning_bpd.inference.image_chain`) against the link-by-link reference."""
+"""The whole image chain in one call (:func:`lightning_bpd.inference.fused_chain.chain_links`) against the link-by-link reference."""
 
 import pytest
 import torch

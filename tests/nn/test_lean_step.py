@@ -146,6 +146,5 @@ def test_the_lean_functions_compile():
     from lightning_bpd.inference import fused_chain
     from lightning_bpd.nn import lean_step
 
-    for fn in (lean_step.lean_decoder_step, lean_step.lean_encoder, fused_chain.chain_links_scripted,
-               fused_chain.chain_links_int8_scripted):
+    for fn in (lean_step.lean_decoder_step, lean_step.lean_encoder, fused_chain.chain_links_scripted):
         assert isinstance(fn, torch.jit.ScriptFunction), fn
