@@ -70,6 +70,28 @@ def write_checkpoint(folder: Path, tokenizer: bool = True, vocab_extra: int = 0,
     return folder
 
 
+def write_pad_last_checkpoint(folder: Path, seed: int = 0) -> Path:
+    """A tiny random Marian laid out as opus-mt is: ``<pad>`` is the last id (and starts the decoder, banned from the
+    output), as CTranslate2's Marian converter expects (it drops the last vocabulary row and starts from zeros)."""
+    words = list(dict.fromkeys(["</s>", "<unk>", *EN, *DE, "<pad>"]))
+    pad = len(words) - 1
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", EOS)])
+    torch.manual_seed(seed)
+    config = MarianConfig(vocab_size=len(words), d_model=32, encoder_layers=2, decoder_layers=2,
+                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                          max_position_embeddings=64, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                          pad_token_id=pad, eos_token_id=EOS, decoder_start_token_id=pad, forced_eos_token_id=None,
+                          share_encoder_decoder_embeddings=True)
+    model = MarianMTModel(config).eval()
+    model.generation_config.bad_words_ids = [[pad]]
+    model.save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>", pad_token="<pad>").save_pretrained(
+        folder)
+    return folder
+
+
 def write_decoder_only(folder: Path) -> Path:
     """A tiny GPT-2 (decoder-only) checkpoint with the same tokenizer."""
     tok = tiny_tokenizer()

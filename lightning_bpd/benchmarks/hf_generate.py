@@ -1,0 +1,362 @@
+"""Our blockwise decoding of a Hugging Face heads checkpoint against the base's own ``generate``.
+
+    python -m lightning_bpd.benchmarks.hf_generate --ckpt runs/opus-heads/last.ckpt --input newstest.en \\
+        --batch-sizes 1 32 --inputs 100 --precision float32-packed --json results/hf_generate.json \\
+        [--peers ctranslate2]
+
+Three ways to decode the same sentences with the same checkpoint (a run of
+:class:`~lightning_bpd.tasks.translation.hf_module.HFTranslationModule`, or a heads folder of ``save_heads``):
+
+- ``hf_generate``: the base's own ``generate``, greedy (``num_beams=1, do_sample=False``);
+- ``hf_prompt_lookup``: ``generate`` assisted by prompt lookup (``prompt_lookup_num_tokens``): candidate tokens
+  copied from an earlier occurrence of the last n-gram, verified by the base in one pass. For an encoder-decoder
+  transformers looks the n-grams up in the decoder's own output so far (the ``input_ids`` of its assisted loop),
+  not in the source sentence. Assisted generation takes one row only (transformers 5.x: "assisted generate is only
+  supported for batch_size = 1"): at a larger batch size the method is tried once, untimed, and recorded as
+  ``skipped`` with transformers' message;
+- ``exact``: our blockwise decoding with the heads and exact acceptance, through the inference runtime at
+  ``--precision`` (default: as trained, float32).
+
+``generate`` always runs the base as loaded (its own modules, float32 for a float32 checkpoint) with a greedy
+generation config built here: the checkpoint's decoder start, EOS and pad ids and its single-token bad words (the
+ones our model masks too), nothing else (no forced EOS, no minimum length, no repetition rules), ``min_length=0``
+and ``max_new_tokens`` = the module's ``max_decode_len`` of the batch (our limit too). Every output is compared
+without the decoder start token and cut after its first EOS, as our outputs are.
+
+Batches alternate between the methods (each batch is decoded by every method in turn), after ``--warmup`` untimed
+batches. Per batch size and method: seconds per input (median and interquartile range over batches), seconds,
+tokens, tokens per second, ms per output token, the number of sentences and of those whose output differs from
+``hf_generate``'s (``differs_from_hf_generate``, expected 0 for ``exact`` in float32 and for prompt lookup, which
+is lossless for greedy up to rounding), and for every other method ``exact_speedup``: its seconds over ours
+(``exact``'s ``speedup_over`` lists them all).
+
+``--peers ctranslate2`` also converts the base (its directory, or the fine-tuned weights saved to a temporary one)
+with CTranslate2's ``TransformersConverter`` and times its greedy decoding (float32 and int8 by default,
+``--ct2-quantizations``) of the same sentences, each batch in one ``translate_batch`` call (ragged, no forced
+lengths). Without the ``ctranslate2`` package the peer is skipped with a message (``pip install ctranslate2``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_bpd.benchmarks.ctranslate2_peer import PeerUnavailableError, ct2_device, quiet_transformers, require
+from lightning_bpd.checkpoints import load_model
+from lightning_bpd.decoding import Exact, blockwise_decode
+from lightning_bpd.evaluation import batched, load_inputs, timed
+from lightning_bpd.inference import build_runtime
+from lightning_bpd.inference.arguments import add_precision_arg, options_from_args
+from lightning_bpd.records import write_json
+
+GENERATE, LOOKUP, OURS = "hf_generate", "hf_prompt_lookup", "exact"
+METHODS = (GENERATE, LOOKUP, OURS)
+CT2_HINT = "pip install ctranslate2"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lightning_bpd.benchmarks.hf_generate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", required=True, help="checkpoint of a Hugging Face heads run, or a save_heads folder")
+    p.add_argument("--base", default=None, help="the base directory, if it moved since the run (load_model's base=)")
+    p.add_argument("--input", required=True, help="source sentences, one per line (.gz allowed)")
+    p.add_argument("--inputs", type=int, default=100, help="number of sentences decoded per batch size")
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
+    p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
+    p.add_argument("--k", type=int, default=None, help="heads used by our exact decoding (default: all)")
+    p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="generate's prompt_lookup_num_tokens")
+    p.add_argument("--max-matching-ngram", type=int, default=2, help="generate's max_matching_ngram_size")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_precision_arg(p)
+    p.add_argument("--peers", nargs="*", default=[], choices=["ctranslate2"],
+                   help=f"also time CTranslate2 greedy decoding of the converted base ({CT2_HINT})")
+    p.add_argument("--ct2-quantizations", nargs="+", default=["float32", "int8"],
+                   help="CTranslate2 conversions to time (float32 = none; int8, int8_float32, float16, ...)")
+    p.add_argument("--json", default=None, help="write the record here")
+    return p
+
+
+# ---- outputs ------------------------------------------------------------------------------------------------
+def cut(rows: Sequence[Sequence[int]], eos: int | None) -> list[list[int]]:
+    """Each row up to and including its first EOS."""
+    out = []
+    for row in rows:
+        row = list(row)
+        out.append(row[: row.index(eos) + 1] if eos is not None and eos in row else row)
+    return out
+
+
+def differing(got: Sequence[Sequence[int]], want: Sequence[Sequence[int]]) -> list[int]:
+    """Indices of the rows where ``got`` and ``want`` differ."""
+    return [i for i, (a, b) in enumerate(zip(got, want, strict=True)) if list(a) != list(b)]
+
+
+# ---- Hugging Face generate ------------------------------------------------------------------------------------
+def greedy_config(model, max_len: int, lookup_tokens: int | None = None, max_ngram: int = 2):
+    """A plain greedy ``GenerationConfig`` for ``model``'s base (see the module docstring); with ``lookup_tokens``,
+    assisted by prompt lookup."""
+    from transformers import GenerationConfig
+
+    banned = [[int(t)] for t in model.banned.tolist()]
+    config = GenerationConfig(decoder_start_token_id=model.bos_id, eos_token_id=model.eos_id, pad_token_id=model.pad_id,
+                              bad_words_ids=banned or None, num_beams=1, do_sample=False, max_new_tokens=max_len,
+                              min_length=0)
+    if lookup_tokens is not None:
+        config.prompt_lookup_num_tokens = lookup_tokens
+        config.max_matching_ngram_size = max_ngram
+    return config
+
+
+def hf_generate(model, src: Tensor, max_len: int, lookup_tokens: int | None = None,
+                max_ngram: int = 2) -> list[list[int]]:
+    """``model.base.generate`` of (B, S) pad-padded sources, greedy (or assisted by prompt lookup): each row without
+    its decoder start token and cut after its first EOS."""
+    config = greedy_config(model, max_len, lookup_tokens, max_ngram)
+    with torch.no_grad(), quiet_transformers():
+        out = model.base.generate(input_ids=src, attention_mask=(src != model.pad_id).long(), generation_config=config)
+    if not bool((out[:, 0] == model.bos_id).all()):
+        raise RuntimeError("generate's output does not start with the decoder start token")
+    return cut(out[:, 1:].tolist(), model.eos_id)
+
+
+def ours(runtime, k: int | None):
+    """Our exact blockwise decoding as a method: ``(src, max_len) -> (sequences, iterations, model_calls)``."""
+
+    def run(src: Tensor, max_len: int) -> tuple[list[list[int]], int, int]:
+        with torch.no_grad():
+            result = blockwise_decode(runtime, src, Exact(), max_len, k=k)
+        return result.sequences(), int(result.iterations.sum()), int(result.model_calls)
+
+    return run
+
+
+# ---- CTranslate2 ------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def base_directory(module) -> Iterator[Path]:
+    """A directory holding the base exactly as the module decodes it, with its tokenizer: the pretrained directory
+    of a frozen base; a fine-tuned base saved with ``save_pretrained`` beside a copy of the tokenizer otherwise."""
+    pretrained = Path(module.hparams.pretrained)
+    if module.model.frozen:
+        yield pretrained
+        return
+    with tempfile.TemporaryDirectory(prefix="lightning_bpd_hfbase_") as tmp:
+        with quiet_transformers():
+            module.model.base.save_pretrained(tmp)
+            module.tokenizer.hf.save_pretrained(tmp)
+        for extra in pretrained.glob("*.spm"):  # Marian's sentencepiece models, which its tokenizer reads
+            if not (Path(tmp) / extra.name).exists():
+                shutil.copy(extra, tmp)
+        yield Path(tmp)
+
+
+@dataclass
+class CT2Translator:
+    """One CTranslate2 conversion of the base and the tokenizer that maps ids to its tokens."""
+
+    name: str
+    translator: Any
+    tokenizer: Any  # the checkpoint's Hugging Face tokenizer
+    pad_id: int
+    eos_id: int | None
+
+    def __call__(self, src: Tensor, max_len: int) -> list[list[int]]:
+        sources = [self.tokenizer.convert_ids_to_tokens([i for i in row if i != self.pad_id]) for row in src.tolist()]
+        results = self.translator.translate_batch(sources, beam_size=1, max_decoding_length=max_len,
+                                                  min_decoding_length=0, return_end_token=True, max_input_length=0)
+        rows = [self.tokenizer.convert_tokens_to_ids(r.hypotheses[0]) for r in results]
+        return cut(rows, self.eos_id)
+
+
+def build_ct2(module, quantizations: Sequence[str], device: str) -> tuple[list[CT2Translator], dict[str, Any]]:
+    """The CTranslate2 conversions of the module's base (raises :class:`PeerUnavailableError` without the package)."""
+    try:
+        require("ctranslate2")
+    except PeerUnavailableError:
+        raise PeerUnavailableError(f"the ctranslate2 package is not installed ({CT2_HINT})") from None
+    import ctranslate2
+
+    model = module.model
+    ct2_dev = ct2_device(device)
+    peers = []
+    with base_directory(module) as base, tempfile.TemporaryDirectory(prefix="lightning_bpd_ct2_") as tmp:
+        for quantization in quantizations:
+            out = Path(tmp) / quantization
+            with quiet_transformers():
+                ctranslate2.converters.TransformersConverter(str(base)).convert(
+                    str(out), quantization=None if quantization == "float32" else quantization)
+            translator = ctranslate2.Translator(str(out), device=ct2_dev, intra_threads=torch.get_num_threads(),
+                                                inter_threads=1)
+            peers.append(CT2Translator(f"ctranslate2_{quantization}", translator, module.tokenizer.hf, model.pad_id,
+                                       model.eos_id))
+    info = {"ctranslate2_version": ctranslate2.__version__, "device": ct2_dev, "intra_threads": torch.get_num_threads(),
+            "converted_from": "the base directory" if model.frozen else "the fine-tuned base (saved)",
+            "quantizations": list(quantizations)}
+    return peers, info
+
+
+# ---- the benchmark ----------------------------------------------------------------------------------------------
+@dataclass
+class Tally:
+    """One method's timings and outputs over the batches of one batch size."""
+
+    per_input: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    tokens: int = 0
+    iterations: int = 0
+    model_calls: int = 0
+    outputs: list[list[int]] = field(default_factory=list)
+
+    def add(self, outputs: list[list[int]], seconds: float, iterations: int = 0, model_calls: int = 0) -> None:
+        self.per_input.append(seconds / len(outputs))
+        self.seconds += seconds
+        self.tokens += sum(len(o) for o in outputs)
+        self.iterations += iterations
+        self.model_calls += model_calls
+        self.outputs += outputs
+
+    def report(self) -> dict[str, Any]:
+        secs = sorted(self.per_input)
+        q = statistics.quantiles(secs, n=4) if len(secs) > 1 else [secs[0]] * 3
+        return {"sentences": len(self.outputs), "seconds": self.seconds, "tokens": self.tokens,
+                "seconds_per_input_median": statistics.median(secs), "seconds_per_input_iqr": [q[0], q[2]],
+                "tokens_per_second": self.tokens / max(self.seconds, 1e-9),
+                "ms_per_output_token": 1000 * self.seconds / max(1, self.tokens)}
+
+
+def lookup_refusal(model, src: Tensor, max_len: int, args: argparse.Namespace) -> str | None:
+    """None if ``generate`` takes prompt lookup at this batch (one untimed try), else transformers' message."""
+    try:
+        hf_generate(model, src, max_len, args.prompt_lookup_tokens, args.max_matching_ngram)
+    except ValueError as err:
+        return str(err).strip().splitlines()[0]
+    return None
+
+
+def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, args: argparse.Namespace,
+                     peers: Sequence[CT2Translator] = ()) -> dict[str, Any]:
+    """Every method (and peer) on every batch of ``batch_size``, alternating: the report of each."""
+    model = module.model
+    batches = batched(module, inputs, batch_size)
+    refused = lookup_refusal(model, batches[0].src, batches[0].max_len, args)
+    methods: dict[str, Any] = {
+        GENERATE: lambda src, n: hf_generate(model, src, n),
+        LOOKUP: lambda src, n: hf_generate(model, src, n, args.prompt_lookup_tokens, args.max_matching_ngram),
+        OURS: ours(runtime, args.k),
+    }
+    if refused is not None:
+        del methods[LOOKUP]
+    for peer in peers:
+        methods[peer.name] = peer
+    device = batches[0].src.device
+    for batch in batches[: args.warmup]:
+        for method in methods.values():
+            method(batch.src, batch.max_len)
+    tallies = {name: Tally() for name in methods}
+    for batch in batches:
+        for name, method in methods.items():
+            out, seconds = timed(device, method, batch.src, batch.max_len)
+            if name == OURS:
+                out, iterations, calls = out
+                tallies[name].add(out, seconds, iterations, calls)
+            else:
+                tallies[name].add(out, seconds)
+    greedy = tallies[GENERATE].outputs
+    report: dict[str, Any] = {}
+    for name, tally in tallies.items():
+        r = report[name] = tally.report()
+        if name != GENERATE:
+            rows = differing(tally.outputs, greedy)
+            r["differs_from_hf_generate"] = len(rows)
+            r["differing_sentences"] = rows[:10]
+    mine = report[OURS]
+    mine["mean_accepted_block_size"] = tallies[OURS].tokens / max(1, tallies[OURS].iterations)
+    mine["iterations"], mine["model_calls"] = tallies[OURS].iterations, tallies[OURS].model_calls
+    mine["speedup_over"] = {}
+    for name, r in report.items():
+        if name != OURS:
+            r["exact_speedup"] = r["seconds"] / max(mine["seconds"], 1e-9)
+            mine["speedup_over"][name] = r["exact_speedup"]
+    if refused is not None:
+        report[LOOKUP] = {"skipped": f"transformers refuses prompt lookup at batch size {batch_size}: {refused}"}
+    return {name: report[name] for name in [*METHODS, *(peer.name for peer in peers)]}
+
+
+def check_hf(module, ckpt: str) -> None:
+    from lightning_bpd.hf.base import HFSeq2SeqBlockwise
+
+    if not isinstance(getattr(module, "model", None), HFSeq2SeqBlockwise):
+        raise TypeError(f"{ckpt}: not a Hugging Face heads checkpoint ({type(module).__name__}); this benchmark "
+                         "compares with transformers' generate: use python -m lightning_bpd bench for other checkpoints")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from lightning_bpd.bench import device_name
+
+    args = build_parser().parse_args(argv)
+    if any(b < 1 for b in args.batch_sizes) or min(args.inputs, args.prompt_lookup_tokens, args.max_matching_ngram) < 1:
+        sys.exit("hf_generate: --batch-sizes, --inputs, --prompt-lookup-tokens and --max-matching-ngram must be >= 1")
+    if args.warmup < 0:
+        sys.exit("hf_generate: --warmup must be >= 0")
+    try:
+        options = options_from_args(args)
+        module = load_model(args.ckpt, args.device, base=args.base)
+        check_hf(module, args.ckpt)
+        if next(module.model.base.parameters()).dtype != torch.float32:
+            print(f"hf_generate: the base is {next(module.model.base.parameters()).dtype}: generate runs it so",
+                  file=sys.stderr)
+        runtime = build_runtime(module.model, options)
+        if args.k is not None and not 1 <= args.k <= module.model.k:
+            raise ValueError(f"--k must lie in [1, {module.model.k}] (the checkpoint's heads), got {args.k}")
+        inputs = load_inputs(module, args)
+        if not inputs:
+            raise ValueError(f"{args.input}: no sentences")
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        sys.exit(f"hf_generate: {str(err).strip().splitlines()[0]}")
+    peers: list[CT2Translator] = []
+    result: dict[str, Any] = {
+        "ckpt": args.ckpt, "base": module.hparams.get("pretrained"), "model_type": module.model.base.config.model_type,
+        "k": args.k or module.model.k, "head_type": module.model.head_type, "device": str(module.device),
+        "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(inputs),
+        "precision": runtime.precision, "generate_dtype": str(next(module.model.base.parameters()).dtype),
+        "methods": list(METHODS), "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
+        "max_matching_ngram_size": args.max_matching_ngram, "max_new_tokens": "the module's max_decode_len of each batch",
+        "transformers_version": __import__("transformers").__version__, "batch_sizes": {}}
+    if "ctranslate2" in args.peers:
+        try:
+            peers, result["peers"] = build_ct2(module, args.ct2_quantizations, args.device)
+        except PeerUnavailableError as err:
+            print(f"hf_generate: CTranslate2 peer skipped: {err}", file=sys.stderr)
+            result["peers"] = {"skipped": str(err)}
+        except (ValueError, RuntimeError, NotImplementedError, KeyError, OSError) as err:  # a conversion refused
+            sys.exit(f"hf_generate: CTranslate2 conversion failed: {str(err).strip().splitlines()[0]}")
+    print(f"device: {result['device_name']}; ours = exact blockwise decoding at precision {runtime.precision}; "
+          "x ours = the method's seconds over ours; differ = sentences whose output differs from hf_generate's")
+    print(f"{'batch':>5s} {'method':22s} {'s/input':>9s} {'tok/s':>8s} {'ms/tok':>7s} {'x ours':>7s} {'differ':>7s}")
+    for bs in args.batch_sizes:
+        report = bench_batch_size(module, runtime, inputs, bs, args, peers)
+        result["batch_sizes"][str(bs)] = report
+        for name, r in report.items():
+            if "skipped" in r:
+                print(f"{bs:5d} {name:22s} skipped: {r['skipped']}", flush=True)
+                continue
+            speed = f"{r['exact_speedup']:7.2f}" if "exact_speedup" in r else f"{'':>7s}"
+            print(f"{bs:5d} {name:22s} {r['seconds_per_input_median']:9.4f} {r['tokens_per_second']:8.1f} "
+                  f"{r['ms_per_output_token']:7.3f} {speed} {r.get('differs_from_hf_generate', ''):>7}", flush=True)
+    if args.json:
+        write_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

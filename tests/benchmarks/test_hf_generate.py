@@ -1,0 +1,153 @@
+"""``python -m lightning_bpd.benchmarks.hf_generate``: our exact decoding of a tiny Hugging Face heads checkpoint
+against the base's greedy ``generate`` and prompt-lookup ``generate`` (and CTranslate2, when installed)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from lightning_bpd.benchmarks.hf_generate import GENERATE, LOOKUP, METHODS, OURS, cut, hf_generate
+from lightning_bpd.benchmarks.hf_generate import main as hf_bench
+from lightning_bpd.decoding import greedy_decode
+from lightning_bpd.kernels import int8
+from lightning_bpd.tasks.translation.hf_module import HFTranslationModule, save_heads
+from tests.hf.tiny_checkpoint import sentence_pairs, write_checkpoint, write_pad_last_checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+N = 7  # sentences: batches of 3 leave a ragged last one
+
+
+def heads_folder(root, checkpoint):
+    """A k=3 heads folder (save_heads) on ``checkpoint``, with randomized heads, and a source file of N sentences."""
+    module = HFTranslationModule(str(checkpoint), k=3, head_type="paper", max_len_a=1.0, max_len_b=6).eval()
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in module.model.head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    save_heads(module, root / "heads")
+    (root / "src.en").write_text("\n".join(en for en, _ in sentence_pairs(N, seed=4)) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hfgen")
+    return heads_folder(root, write_checkpoint(root / "marian"))
+
+
+def run(root, *extra: str) -> dict:
+    out = root / "record.json"
+    result = hf_bench(["--ckpt", str(root / "heads"), "--input", str(root / "src.en"), "--batch-sizes", "1", "3",
+                       "--inputs", str(N), "--warmup", "1", "--device", "cpu", "--json", str(out), *extra])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    return result
+
+
+def test_the_record_has_the_three_methods_on_the_same_sentences(tiny, capsys):
+    result = run(tiny, "--prompt-lookup-tokens", "4")
+    assert result["methods"] == list(METHODS) and result["inputs"] == N and result["precision"] == "float32"
+    assert result["prompt_lookup_num_tokens"] == 4 and result["generate_dtype"] == "torch.float32"
+    one, three = result["batch_sizes"]["1"], result["batch_sizes"]["3"]
+    assert list(one) == list(METHODS)
+    for report in (one, three):
+        ran = {name: r for name, r in report.items() if "skipped" not in r}
+        assert {r["sentences"] for r in ran.values()} == {N}
+        mine = ran[OURS]
+        assert set(mine["speedup_over"]) == set(ran) - {OURS}
+        for name, r in ran.items():
+            assert r["ms_per_output_token"] == pytest.approx(1000 * r["seconds"] / r["tokens"])
+            assert r["tokens_per_second"] == pytest.approx(r["tokens"] / r["seconds"])
+            if name != OURS:
+                assert r["exact_speedup"] == pytest.approx(r["seconds"] / mine["seconds"])
+                assert mine["speedup_over"][name] == r["exact_speedup"]
+            if name != GENERATE:
+                assert r["differs_from_hf_generate"] == len(r["differing_sentences"])
+        # exact decoding in float32 is greedy = generate's greedy: same sentences, same tokens
+        assert mine["differs_from_hf_generate"] == 0 and mine["tokens"] == ran[GENERATE]["tokens"]
+        assert mine["model_calls"] > 0 and mine["mean_accepted_block_size"] >= 1
+    # prompt lookup is lossless for greedy: the tiny model's outputs are generate's
+    assert one[LOOKUP]["differs_from_hf_generate"] == 0
+    # transformers' assisted generation takes one row only: recorded, not timed, at batch 3
+    assert "batch_size = 1" in three[LOOKUP]["skipped"] and list(three[LOOKUP]) == ["skipped"]
+    table = capsys.readouterr().out
+    assert "hf_prompt_lookup" in table and "skipped" in table
+
+
+def test_generate_outputs_are_cut_like_ours(tiny):
+    """Without the decoder start token, cut after the first EOS: greedy_decode's sequences, row by row."""
+    module = HFTranslationModule.from_heads(tiny / "heads")
+    src = module.encode_sources([en for en, _ in sentence_pairs(4, seed=2)])
+    n = module.max_decode_len(src)
+    assert hf_generate(module.model, src, n) == greedy_decode(module.model, src, n).sequences()
+    assert cut([[5, 0, 7, 0], [5, 6], [0, 2]], 0) == [[5, 0], [5, 6], [0]]
+
+
+@pytest.mark.skipif(not int8.available(), reason="needs torch's fbgemm/x86 quantized engine")
+def test_an_int8_runtime_is_compared_too(tiny):
+    result = hf_bench(["--ckpt", str(tiny / "heads"), "--input", str(tiny / "src.en"), "--batch-sizes", "3",
+                       "--inputs", str(N), "--warmup", "0", "--device", "cpu", "--precision", "int8"])
+    mine = result["batch_sizes"]["3"][OURS]
+    assert result["precision"] == "int8" and mine["sentences"] == N
+    assert 0 <= mine["differs_from_hf_generate"] <= N  # int8 products against float32 generate: counted, not assumed
+
+
+def one_line_exit(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as err:
+        hf_bench(argv)
+    message = str(err.value)
+    assert message.startswith("hf_generate: ") and "\n" not in message
+    return message
+
+
+def test_bad_input_is_one_error_line(tiny, tmp_path, capsys):
+    from lightning_bpd.tasks.translation.module import TranslationModule
+    from lightning_bpd.tasks.translation.tokenizer import Tokenizer
+
+    common = ["--input", str(tiny / "src.en"), "--device", "cpu"]
+    assert "unknown precision" in one_line_exit(capsys, ["--ckpt", str(tiny / "heads"), "--precision", "int9", *common])
+    assert "no checkpoint" in one_line_exit(capsys, ["--ckpt", str(tmp_path / "missing.ckpt"), *common])
+    assert "must be >= 1" in one_line_exit(capsys, ["--ckpt", str(tiny / "heads"), "--batch-sizes", "0", *common])
+    assert "--k must lie in [1, 3]" in one_line_exit(capsys, ["--ckpt", str(tiny / "heads"), "--k", "4", *common])
+    # a checkpoint of our own Transformer: no generate to compare with
+    corpus = [f"{en} {w}" for en, _ in sentence_pairs(20, seed=1) for w in ("one", "two")]
+    tok = Tokenizer.train(corpus, tmp_path / "spm", vocab_size=40)
+    module = TranslationModule(vocab_size=tok.vocab_size, d_model=16, n_heads=2, n_encoder_layers=1,
+                               n_decoder_layers=1, d_ff=32, k=2, head_hidden=16)
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+                "pytorch-lightning_version": pl.__version__, "tokenizer_proto": tok.to_bytes(),
+                "lightning_bpd_class": "lightning_bpd.tasks.translation.module.TranslationModule"}, tmp_path / "own.ckpt")
+    message = one_line_exit(capsys, ["--ckpt", str(tmp_path / "own.ckpt"), *common])
+    assert "not a Hugging Face heads checkpoint" in message and "lightning_bpd bench" in message
+
+
+def test_without_ctranslate2_the_peer_is_skipped_with_a_message(tiny, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 raises ImportError
+    result = hf_bench(["--ckpt", str(tiny / "heads"), "--input", str(tiny / "src.en"), "--batch-sizes", "3",
+                       "--inputs", "3", "--warmup", "0", "--device", "cpu", "--peers", "ctranslate2"])
+    assert "pip install ctranslate2" in result["peers"]["skipped"]
+    assert list(result["batch_sizes"]["3"]) == list(METHODS)
+    assert "CTranslate2 peer skipped" in capsys.readouterr().err
+
+
+def test_ctranslate2_greedy_of_the_converted_base(tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    root = heads_folder(tmp_path, write_pad_last_checkpoint(tmp_path / "marian"))
+    result = run(root, "--peers", "ctranslate2", "--ct2-quantizations", "float32")
+    assert result["peers"]["ctranslate2_version"] == ctranslate2.__version__
+    assert result["peers"]["converted_from"] == "the base directory"
+    for bs in ("1", "3"):
+        report = result["batch_sizes"][bs]
+        assert list(report) == [*METHODS, "ctranslate2_float32"]
+        peer = report["ctranslate2_float32"]
+        assert peer["sentences"] == N and peer["exact_speedup"] > 0
+        assert report[OURS]["speedup_over"]["ctranslate2_float32"] == peer["exact_speedup"]
+        assert peer["differs_from_hf_generate"] == 0  # the same base, greedy, in float32
+        assert report[OURS]["differs_from_hf_generate"] == 0
