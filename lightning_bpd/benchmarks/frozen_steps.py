@@ -2,6 +2,8 @@
 
     python -m lightning_bpd.benchmarks.frozen_steps --ckpt runs/m30k-base/last.ckpt \\
         --data-root ../shared/data/translation/multi30k --k 8 --head-type chained --batches 20 --json out.json
+    python -m lightning_bpd.benchmarks.frozen_steps --pretrained <HF checkpoint dir> \\
+        --data-root ../shared/data/translation/multi30k --k 8 --head-type chained_attn --json out.json
 
 Stage 2 with a frozen base trains only the head, so the base's decoder states of an example never
 change (:class:`~lightning_bpd.tasks.frozen_states.FrozenStates`). This times full training steps
@@ -39,6 +41,18 @@ def build_module(ckpt: str, vocab: int, args: argparse.Namespace, cache_gb: floa
     return module.train()
 
 
+def build_hf_module(pretrained: str, args: argparse.Namespace, cache_gb: float, frozen: bool = True):
+    """The same three variants on a Hugging Face base (:class:`~lightning_bpd.tasks.translation.hf_module.
+    HFTranslationModule`): heads on the frozen base, or the base fine-tuned with them."""
+    from lightning_bpd.tasks.translation.hf_module import HFTranslationModule
+
+    torch.manual_seed(0)  # the same heads in every variant
+    module = HFTranslationModule(pretrained=pretrained, k=args.k, head_type=args.head_type,
+                                 head_hidden=args.head_hidden, freeze_base=frozen, loss_mode="mean",
+                                 loss_fraction=args.loss_fraction, frozen_cache_gb=cache_gb if frozen else 0.0)
+    return module.train()
+
+
 def seconds_per_step(module: TranslationModule, batches: list[dict], optimizer: torch.optim.Optimizer) -> float:
     start = time.perf_counter()
     for i, batch in enumerate(batches):
@@ -52,7 +66,9 @@ def seconds_per_step(module: TranslationModule, batches: list[dict], optimizer: 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd.benchmarks.frozen_steps", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="a stage-1 (base) translation checkpoint")
+    base = p.add_mutually_exclusive_group(required=True)
+    base.add_argument("--ckpt", help="a stage-1 (base) translation checkpoint of ours")
+    base.add_argument("--pretrained", help="or a Hugging Face seq2seq checkpoint directory (with its tokenizer)")
     p.add_argument("--data-root", required=True, help="the training corpus")
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--head-type", default="paper", choices=list(HEAD_TYPES))
@@ -64,13 +80,19 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    data = TranslationDataModule(root=args.data_root, tokenizer_path=args.ckpt, max_tokens=args.max_tokens)
+    tokenizer = f"hf:{args.pretrained}" if args.pretrained else args.ckpt
+    data = TranslationDataModule(root=args.data_root, tokenizer_path=tokenizer, max_tokens=args.max_tokens)
     data.setup("fit")
     loader = iter(data.train_dataloader())
     batches = [next(loader) for _ in range(args.batches)]
-    variants = {"fine-tuned": build_module(args.ckpt, data.vocab_size, args, 0.0, frozen=False),
-                "recomputed": build_module(args.ckpt, data.vocab_size, args, 0.0),
-                "cached": build_module(args.ckpt, data.vocab_size, args, 4.0)}
+    if args.pretrained:
+        variants = {"fine-tuned": build_hf_module(args.pretrained, args, 0.0, frozen=False),
+                    "recomputed": build_hf_module(args.pretrained, args, 0.0),
+                    "cached": build_hf_module(args.pretrained, args, 4.0)}
+    else:
+        variants = {"fine-tuned": build_module(args.ckpt, data.vocab_size, args, 0.0, frozen=False),
+                    "recomputed": build_module(args.ckpt, data.vocab_size, args, 0.0),
+                    "cached": build_module(args.ckpt, data.vocab_size, args, 4.0)}
     optimizers = {name: torch.optim.AdamW([q for q in m.parameters() if q.requires_grad], lr=1e-4)
                   for name, m in variants.items()}
     with torch.no_grad():  # fill the cache: what the first epoch does
@@ -80,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     for _ in range(args.repeats):
         for name, module in variants.items():
             times[name].append(seconds_per_step(module, batches, optimizers[name]))
-    result = {"ckpt": args.ckpt, "data_root": args.data_root, "k": args.k, "head_type": args.head_type,
+    result = {"ckpt": args.ckpt, "pretrained": args.pretrained, "data_root": args.data_root, "k": args.k, "head_type": args.head_type,
               "loss_fraction": args.loss_fraction, "max_tokens": args.max_tokens, "threads": torch.get_num_threads(),
               "batches": args.batches, "repeats": args.repeats}
     for name, values in times.items():

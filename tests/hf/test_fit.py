@@ -198,3 +198,22 @@ def test_the_data_reads_the_checkpoints_own_ids(checkpoint, data):
     targets = dm.split_texts("val")[1]
     assert dm.tokenizer.decode_batch(rows) == [targets[i] for i in batch["index"].tolist()]
     assert (batch["src"] == tok.pad_id).any()  # padded with the checkpoint's pad id (2), not ours (0)
+
+
+def test_frozen_steps_benchmark_on_a_hf_base(tmp_path):
+    """``frozen_steps --pretrained``: the three variants (fine-tuned base, frozen base recomputed, frozen base read
+    from the state cache) of a HF base train on the same batches and are timed into the record."""
+    import json
+
+    from lightning_bpd.benchmarks.frozen_steps import main as frozen_steps
+    from tests.hf.tiny_checkpoint import write_checkpoint, write_data
+
+    base = write_checkpoint(tmp_path / "base")
+    data = write_data(tmp_path / "data")
+    out = tmp_path / "frozen.json"
+    result = frozen_steps(["--pretrained", str(base), "--data-root", str(data), "--k", "3", "--head-type", "chained",
+                           "--head-hidden", "16", "--max-tokens", "200", "--batches", "2", "--repeats", "1",
+                           "--json", str(out)])
+    assert json.loads(out.read_text())["pretrained"] == str(base)
+    for variant in ("fine-tuned", "recomputed", "cached"):
+        assert result[variant]["steps_per_minute"] > 0
