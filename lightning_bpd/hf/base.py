@@ -167,6 +167,9 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         self.frozen = frozen
         if frozen:
             base.requires_grad_(False)
+        elif config.model_type == "marian":  # sinusoidal tables: fixed (save_pretrained leaves them out)
+            for table in (self.decoder.embed_positions, base.get_encoder().embed_positions):
+                table.requires_grad_(False)
 
     @property
     def decoder(self) -> nn.Module:
