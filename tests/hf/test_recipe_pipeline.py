@@ -44,6 +44,8 @@ def test_make_base_train_export_distill_heads(tmp_path):
     cli = main(["fit", "--config", str(CONF_DIR / "hf" / "base_scratch.yaml"), f"--model.init_args.pretrained={init}",
                 f"--data.init_args.root={data}", f"--run_dir={base_run}", *FAST])
     assert cli.model.global_step == 3 and cli.model.model.k == 1
+    assert cli.model.model.banned.tolist() == [2]  # Marian's pad ban: decoding only, the loss stays finite
+    assert torch.isfinite(cli.trainer.callback_metrics["val/loss"])
     assert all(p.requires_grad != ("embed_positions" in name) for name, p in cli.model.model.base.named_parameters())
     trained = {key: value.clone() for key, value in cli.model.model.base.state_dict().items()}
     assert any(not torch.equal(value, trained[key]) for key, value in model.state_dict().items())

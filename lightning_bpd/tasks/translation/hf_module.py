@@ -147,6 +147,12 @@ class HFTranslationModule(TranslationModule):
         """The tokenizer is the checkpoint directory's (read in ``__init__``)."""
 
     # ---- training ---------------------------------------------------------------------------------------
+    def blockwise_step(self, *args: Any, **kwargs: Any):
+        """The teacher-forced loss without ``generate``'s token bans (Marian's pad at -inf would make the
+        label-smoothed loss inf); decoding keeps them."""
+        with self.model.unbanned():
+            return super().blockwise_step(*args, **kwargs)
+
     def ordinary_argmax(self, logits: Tensor) -> Tensor:
         """The argmax of p_1's ``logits`` (..., V) over the tokenizer's ordinary tokens (special ones left out)."""
         special = torch.tensor(sorted(self.tokenizer.special_ids), dtype=torch.long, device=logits.device)
