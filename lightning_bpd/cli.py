@@ -52,6 +52,8 @@ COMMANDS = {
     "bench": "time greedy against blockwise decoding of a checkpoint (table and JSON)",
     "distill": "beam-decode a training corpus with a teacher (sequence-level distillation), sharded, resumable",
     "human-eval": "export side-by-side image pairs for raters (export) and score their answers (analyze)",
+    "make-base": "a fresh random Marian base and its own BPE tokenizer (a Hugging Face directory) from a corpus",
+    "export-base": "the trained base of a Hugging Face run as a Hugging Face directory (save_pretrained)",
     "recipe": "run a whole pipeline from conf/recipes/<name>.yaml (stages resumable; --dry-run prints them)",
 }
 
@@ -61,11 +63,13 @@ PLAIN_COMMANDS = {
     "bench": "lightning_bpd.bench",
     "distill": "lightning_bpd.distill",
     "human-eval": "lightning_bpd.human_eval",
+    "make-base": "lightning_bpd.hf.make_base",
+    "export-base": "lightning_bpd.hf.export_base",
     "recipe": "lightning_bpd.recipe",
 }
 
 USAGE = "usage: python -m lightning_bpd {" + ",".join(COMMANDS) + "} [options]\n\n" + "\n".join(
-    f"  {name:9s} {text}" for name, text in COMMANDS.items()
+    f"  {name:11s} {text}" for name, text in COMMANDS.items()
 ) + (
     "\n\nExamples:\n"
     "  python -m lightning_bpd fit\n"
@@ -287,8 +291,8 @@ class BPDCLI(LightningCLI):
         check_ckpt_path(cfg.get("ckpt_path"))
         drop_lr_monitor_without_logger(cfg.trainer)
         outputs_in_run_folder(cfg.trainer, cfg.run_dir)
-        warm_start_tokenizer(cfg.model.init_args, cfg.data.init_args)
-        pretrained_tokenizer(cfg.model.init_args, cfg.data.init_args)
+        pretrained_tokenizer(cfg.model.init_args, cfg.data.init_args)  # first: an HF run warm-started (init_from)
+        warm_start_tokenizer(cfg.model.init_args, cfg.data.init_args)  # still reads its checkpoint's own tokenizer
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         """The data module checks its data (``check_data(stage)``) first: a missing folder or split file, or files

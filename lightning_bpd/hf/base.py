@@ -26,7 +26,8 @@ decoding of p_1; turn them off there to compare.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -164,9 +165,13 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         bad = getattr(base.generation_config, "bad_words_ids", None) or []
         self.register_buffer("banned", torch.tensor([w[0] for w in bad if len(w) == 1], dtype=torch.long,
                                                     device=weight.device), persistent=False)
+        self.ban_tokens = True  # False inside unbanned()
         self.frozen = frozen
         if frozen:
             base.requires_grad_(False)
+        elif config.model_type == "marian":  # sinusoidal tables: fixed (save_pretrained leaves them out)
+            for table in (self.decoder.embed_positions, base.get_encoder().embed_positions):
+                table.requires_grad_(False)
 
     @property
     def decoder(self) -> nn.Module:
@@ -277,9 +282,18 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         bias = getattr(self.base, "final_logits_bias", None)
         if bias is not None:
             logits = logits + bias
-        if self.banned.numel():
+        if self.ban_tokens and self.banned.numel():
             logits = logits.index_fill(-1, self.banned, float("-inf"))
         return logits
+
+    @contextmanager
+    def unbanned(self) -> Iterator[None]:
+        """Banned tokens keep their logits (the training loss: a -inf logit makes a label-smoothed loss inf)."""
+        before, self.ban_tokens = self.ban_tokens, False
+        try:
+            yield
+        finally:
+            self.ban_tokens = before
 
     def logits_first(self, h: Tensor) -> Tensor:
         """p_1, the base's own logits: (..., D) -> (..., V)."""

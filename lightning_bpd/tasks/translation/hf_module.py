@@ -78,6 +78,8 @@ class HFTranslationModule(TranslationModule):
         loss_mode, lr, warmup_steps, label_smoothing, weight_decay, seed, loss_fraction, head1_weight,
         head_loss_decay, base_lr_scale, frozen_cache_gb, head_targets: as in :class:`TranslationModule`.
         max_len_a, max_len_b: decoding stops after ``a * source_length + b`` tokens (at most the base's positions).
+        init_from: a checkpoint of an earlier run on the same base whose weights (base, and heads of the same
+            shape) this run starts from (e.g. joint fine-tuning after the frozen stage).
     """
 
     def __init__(
@@ -101,6 +103,7 @@ class HFTranslationModule(TranslationModule):
         base_lr_scale: float = 1.0,
         frozen_cache_gb: float = 4.0,
         head_targets: str = "data",
+        init_from: str | None = None,
     ) -> None:
         if pretrained is None:
             raise ValueError("model.init_args.pretrained: give the directory of a local Hugging Face seq2seq checkpoint")
@@ -112,13 +115,14 @@ class HFTranslationModule(TranslationModule):
         model = load_base(pretrained, k=k, head_type=head_type, head_hidden=head_hidden, frozen=freeze_base)
         tokenizer = HFTokenizer.load(pretrained)
         check_vocabularies(pretrained, tokenizer, model)
-        BlockwiseModule.__init__(self, None, loss_mode, freeze_base, None, lr, warmup_steps, label_smoothing,
+        BlockwiseModule.__init__(self, None, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing,
                                  weight_decay, seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale,
                                  frozen_cache_gb, head_targets=head_targets, model=model)
         self.save_hyperparameters(ignore=["vocab_size"])  # the CLI's link from the data's tokenizer: not an option here
         self.hparams.pretrained = pretrained  # absolute (the CLI hands the path as given): load_model from any folder
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self._tokenizer = tokenizer  # type: ignore[assignment]
+        self.train(self.training)  # load_base hands the base in eval mode: a trained base needs its dropout
 
     # ---- tokenizer and checkpoints ------------------------------------------------------------------------
     def on_fit_start(self) -> None:
@@ -143,6 +147,12 @@ class HFTranslationModule(TranslationModule):
         """The tokenizer is the checkpoint directory's (read in ``__init__``)."""
 
     # ---- training ---------------------------------------------------------------------------------------
+    def blockwise_step(self, *args: Any, **kwargs: Any):
+        """The teacher-forced loss without ``generate``'s token bans (Marian's pad at -inf would make the
+        label-smoothed loss inf); decoding keeps them."""
+        with self.model.unbanned():
+            return super().blockwise_step(*args, **kwargs)
+
     def ordinary_argmax(self, logits: Tensor) -> Tensor:
         """The argmax of p_1's ``logits`` (..., V) over the tokenizer's ordinary tokens (special ones left out)."""
         special = torch.tensor(sorted(self.tokenizer.special_ids), dtype=torch.long, device=logits.device)

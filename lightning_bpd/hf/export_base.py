@@ -1,0 +1,61 @@
+"""``python -m lightning_bpd export-base``: the trained base of a Hugging Face run as a normal HF directory.
+
+A ``fit`` run of :class:`~lightning_bpd.tasks.translation.hf_module.HFTranslationModule` (e.g. the base trained from
+scratch with ``conf/hf/base_scratch.yaml``) keeps the base's weights in its Lightning checkpoint. This command
+writes them out with ``save_pretrained``, beside the run's tokenizer, so the heads stages read the folder with
+``--model.init_args.pretrained=<out>`` exactly as a downloaded opus-mt directory (the heads, if any, are left out).
+
+    python -m lightning_bpd export-base --ckpt runs/multi30k-hf-marian/base/last.ckpt \\
+        --out runs/multi30k-hf-marian/export
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from lightning_bpd.checkpoints import load_model
+
+__all__ = ["export_base"]
+
+
+def export_base(ckpt: str | Path, out: str | Path) -> Path:
+    """``save_pretrained`` of the base (and of its tokenizer) of the Hugging Face run ``ckpt`` into ``out``."""
+    from lightning_bpd.tasks.translation.hf_module import HFTranslationModule
+
+    module = load_model(ckpt)
+    if not isinstance(module, HFTranslationModule):
+        raise ValueError(f"{ckpt}: not a run on a Hugging Face base ({type(module).__name__})")  # noqa: TRY004
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    base = module.model.base
+    base.save_pretrained(folder)
+    module.tokenizer.hf.save_pretrained(folder)
+    (folder / "export_base.json").write_text(json.dumps({"ckpt": str(Path(ckpt).resolve()),
+                                                         "from": module.hparams.get("pretrained")}, indent=2) + "\n")
+    print(f"export-base: the base of {ckpt} ({base.config.model_type}, "
+          f"{sum(p.numel() for p in base.parameters()) / 1e6:.1f}M parameters) and its tokenizer in {folder}",
+          file=sys.stderr)
+    return folder
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lightning_bpd export-base", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", required=True, help="the last.ckpt of a fit run on a Hugging Face base")
+    p.add_argument("--out", required=True, help="the directory to write (save_pretrained)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        export_base(args.ckpt, args.out)
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"export-base: {err}")
+
+
+if __name__ == "__main__":
+    main()
