@@ -45,6 +45,8 @@ class Record:
 def kind_of(data: dict[str, Any]) -> str | None:
     if "metrics" in data:
         return "decode"
+    if "batch_sizes" in data and "generate_dtype" in data:  # benchmarks.hf_generate: against HF generate
+        return None
     if "batch_sizes" in data:
         return "bench"
     if "ratio_vs_greedy_base_step" in data:
