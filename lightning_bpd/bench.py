@@ -21,10 +21,8 @@ automatically); ``draft:<criterion>`` lets the ``--draft`` checkpoint propose in
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
@@ -39,7 +37,7 @@ from lightning_bpd.inference.arguments import (
     add_timing_args,
     options_from_args,
 )
-from lightning_bpd.records import write_json
+from lightning_bpd.records import device_name, write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,22 +144,6 @@ def bench_batch_size(module, runtime: Runtime, inputs: list[torch.Tensor], batch
         elif not method.is_baseline and "greedy" in totals:
             report[name]["equals_greedy"] = same[name]
     return report
-
-
-def device_name(device: torch.device | str) -> str:
-    """The GPU's name, or the CPU's model name and the threads torch uses."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model} ({torch.get_num_threads()} threads)"
 
 
 def last_column(r: dict) -> str:

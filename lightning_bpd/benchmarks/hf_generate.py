@@ -58,7 +58,7 @@ from lightning_bpd.decoding import Exact, blockwise_decode
 from lightning_bpd.evaluation import batched, load_inputs, timed
 from lightning_bpd.inference import build_runtime
 from lightning_bpd.inference.arguments import add_precision_arg, options_from_args
-from lightning_bpd.records import write_json
+from lightning_bpd.records import device_name, write_json
 
 GENERATE, LOOKUP, OURS = "hf_generate", "hf_prompt_lookup", "exact"
 METHODS = (GENERATE, LOOKUP, OURS)
@@ -301,7 +301,6 @@ def check_hf(module, ckpt: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from lightning_bpd.bench import device_name
 
     args = build_parser().parse_args(argv)
     if any(b < 1 for b in args.batch_sizes) or min(args.inputs, args.prompt_lookup_tokens, args.max_matching_ngram) < 1:

@@ -16,14 +16,13 @@ reference. Random weights: only the cost is measured (nothing here depends on wh
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 from typing import Any
 
 import torch
 
-from lightning_bpd.records import write_json
+from lightning_bpd.records import cpu_name, write_json
 
 SHAPES = {
     "opus-mt": {"d_model": 512, "encoder_layers": 6, "decoder_layers": 6, "encoder_attention_heads": 8,
@@ -33,18 +32,6 @@ SHAPES = {
     "tiny": {"d_model": 32, "encoder_layers": 1, "decoder_layers": 2, "encoder_attention_heads": 4,  # for tests
              "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "vocab_size": 1200},
 }
-
-
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo (or the platform's)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def build(shape: str, k: int) -> Any:

@@ -27,7 +27,6 @@ from lightning_bpd.decoding import Criterion, head_agreement
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 from lightning_bpd.evaluation import BatchRun, EvalBatch, MethodRun, run_batch
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.inference.precision import model_dtype, precision_name
 
 __all__ = ["BatchRun", "DecodeEval", "EvalBatch", "MethodRun", "run_decode_eval"]
 
@@ -302,7 +301,7 @@ class DecodeEval(pl.Callback):
                   "ckpt_path": str(trainer.ckpt_path) if trainer.ckpt_path else None,
                   "k": pl_module.model.k, "criteria": self.criteria, "batch_size": self.batch_size,
                   "signature": signature, "metrics": metrics,
-                  "precision": build_runtime_precision(self.options, pl_module.model),
+                  "precision": self.options.precision_of(pl_module.model),
                   "screened_argmax": self.screened_argmax}
         (folder / f"decode_{stage}{suffix}.json").write_text(json.dumps(record, indent=2))
 
@@ -321,10 +320,3 @@ class DecodeEval(pl.Callback):
         rows = [[wandb.Image(cell) if isinstance(cell, np.ndarray) else cell for cell in row] for row in rows]
         for lg in wandb_loggers:
             lg.log_table(key=f"{stage}/samples", columns=columns, data=rows)
-
-
-def build_runtime_precision(options: InferenceOptions, model: Any) -> str:
-    """The canonical name of the precision a runtime of ``model`` with ``options`` decodes in."""
-    if options.precision is not None:
-        return options.precision
-    return precision_name(model_dtype(model))

@@ -9,7 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightning_bpd.inference.precision import INT8, INVARIANT, PACKED, canonical_precision, parse_precision
+from torch import nn
+
+from lightning_bpd.inference.precision import (
+    INT8,
+    INVARIANT,
+    PACKED,
+    canonical_precision,
+    model_dtype,
+    parse_precision,
+    precision_name,
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,11 @@ class InferenceOptions:
             raise ValueError(f"stop_below is a probability in [0, 1], got {self.stop_below}")
         if self.draft_vocab is not None:
             object.__setattr__(self, "draft_vocab", tuple(int(i) for i in self.draft_vocab))
+
+    def precision_of(self, model: nn.Module) -> str:
+        """The canonical name of the precision a runtime of ``model`` decodes in: ``precision``, or the model's own
+        dtype's."""
+        return self.precision or precision_name(model_dtype(model))
 
     @property
     def int8(self) -> bool:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_bpd.inference.options import InferenceOptions
-from lightning_bpd.inference.precision import model_dtype, parse_precision, precision_name
+from lightning_bpd.inference.precision import parse_precision
 from lightning_bpd.inference.products import Int8Products, PackedProducts, WideProducts
 from lightning_bpd.inference.proposer import Proposer
 from lightning_bpd.nn.products import FLOAT, Products, use_products
@@ -61,7 +61,7 @@ class Runtime:
         self.options = options
         self.products = products
         self.proposer = proposer  # the fast proposals and argmax (None: a model without them, e.g. a stub)
-        self.precision = options.precision or precision_name(model_dtype(model))
+        self.precision = options.precision_of(model)
         self.k: int = model.k
         self.pad_id: int = model.pad_id
         self.bos_id: int = model.bos_id

@@ -109,7 +109,6 @@ class PackedLinear:
                                  f"{tuple(bias.shape)} {bias.dtype}")
             bias = bias.detach().contiguous().clone()
         self.bias = bias  # (out,) or None
-        self.pad_single_row = self.in_features > PAD_SINGLE_ROW_ABOVE
 
     def __repr__(self) -> str:
         return f"PackedLinear(in_features={self.in_features}, out_features={self.out_features}, " \
@@ -120,14 +119,7 @@ class PackedLinear:
         if x.dtype != torch.float32 or x.shape[-1] != self.in_features or not x.is_cpu:
             raise ValueError(f"expected a CPU float32 (..., {self.in_features}) input, got "
                              f"{tuple(x.shape)} {x.dtype} on {x.device}")
-        flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # (rows, in)
-        if not flat.is_contiguous():
-            flat = flat.contiguous()
-        if flat.shape[0] == 1 and self.pad_single_row:  # a 2-row product reduces like every n >= 2 does
-            out = packed_product(flat.expand(2, -1).contiguous(), self.weight, self.bias)[:1]  # (1, out)
-        else:
-            out = packed_product(flat, self.weight, self.bias)  # (rows, out)
-        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+        return product(x, self.weight, self.bias)
 
 
 def reference(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
