@@ -79,20 +79,23 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=3, help="rounds, alternating the two variants")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    torch.manual_seed(0)
-    tokenizer = f"hf:{args.pretrained}" if args.pretrained else args.ckpt
-    data = TranslationDataModule(root=args.data_root, tokenizer_path=tokenizer, max_tokens=args.max_tokens)
-    data.setup("fit")
-    loader = iter(data.train_dataloader())
-    batches = [next(loader) for _ in range(args.batches)]
-    if args.pretrained:
-        variants = {"fine-tuned": build_hf_module(args.pretrained, args, 0.0, frozen=False),
-                    "recomputed": build_hf_module(args.pretrained, args, 0.0),
-                    "cached": build_hf_module(args.pretrained, args, 4.0)}
-    else:
-        variants = {"fine-tuned": build_module(args.ckpt, data.vocab_size, args, 0.0, frozen=False),
-                    "recomputed": build_module(args.ckpt, data.vocab_size, args, 0.0),
-                    "cached": build_module(args.ckpt, data.vocab_size, args, 4.0)}
+    try:
+        torch.manual_seed(0)
+        tokenizer = f"hf:{args.pretrained}" if args.pretrained else args.ckpt
+        data = TranslationDataModule(root=args.data_root, tokenizer_path=tokenizer, max_tokens=args.max_tokens)
+        data.setup("fit")
+        loader = iter(data.train_dataloader())
+        batches = [next(loader) for _ in range(args.batches)]
+        if args.pretrained:
+            variants = {"fine-tuned": build_hf_module(args.pretrained, args, 0.0, frozen=False),
+                        "recomputed": build_hf_module(args.pretrained, args, 0.0),
+                        "cached": build_hf_module(args.pretrained, args, 4.0)}
+        else:
+            variants = {"fine-tuned": build_module(args.ckpt, data.vocab_size, args, 0.0, frozen=False),
+                        "recomputed": build_module(args.ckpt, data.vocab_size, args, 0.0),
+                        "cached": build_module(args.ckpt, data.vocab_size, args, 4.0)}
+    except (ValueError, FileNotFoundError) as err:  # a missing folder or checkpoint, a foreign one: one line
+        raise SystemExit(f"frozen_steps: {err}") from None
     optimizers = {name: torch.optim.AdamW([q for q in m.parameters() if q.requires_grad], lr=1e-4)
                   for name, m in variants.items()}
     with torch.no_grad():  # fill the cache: what the first epoch does

@@ -103,6 +103,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    from lightning_bpd.inference import InferenceOptions
+
+    try:
+        for name in args.precisions:
+            InferenceOptions(precision=name)  # an unknown name: one line, before the model is built
+    except ValueError as err:
+        raise SystemExit(f"verify_cost: {err}") from None
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:

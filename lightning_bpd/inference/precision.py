@@ -63,7 +63,7 @@ def canonical_precision(name: str) -> str:
     ``fp32i``, ``bf16i``) -> its canonical name; one clear error for any other."""
     key = ALIASES.get(str(name).lower(), str(name).lower())
     if key not in PRECISIONS:
-        raise ValueError(f"unknown precision {name!r}: use one of {', '.join(PRECISIONS)} (or bf16, fp32, fp32i, bf16i)")
+        raise ValueError(f"unknown precision {name!r}: use one of {', '.join(PRECISIONS)} (or bf16, fp32, fp32i, bf16i, fp32p)")
     return key
 
 

@@ -23,3 +23,8 @@ def test_every_runtime_and_the_base_itself_are_timed(tmp_path):
     assert set(report["runtimes"]) == {"float32", "float32-packed", "int8", "hf_own"}
     assert all(r["step_ms"] > 0 and r["verify_ms"] > 0 for r in report["runtimes"].values())
     assert json.loads(out.read_text())["vocab_size"] == 1200 and report["threads"] == 1
+
+
+def test_an_unknown_precision_is_one_line():
+    with pytest.raises(SystemExit, match="verify_cost: unknown precision 'fp16'"):
+        main(["--shape", "tiny", "--precisions", "fp16"])

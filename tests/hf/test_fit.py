@@ -217,3 +217,15 @@ def test_frozen_steps_benchmark_on_a_hf_base(tmp_path):
     assert json.loads(out.read_text())["pretrained"] == str(base)
     for variant in ("fine-tuned", "recomputed", "cached"):
         assert result[variant]["steps_per_minute"] > 0
+
+
+def test_frozen_steps_bad_input_is_one_line(tmp_path):
+    from lightning_bpd.benchmarks.frozen_steps import main as frozen_steps
+    from tests.hf.tiny_checkpoint import write_data
+
+    data = write_data(tmp_path / "data")
+    with pytest.raises(SystemExit, match="frozen_steps: Data folder .* does not exist"):
+        frozen_steps(["--pretrained", str(tmp_path / "base"), "--data-root", str(tmp_path / "missing")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="frozen_steps: .*no tokenizer beside the checkpoint"):
+        frozen_steps(["--pretrained", str(tmp_path / "empty"), "--data-root", str(data)])
