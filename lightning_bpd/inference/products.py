@@ -25,7 +25,21 @@ from lightning_bpd.kernels import invariant, onednn
 from lightning_bpd.nn.products import Products, inference
 
 
-class WideProducts(Products):
+class WideAttention(Products):
+    """Attention of float32 / bfloat16 activations taken in float64 at inference (every kind below); products
+    as their subclass says."""
+
+    def widens_attention(self, x: Tensor) -> bool:
+        return x.dtype in invariant.WIDENED and inference(x)
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                  dropout_p: float = 0.0) -> Tensor:
+        if not self.widens_attention(q):
+            return super().attention(q, k, v, attn_mask, dropout_p)
+        return invariant.attention(q, k, v, attn_mask, dropout_p)
+
+
+class WideProducts(WideAttention):
     """float32 products in float64 rounded to float32; attention of float32 / bfloat16 in float64."""
 
     name = "wide"
@@ -54,20 +68,11 @@ class WideProducts(Products):
             return super().linear(x, weight, bias)
         return invariant.linear(x, self.widened(weight), None if bias is None else self.widened(bias))
 
-    def widens_attention(self, x: Tensor) -> bool:
-        return x.dtype in invariant.WIDENED and inference(x)
-
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
-                  dropout_p: float = 0.0) -> Tensor:
-        if not self.widens_attention(q):
-            return super().attention(q, k, v, attn_mask, dropout_p)
-        return invariant.attention(q, k, v, attn_mask, dropout_p)
-
     def lean_wide_weights(self, x: Tensor, weights: list[Tensor]) -> list[Tensor]:
         return [self.widened(w) for w in weights] if self.active(x) else []
 
 
-class CopiedProducts(WideProducts):
+class CopiedProducts(WideAttention):
     """float32 inference on CPU through copies of the weights made once (:class:`Int8Products`,
     :class:`PackedProducts`); float64 attention. A subclass says what a copy is (:meth:`copy`) and how it
     multiplies (:meth:`multiply`)."""
@@ -77,7 +82,6 @@ class CopiedProducts(WideProducts):
     needs = "a CPU build of torch"  # what a subclass's kernel needs, for the error when it is missing
 
     def __init__(self) -> None:
-        super().__init__()
         self.copies: dict[int, tuple[Tensor, Tensor | None, object]] = {}  # id(weight) -> (weight, bias, copy)
         self.made: dict[int, tuple[Tensor, Tensor | None, object]] = {}  # the same for others, made when first met
 
@@ -129,11 +133,8 @@ class CopiedProducts(WideProducts):
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         if not self.active(x):
-            return Products.linear(self, x, weight, bias)
+            return super().linear(x, weight, bias)
         return self.multiply(x, weight, bias)
-
-    def lean_wide_weights(self, x: Tensor, weights: list[Tensor]) -> list[Tensor]:
-        return []
 
 
 class Int8Products(CopiedProducts):

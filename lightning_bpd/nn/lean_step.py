@@ -237,7 +237,7 @@ def step(decoder: torch.nn.Module, x: Tensor, context, cache, positions: Tensor,
     low, high = cache.length_bounds()
     ring, window = cache.ring or 0, decoder.window or 0
     span_start = 0 if ring or not window else max(0, low - window + 1)  # cached_span's
-    wide_weights = [] if packed else products.lean_wide_weights(x, weights)
+    wide_weights = products.lean_wide_weights(x, weights)
     wide_attention = products.widens_attention(x)
     return lean_decoder_step(x, cache.k, cache.v, positions, low if low == high and not ring else -1, stop, weights,
                              norms, [k for k, _ in context.cross_kv], [v for _, v in context.cross_kv], cross_bias,
