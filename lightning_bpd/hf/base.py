@@ -39,7 +39,7 @@ from lightning_bpd.decoding.protocol import OptionalCapabilities
 from lightning_bpd.hf.lean_step import LeanDecoder
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
-from lightning_bpd.nn.draft_vocab import DraftVocabulary
+from lightning_bpd.nn.draft_vocab import DraftVocabulary, version
 from lightning_bpd.nn.image_readout import NO_IMAGE, NoImage
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.products import FLOAT, Products
@@ -350,8 +350,7 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         Made once and kept while the tensors it reads are unchanged (a product's copy is keyed by them)."""
         weight = self.base.get_output_embeddings().weight
         final = getattr(self.base, "final_logits_bias", None)
-        key = tuple(id(t) for t in (weight, final)) + (weight._version, -1 if final is None else final._version,
-                                                          self.banned.numel())
+        key = (id(weight), id(final), version(weight), version(final), self.banned.numel())
         if self._output is None or self._output[0] != key:
             with torch.no_grad():
                 scaled = weight

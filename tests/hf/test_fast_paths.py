@@ -70,6 +70,10 @@ def test_the_output_layer_is_the_projection():
     with torch.no_grad():
         model.base.final_logits_bias.add_(1.0)
     assert model.output_layer()[1] is not bias
+    with torch.inference_mode():  # Lightning's test and validate: inference tensors keep no version counter
+        made = build_runtime(model, InferenceOptions(draft_vocab=(4, 5, EOS)))
+        assert made.model.output_layer()[1] is made.model.output_layer()[1]
+        assert made.model.draft_vocab.rows(*made.model.output_layer())[0].shape == (3, 32)
 
 
 @pytest.mark.parametrize("family", ["marian", "t5"])
