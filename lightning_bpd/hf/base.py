@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, EncoderDecoderCache, PreTrainedModel
 
 from lightning_bpd.decoding.protocol import OptionalCapabilities
-from lightning_bpd.hf.lean_step import LeanDecoder
+from lightning_bpd.hf.lean_step import LeanDecoder, LeanEncoderLayer
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.draft_vocab import DraftVocabulary, version
@@ -203,7 +203,10 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
     def encode(self, src: Tensor) -> HFContext:
         """Sources (B, S), padded with the pad id -> the encoder output and every decoder layer's cross K/V."""
         valid = src != self.pad_id
-        hidden = self.base.get_encoder()(input_ids=src, attention_mask=valid.long()).last_hidden_state  # (B, S, D)
+        encoder = self.base.get_encoder()
+        if self.lean and not self.t5 and not torch.is_grad_enabled():  # a runtime's: its layers run lean
+            LeanEncoderLayer.install(encoder.layers, self.base.config.model_type == "mbart", self.attention)
+        hidden = encoder(input_ids=src, attention_mask=valid.long()).last_hidden_state  # (B, S, D)
         b, s = valid.shape
         cross = []
         for layer in self.layers:

@@ -116,3 +116,53 @@ class LeanDecoder:
             if not pre:
                 x = F.layer_norm(x, x.shape[-1:], *w.final_norm[:2], w.final_norm[2])
         return x
+
+
+class LeanEncoderLayer:
+    """A Marian / BART / mBART encoder layer's forward from its weights: installed as the layer's ``forward`` on a
+    runtime's snapshot (:meth:`install`), so the HF encoder keeps its own embeddings, mask and loop while each layer
+    runs the same products, norms and attention kernel without the attention module's plumbing. With gradients
+    on or in training mode it hands the call to the layer's own forward."""
+
+    def __init__(self, layer: nn.Module, pre_norm: bool, implementation: str) -> None:
+        attn = layer.self_attn
+        self.layer, self.pre_norm, self.sdpa = layer, pre_norm, implementation == "sdpa"
+        self.q, self.k, self.v, self.o = affine(attn.q_proj), affine(attn.k_proj), affine(attn.v_proj), affine(attn.out_proj)
+        self.self_norm, self.final_norm = norm(layer.self_attn_layer_norm), norm(layer.final_layer_norm)
+        self.fc1, self.fc2 = affine(layer.fc1), affine(layer.fc2)
+        self.n_heads, self.head_dim, self.scaling = attn.num_heads, attn.head_dim, float(attn.scaling)
+
+    @classmethod
+    def install(cls, layers: nn.ModuleList, pre_norm: bool, implementation: str) -> None:
+        for layer in layers:
+            if not isinstance(layer.__dict__.get("forward"), cls):
+                layer.forward = cls(layer, pre_norm, implementation)
+
+    def __call__(self, hidden_states: Tensor, attention_mask: Tensor | None, **kwargs) -> Tensor:
+        layer = self.layer
+        if torch.is_grad_enabled() or layer.training:
+            return type(layer).forward(layer, hidden_states, attention_mask, **kwargs)
+        x = hidden_states  # (B, S, D)
+        b, s = x.shape[0], x.shape[1]
+        heads = (b, s, self.n_heads, self.head_dim)
+        linear = layer.self_attn.q_proj.products.linear  # the runtime's products (ProductLinear)
+        h = F.layer_norm(x, x.shape[-1:], *self.self_norm[:2], self.self_norm[2]) if self.pre_norm else x
+        q, k, v = (linear(h, *w).view(heads).transpose(1, 2) for w in (self.q, self.k, self.v))  # (B, H, S, Dh)
+        if self.sdpa:  # transformers' sdpa_attention_forward (not causal: an encoder)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=self.scaling)
+        else:  # its eager_attention_forward
+            scores = torch.matmul(q, k.transpose(2, 3)) * self.scaling
+            if attention_mask is not None:
+                scores = scores + attention_mask
+            a = torch.matmul(F.softmax(scores, dim=-1), v)
+        x = x + linear(a.transpose(1, 2).reshape(b, s, -1), *self.o)
+        if not self.pre_norm:
+            x = F.layer_norm(x, x.shape[-1:], *self.self_norm[:2], self.self_norm[2])
+        h = F.layer_norm(x, x.shape[-1:], *self.final_norm[:2], self.final_norm[2]) if self.pre_norm else x
+        x = x + linear(layer.activation_fn(linear(h, *self.fc1)), *self.fc2)
+        if not self.pre_norm:
+            x = F.layer_norm(x, x.shape[-1:], *self.final_norm[:2], self.final_norm[2])
+        if x.dtype == torch.float16 and not torch.isfinite(x).all():  # as the HF layers clamp half precision
+            limit = torch.finfo(x.dtype).max - 1000
+            x = torch.clamp(x, min=-limit, max=limit)
+        return x

@@ -51,6 +51,25 @@ def test_the_lean_step_is_the_hf_layers_step(family, attention, dtype):
         assert torch.equal(g, w)
 
 
+@pytest.mark.parametrize("family", LEAN_FAMILIES)
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_lean_encoder_layers_are_the_hf_layers(family, attention):
+    """The encoder's own embeddings, mask and loop around lean layers: bitwise its states and cross keys, padded
+    rows included; with gradients on the installed layers hand the call back to the HF layers."""
+    model = HFSeq2SeqBlockwise(tiny_base(family, dtype=torch.float32, attention=attention), k=3)
+    lean = build_runtime(model, InferenceOptions(lean_steps=True))
+    modules = build_runtime(model, InferenceOptions(lean_steps=False))
+    src = sources()
+    with torch.no_grad():
+        got, want = lean.encode(src), modules.encode(src)
+    assert all("forward" in layer.__dict__ for layer in lean.model.base.get_encoder().layers)
+    assert not any("forward" in layer.__dict__ for layer in modules.model.base.get_encoder().layers)
+    assert torch.equal(got.hidden, want.hidden)
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(got.cross, want.cross))
+    # gradients on: the HF layers themselves, as in a runtime without lean steps
+    assert torch.equal(lean.model.encode(src).hidden, modules.model.encode(src).hidden)
+
+
 def test_the_model_itself_and_training_keep_the_hf_layers():
     model = HFSeq2SeqBlockwise(tiny_base("marian"), k=2)
     assert not model.lean
