@@ -23,6 +23,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,6 @@ from pytorch_lightning.cli import (
     LightningArgumentParser,
     LightningCLI,
     SaveConfigCallback,
-    _get_module_type,
-    _InstantiatorFn,
 )
 from pytorch_lightning.loggers import WandbLogger
 
@@ -284,12 +283,26 @@ class BPDCLI(LightningCLI):
             parser.link_arguments("data.vocab_size", f"model.init_args.architecture.{key}", apply_on="instantiate",
                                   compute_fn=functools.partial(self.model_vocab_size, key))
 
-    def _add_instantiators(self) -> None:
-        """Lightning's instantiator (a class's hyperparameters are its resolved config) for the data module only:
-        the task modules keep their own (:meth:`~lightning_bpd.tasks.blockwise_module.BlockwiseModule.save_options`),
-        and Lightning's stops on a link whose target a model lacks (the vocabulary sizes on a Hugging Face model)."""
-        self.parser.add_instantiator(_InstantiatorFn(cli=self, key="data"), _get_module_type(self._datamodule_class),
-                                     subclasses=self.subclass_mode_data)
+    def _parse_ckpt_path(self) -> None:
+        """Lightning's (a ``--ckpt_path`` checkpoint's model options become the run's), for checkpoints of every
+        layout: the flat options of those of before the architecture and training groups are grouped first
+        (:meth:`~lightning_bpd.tasks.blockwise_module.BlockwiseModule.init_args_of_checkpoint`)."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        hparams = ckpt.get("hyper_parameters") or {}
+        class_path = ckpt.get("lightning_bpd_class") or hparams.get("_class_path")
+        if not hparams or class_path is None:
+            return
+        cls = import_object(class_path)
+        if import_object(self.config[subcommand].model.class_path) is cls:
+            class_path = self.config[subcommand].model.class_path  # as the config names it (the same class)
+        init_args = {key: asdict(value) if is_dataclass(value) else value
+                     for key, value in cls.init_args_of_checkpoint(hparams).items()}
+        model = {"class_path": class_path, "init_args": init_args}
+        self.config = self.parser.parse_object({subcommand: {"model": model}}, self.config)
 
     def run_config(self) -> Namespace:
         """The parsed config of this run (of its subcommand)."""
@@ -379,6 +392,8 @@ def run_lightning(argv: list[str]) -> BPDCLI:
             parser_kwargs={"parser_mode": "omegaconf", "exit_on_error": False, "prog": "python -m lightning_bpd",
                            **{name: {"exit_on_error": False} for name in ("fit", "validate", "test")}},
             auto_configure_optimizers=False,
+            # the task modules keep their own hyperparameters (BlockwiseModule.save_options), not the config's
+            load_from_checkpoint_support=False,
         )
 
 
