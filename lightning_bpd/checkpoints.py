@@ -34,12 +34,13 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", base: str |
         raise ValueError(f"{path} was not written by lightning_bpd (no 'lightning_bpd_class' entry)")
     module_name, _, name = class_path.rpartition(".")
     cls = getattr(importlib.import_module(module_name), name)
-    legacy = getattr(cls, "legacy_hparams", None)  # options newer than the checkpoint: as it was trained
     hparams = ckpt.get("hyper_parameters", {})
-    overrides = legacy(hparams) if legacy is not None else {}
+    init_args = cls.init_args_of_checkpoint(hparams)  # this layout, or the flat one of older checkpoints
     if base is not None:  # a Hugging Face run's base directory, moved since it was trained
-        if "pretrained" not in hparams:
+        if "pretrained" not in init_args:
             raise ValueError(f"base={base}: {path} is not a run on a Hugging Face base (no model.pretrained)")
-        overrides["pretrained"] = str(base)
-    module = cls.load_from_checkpoint(path, map_location=device, **overrides)
-    return module.eval()
+        init_args["pretrained"] = str(base)
+    module = cls(**init_args)
+    module.on_load_checkpoint(ckpt)
+    module.load_state_dict(ckpt["state_dict"], strict=True)
+    return module.to(device).eval()

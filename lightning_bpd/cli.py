@@ -11,7 +11,10 @@ data are chosen by ``class_path`` in the YAML config, so both tasks share one en
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import importlib
+import inspect
 import logging
 import os
 import re
@@ -20,6 +23,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +32,18 @@ import torch
 from jsonargparse import Namespace
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
-from pytorch_lightning.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from pytorch_lightning.cli import (
+    LightningArgumentParser,
+    LightningCLI,
+    SaveConfigCallback,
+)
 from pytorch_lightning.loggers import WandbLogger
 
 from lightning_bpd.callbacks.decode_eval import DecodeEval
 from lightning_bpd.config_bases import add_config_arguments
+from lightning_bpd.nn.config import IMAGE_KEYS, MODEL_KEYS
 from lightning_bpd.nn.warm_start import CheckpointMismatchError
+from lightning_bpd.tasks.training_options import TRAINING_KEYS
 from lightning_bpd.tasks.translation.text_files import DataError
 
 # Errors that mean "the input is wrong", reported as one line instead of a traceback (Lightning's
@@ -43,6 +53,7 @@ USER_ERRORS = (DataError, CheckpointMismatchError, FileNotFoundError, ValueError
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 DEFAULT_CONFIG = CONF_DIR / "translation" / "default.yaml"
+VOCAB_KEYS = ("src_vocab_size", "tgt_vocab_size")  # a translation architecture's, both the data's tokenizer's
 
 COMMANDS = {
     "fit": "train a model (default: translation on the built-in synthetic data)",
@@ -77,7 +88,7 @@ USAGE = "usage: python -m lightning_bpd {" + ",".join(COMMANDS) + "} [options]\n
     "  python -m lightning_bpd fit\n"
     "  python -m lightning_bpd fit --config conf/translation/multi30k_base.yaml --trainer.max_steps=1000\n"
     "  python -m lightning_bpd fit --config conf/translation/multi30k_k8_finetune.yaml "
-    "--model.init_args.init_from=runs/base/last.ckpt\n"
+    "--model.init_args.training.init_from=runs/base/last.ckpt\n"
     "  python -m lightning_bpd validate --config runs/<name>/config.yaml --ckpt_path runs/<name>/last.ckpt\n"
     "  python -m lightning_bpd decode --ckpt runs/<name>/last.ckpt --k 8 --criterion exact < input.en\n"
     "  python -m lightning_bpd bench --ckpt runs/<name>/last.ckpt --input input.en --batch-sizes 1 32\n"
@@ -236,9 +247,9 @@ def quiet_lightning_notices() -> Iterator[None]:
 
 
 def warm_start_tokenizer(model_args: Namespace, data_args: Namespace) -> None:
-    """A warm start (``init_from``) keeps its base's vocabulary: token ids index the base's embeddings, so an
+    """A warm start (``training.init_from``) keeps its base's vocabulary: token ids index the base's embeddings, so an
     unset ``data.init_args.tokenizer_path`` becomes the base checkpoint (which stores its tokenizer)."""
-    init_from = getattr(model_args, "init_from", None)
+    init_from = model_args.get("training.init_from")
     if init_from and "tokenizer_path" in data_args and data_args.tokenizer_path is None and Path(init_from).is_file():
         data_args.tokenizer_path = init_from
         log.info("data.tokenizer_path: the tokenizer of %s", init_from)
@@ -268,22 +279,47 @@ class BPDCLI(LightningCLI):
         parser.add_argument("--run_dir", type=str | None, default=None,
                             help="folder of this run (default: runs/<task>-<date>-<time>)")
         parser.add_lightning_class_args(DecodeEval, "decode_eval")
-        # applied once the data module exists; skipped for data modules or models without a vocab_size
-        parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", compute_fn=self.model_vocab_size,
-                              apply_on="instantiate")
+        # applied once the data module exists; skipped for data modules without a vocab_size (super-resolution) and
+        # models without an architecture (a Hugging Face base brings its own vocabulary)
+        for key in VOCAB_KEYS:
+            parser.link_arguments("data.vocab_size", f"model.init_args.architecture.{key}", apply_on="instantiate",
+                                  compute_fn=functools.partial(self.model_vocab_size, key))
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning's (a ``--ckpt_path`` checkpoint's model options become the run's), for checkpoints of every
+        layout: the flat options of those of before the architecture and training groups are grouped first
+        (:meth:`~lightning_bpd.tasks.blockwise_module.BlockwiseModule.init_args_of_checkpoint`)."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        hparams = ckpt.get("hyper_parameters") or {}
+        class_path = ckpt.get("lightning_bpd_class") or hparams.get("_class_path")
+        if not hparams or class_path is None:
+            return
+        cls = import_object(class_path)
+        if import_object(self.config[subcommand].model.class_path) is cls:
+            class_path = self.config[subcommand].model.class_path  # as the config names it (the same class)
+        init_args = {key: asdict(value) if is_dataclass(value) else value
+                     for key, value in cls.init_args_of_checkpoint(hparams).items()}
+        model = {"class_path": class_path, "init_args": init_args}
+        self.config = self.parser.parse_object({subcommand: {"model": model}}, self.config)
 
     def run_config(self) -> Namespace:
         """The parsed config of this run (of its subcommand)."""
         return self.config[self.subcommand] if self.subcommand else self.config
 
-    def model_vocab_size(self, tokenizer_size: int) -> int | None:
-        """The link's value: a ``model.init_args.vocab_size`` that is given (on the command line, in a saved config,
-        by a checkpoint) wins, so that a mismatch fails in ``on_fit_start``; else (null) the tokenizer's, which is
+    def model_vocab_size(self, key: str, tokenizer_size: int) -> int | None:
+        """The link's value for ``model.init_args.architecture.<key>``: a size that is given (on the command line, in
+        a saved config) wins, so that a mismatch fails in ``on_fit_start``; else (null) the tokenizer's, which is
         also written into the run's config (the saved ``config.yaml``)."""
-        init_args = self.run_config().model.init_args
-        if "vocab_size" in init_args and init_args.vocab_size is None:
-            init_args.vocab_size = tokenizer_size
-        return init_args.get("vocab_size")
+        architecture = self.run_config().model.init_args.get("architecture")
+        if architecture is None:
+            return None  # no architecture to size: the link does not apply
+        if architecture.get(key) is None:
+            architecture[key] = tokenizer_size
+        return architecture[key]
 
     def before_instantiate_classes(self) -> None:
         cfg = self.run_config()
@@ -358,7 +394,64 @@ def run_lightning(argv: list[str]) -> BPDCLI:
             parser_kwargs={"parser_mode": "omegaconf", "exit_on_error": False, "prog": "python -m lightning_bpd",
                            **{name: {"exit_on_error": False} for name in ("fit", "validate", "test")}},
             auto_configure_optimizers=False,
+            # the task modules keep their own hyperparameters (BlockwiseModule.save_options), not the config's
+            load_from_checkpoint_support=False,
         )
+
+
+# A model option jsonargparse refuses: as a flat key (``Option 'lr' is not accepted``), a nested one given on the
+# command line (``unrecognized arguments: --training.lrr=1``) or in a file (``Group 'training' does not accept option
+# 'lrr'``); each match gives the key's path under init_args.
+UNKNOWN_OPTION = (
+    re.compile(r"Option '(?P<path>[^']+)' is not accepted"),
+    re.compile(r"unrecognized arguments: --(?P<path>[^=\s]+)"),
+    re.compile(r"Group '(?P<group>[^']+)' does not accept option '(?P<path>[^']+)'"),
+)
+# The keys of before the architecture and training groups that are not simply inside one of them.
+RENAMED = {"vocab_size": "architecture.src_vocab_size and tgt_vocab_size (the tokenizer's when null)",
+           "positions": "architecture.src_positions and tgt_positions",
+           "source_output": "architecture.tie_output_to_source"}
+
+
+def moved_option(name: str) -> str | None:
+    """Where a task module's option of before the ``architecture`` and ``training`` groups is now, under
+    ``model.init_args`` (``lr``: ``training.lr``); None for a name that was no such option."""
+    if name in RENAMED:
+        return RENAMED[name]
+    if name in TRAINING_KEYS:
+        return f"training.{name}"
+    if name in IMAGE_KEYS:
+        return f"architecture.image.{name}"
+    if name in MODEL_KEYS:
+        return f"architecture.{name}"
+    return None
+
+
+def unknown_option(key: str, line: str, params: set[str]) -> tuple[str, str] | None:
+    """The full key and the message of an unknown option that ``line`` names under ``key`` (``model``), if it does.
+    An option that lives elsewhere among ``params`` (the class's arguments), such as one of the old flat layout, says
+    where."""
+    for pattern in UNKNOWN_OPTION:
+        match = pattern.search(line)
+        if match:
+            path = ".".join(filter(None, (match.groupdict().get("group"), match.group("path"))))
+            detail = f"unknown option {path.rsplit('.', 1)[-1]!r}"
+            moved = moved_option(path.rsplit(".", 1)[-1])
+            if moved and moved != path and moved.split(".", 1)[0] in params:
+                detail += f" (did you mean model.init_args.{moved}?)"
+            return f"{key}.init_args.{path}", detail
+    return None
+
+
+def class_params(lines: list[str]) -> set[str]:
+    """The ``__init__`` arguments of the class that jsonargparse's message names (``Problem with given class_path
+    '...'``); none if it names none."""
+    for line in lines:
+        match = re.search(r"Problem with given class_path '([^']+)'", line)
+        if match:
+            with contextlib.suppress(ImportError, AttributeError, ValueError):
+                return set(inspect.signature(import_object(match.group(1)).__init__).parameters)
+    return set()
 
 
 def config_error(command: str, message: str) -> str:
@@ -367,11 +460,12 @@ def config_error(command: str, message: str) -> str:
     top = re.match(r'Parser key "([^"]+)"', lines[0]) if lines else None
     detail = lines[0] if lines else message
     key = top.group(1) if top else None
+    params = class_params(lines)
     for i, line in enumerate(lines):
-        option = re.match(r"Option '([^']+)' is not accepted", line)
+        unknown = unknown_option(key, line, params) if key else None
         nested = re.match(r'Parser key "([^"]+)":$', line)
-        if option and key:
-            detail, key = f"unknown option {option.group(1)!r}", f"{key}.init_args.{option.group(1)}"
+        if unknown:
+            key, detail = unknown
             break
         if nested and i > 0 and key and i + 1 < len(lines):
             detail, key = lines[i + 1], f"{key}.init_args.{nested.group(1)}"

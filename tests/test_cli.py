@@ -144,9 +144,12 @@ def test_fit_checks_its_data_before_it_writes_anything(tmp_path, monkeypatch, ma
 
 
 @pytest.mark.parametrize("option, message", [
-    ("--model.init_args.head_prior=mine", "model.head_prior must be one of ('shared', 'own', 'residual'), got 'mine'"),
-    ("--model.init_args.train_readout=true", ("model.train_readout trains the base's readout beside an otherwise "
-                                              "frozen base: set model.freeze_base: true")),
+    ("--model.init_args.architecture.image.head_prior=mine", ("head_prior must be one of ('shared', 'own', "
+                                                              "'residual'), got 'mine'")),
+    ("--model.init_args.training.train_readout=true", ("model.training.train_readout trains the base's readout beside an "
+                                                       "otherwise frozen base: set model.training.freeze_base: true")),
+    ("--model.init_args.training.lr=-1", "model.training.lr must be > 0, got -1.0"),
+    ("--model.init_args.architecture.eos_id=2", "model.architecture.eos_id is None in super-resolution, got 2"),
 ])
 def test_a_model_that_refuses_its_options_is_one_line(tmp_path, monkeypatch, option, message):
     """A ValueError from the model's __init__ comes wrapped in jsonargparse's list of union subtypes: the CLI
@@ -186,9 +189,9 @@ FIRST_RUN_NOTICES = {
     "Lightning: litlogger tip": "litlogger",
 }
 TINY_FIT = [
-    "--model.init_args.d_model=32", "--model.init_args.n_heads=2", "--model.init_args.d_ff=64",
-    "--model.init_args.n_encoder_layers=1", "--model.init_args.n_decoder_layers=1", "--model.init_args.head_hidden=16",
-    "--model.init_args.k=3", "--data.init_args.vocab_size=120", "--data.init_args.max_tokens=600",
+    "--model.init_args.architecture.d_model=32", "--model.init_args.architecture.n_heads=2", "--model.init_args.architecture.d_ff=64",
+    "--model.init_args.architecture.n_encoder_layers=1", "--model.init_args.architecture.n_decoder_layers=1", "--model.init_args.architecture.head_hidden=16",
+    "--model.init_args.architecture.k=3", "--data.init_args.vocab_size=120", "--data.init_args.max_tokens=600",
     "--data.init_args.eval_max_tokens=100", "--data.init_args.synthetic_sizes={train: 300, val: 13, test: 13}",
     "--decode_eval.batch_size=2", "--decode_eval.criteria=[exact]", "--decode_eval.subset=4",
     "--trainer.max_steps=2", "--trainer.val_check_interval=2",

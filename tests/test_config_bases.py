@@ -64,15 +64,16 @@ def test_a_recipe_overrides_its_base_and_appends_with_plus(tmp_path):
         "base.yaml": (f"_base_: {CONF_DIR / 'common/trainer.yaml'}\n"
                       "trainer: {max_steps: 7}\n"
                       "model:\n  class_path: lightning_bpd.tasks.translation.TranslationModule\n"
-                      "  init_args: {d_model: 64, k: 2}\n"
+                      "  init_args: {architecture: {d_model: 64, k: 2}}\n"
                       "data: {class_path: lightning_bpd.tasks.translation.TranslationDataModule}\n"),
         "recipe.yaml": ("_base_: base.yaml\n"
                         "trainer:\n  callbacks+:\n    - class_path: pytorch_lightning.callbacks.LearningRateMonitor\n"
-                        "model: {init_args: {k: 3}}\n"),
+                        "model: {init_args: {architecture: {k: 3}}}\n"),
     })
-    cfg = parse("--config", str(tmp_path / "recipe.yaml"), "--model.init_args.lr=0.5").config
+    cfg = parse("--config", str(tmp_path / "recipe.yaml"), "--model.init_args.training.lr=0.5").config
     assert (cfg.trainer.max_steps, cfg.trainer.max_epochs) == (7, -1)  # the recipe's base, and its base's
-    assert (cfg.model.init_args.d_model, cfg.model.init_args.k, cfg.model.init_args.lr) == (64, 3, 0.5)
+    model = cfg.model.init_args
+    assert (model.architecture.d_model, model.architecture.k, model.training.lr) == (64, 3, 0.5)
     assert [cb.class_path.rsplit(".", 1)[1] for cb in cfg.trainer.callbacks] == ["ModelCheckpoint",
                                                                                   "LearningRateMonitor"]
 
@@ -101,10 +102,10 @@ def test_a_resolved_config_has_no_base_and_reads_back(tmp_path):
 
 def test_stage_two_fine_tuning_is_the_frozen_recipe_with_four_values():
     frozen, finetune = resolved(translation("multi30k_k8_frozen")), resolved(translation("multi30k_k8_finetune"))
-    assert differences(frozen, finetune) == {f"model.init_args.{key}" for key in
+    assert differences(frozen, finetune) == {f"model.init_args.training.{key}" for key in
                                              ("freeze_base", "init_from", "lr", "warmup_steps")}
     frozen, finetune = resolved(superres("celeba_frozen")), resolved(superres("celeba_finetune"))
-    assert differences(frozen, finetune) == {"model.init_args.freeze_base", "model.init_args.lr"}
+    assert differences(frozen, finetune) == {"model.init_args.training.freeze_base", "model.init_args.training.lr"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(CONF_DIR)))
@@ -148,3 +149,18 @@ def test_every_config_resolves_as_in_the_snapshot():
 
 if __name__ == "__main__":
     Path(sys.argv[1]).write_text(json.dumps(snapshot(), indent=1, sort_keys=True, default=str))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model: {init_args: {training: {lrr: 1}}}\n", "model.init_args.training.lrr: unknown option 'lrr'"),
+    ("model: {init_args: {architecture: {image: {zzz: 1}}}}\n", "model.init_args.architecture.image.zzz: unknown option"),
+    ("model: {init_args: {lr: 0.1}}\n", "unknown option 'lr' (did you mean model.init_args.training.lr?)"),
+    ("model: {init_args: {training: {lr: abc}}}\n", "model.init_args.training.lr: Expected a <class 'float'>"),
+])
+def test_a_bad_model_option_in_a_file_is_one_error_line(tmp_path, monkeypatch, text, message):
+    write(tmp_path, {"recipe.yaml": f"_base_: {CONF_DIR / 'superres/default.yaml'}\n{text}"})
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])  # main sets it for DDP's re-runs
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--config", str(tmp_path / "recipe.yaml")])
+    text = str(exit_.value)
+    assert text.startswith("error: ") and message in text and "\n" not in text

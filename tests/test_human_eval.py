@@ -17,6 +17,7 @@ from lightning_bpd import human_eval
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
 from lightning_bpd.tasks.superres import SuperResolutionModule
 from lightning_bpd.tasks.superres.pixels import image_to_tokens, tokens_to_image
+from tests.task_modules import superres_module
 
 SEED = 3
 SHORT = 8 * 32 * 3  # tokens decoded in the export test: the top 8 pixel rows
@@ -25,8 +26,8 @@ METHODS = [("greedy", None, "greedy"), ("eps255_k2", 2, "eps255")]  # eps255 acc
 
 def tiny_module() -> SuperResolutionModule:
     torch.manual_seed(0)
-    module = SuperResolutionModule(d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32,
-                                   window=16, k=2, head_hidden=8).eval()
+    module = superres_module(d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, window=16, k=2,
+                             head_hidden=8).eval()
     with torch.no_grad():  # larger random weights, so that the heads disagree and the two methods differ
         for p in module.parameters():
             p.normal_(0.0, 1.0)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lightning_bpd import recipe as rc
-from lightning_bpd.cli import CONF_DIR, REPO_ROOT, to_plain
+from lightning_bpd.cli import CONF_DIR, REPO_ROOT, moved_option, to_plain
 from tests.test_config_bases import differences
 from tests.test_configs import parse
 
@@ -61,9 +61,9 @@ def test_dry_run_prints_the_commands_in_order_and_writes_nothing(repo, capsys, t
     assert cmds[1] == ["distill", "--ckpt", f"{out}/base/last.ckpt", "--data-root", "../shared/data/translation/multi30k",
                        "--out", f"{out}/distill", "--beam", "1", "--batch-size", "250", "--shard-size", "5000"]
     assert cmds[2][:5] == ["fit", "--config", "conf/recipes/multi30k_k8/frozen.yaml", "--run_dir", f"{out}/frozen"]
-    assert f"--model.init_args.init_from={out}/base/last.ckpt" in cmds[2]
+    assert f"--model.init_args.training.init_from={out}/base/last.ckpt" in cmds[2]
     assert f"--data.init_args.root={out}/distill" in cmds[2]
-    assert f"--model.init_args.init_from={out}/frozen/last.ckpt" in cmds[3]
+    assert f"--model.init_args.training.init_from={out}/frozen/last.ckpt" in cmds[3]
     assert cmds[4] == ["test", "--config", f"{out}/finetune/config.yaml", "--ckpt_path", f"{out}/finetune/last.ckpt",
                        "--run_dir", f"{out}/test", "--decode_eval.batch_size=50", "--decode_eval.criteria=[exact]",
                        "--trainer.logger=false"]
@@ -279,14 +279,23 @@ def test_a_stage_whose_input_vanished_is_one_line(fake, capsys):
 
 
 def fit_args(command: str) -> list[str]:
-    """The options of the fit in a record's command line, without its run folder."""
+    """The options of the fit in a record's command line, without its run folder; a model option of the flat layout
+    it was written in is named as it is now (``--model.init_args.k`` is ``--model.init_args.architecture.k``)."""
     for part in command.replace("&&", ";").split(";"):
         words = shlex.split(part)
         if "fit" in words:
             args = words[words.index("fit") + 1:]
             i = args.index("--run_dir")
-            return args[:i] + args[i + 2:]
+            return [grouped(arg) for arg in args[:i] + args[i + 2:]]
     raise AssertionError(f"no fit in {command}")
+
+
+def grouped(arg: str) -> str:
+    """A ``--model.init_args.<option>=value`` of the flat layout with the option's key of now."""
+    prefix = "--model.init_args."
+    name, _, value = arg.removeprefix(prefix).partition("=")
+    moved = moved_option(name) if arg.startswith(prefix) else None
+    return f"{prefix}{moved}={value}" if moved else arg
 
 
 def resolved_args(*args: str) -> dict:
@@ -299,16 +308,16 @@ def resolved_args(*args: str) -> dict:
 @pytest.mark.parametrize("stage_config, record, allowed", [
     ("multi30k_k8/base.yaml", "multi30k/acceptance/base_k1_test.json", set()),
     ("multi30k_k8/frozen.yaml", "multi30k/acceptance/k8_chainedattn_self_frozen_test.json",
-     {"model.init_args.init_from", "data.init_args.root"}),
+     {"model.init_args.training.init_from", "data.init_args.root"}),
     ("multi30k_k8/finetune.yaml", "multi30k/acceptance/k8_chainedattn_self_finetune_test.json",
-     {"model.init_args.init_from", "data.init_args.root"}),
+     {"model.init_args.training.init_from", "data.init_args.root"}),
     ("multi30k_paper_k8/frozen.yaml", "multi30k/acceptance/k8_paper_self_frozen_test.json",
-     {"model.init_args.init_from", "data.init_args.root"}),
+     {"model.init_args.training.init_from", "data.init_args.root"}),
     ("multi30k_paper_k8_gold/frozen.yaml", "multi30k/acceptance/k8_paper_gold_frozen_test.json",
-     {"model.init_args.init_from"}),
+     {"model.init_args.training.init_from"}),
     ("celeba_table2/base.yaml", "superres/i14_gaussian_base_60min_val64.json", {"trainer.logger"}),
-    ("celeba_table2/frozen.yaml", "superres/table2g_k8_frozen.json", {"model.init_args.init_from"}),
-    ("celeba_table2/finetune.yaml", "superres/table2g_k8_finetune.json", {"model.init_args.init_from"}),
+    ("celeba_table2/frozen.yaml", "superres/table2g_k8_frozen.json", {"model.init_args.training.init_from"}),
+    ("celeba_table2/finetune.yaml", "superres/table2g_k8_finetune.json", {"model.init_args.training.init_from"}),
 ])
 def test_stage_configs_are_the_recorded_commands(repo, stage_config, record, allowed):
     """Each stage config resolves to the values of the fit that made its record, up to the paths of the runs."""
@@ -322,11 +331,11 @@ def test_paper_finetune_stages_are_the_chained_joint_schedule_with_the_paper_hea
     chained = resolved_args("--config", str(CONF_DIR / "recipes/multi30k_k8/finetune.yaml"))
     for name in ("multi30k_paper_k8", "multi30k_paper_k8_gold"):
         paper = resolved_args("--config", str(CONF_DIR / f"recipes/{name}/finetune.yaml"))
-        expected = {"model.init_args.init_from", "model.init_args.head_type", "model.init_args.head_hidden"}
+        expected = {"model.init_args.training.init_from", "model.init_args.architecture.head_type", "model.init_args.architecture.head_hidden"}
         if name.endswith("gold"):
             expected.add("data.init_args.root")
         assert differences(chained, paper) == expected
-        assert paper["model"]["init_args"]["head_type"] == "paper"
+        assert paper["model"]["init_args"]["architecture"]["head_type"] == "paper"
 
 
 # ------------------------------------------------------------------------------------------------- end to end
@@ -344,13 +353,8 @@ decode_eval:
   num_samples: 0
 model:
   init_args:
-    d_model: 32
-    n_heads: 2
-    d_ff: 64
-    n_encoder_layers: 1
-    n_decoder_layers: 1
-    head_hidden: 16
-    warmup_steps: 2
+    architecture: {{d_model: 32, n_heads: 2, d_ff: 64, n_encoder_layers: 1, n_decoder_layers: 1, head_hidden: 16}}
+    training: {{warmup_steps: 2}}
 data:
   init_args:
     vocab_size: 120

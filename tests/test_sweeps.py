@@ -61,8 +61,9 @@ def test_every_sweep_run_parses(path: Path):
             assert norm(str(node)) == norm(value), key
         # the module's own checks (k range, freeze_base with k = 1, ...) run at construction
         init_args = to_plain(cli.config.model.init_args)
-        if init_args.get("vocab_size", 0) is None:
-            init_args["vocab_size"] = 100  # linked from the data's tokenizer at run time
+        for key in ("src_vocab_size", "tgt_vocab_size"):
+            if init_args.get("architecture", {}).get(key, 0) is None:
+                init_args["architecture"][key] = 100  # linked from the data's tokenizer at run time
         with torch.device("meta"):
             import_object(cli.config.model.class_path)(**init_args)
 
@@ -74,13 +75,13 @@ def test_the_paper_grids_are_covered():
     roots = set()
     for name in ("table1_translation", "table1_translation_distilled"):
         grid = sweeps[name]
-        assert grid["model.init_args.k"]["values"] == [2, 4, 6, 8, 10]
-        assert grid["model.init_args.freeze_base"]["values"] == [True, False]
+        assert grid["model.init_args.architecture.k"]["values"] == [2, 4, 6, 8, 10]
+        assert grid["model.init_args.training.freeze_base"]["values"] == [True, False]
         roots.add(grid["data.init_args.root"]["value"])
     bases = [resolved(CONF_DIR / f"translation/{name}.yaml") for name in ("multi30k_base", "multi30k_distilled_base")]
     assert {b["data"]["init_args"]["root"] for b in bases} == roots
-    assert all(b["model"]["init_args"]["k"] == 1 for b in bases)
+    assert all(b["model"]["init_args"]["architecture"]["k"] == 1 for b in bases)
     t2 = sweeps["table2_superres"]
-    assert t2["model.init_args.k"]["values"] == [2, 4, 6, 8, 10]
-    assert t2["model.init_args.freeze_base"]["values"] == [True, False]
+    assert t2["model.init_args.architecture.k"]["values"] == [2, 4, 6, 8, 10]
+    assert t2["model.init_args.training.freeze_base"]["values"] == [True, False]
     assert t2["decode_eval.criteria"]["values"] == ["[exact]", "[eps2]"]

@@ -19,24 +19,28 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
 from lightning_bpd.nn.config import HEAD_TYPES
 from lightning_bpd.records import write_json
-from lightning_bpd.tasks.translation import TranslationDataModule, TranslationModule
+from lightning_bpd.tasks.training_options import TrainingOptions
+from lightning_bpd.tasks.translation import TranslationConfig, TranslationDataModule, TranslationModule
 
 
 def build_module(ckpt: str, vocab: int, args: argparse.Namespace, cache_gb: float,
                  frozen: bool = True) -> TranslationModule:
     """The stage-2 module of the ``multi30k_k8_frozen`` recipe (or, not ``frozen``, of the fine-tuned
     one: every weight trained), warm-started from ``ckpt``."""
-    base = torch.load(ckpt, map_location="cpu", weights_only=False)["hyper_parameters"]
-    shape = {key: base[key] for key in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff")}
-    module = TranslationModule(vocab_size=vocab, **shape, k=args.k, head_type=args.head_type,
-                               head_hidden=args.head_hidden, identity_first=True, loss_mode="mean",
-                               freeze_base=frozen, init_from=ckpt, loss_fraction=args.loss_fraction,
+    base = TranslationModule.init_args_of_checkpoint(torch.load(ckpt, map_location="cpu", weights_only=False)
+                                                     ["hyper_parameters"])["architecture"]
+    shape = {key: getattr(base, key) for key in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff")}
+    architecture = TranslationConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, **shape, k=args.k,
+                                     head_type=args.head_type, head_hidden=args.head_hidden, identity_first=True)
+    training = TrainingOptions(loss_mode="mean", freeze_base=frozen, init_from=ckpt, loss_fraction=args.loss_fraction,
                                frozen_cache_gb=cache_gb if frozen else 0.0)
+    module = TranslationModule(architecture, training)
     module.warm_start(ckpt)
     return module.train()
 
@@ -44,12 +48,13 @@ def build_module(ckpt: str, vocab: int, args: argparse.Namespace, cache_gb: floa
 def build_hf_module(pretrained: str, args: argparse.Namespace, cache_gb: float, frozen: bool = True):
     """The same three variants on a Hugging Face base (:class:`~lightning_bpd.tasks.translation.hf_module.
     HFTranslationModule`): heads on the frozen base, or the base fine-tuned with them."""
-    from lightning_bpd.tasks.translation.hf_module import HFTranslationModule
+    from lightning_bpd.tasks.translation.hf_module import TRAINING, HFTranslationModule
 
     torch.manual_seed(0)  # the same heads in every variant
+    training = replace(TRAINING, freeze_base=frozen, loss_mode="mean", loss_fraction=args.loss_fraction,
+                       frozen_cache_gb=cache_gb if frozen else 0.0)
     module = HFTranslationModule(pretrained=pretrained, k=args.k, head_type=args.head_type,
-                                 head_hidden=args.head_hidden, freeze_base=frozen, loss_mode="mean",
-                                 loss_fraction=args.loss_fraction, frozen_cache_gb=cache_gb if frozen else 0.0)
+                                 head_hidden=args.head_hidden, training=training)
     return module.train()
 
 

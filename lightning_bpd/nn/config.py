@@ -196,3 +196,6 @@ class ModelConfig:
         if image.intensity_prior > 0 and not 0 <= image.intensity_offset <= self.tgt_vocab_size - 2:
             raise ValueError(f"intensity_offset {image.intensity_offset} leaves fewer than two intensity ids in a "
                              f"vocabulary of {self.tgt_vocab_size}: set it to the first intensity id")
+
+
+MODEL_KEYS = tuple(f.name for f in fields(ModelConfig))

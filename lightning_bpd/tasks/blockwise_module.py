@@ -8,8 +8,12 @@ Stage 1 trains the base (``k: 1``). Stage 2 sets ``init_from`` to a stage-1 chec
 from __future__ import annotations
 
 import contextlib
+import copy
+import inspect
 import logging
 import math
+from collections.abc import Mapping
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,118 +21,114 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.nn.config import ModelConfig
-from lightning_bpd.nn.loss import LOSS_MODES, blockwise_loss, choose_heads, decoder_inputs, shifted_targets
+from lightning_bpd.nn.config import IMAGE_KEYS, MODEL_KEYS, ModelConfig
+from lightning_bpd.nn.loss import blockwise_loss, choose_heads, decoder_inputs, shifted_targets
 from lightning_bpd.nn.model import BlockwiseTransformer
 from lightning_bpd.nn.transformer import EncoderContext
 from lightning_bpd.nn.warm_start import CheckpointMismatchError, base_detached, load_base_weights
 from lightning_bpd.nn.warm_start import freeze_base as freeze_base_params
 from lightning_bpd.tasks.frozen_states import FrozenStates
+from lightning_bpd.tasks.training_options import TRAINING_KEYS, TrainingOptions
 
 logger = logging.getLogger("lightning_bpd")
 
 MAX_K = 16
-
-
-NOISE_KINDS = ("shuffle", "uniform", "span", "self")  # how corrupt_inputs replaces decoder inputs
-HEAD_TARGETS = ("data", "own")  # what heads 2..k train towards (BlockwiseModule.head_target_tokens)
-DETACH_HEADS = ("none", "states", "base")  # what heads 2..k's losses may not train (BlockwiseModule.head_logits)
 SPAN_MAX = 64  # longest run of inputs one ``span`` corruption replaces
 
 
-class BlockwiseModule(pl.LightningModule):
-    """A :class:`BlockwiseTransformer` trained with the blockwise loss (task-independent part)."""
+def options_of(architecture: ModelConfig | Mapping[str, Any] | None,
+               training: TrainingOptions | Mapping[str, Any]) -> tuple[ModelConfig | None, TrainingOptions]:
+    """The dataclasses of a task module's ``architecture`` and ``training`` arguments, given as they are or as the
+    dicts a checkpoint holds (``Module.load_from_checkpoint`` hands those back)."""
+    if isinstance(architecture, Mapping):
+        architecture = ModelConfig.from_dict(architecture)
+    if isinstance(training, Mapping):
+        training = TrainingOptions.from_dict(training)
+    return architecture, training
 
-    def __init__(
-        self,
-        model_config: ModelConfig | None,
-        loss_mode: str = "random",
-        freeze_base: bool = False,
-        init_from: str | None = None,
-        lr: float = 1e-3,
-        warmup_steps: int = 1000,
-        label_smoothing: float = 0.1,
-        weight_decay: float = 0.0,
-        seed: int = 0,
-        loss_fraction: float = 1.0,
-        head1_weight: float = 0.0,
-        head_loss_decay: float = 1.0,
-        base_lr_scale: float = 1.0,
-        frozen_cache_gb: float = 4.0,
-        input_noise: float = 0.0,
-        input_noise_kind: str = "shuffle",
-        head_targets: str = "data",
-        detach_heads: str = "none",
-        train_readout: bool = False,
-        model: nn.Module | None = None,
-    ) -> None:
-        """``model``: a model built by the subclass (a pretrained one, e.g. :class:`~lightning_bpd.hf.HFSeq2SeqBlockwise`
-        with the same training interface) instead of a :class:`BlockwiseTransformer` of ``model_config``."""
+
+def split_flat(flat: Mapping[str, Any], architecture: ModelConfig | None, training: TrainingOptions) -> dict[str, Any]:
+    """An old checkpoint's flat hyperparameters as ``__init__`` takes them now: ``training`` (the
+    :class:`TrainingOptions` keys over ``training``'s values: a key the checkpoint lacks is newer than it, and its
+    default of then is ``training``'s), ``architecture`` (the :class:`ModelConfig` and image keys over
+    ``architecture``'s, as one dict that :meth:`ModelConfig.from_dict` reads; none without ``architecture``), and
+    the other keys as they are. A task renames its own keys first."""
+    rest = dict(flat)
+    given = {key: rest.pop(key) for key in TRAINING_KEYS if key in rest}
+    if architecture is not None:
+        shape = {key: rest.pop(key) for key in (*MODEL_KEYS, *IMAGE_KEYS) if key in rest}
+        rest["architecture"] = {**asdict(architecture), **shape}
+    return {**rest, "training": {**asdict(training), **given}}
+
+
+class BlockwiseModule(pl.LightningModule):
+    """A :class:`BlockwiseTransformer` trained with the blockwise loss (task-independent part).
+
+    ``architecture``: the model's shape (a :class:`BlockwiseTransformer` is built of it), or None with ``model``: a
+    model built by the subclass (a pretrained one, e.g. :class:`~lightning_bpd.hf.HFSeq2SeqBlockwise`, with the same
+    training interface); ``training``: how it trains (:class:`TrainingOptions`, kept as ``self.options``).
+    """
+
+    def __init__(self, architecture: ModelConfig | None, training: TrainingOptions,
+                 model: nn.Module | None = None) -> None:
         super().__init__()
-        if (model is None) == (model_config is None):
-            raise ValueError("BlockwiseModule takes a model_config or a built model, not both")
-        k = model.k if model is not None else model_config.k  # type: ignore[union-attr]
-        if detach_heads not in DETACH_HEADS:
-            raise ValueError(f"model.detach_heads must be one of {DETACH_HEADS}, got {detach_heads!r}")
-        self.detach_heads = detach_heads
-        if head_targets not in HEAD_TARGETS:
-            raise ValueError(f"model.head_targets must be one of {HEAD_TARGETS}, got {head_targets!r}")
-        self.head_targets = head_targets
-        if not 0.0 < loss_fraction <= 1.0:
-            raise ValueError(f"model.loss_fraction must lie in (0, 1], got {loss_fraction}")
-        self.loss_fraction = loss_fraction
+        if (model is None) == (architecture is None):
+            raise ValueError("BlockwiseModule takes an architecture or a built model, not both")
+        k = model.k if model is not None else architecture.k  # type: ignore[union-attr]
         if not 1 <= k <= MAX_K:
-            raise ValueError(f"model.k must lie in [1, {MAX_K}] (1 = the base model), got {k}")
-        if loss_mode not in LOSS_MODES:
-            raise ValueError(f"model.loss_mode must be one of {LOSS_MODES}, got {loss_mode!r}")
-        if freeze_base and init_from is None and model is None:
-            raise ValueError("model.freeze_base needs model.init_from: a trained base checkpoint to freeze")
-        if freeze_base and k == 1:
-            raise ValueError("model.freeze_base with k=1 leaves nothing to train: set model.k >= 2")
-        if train_readout and not freeze_base:
-            raise ValueError("model.train_readout trains the base's readout beside an otherwise frozen base: set "
-                             "model.freeze_base: true (fine-tuning trains the readout anyway) or train_readout: false")
-        self.train_readout = train_readout
-        if not 0.0 <= head1_weight < 1.0:
-            raise ValueError(f"model.head1_weight must lie in [0, 1) (0 = the paper's loss), got {head1_weight}")
-        if head1_weight > 0 and freeze_base and not train_readout:
-            raise ValueError("model.head1_weight weights p_1's loss, which a frozen base does not train: "
-                             "set model.freeze_base: false (or model.train_readout: true) or model.head1_weight: 0")
-        self.head1_weight = head1_weight
-        if not 0.0 < head_loss_decay <= 1.0:
-            raise ValueError(f"model.head_loss_decay must lie in (0, 1] (1 = equal weights), got {head_loss_decay}")
-        if not 0.0 < base_lr_scale <= 1.0:
-            raise ValueError(f"model.base_lr_scale must lie in (0, 1] (1 = one learning rate), got {base_lr_scale}")
-        if base_lr_scale < 1.0 and freeze_base and not train_readout:
-            raise ValueError("model.base_lr_scale scales the base's learning rate, which a frozen base does not have: "
-                             "set model.freeze_base: false (or model.train_readout: true) or model.base_lr_scale: 1")
-        if frozen_cache_gb < 0:
-            raise ValueError(f"model.frozen_cache_gb must be >= 0 (0 = recompute the frozen base), got {frozen_cache_gb}")
-        if not 0.0 <= input_noise < 1.0:
-            raise ValueError(f"model.input_noise must lie in [0, 1) (0 = plain teacher forcing), got {input_noise}")
-        if input_noise_kind not in NOISE_KINDS:
-            raise ValueError(f"model.input_noise_kind must be one of {NOISE_KINDS}, got {input_noise_kind!r}")
-        self.input_noise, self.input_noise_kind = input_noise, input_noise_kind
-        self.head_loss_decay, self.base_lr_scale = head_loss_decay, base_lr_scale
-        if lr <= 0 or warmup_steps < 0 or not 0 <= label_smoothing < 1:
-            raise ValueError("model.lr must be > 0, model.warmup_steps >= 0 and model.label_smoothing in [0, 1)")
-        self.model = model if model is not None else BlockwiseTransformer(model_config)
-        self.loss_mode, self.freeze, self.init_from = loss_mode, freeze_base, init_from
-        self.lr, self.warmup_steps = lr, warmup_steps
-        self.label_smoothing, self.weight_decay, self.seed = label_smoothing, weight_decay, seed
+            raise ValueError(f"model.architecture.k must lie in [1, {MAX_K}] (1 = the base model), got {k}")
+        if training.freeze_base and training.init_from is None and model is None:
+            raise ValueError("model.training.freeze_base needs model.training.init_from: a trained base checkpoint "
+                             "to freeze")
+        if training.freeze_base and k == 1:
+            raise ValueError("model.training.freeze_base with k=1 leaves nothing to train: set model.architecture.k >= 2")
+        self.options = training
+        self.model = model if model is not None else BlockwiseTransformer(copy.deepcopy(architecture))
+        self.freeze = training.freeze_base
         self.frozen_states = None
-        if freeze_base:
+        if self.freeze:
             freeze_base_params(self.model)
-            if train_readout:
+            if training.train_readout:
                 readout = self.model.readout_parameters()
                 if not readout:
-                    raise ValueError("model.train_readout needs a readout that acts after the decoder states: a "
-                                     "gaussian intensity output with head_centres: own (its shift-and-width layer); "
+                    raise ValueError("model.training.train_readout needs a readout that acts after the decoder states: "
+                                     "a gaussian intensity output with head_centres: own (its shift-and-width layer); "
                                      "this model has none: set train_readout: false")
                 for param in readout.values():
                     param.requires_grad_(True)
-            if frozen_cache_gb > 0:
-                self.frozen_states = FrozenStates(int(frozen_cache_gb * 2**30))
+            if training.frozen_cache_gb > 0:
+                self.frozen_states = FrozenStates(int(training.frozen_cache_gb * 2**30))
+
+    def save_options(self, **init_args: Any) -> None:
+        """Keep ``init_args`` (every argument of ``__init__``, as it took them) as the hyperparameters, the dataclasses
+        as plain dicts: a checkpoint then holds values, not objects of our classes, and rebuilds the module the same
+        way whether a config or Python made it (:meth:`init_args_of_checkpoint`)."""
+        self.save_hyperparameters({key: asdict(value) if is_dataclass(value) else value
+                                   for key, value in init_args.items()})
+
+    # ---- checkpoints ------------------------------------------------------------------------------------
+    @classmethod
+    def init_args_of_checkpoint(cls, hparams: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``__init__`` arguments that rebuild the module of a checkpoint from its hyperparameters: its
+        ``architecture`` and ``training`` (dicts, as :meth:`save_options` keeps them) or, in a checkpoint of before
+        them, its flat keys (:meth:`flat_init_args`). jsonargparse's own keys (``_class_path``, ``_instantiator``)
+        are left out; a key that is no argument of ``cls`` is one error."""
+        given = {key: value for key, value in hparams.items() if not key.startswith("_")}
+        if "training" not in given:
+            given = cls.flat_init_args(given)
+        architecture, given["training"] = options_of(given.get("architecture"), given["training"])
+        if architecture is not None:
+            given["architecture"] = architecture
+        unknown = sorted(set(given) - set(inspect.signature(cls.__init__).parameters))
+        if unknown:
+            raise ValueError(f"the checkpoint's hyperparameters {unknown} are no options of {cls.__name__}")
+        return given
+
+    @classmethod
+    def flat_init_args(cls, flat: dict[str, Any]) -> dict[str, Any]:
+        """The ``__init__`` arguments of a checkpoint's flat hyperparameters (every option at the top level, the
+        layout of before ``architecture`` and ``training``): each task maps its own keys (:func:`split_flat`)."""
+        raise NotImplementedError(f"{cls.__name__} has no checkpoints of the flat layout")
 
     def train(self, mode: bool = True) -> BlockwiseModule:
         """A frozen base always runs in eval mode (no dropout): the heads train on the states they
@@ -142,8 +142,8 @@ class BlockwiseModule(pl.LightningModule):
 
     # ---- two-stage recipe -------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        if stage == "fit" and self.init_from is not None:
-            self.warm_start(self.init_from)
+        if stage == "fit" and self.options.init_from is not None:
+            self.warm_start(self.options.init_from)
 
     def warm_start(self, path: str) -> None:
         """Load the base weights of a checkpoint (any k) into this model; the head keeps its init."""
@@ -169,12 +169,12 @@ class BlockwiseModule(pl.LightningModule):
     # ---- training ---------------------------------------------------------------------------------
     def trainable_heads_skip(self) -> list[int]:
         """Heads with nothing to train (p_1 bypassing the head while the base is frozen)."""
-        frozen_p1 = self.freeze and not self.train_readout  # a trained readout learns from p_1 too
+        frozen_p1 = self.freeze and not self.options.train_readout  # a trained readout learns from p_1 too
         return [i for i in range(self.model.k) if frozen_p1 and self.model.head.head_is_identity(i)]
 
     def head_weights(self, heads: list[int]) -> list[float]:
         """Loss weight of each listed head: ``head_loss_decay ** i`` for head i (0-based)."""
-        return [self.head_loss_decay**i for i in heads]
+        return [self.options.head_loss_decay**i for i in heads]
 
     def decoder_states(self, src: Tensor, tgt_in: Tensor, tgt: Tensor, index: Tensor | None,
                        context: EncoderContext | None = None) -> Tensor:
@@ -202,8 +202,8 @@ class BlockwiseModule(pl.LightningModule):
         (B,): dataset indices of a training batch (the frozen base's states are cached by them).
         """
         tgt_in = decoder_inputs(tgt, self.model.bos_id)  # (B, T)
-        if self.training and self.input_noise > 0 and not self.freeze:  # a frozen base has nothing to learn from it
-            own = self.own_predictions(src, tgt_in) if self.input_noise_kind == "self" else None
+        if self.training and self.options.input_noise > 0 and not self.freeze:  # a frozen base has nothing to learn from it
+            own = self.own_predictions(src, tgt_in) if self.options.input_noise_kind == "self" else None
             tgt_in = self.corrupt_inputs(tgt_in, generator, own)
         kernel = self.train_kernel() if self.training else None  # evaluation scores the plain cross-entropy
         reads_source = getattr(self.model.head, "source_attention", False) and max(heads) > 0
@@ -214,14 +214,14 @@ class BlockwiseModule(pl.LightningModule):
         source = self.model.chain_source(context) if context is not None else None
         if fraction >= 1.0:
             logits = self.head_logits(hidden, heads, prev, source)  # (B, T, h, V)
-            return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing,
+            return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.options.label_smoothing,
                                   head1_weight=head1_weight, weights=weights, target_kernel=kernel, later_targets=later)
         draw = torch.rand(tgt.shape, generator=generator).to(tgt.device)
         positions = (draw < fraction) & (tgt != self.model.pad_id)  # (B, T)
         if source is not None:
             source = source.take(positions.nonzero()[:, 0])  # one source row per selected position
         logits = self.head_logits(hidden[positions], heads, None if prev is None else prev[positions], source)  # (N, h, V)
-        return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.label_smoothing, positions, head1_weight,
+        return blockwise_loss(logits, tgt, heads, self.model.pad_id, self.options.label_smoothing, positions, head1_weight,
                               weights, kernel, later)
 
     def head_logits(self, hidden: Tensor, heads: list[int], prev: Tensor | None, source) -> Tensor:
@@ -230,10 +230,10 @@ class BlockwiseModule(pl.LightningModule):
         detached (the decoder learns from p_1's loss alone; the shared output layer from every head's);
         ``base``: every base weight they use (output layer, intensity prior, embeddings) is read detached too,
         so they train the head (``head.*``) alone; ``none``: the paper's joint training."""
-        if self.detach_heads == "none" or not self.training or max(heads) == 0:
+        if self.options.detach_heads == "none" or not self.training or max(heads) == 0:
             return self.model.logits_heads(hidden, heads, prev, source)
         later = [i for i in heads if i > 0]
-        with base_detached(self.model) if self.detach_heads == "base" else contextlib.nullcontext():
+        with base_detached(self.model) if self.options.detach_heads == "base" else contextlib.nullcontext():
             logits = self.model.logits_heads(hidden.detach(), later, prev, source)  # (..., len(later), V)
         if 0 in heads:  # p_1 from the states themselves, in the listed order
             logits = torch.cat([self.model.logits_heads(hidden, [0], prev, source), logits], dim=-2)
@@ -248,7 +248,7 @@ class BlockwiseModule(pl.LightningModule):
         (no extra decoder pass; padding stays padding). Decoding accepts a head's token when it equals
         greedy's, so its target is greedy's choice, not the data's: the same aim as self-distilled targets
         (``distill --beam 1``), taken on the fly, though under the data's prefix rather than greedy's own."""
-        if self.head_targets == "data" or not self.training:
+        if self.options.head_targets == "data" or not self.training:
             return tgt
         logits = self.model.logits_first(hidden.detach()).float()  # (B, T, V)
         own = self.ordinary_argmax(logits)  # (B, T)
@@ -298,20 +298,20 @@ class BlockwiseModule(pl.LightningModule):
         punishes when they are its own (exposure bias; super-resolution decodes 3,072 of them)."""
         m = self.model
         b, t = tgt_in.shape
-        if self.input_noise_kind == "span":
+        if self.options.input_noise_kind == "span":
             return self.corrupt_spans(tgt_in, generator)
         draw = torch.rand(tgt_in.shape, generator=generator)  # (B, T)
-        if self.input_noise_kind == "self":
+        if self.options.input_noise_kind == "self":
             if own is None:
                 raise ValueError("input_noise_kind 'self' needs the model's own guesses: pass own=own_predictions(...)")
             noise = own
-        elif self.input_noise_kind == "uniform":
+        elif self.options.input_noise_kind == "uniform":
             noise = torch.randint(*self.ordinary_tokens(), tgt_in.shape, generator=generator).to(tgt_in.device)
         else:  # a random position of the row among its real tokens (after BOS, before padding)
             real = ((tgt_in != m.pad_id).sum(dim=1, keepdim=True) - 1).clamp(min=1).cpu()  # (B, 1)
             pick = 1 + (torch.rand(b, t, generator=generator) * real).long().clamp(max=t - 1)  # (B, T) in [1, real]
             noise = tgt_in.gather(1, pick.to(tgt_in.device))  # (B, T)
-        hit = (draw < self.input_noise).to(tgt_in.device) & (tgt_in != m.pad_id) & (tgt_in != m.bos_id)
+        hit = (draw < self.options.input_noise).to(tgt_in.device) & (tgt_in != m.pad_id) & (tgt_in != m.bos_id)
         return torch.where(hit, noise, tgt_in)
 
     def corrupt_spans(self, tgt_in: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -322,7 +322,7 @@ class BlockwiseModule(pl.LightningModule):
         real = ((tgt_in != self.model.pad_id).sum(dim=1) - 1).tolist()  # real tokens after BOS, per row
         for row, n in enumerate(real):
             covered = 0
-            while n >= 2 and covered < self.input_noise * n:
+            while n >= 2 and covered < self.options.input_noise * n:
                 length = int(torch.randint(1, min(SPAN_MAX, n - 1) + 1, (1,), generator=generator))
                 start, source = (1 + int(torch.randint(0, n - length + 1, (1,), generator=generator)) for _ in range(2))
                 out[row, start : start + length] = tgt_in[row, source : source + length]
@@ -330,10 +330,10 @@ class BlockwiseModule(pl.LightningModule):
         return out
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.global_step)
-        heads = choose_heads(self.model.k, self.loss_mode, g, skip=self.trainable_heads_skip(),
-                             keep_first=self.head1_weight > 0, weights=self.head_weights(list(range(self.model.k))))
-        out = self.blockwise_step(batch["src"], batch["tgt"], heads, self.loss_fraction, g, self.head1_weight,
+        g = torch.Generator().manual_seed(self.options.seed * 1_000_003 + self.global_step)
+        heads = choose_heads(self.model.k, self.options.loss_mode, g, skip=self.trainable_heads_skip(),
+                             keep_first=self.options.head1_weight > 0, weights=self.head_weights(list(range(self.model.k))))
+        out = self.blockwise_step(batch["src"], batch["tgt"], heads, self.options.loss_fraction, g, self.options.head1_weight,
                                   batch.get("index"), self.head_weights(heads))
         n = batch["src"].shape[0]
         self.log("train/loss", out.loss, prog_bar=True, batch_size=n)
@@ -364,10 +364,10 @@ class BlockwiseModule(pl.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         head = [p for name, p in self.model.named_parameters() if p.requires_grad and name.startswith("head.")]
         base = [p for name, p in self.model.named_parameters() if p.requires_grad and not name.startswith("head.")]
-        groups = [{"params": group, "lr": self.lr * scale}
-                  for group, scale in ((base, self.base_lr_scale), (head, 1.0)) if group]
-        opt = torch.optim.AdamW(groups, lr=self.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=self.weight_decay)
-        warmup = max(1, self.warmup_steps)
+        groups = [{"params": group, "lr": self.options.lr * scale}
+                  for group, scale in ((base, self.options.base_lr_scale), (head, 1.0)) if group]
+        opt = torch.optim.AdamW(groups, lr=self.options.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=self.options.weight_decay)
+        warmup = max(1, self.options.warmup_steps)
 
         def inverse_sqrt(step: int) -> float:  # linear warm-up, then 1 / sqrt(step) decay (Vaswani et al.)
             step = step + 1

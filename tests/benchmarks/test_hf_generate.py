@@ -122,8 +122,8 @@ def one_line_exit(capsys, argv) -> str:
 
 
 def test_bad_input_is_one_error_line(tiny, tmp_path, capsys):
-    from lightning_bpd.tasks.translation.module import TranslationModule
     from lightning_bpd.tasks.translation.tokenizer import Tokenizer
+    from tests.task_modules import translation_module
 
     common = ["--input", str(tiny / "src.en"), "--device", "cpu"]
     assert "unknown precision" in one_line_exit(capsys, ["--ckpt", str(tiny / "heads"), "--precision", "int9", *common])
@@ -133,8 +133,8 @@ def test_bad_input_is_one_error_line(tiny, tmp_path, capsys):
     # a checkpoint of our own Transformer: no generate to compare with
     corpus = [f"{en} {w}" for en, _ in sentence_pairs(20, seed=1) for w in ("one", "two")]
     tok = Tokenizer.train(corpus, tmp_path / "spm", vocab_size=40)
-    module = TranslationModule(vocab_size=tok.vocab_size, d_model=16, n_heads=2, n_encoder_layers=1,
-                               n_decoder_layers=1, d_ff=32, k=2, head_hidden=16)
+    module = translation_module(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=16, n_heads=2,
+                                n_encoder_layers=1, n_decoder_layers=1, d_ff=32, k=2, head_hidden=16)
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
                 "pytorch-lightning_version": pl.__version__, "tokenizer_proto": tok.to_bytes(),
                 "lightning_bpd_class": "lightning_bpd.tasks.translation.module.TranslationModule"}, tmp_path / "own.ckpt")

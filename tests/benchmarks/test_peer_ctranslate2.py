@@ -10,8 +10,8 @@ import pytorch_lightning as pl
 import torch
 
 from lightning_bpd.bench import main as bench
-from lightning_bpd.tasks.translation.module import TranslationModule
 from lightning_bpd.tasks.translation.tokenizer import Tokenizer
+from tests.task_modules import translation_module
 
 SENTENCES = ["The teacher reads a book.", "The dog sleeps.", "A man runs in the park.", "The woman sings.",
              "Two children play with a red ball near the water."]
@@ -24,8 +24,9 @@ def tiny(tmp_path_factory, one_thread):
     corpus = [f"{s} {w}" for s in SENTENCES for w in ("one", "two", "three", "four")]
     tok = Tokenizer.train(corpus * 5, root / "spm", vocab_size=60)
     torch.manual_seed(0)
-    module = TranslationModule(vocab_size=tok.vocab_size, d_model=32, n_heads=2, n_encoder_layers=1,
-                               n_decoder_layers=1, d_ff=64, k=2, head_hidden=16, max_len_a=1.0, max_len_b=4)
+    module = translation_module(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=32, n_heads=2,
+                                n_encoder_layers=1, n_decoder_layers=1, d_ff=64, k=2, head_hidden=16, max_len_a=1.0,
+                                max_len_b=4)
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
                 "pytorch-lightning_version": pl.__version__, "tokenizer_proto": tok.to_bytes(),
                 "lightning_bpd_class": "lightning_bpd.tasks.translation.module.TranslationModule"}, root / "tiny.ckpt")

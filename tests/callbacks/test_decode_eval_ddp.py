@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from lightning_bpd.cli import main
+from lightning_bpd.cli import REPO_ROOT, main
 
 TINY = [
-    "--model.init_args.d_model=32", "--model.init_args.n_heads=2", "--model.init_args.d_ff=64",
-    "--model.init_args.n_encoder_layers=1", "--model.init_args.n_decoder_layers=1",
-    "--model.init_args.head_hidden=16", "--model.init_args.warmup_steps=5", "--model.init_args.k=3",
+    "--model.init_args.architecture.d_model=32", "--model.init_args.architecture.n_heads=2", "--model.init_args.architecture.d_ff=64",
+    "--model.init_args.architecture.n_encoder_layers=1", "--model.init_args.architecture.n_decoder_layers=1",
+    "--model.init_args.architecture.head_hidden=16", "--model.init_args.training.warmup_steps=5", "--model.init_args.architecture.k=3",
     "--data.init_args.vocab_size=120", "--data.init_args.max_tokens=600", "--data.init_args.eval_max_tokens=100",
     "--data.init_args.synthetic_sizes={train: 300, val: 13, test: 13}",
     "--trainer.logger=false", "--decode_eval.batch_size=2", "--decode_eval.criteria=[exact, top2]",
@@ -36,7 +36,8 @@ def test_two_processes_count_every_example_once(tmp_path, monkeypatch):
           "--run_dir=runs/fit"])
     ckpt = "runs/fit/last.ckpt"
     main(["validate", *TINY, f"--ckpt_path={ckpt}", "--run_dir=runs/one"])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "PYTHONPATH": str(Path.cwd())}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",  # the code under test, not an installed copy
+           "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(Path.cwd())])}
     env.pop("LOCAL_RANK", None)
     done = subprocess.run(
         [sys.executable, "-m", "lightning_bpd", "validate", *TINY, f"--ckpt_path={ckpt}", "--run_dir=runs/two",

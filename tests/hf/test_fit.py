@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 FAST = ["--trainer.max_steps=6", "--trainer.val_check_interval=6", "--trainer.logger=false",
         "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false", "--decode_eval.subset=4",
         "--decode_eval.batch_size=4", "--data.init_args.max_tokens=200", "--model.init_args.k=4",
-        "--model.init_args.warmup_steps=2"]
+        "--model.init_args.training.warmup_steps=2"]
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +88,40 @@ def test_fit_then_load_model_and_decode(checkpoint, data, tmp_path, capsys):
         moved.rename(checkpoint)
 
 
+def test_a_checkpoint_of_the_flat_layout_loads_into_the_heads_it_trained(checkpoint, tmp_path):
+    """A run of before the ``training`` group saved every option at the top (and the CLI's ``vocab_size`` link)."""
+    from lightning_bpd.tasks.training_options import TrainingOptions
+    from tests.tasks.test_old_checkpoints import save_old
+
+    flat = {"pretrained": str(checkpoint), "k": 3, "head_type": "chained", "head_hidden": 24, "freeze_base": True,
+            "loss_mode": "mean", "lr": 0.002, "warmup_steps": 50, "label_smoothing": 0.1, "weight_decay": 0.0,
+            "max_len_a": 1.2, "max_len_b": 6, "seed": 0, "loss_fraction": 1.0, "head1_weight": 0.0,
+            "head_loss_decay": 1.0, "base_lr_scale": 1.0, "frozen_cache_gb": 4.0, "head_targets": "data",
+            "init_from": None, "vocab_size": 41, "_instantiator": "pytorch_lightning.cli.instantiate_module",
+            "_class_path": "lightning_bpd.tasks.translation.hf_module.HFTranslationModule"}
+    torch.manual_seed(0)
+    original = HFTranslationModule(str(checkpoint), k=3, head_type="chained", head_hidden=24,
+                                   training=TrainingOptions(freeze_base=True, loss_mode="mean", lr=0.002, warmup_steps=50),
+                                   max_len_a=1.2, max_len_b=6).eval()
+    with torch.no_grad():
+        for p in original.model.head.parameters():
+            p.add_(torch.randn(p.shape) * 0.3)
+    save_old(tmp_path / "old.ckpt", original, flat)
+    module = lightning_bpd.load_model(tmp_path / "old.ckpt")
+    assert (module.model.k, module.model.head_type, module.model.head_hidden) == (3, "chained", 24)
+    assert module.options == original.options and (module.max_len_a, module.max_len_b) == (1.2, 6)
+    assert all(torch.equal(value, original.state_dict()[key]) for key, value in module.state_dict().items())
+    src = module.encode_sources([en for en, _ in sentence_pairs(3, seed=4)])
+    for spec in ("exact", "top2"):
+        ours = blockwise_decode(module.model, src, parse_criterion(spec), module.max_decode_len(src))
+        theirs = blockwise_decode(original.model, src, parse_criterion(spec), original.max_decode_len(src))
+        assert ours.sequences() == theirs.sequences() and ours.block_sizes == theirs.block_sizes
+
+
 def test_finetune_config_trains_the_base(checkpoint, data, tmp_path):
     cli = main(["fit", "--config", str(CONF_DIR / "hf" / "finetune.yaml"), f"--model.init_args.pretrained={checkpoint}",
                 f"--data.init_args.root={data}", f"--run_dir={tmp_path / 'run'}", *FAST,
-                "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--model.init_args.head_targets=own"])
+                "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--model.init_args.training.head_targets=own"])
     fresh = HFTranslationModule(str(checkpoint), k=4)
     trained = cli.model.model.base.state_dict()
     assert any(not torch.equal(value, trained[key]) for key, value in base_state(fresh).items())

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 FAST = ["--trainer.max_steps=3", "--trainer.val_check_interval=3", "--trainer.logger=false",
         "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false", "--decode_eval.subset=4",
-        "--decode_eval.batch_size=4", "--data.init_args.max_tokens=200", "--model.init_args.warmup_steps=2",
+        "--decode_eval.batch_size=4", "--data.init_args.max_tokens=200", "--model.init_args.training.warmup_steps=2",
         "--data.init_args.test_prefix=test"]
 
 
@@ -66,14 +66,14 @@ def test_make_base_train_export_distill_heads(tmp_path):
     frozen = tmp_path / "frozen"
     heads = ["--model.init_args.k=4", f"--model.init_args.pretrained={export}", f"--data.init_args.root={distilled}"]
     cli = main(["fit", "--config", str(CONF_DIR / "hf" / "frozen_heads.yaml"), f"--run_dir={frozen}", *heads, *FAST,
-                "--model.init_args.lr=0.05"])  # the heads move far from their (seeded) init
+                "--model.init_args.training.lr=0.05"])  # the heads move far from their (seeded) init
     assert all(torch.equal(value, trained[key]) for key, value in cli.model.model.base.state_dict().items())
     frozen_heads = {key: value.clone() for key, value in cli.model.model.head.state_dict().items()}
 
     finetune = tmp_path / "finetune"
     cli = main(["fit", "--config", str(CONF_DIR / "hf" / "finetune.yaml"), f"--run_dir={finetune}", *heads, *FAST,
-                f"--model.init_args.init_from={frozen / 'last.ckpt'}", "--trainer.max_steps=1",
-                "--trainer.limit_val_batches=0", "--model.init_args.lr=1e-9"])
+                f"--model.init_args.training.init_from={frozen / 'last.ckpt'}", "--trainer.max_steps=1",
+                "--trainer.limit_val_batches=0", "--model.init_args.training.lr=1e-9"])
     after = cli.model.model.head.state_dict()  # one step at a tiny rate: the frozen run's heads, not a fresh init
     assert all(torch.allclose(value, after[key], atol=1e-6) for key, value in frozen_heads.items())
 

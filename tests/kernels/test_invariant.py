@@ -9,7 +9,7 @@ from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.inference.precision import canonical_precision, parse_precision
 from lightning_bpd.inference.products import WideProducts
 from lightning_bpd.nn.products import FLOAT
-from lightning_bpd.tasks.superres.module import SuperResolutionModule
+from tests.task_modules import superres_module
 
 
 def test_products_of_one_row_and_of_many_rows_agree_bit_for_bit():
@@ -66,9 +66,9 @@ def image_model() -> torch.nn.Module:
     """A float32 image model with the Gaussian output whose weights were moved off their initialization, so
     its predicted means land near half levels as a trained model's do (every intensity is a near-tie there)."""
     torch.manual_seed(0)
-    model = SuperResolutionModule(d_model=64, n_heads=4, n_encoder_layers=1, n_decoder_layers=2, d_ff=256, window=64,
-                                  k=4, head_hidden=64, conditioning="bilinear", intensity_prior=15.0,
-                                  intensity_output="gaussian").eval().model
+    model = superres_module(d_model=64, n_heads=4, n_encoder_layers=1, n_decoder_layers=2, d_ff=256, window=64, k=4,
+                            head_hidden=64, image={"conditioning": "bilinear", "intensity_prior": 15.0,
+                                                   "intensity_output": "gaussian"}).eval().model
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)

@@ -8,6 +8,7 @@ from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.tasks.superres.module import LEGACY_HEADS, SuperResolutionModule
 from tests.models import assert_close_to_rounding, random_model
 from tests.nn.test_intensity_prior import IMAGE
+from tests.task_modules import superres_module
 
 K = 4
 
@@ -110,7 +111,7 @@ def test_checkpoints_from_before_the_option_keep_their_heads_centred_on_p1():
     assert SuperResolutionModule.legacy_hparams({"tie_output": False})["head_centres"] == "first"
     assert "head_centres" not in SuperResolutionModule.legacy_hparams({"head_centres": "own"})
     assert LEGACY_HEADS == {"head_centres": "first", "head_neighbours": False}
-    with pytest.raises(ValueError, match="model.head_centres must be one of"):
-        SuperResolutionModule(head_centres="mine")
+    with pytest.raises(ValueError, match="head_centres must be one of"):
+        superres_module(image={"head_centres": "mine"})
     with pytest.raises(ValueError, match="head_centres must be one of"):
         image_model("nearest")

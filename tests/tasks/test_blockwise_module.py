@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from lightning_bpd.nn.loss import decoder_inputs, shifted_targets
-from lightning_bpd.tasks.translation import TranslationModule
+from tests.task_modules import superres_module, translation_module
 
-SHAPE = {"vocab_size": 40, "d_model": 32, "n_heads": 2, "d_ff": 64, "n_encoder_layers": 1, "n_decoder_layers": 1,
+SHAPE = {"src_vocab_size": 40, "tgt_vocab_size": 40, "d_model": 32, "n_heads": 2, "d_ff": 64, "n_encoder_layers": 1, "n_decoder_layers": 1,
          "head_hidden": 16, "k": 4}
 
 
@@ -24,7 +26,7 @@ def batch(seed: int = 0):
 
 def test_frozen_base_runs_in_eval_mode_and_its_states_are_cached():
     torch.manual_seed(0)
-    module = TranslationModule(**SHAPE, identity_first=True, freeze_base=True, init_from="base.ckpt")
+    module = translation_module({"freeze_base": True, "init_from": "base.ckpt"}, **SHAPE, identity_first=True)
     module.train()
     assert module.model.head.training
     assert not any(m.training for name, m in module.model.named_modules() if name and not name.startswith("head"))
@@ -44,22 +46,22 @@ def test_frozen_base_runs_in_eval_mode_and_its_states_are_cached():
 
 
 def test_frozen_cache_budget_and_switch():
-    module = TranslationModule(**SHAPE, freeze_base=True, init_from="base.ckpt", frozen_cache_gb=1e-7)  # ~107 bytes
+    module = translation_module({"freeze_base": True, "init_from": "base.ckpt", "frozen_cache_gb": 1e-7}, **SHAPE)  # ~107 bytes
     src, tgt, index = batch()
     module.train()
     module.blockwise_step(src, tgt, [2], index=index)
     assert len(module.frozen_states) == 0  # over budget: computed, not kept
-    assert TranslationModule(**SHAPE, freeze_base=True, init_from="b.ckpt", frozen_cache_gb=0).frozen_states is None
-    assert TranslationModule(**SHAPE).frozen_states is None  # fine-tuning: the base changes
+    assert translation_module({"freeze_base": True, "init_from": "b.ckpt", "frozen_cache_gb": 0}, **SHAPE).frozen_states is None
+    assert translation_module(**SHAPE).frozen_states is None  # fine-tuning: the base changes
     with pytest.raises(ValueError, match="frozen_cache_gb must be >= 0"):
-        TranslationModule(**SHAPE, freeze_base=True, init_from="b.ckpt", frozen_cache_gb=-1)
+        translation_module({"freeze_base": True, "init_from": "b.ckpt", "frozen_cache_gb": -1}, **SHAPE)
 
 
 @pytest.mark.parametrize("head_type", ["chained", "chained_attn"])
 @pytest.mark.parametrize("fraction", [1.0, 0.5])
 def test_chained_heads_are_trained_on_teacher_forced_targets(fraction, head_type):
     torch.manual_seed(1)
-    module = TranslationModule(**SHAPE, head_type=head_type, loss_mode="mean", label_smoothing=0.0, dropout=0.0)
+    module = translation_module({"loss_mode": "mean", "label_smoothing": 0.0}, **SHAPE, head_type=head_type, dropout=0.0)
     for cell in module.model.head.cells:
         torch.nn.init.normal_(cell.out.weight, std=0.5)
     src, tgt, _ = batch()
@@ -87,8 +89,8 @@ def test_chained_heads_are_trained_on_teacher_forced_targets(fraction, head_type
 @pytest.mark.parametrize("fraction", [1.0, 0.5])
 def test_own_head_targets_are_the_models_greedy_choices_under_the_teacher_forced_prefix(fraction):
     torch.manual_seed(2)
-    module = TranslationModule(**SHAPE, head_type="chained", loss_mode="mean", label_smoothing=0.0, dropout=0.0,
-                               head_targets="own")
+    module = translation_module({"loss_mode": "mean", "label_smoothing": 0.0, "head_targets": "own"}, **SHAPE,
+                                head_type="chained", dropout=0.0)
     for cell in module.model.head.cells:
         torch.nn.init.normal_(cell.out.weight, std=0.5)
     src, tgt, _ = batch()
@@ -115,12 +117,12 @@ def test_own_head_targets_are_the_models_greedy_choices_under_the_teacher_forced
                                                      ignore_index=0)
         torch.testing.assert_close(out.head_loss[head], expected)
     # evaluation (validation loss, head accuracy) scores the data; unknown values are refused
-    data = TranslationModule(**SHAPE, head_type="chained", loss_mode="mean", label_smoothing=0.0, dropout=0.0)
+    data = translation_module({"loss_mode": "mean", "label_smoothing": 0.0}, **SHAPE, head_type="chained", dropout=0.0)
     data.load_state_dict(module.state_dict())
     torch.testing.assert_close(module.eval().blockwise_step(src, tgt, [0, 3]).loss,
                                data.eval().blockwise_step(src, tgt, [0, 3]).loss)
     with pytest.raises(ValueError, match="head_targets must be one of"):
-        TranslationModule(**SHAPE, head_targets="teacher")
+        translation_module({"head_targets": "teacher"}, **SHAPE)
 
 
 @pytest.mark.parametrize("detach", ["states", "base"])
@@ -130,8 +132,8 @@ def test_detached_heads_keep_their_losses_out_of_the_base(heads, detach):
     modules = []
     for mode in ("none", detach):
         torch.manual_seed(4)
-        modules.append(TranslationModule(**SHAPE, head_type="chained", loss_mode="mean", dropout=0.0,
-                                         detach_heads=mode).train())
+        modules.append(translation_module({"loss_mode": "mean", "detach_heads": mode}, **SHAPE, head_type="chained",
+                                          dropout=0.0).train())
     plain, detached = modules
     before = {name: id(p) for name, p in detached.model.named_parameters(remove_duplicate=False)}
     for module in modules:
@@ -158,11 +160,11 @@ def test_detached_heads_keep_their_losses_out_of_the_base(heads, detach):
     if detach == "states" and 0 not in heads:  # the shared output layer still learns from the heads
         assert detached.model.tgt_embed.weight.grad is not None and detached.model.tgt_embed.weight.grad.any()
     with pytest.raises(ValueError, match="detach_heads must be one of"):
-        TranslationModule(**SHAPE, detach_heads="decoder")
+        translation_module({"detach_heads": "decoder"}, **SHAPE)
 
 
 def test_joint_schedule_options():
-    module = TranslationModule(**SHAPE, lr=1e-3, base_lr_scale=0.1, head_loss_decay=0.5, loss_mode="mean")
+    module = translation_module({"lr": 1e-3, "base_lr_scale": 0.1, "head_loss_decay": 0.5, "loss_mode": "mean"}, **SHAPE)
     groups = module.configure_optimizers()["optimizer"].param_groups
     assert [g["initial_lr"] for g in groups] == pytest.approx([1e-4, 1e-3])  # before the warm-up factor
     head_params = {id(p) for p in module.model.head.parameters()}
@@ -177,15 +179,13 @@ def test_joint_schedule_options():
                          ({"head_loss_decay": 1.5}, "head_loss_decay must lie in"),
                          ({"base_lr_scale": 0.5, "freeze_base": True, "init_from": "b.ckpt"}, "frozen base")]:
         with pytest.raises(ValueError, match=message):
-            TranslationModule(**SHAPE, **bad)
+            translation_module(bad, **SHAPE)
 
 
 def test_input_noise_corrupts_ordinary_decoder_inputs_only_while_training():
-    from lightning_bpd.tasks.superres import SuperResolutionModule
-
     torch.manual_seed(0)
-    module = SuperResolutionModule(d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, window=16,
-                                   input_noise=0.3, input_noise_kind="uniform")
+    module = superres_module({"input_noise": 0.3, "input_noise_kind": "uniform"}, d_model=16, n_heads=2, n_encoder_layers=1,
+                             n_decoder_layers=1, d_ff=32, window=16)
     tgt_in = torch.cat([torch.full((4, 1), module.model.bos_id), torch.randint(3, 259, (4, 2999))], dim=1)
     tgt_in[0, 2000:] = module.model.pad_id
     noisy = module.corrupt_inputs(tgt_in, torch.Generator().manual_seed(1))
@@ -194,7 +194,7 @@ def test_input_noise_corrupts_ordinary_decoder_inputs_only_while_training():
     assert 0.25 < float(changed[1:].float().mean()) < 0.31  # ~30% drawn (a draw may repeat the token)
     assert int(noisy[changed].min()) >= 3  # only ordinary intensities: no pad, BOS or EOS id
     # shuffle: a replaced input is a token of the same row, never its BOS or padding
-    module.input_noise_kind = "shuffle"
+    module.options = replace(module.options, input_noise_kind="shuffle")
     tgt_in = torch.cat([torch.full((2, 1), module.model.bos_id), torch.randint(3, 259, (2, 99))], dim=1)
     tgt_in[0, :] = torch.tensor([module.model.bos_id] + [7] * 9 + [module.model.pad_id] * 90)  # row 0: nine 7s
     tgt_in[1, 1:] = 200 + torch.arange(99) % 50
@@ -210,24 +210,20 @@ def test_input_noise_corrupts_ordinary_decoder_inputs_only_while_training():
 
 
 def test_input_noise_range_is_checked_and_a_frozen_base_sees_clean_inputs():
-    from lightning_bpd.tasks.superres import SuperResolutionModule
-
     with pytest.raises(ValueError, match=r"input_noise must lie in \[0, 1\)"):
-        SuperResolutionModule(d_model=16, n_heads=2, d_ff=32, input_noise=1.0)
+        superres_module({"input_noise": 1.0}, d_model=16, n_heads=2, d_ff=32)
     with pytest.raises(ValueError, match="input_noise_kind must be one of"):
-        SuperResolutionModule(d_model=16, n_heads=2, d_ff=32, input_noise=0.1, input_noise_kind="gauss")
+        superres_module({"input_noise": 0.1, "input_noise_kind": "gauss"}, d_model=16, n_heads=2, d_ff=32)
     # a frozen base trains on clean inputs (its states are what decoding sees; a sweep may toggle freeze_base)
-    frozen = SuperResolutionModule(d_model=16, n_heads=2, d_ff=32, k=2, freeze_base=True, init_from="base.ckpt",
-                                   input_noise=0.5, frozen_cache_gb=0).train()
+    frozen = superres_module({"freeze_base": True, "init_from": "base.ckpt", "input_noise": 0.5, "frozen_cache_gb": 0},
+                             d_model=16, n_heads=2, d_ff=32, k=2).train()
     src, tgt = torch.randint(3, 259, (2, 192)), torch.randint(3, 259, (2, 64))
     g = torch.Generator().manual_seed(0)
     assert frozen.blockwise_step(src, tgt, [1], generator=g).loss == frozen.eval().blockwise_step(src, tgt, [1]).loss
 
 
 def test_span_noise_copies_runs_from_the_same_row():
-    from lightning_bpd.tasks.superres import SuperResolutionModule
-
-    module = SuperResolutionModule(d_model=16, n_heads=2, d_ff=32, input_noise=0.3, input_noise_kind="span")
+    module = superres_module({"input_noise": 0.3, "input_noise_kind": "span"}, d_model=16, n_heads=2, d_ff=32)
     tgt_in = torch.cat([torch.full((2, 1), module.model.bos_id), 3 + torch.arange(2999).repeat(2, 1) % 256], dim=1)
     tgt_in[1, 1500:] = module.model.pad_id
     noisy = module.corrupt_inputs(tgt_in, torch.Generator().manual_seed(0))
@@ -240,11 +236,9 @@ def test_span_noise_copies_runs_from_the_same_row():
 
 
 def test_self_noise_feeds_the_models_own_greedy_guesses():
-    from lightning_bpd.tasks.superres import SuperResolutionModule
-
     torch.manual_seed(0)
-    module = SuperResolutionModule(d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, window=16,
-                                   input_noise=0.3, input_noise_kind="self")
+    module = superres_module({"input_noise": 0.3, "input_noise_kind": "self"}, d_model=16, n_heads=2, n_encoder_layers=1,
+                             n_decoder_layers=1, d_ff=32, window=16)
     src, tgt = torch.randint(3, 259, (2, 192)), torch.randint(3, 259, (2, 3072))
     tgt_in = decoder_inputs(tgt, module.model.bos_id)
     own = module.train().own_predictions(src, tgt_in)  # without dropout (as decoding), the mode kept

@@ -20,13 +20,18 @@ from torchmetrics.functional.image import peak_signal_noise_ratio, structural_si
 
 from lightning_bpd.decoding import Criterion, parse_criterion
 from lightning_bpd.evaluation import EvalBatch
-from lightning_bpd.nn.conditioning import CONDITIONING
-from lightning_bpd.nn.config import HEAD_CENTRES, HEAD_PRIORS, INTENSITY_OUTPUTS, ImageOptions, ModelConfig
 from lightning_bpd.nn.loss import gaussian_kernel
-from lightning_bpd.tasks.blockwise_module import BlockwiseModule
+from lightning_bpd.tasks.blockwise_module import BlockwiseModule, options_of, split_flat
+from lightning_bpd.tasks.superres.architecture import (
+    DESIGN,
+    HIGH,
+    LOW,
+    SuperResolutionConfig,
+    check_architecture,
+    design_of,
+)
 from lightning_bpd.tasks.superres.conditioning import conditioning_diagnostic, nearest_upsample, smooth_upsample
 from lightning_bpd.tasks.superres.pixels import (
-    BOS_ID,
     OFFSET,
     PAD_ID,
     VOCAB_SIZE,
@@ -35,13 +40,15 @@ from lightning_bpd.tasks.superres.pixels import (
     intensity_values,
     tokens_to_image,
 )
+from lightning_bpd.tasks.training_options import TrainingOptions
 
-LOW, HIGH = (8, 8, 3), (32, 32, 3)
 TARGET_LEN = HIGH[0] * HIGH[1] * HIGH[2]  # 3072
 FACTOR = HIGH[0] // LOW[0]  # 4
 GREY_ID = OFFSET + 128  # the constant source of the conditioning diagnostic
-POSITIONS = ("image", "grid")
-# The image options before they existed (checkpoints that lack them were trained this way).
+ARCHITECTURE = SuperResolutionConfig()  # the defaults (BlockwiseModule copies the config)
+TRAINING = TrainingOptions(warmup_steps=500, label_smoothing=0.0)
+# The image options before they existed, in the flat hyperparameters of old checkpoints (those that lack them were
+# trained this way).
 LEGACY_DESIGN = {"tie_output": True, "positions": "image", "scale_positions": False, "direct_conditioning": False,
                  "source_output": False, "conditioning": "nearest", "intensity_prior": 0.0,
                  "intensity_output": "categorical"}
@@ -63,165 +70,64 @@ class SuperResolutionModule(BlockwiseModule):
     """Blockwise Image Transformer for 8x8 -> 32x32 faces.
 
     Args:
-        d_model, n_heads, n_encoder_layers, n_decoder_layers, d_ff, dropout: Transformer shape.
-        window: local self-attention window of the decoder (the KV cache keeps only this much).
-        k, head_hidden, identity_first, loss_mode, freeze_base, init_from: the blockwise recipe
-            (see :class:`~lightning_bpd.tasks.translation.TranslationModule`).
-        lr, warmup_steps, label_smoothing, weight_decay, seed: optimization.
-        loss_fraction: share of target positions at which the training loss is evaluated (1.0 = all).
-        head1_weight: when fine-tuning, p_1's loss is kept in every minibatch with this weight
-            (``w * L_1 + (1 - w) * mean of the other heads``); 0 = the paper's loss.
-        head_type: ``paper`` (the paper's parallel head, the default) or ``chained`` (head i also sees
-            the token proposed for head i-1; Hydra-style, beyond the paper).
-        head_loss_decay: head i (1-based) weighs ``head_loss_decay ** (i - 1)`` in the loss (Medusa-2's
-            decaying head weights; in random mode the trained head is drawn with these odds); 1 = equal.
-        base_lr_scale: when fine-tuning, the base's learning rate is ``lr * base_lr_scale`` (the heads
-            keep ``lr``): Medusa-2's joint schedule after a frozen warm-up of the heads.
-        frozen_cache_gb: with a frozen base, keep up to this many GiB of its decoder states per
-            training example (computed once, no dropout) so that a head step skips the base; 0 = off.
-        tie_output: the vocabulary projection is the (shared) intensity embedding; off = its own layer,
-            so the embedding of the input intensity no longer votes for repeating it.
-        positions: ``image`` (separate row / column / channel tables for the 8x8 source and the 32x32
-            target) or ``grid`` (one shared table on the 32x32 grid, a source pixel at the centre of
-            its 4x4 block).
-        scale_positions: position vectors at the size of the token vectors (RMS 1) instead of ~0.15.
-        direct_conditioning: the decoder input at target (r, c, channel) adds the embedding of the
-            input intensity at (r // 4, c // 4, channel).
-        conditioning: which input intensity direct conditioning adds: ``nearest`` (the one under the pixel),
-            ``bilinear`` (the bilinear interpolation of the 4 around the pixel's centre, rounded) or ``bicubic``
-            (of the 16 around it, rounded and clipped): with ``source_output`` the untrained model's argmax is then
-            that upsampling (with a Gaussian output, the untrained model's greedy image is it exactly).
-        source_output: the output layer is the embedding of the input intensities, a table of its own
-            apart from the decoder's input embedding (needs ``direct_conditioning``, ``tie_output`` off):
-            the input intensity under the predicted position then votes for itself, so the model starts
-            from nearest-neighbour upsampling and learns the detail, instead of voting for the last token.
-        input_noise, input_noise_kind: share of the decoder's teacher-forced input intensities replaced while
-            training the base: by intensities from elsewhere in the image (``shuffle``), uniform ones,
-            runs copied from elsewhere (``span``) or the model's own greedy guesses (``self``: one extra
-            forward pass per step) (:meth:`~lightning_bpd.tasks.blockwise_module.BlockwiseModule.corrupt_inputs`).
+        architecture: the model (:class:`~lightning_bpd.tasks.superres.architecture.SuperResolutionConfig`, a
+            ModelConfig with this task's defaults), its image options in ``image``
+            (:class:`~lightning_bpd.nn.config.ImageOptions`). The task fixes the
+            vocabulary (256 intensities after pad and BOS; no EOS) and the two rasters (8x8x3 -> 32x32x3); positions
+            are ``image`` (row / column / channel tables for each raster) or ``grid`` (one shared table on the 32x32
+            grid, a source pixel at the centre of its 4x4 block), the same for source and target; ``window``: the
+            decoder's local self-attention window (the KV cache keeps only this much); ``tie_output_to_source``: the
+            output layer is the embedding of the input intensities, a table of its own (``tie_output`` and
+            ``share_embeddings`` off; it needs ``image.direct_conditioning``): the input intensity under the
+            predicted position then votes for itself, so the model starts from the upsampling that
+            ``image.conditioning`` names and learns the detail, instead of voting for the last token.
+        training: the two-stage recipe and its optimization (:class:`~lightning_bpd.tasks.training_options.
+            TrainingOptions`; ``input_noise`` replaces teacher-forced input intensities while the base trains,
+            ``train_readout`` trains a Gaussian output's shift-and-width layer beside a frozen base).
         intensity_sigma: train towards a Gaussian of this width (intensity levels) around the true intensity
             instead of a one-hot target (0 = one-hot): intensities are ordinal, and the argmax of a
             distribution trained so is a smoothed mode, not a spike at a saturated value such as 0 or 255
             (whose copies greedy decoding spreads into blank regions). Validation scores plain NLL.
-        intensity_prior: a Gaussian prior of this initial width (intensity levels, learned from there; 0 = off)
-            in every output distribution, centred on the input intensity that direct conditioning adds
-            (:mod:`~lightning_bpd.nn.intensity_prior`): the network's logits are added to it, so drifting
-            into a blob of saturated values costs ``(distance / sigma)^2 / 2`` nats that its own context cannot
-            take back.
-        intensity_output: ``categorical`` (256-way softmax, the Image Transformer's) or ``gaussian`` (a discretized
-            Gaussian per intensity whose shift from the input intensity and width the network predicts; needs
-            ``intensity_prior``, its initial width): greedy decoding then writes the predicted mean.
-        head_centres: ``own`` (default): head i's intensity prior (or Gaussian) is centred on the input intensity
-            under the position it predicts, t + i, and each chain link reads that intensity; ``first``: every head
-            centred where p_1 is, at t (checkpoints from before this option).
-        head_neighbours: chained heads (with ``own`` centres) also read the decoded intensities left of, above-left,
-            above and above-right of the pixel each one predicts (:mod:`~lightning_bpd.nn.pixel_neighbours`).
-        head_prior: ``own`` gives heads 2..k a copy of the Gaussian output's shift-and-width layer, so that their
-            losses cannot move p_1's mean (and with it their own targets under ``head_targets: own``); ``residual``
-            reads them out through the prior's layer detached plus a correction of their own (starting at zero);
-            ``shared`` (default) reads every head out through the prior's layer.
-        head_targets, detach_heads: what heads 2..k train towards (the data or the model's own greedy choices)
-            and whether their losses reach the base (see :class:`~lightning_bpd.tasks.translation.TranslationModule`).
-        train_readout: with ``freeze_base``, the base's readout trains too: the Gaussian output's shift-and-width layer
-            and precision, which act after the decoder states (``head_centres: own``). The decoder stays frozen and its
-            states cached, so a step costs a frozen step, and the heads' losses can make p_1 easier to predict (a
-            fine-tune of the readout alone; ``head1_weight`` keeps p_1's own loss in every minibatch).
         smooth_intensities: initialize the intensity embeddings (and an untied output layer) with sin/cos
             features of the intensity, so that nearby intensities start alike (initialization only).
     """
 
     def __init__(
         self,
-        d_model: int = 128,
-        n_heads: int = 4,
-        n_encoder_layers: int = 2,
-        n_decoder_layers: int = 3,
-        d_ff: int = 512,
-        dropout: float = 0.1,
-        window: int = 256,
-        k: int = 1,
-        head_hidden: int | None = None,
-        identity_first: bool = False,
-        loss_mode: str = "random",
-        freeze_base: bool = False,
-        init_from: str | None = None,
-        lr: float = 1e-3,
-        warmup_steps: int = 500,
-        label_smoothing: float = 0.0,
-        weight_decay: float = 0.0,
-        seed: int = 0,
-        loss_fraction: float = 1.0,
-        head1_weight: float = 0.0,
-        head_type: str = "paper",
-        head_loss_decay: float = 1.0,
-        base_lr_scale: float = 1.0,
-        frozen_cache_gb: float = 4.0,
-        tie_output: bool = False,
-        positions: str = "grid",
-        scale_positions: bool = True,
-        direct_conditioning: bool = True,
-        conditioning: str = "nearest",
-        smooth_intensities: bool = True,
-        source_output: bool = True,
-        input_noise: float = 0.0,
-        input_noise_kind: str = "shuffle",
+        architecture: SuperResolutionConfig = ARCHITECTURE,
+        training: TrainingOptions = TRAINING,
         intensity_sigma: float = 0.0,
-        intensity_prior: float = 0.0,
-        intensity_output: str = "categorical",
-        head_centres: str = "own",
-        head_neighbours: bool = False,
-        head_prior: str = "shared",
-        head_targets: str = "data",
-        detach_heads: str = "none",
-        train_readout: bool = False,
+        smooth_intensities: bool = True,
     ) -> None:
+        architecture, training = options_of(architecture, training)
+        check_architecture(architecture)
         if intensity_sigma < 0:
             raise ValueError(f"model.intensity_sigma must be >= 0 (0 = one-hot targets), got {intensity_sigma}")
-        if conditioning not in CONDITIONING:
-            raise ValueError(f"model.conditioning must be one of {CONDITIONING}, got {conditioning!r}")
-        if intensity_output not in INTENSITY_OUTPUTS:
-            raise ValueError(f"model.intensity_output must be one of {INTENSITY_OUTPUTS}, got {intensity_output!r}")
-        if intensity_output == "gaussian" and intensity_prior <= 0:
-            raise ValueError("model.intensity_output: gaussian needs model.intensity_prior > 0 (its initial width, "
-                             "in intensity levels; 15 is a good start)")
-        if head_centres not in HEAD_CENTRES:
-            raise ValueError(f"model.head_centres must be one of {HEAD_CENTRES}, got {head_centres!r}")
-        if head_prior not in HEAD_PRIORS:
-            raise ValueError(f"model.head_prior must be one of {HEAD_PRIORS}, got {head_prior!r}")
-        if positions not in POSITIONS:
-            raise ValueError(f"model.positions must be one of {POSITIONS}, got {positions!r}")
-        if source_output and (tie_output or not direct_conditioning):
-            raise ValueError("model.source_output needs tie_output: false and direct_conditioning: true "
-                             f"(got tie_output={tie_output}, direct_conditioning={direct_conditioning})")
-        image = ImageOptions(
-            src_image_shape=LOW, tgt_image_shape=HIGH, scale_positions=scale_positions,
-            direct_conditioning=direct_conditioning, conditioning=conditioning, intensity_prior=intensity_prior,
-            intensity_output=intensity_output, intensity_offset=OFFSET, head_centres=head_centres,
-            head_neighbours=head_neighbours, head_prior=head_prior,
-        )
-        config = ModelConfig(
-            src_vocab_size=VOCAB_SIZE, tgt_vocab_size=VOCAB_SIZE, d_model=d_model, n_heads=n_heads,
-            n_encoder_layers=n_encoder_layers, n_decoder_layers=n_decoder_layers, d_ff=d_ff, dropout=dropout, k=k,
-            head_hidden=head_hidden, identity_first=identity_first, head_type=head_type,
-            share_embeddings=not source_output, tie_output_to_source=source_output,
-            src_positions=positions, tgt_positions=positions, window=window, tie_output=tie_output, image=image,
-            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=None,
-        )
-        super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
-                         seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb,
-                         input_noise, input_noise_kind, head_targets, detach_heads, train_readout)
-        self.save_hyperparameters()
+        super().__init__(architecture, training)
+        self.save_options(architecture=architecture, training=training, intensity_sigma=intensity_sigma,
+                          smooth_intensities=smooth_intensities)
         self.values = intensity_values()
         kernel = gaussian_kernel(VOCAB_SIZE, OFFSET, intensity_sigma) if intensity_sigma > 0 else None
         self.register_buffer("target_kernel", kernel, persistent=False)
         if smooth_intensities:
             self.init_smooth_intensities()
 
+    @classmethod
+    def flat_init_args(cls, flat: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint's flat hyperparameters of before ``architecture``: the image options it lacks are the
+        original design's (:meth:`legacy_hparams`), ``positions`` both rasters', ``source_output`` the output
+        layer tied to a source embedding of its own."""
+        flat = {**flat, **cls.legacy_hparams(flat)}
+        positions, source_output = flat.pop("positions"), flat.pop("source_output")
+        flat.update(src_positions=positions, tgt_positions=positions, tie_output_to_source=source_output,
+                    share_embeddings=not source_output)
+        return split_flat(flat, ARCHITECTURE, TRAINING)
+
     def init_smooth_intensities(self) -> None:
         """Intensity rows of the embedding <- :func:`intensity_features`; an untied output layer gets the
         same features in a random orthogonal basis: smooth in the intensity too, but not aligned with the
         input embedding (which would vote for repeating the input intensity again). With
-        ``source_output`` the source embedding (= output layer) gets the features and the decoder's
+        ``tie_output_to_source`` the source embedding (= output layer) gets the features and the decoder's
         input embedding the rotated ones, for the same reason."""
         d, model = self.model.config.d_model, self.model
         features = intensity_features(d)  # (256, D)
@@ -250,8 +156,8 @@ class SuperResolutionModule(BlockwiseModule):
     # ---- checkpoints of another image design -------------------------------------------------------
     @classmethod
     def legacy_hparams(cls, hparams: dict[str, Any]) -> dict[str, Any]:
-        """Image options a checkpoint's hyperparameters lack: it predates them, so it was trained with
-        the original design (:data:`LEGACY_DESIGN`); :func:`~lightning_bpd.checkpoints.load_model` passes these."""
+        """Image options a checkpoint's flat hyperparameters lack: it predates them, so it was trained with
+        the original design (:data:`LEGACY_DESIGN`, :data:`LEGACY_HEADS`)."""
         return {key: value for key, value in {**LEGACY_DESIGN, **LEGACY_HEADS}.items() if key not in hparams}
 
     def design_mismatch(self, state: dict[str, Any], prefix: str = "model.") -> list[str]:
@@ -261,20 +167,21 @@ class SuperResolutionModule(BlockwiseModule):
         return sorted(ours ^ theirs)
 
     def design_error(self, path: str, keys: list[str]) -> str:
-        hp = {key: self.hparams.get(key) for key in LEGACY_DESIGN}
+        ours = design_of(self.model.config)
+        legacy = design_of(self.init_args_of_checkpoint({})["architecture"])  # a checkpoint of before the options
         return (f"{path}: the checkpoint was trained with another image design than this model "
-                f"({', '.join(f'{k}={v}' for k, v in hp.items())}); differing: {', '.join(keys[:6])}. "
-                f"Set model.init_args.tie_output / positions / scale_positions / direct_conditioning / source_output / "
-                f"conditioning / intensity_prior / intensity_output as the "
-                f"checkpoint was trained (before these options: {LEGACY_DESIGN}).")
+                f"({', '.join(f'{k}={v}' for k, v in ours.items())}); differing: {', '.join(keys[:6])}. "
+                f"Set model.init_args.architecture's {' / '.join(DESIGN)} as the checkpoint was trained "
+                f"(before these options: {', '.join(f'{k}={v}' for k, v in legacy.items())}).")
 
     def design_differences(self, checkpoint: dict[str, Any]) -> list[str]:
         """The image options (from the checkpoint's hyperparameters, else its weights' keys) that differ
         from this model's; empty when the designs agree."""
         hp = checkpoint.get("hyper_parameters")
-        theirs = {**hp, **self.legacy_hparams(hp)} if isinstance(hp, dict) else None
-        differ = [f"{key} {theirs[key]} vs {self.hparams[key]}" for key in LEGACY_DESIGN
-                  if theirs is not None and theirs[key] != self.hparams[key]]
+        differ = []
+        if isinstance(hp, dict):
+            theirs, ours = design_of(self.init_args_of_checkpoint(hp)["architecture"]), design_of(self.model.config)
+            differ = [f"{key} {theirs[key]} vs {ours[key]}" for key in DESIGN if theirs[key] != ours[key]]
         return differ or self.design_mismatch(checkpoint.get("state_dict", checkpoint))
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -286,7 +193,7 @@ class SuperResolutionModule(BlockwiseModule):
         """A base of another image design can't warm-start this model: one message that says which options."""
         keys = self.design_differences(checkpoint)
         if keys:
-            raise ValueError(self.design_error(f"model.init_from={path}", keys))
+            raise ValueError(self.design_error(f"model.training.init_from={path}", keys))
 
     # ---- DecodeEval hooks --------------------------------------------------------------------------
     def max_decode_len(self, src: torch.Tensor) -> int:

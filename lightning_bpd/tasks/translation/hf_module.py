@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.hf.base import HEAD_TYPES, HFSeq2SeqBlockwise, load_base
-from lightning_bpd.tasks.blockwise_module import MAX_K, BlockwiseModule
+from lightning_bpd.tasks.blockwise_module import MAX_K, BlockwiseModule, options_of, split_flat
+from lightning_bpd.tasks.training_options import TrainingOptions
 from lightning_bpd.tasks.translation.hf_tokenizer import HFTokenizer
 from lightning_bpd.tasks.translation.module import TranslationModule
 
@@ -66,6 +67,10 @@ def head_dtype(model: HFSeq2SeqBlockwise) -> torch.dtype:
     return model.base.get_output_embeddings().weight.dtype
 
 
+# An HF run's training defaults: the heads alone on the frozen pretrained base.
+TRAINING = TrainingOptions(freeze_base=True, warmup_steps=500)
+
+
 class HFTranslationModule(TranslationModule):
     """Blockwise heads on a pretrained Hugging Face seq2seq translation model.
 
@@ -74,12 +79,12 @@ class HFTranslationModule(TranslationModule):
         k: number of heads (2..16 with a frozen base; 1 = the base alone).
         head_type: ``paper``, ``chained`` or ``chained_attn`` (chained heads that also attend to the source).
         head_hidden: the head's hidden size (default: the base's d_model).
-        freeze_base: train only the heads (the base's weights stay bit-identical, its dropout off).
-        loss_mode, lr, warmup_steps, label_smoothing, weight_decay, seed, loss_fraction, head1_weight,
-        head_loss_decay, base_lr_scale, frozen_cache_gb, head_targets: as in :class:`TranslationModule`.
+        training: as in :class:`TranslationModule` (:class:`~lightning_bpd.tasks.training_options.TrainingOptions`;
+            here ``freeze_base`` by default: the base's weights stay bit-identical, its dropout off; ``init_from``: a
+            checkpoint of an earlier run on the same base whose weights, base and heads of the same shape, this run
+            starts from, e.g. joint fine-tuning after the frozen stage). The base's decoder inputs are not corrupted
+            (``input_noise`` 0) and it has no readout to train apart.
         max_len_a, max_len_b: decoding stops after ``a * source_length + b`` tokens (at most the base's positions).
-        init_from: a checkpoint of an earlier run on the same base whose weights (base, and heads of the same
-            shape) this run starts from (e.g. joint fine-tuning after the frozen stage).
     """
 
     def __init__(
@@ -88,22 +93,9 @@ class HFTranslationModule(TranslationModule):
         k: int = 8,
         head_type: str = "chained_attn",
         head_hidden: int | None = None,
-        freeze_base: bool = True,
-        loss_mode: str = "random",
-        lr: float = 1e-3,
-        warmup_steps: int = 500,
-        label_smoothing: float = 0.1,
-        weight_decay: float = 0.0,
+        training: TrainingOptions = TRAINING,
         max_len_a: float = 1.5,
         max_len_b: int = 10,
-        seed: int = 0,
-        loss_fraction: float = 1.0,
-        head1_weight: float = 0.0,
-        head_loss_decay: float = 1.0,
-        base_lr_scale: float = 1.0,
-        frozen_cache_gb: float = 4.0,
-        head_targets: str = "data",
-        init_from: str | None = None,
     ) -> None:
         if pretrained is None:
             raise ValueError("model.init_args.pretrained: give the directory of a local Hugging Face seq2seq checkpoint")
@@ -111,18 +103,27 @@ class HFTranslationModule(TranslationModule):
             raise ValueError(f"model.k must lie in [1, {MAX_K}] (1 = the base model), got {k!r}")
         if head_type not in HEAD_TYPES:
             raise ValueError(f"model.head_type must be one of {HEAD_TYPES}, got {head_type!r}")
-        pretrained = os.path.abspath(os.fspath(pretrained))
-        model = load_base(pretrained, k=k, head_type=head_type, head_hidden=head_hidden, frozen=freeze_base)
+        _, training = options_of(None, training)
+        for name in ("input_noise", "train_readout"):
+            if getattr(training, name):
+                raise ValueError(f"model.training.{name} is not supported on Hugging Face models: leave it out")
+        pretrained = os.path.abspath(os.fspath(pretrained))  # load_model from any folder (the CLI hands it as given)
+        model = load_base(pretrained, k=k, head_type=head_type, head_hidden=head_hidden, frozen=training.freeze_base)
         tokenizer = HFTokenizer.load(pretrained)
         check_vocabularies(pretrained, tokenizer, model)
-        BlockwiseModule.__init__(self, None, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing,
-                                 weight_decay, seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale,
-                                 frozen_cache_gb, head_targets=head_targets, model=model)
-        self.save_hyperparameters(ignore=["vocab_size"])  # the CLI's link from the data's tokenizer: not an option here
-        self.hparams.pretrained = pretrained  # absolute (the CLI hands the path as given): load_model from any folder
+        BlockwiseModule.__init__(self, None, training, model=model)
+        self.save_options(pretrained=pretrained, k=k, head_type=head_type, head_hidden=head_hidden, training=training,
+                          max_len_a=max_len_a, max_len_b=max_len_b)
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self._tokenizer = tokenizer  # type: ignore[assignment]
         self.train(self.training)  # load_base hands the base in eval mode: a trained base needs its dropout
+
+    @classmethod
+    def flat_init_args(cls, flat: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint's flat hyperparameters of before ``training`` (its ``vocab_size``: the CLI's link from the
+        data's tokenizer, no option here)."""
+        flat = {key: value for key, value in flat.items() if key != "vocab_size"}
+        return split_flat(flat, None, TRAINING)
 
     # ---- tokenizer and checkpoints ------------------------------------------------------------------------
     def on_fit_start(self) -> None:
@@ -182,7 +183,8 @@ class HFTranslationModule(TranslationModule):
         meta = json.loads(meta_path.read_text())
         base_dir = os.fspath(base) if base is not None else meta["base"]
         module = cls(base_dir, k=meta["k"], head_type=meta["head_type"], head_hidden=meta["head_hidden"],
-                     freeze_base=True, max_len_a=meta.get("max_len_a", 1.5), max_len_b=meta.get("max_len_b", 10))
+                     training=TRAINING, max_len_a=meta.get("max_len_a", 1.5),
+                     max_len_b=meta.get("max_len_b", 10))
         model = module.model
         if model.vocab_size != meta["vocab_size"] or config_hash(model) != meta["config_hash"]:
             raise ValueError(f"{base_dir}: not the base the heads of {folder} were trained on (its config or "

@@ -1,13 +1,15 @@
 """English->German translation with a blockwise Transformer: the LightningModule.
 
-Model shape and the two-stage recipe are flat arguments so the CLI can override them
-(``--model.k=8 --model.freeze_base=true --model.init_from=base.ckpt``). The SentencePiece model
-is stored inside every checkpoint; :func:`lightning_bpd.load_model` restores both.
+The model's shape is its ``architecture`` and the two-stage recipe its ``training`` options, each overridable
+from the command line (``--model.init_args.architecture.k=8 --model.init_args.training.freeze_base=true
+--model.init_args.training.init_from=base.ckpt``). The SentencePiece model is stored inside every checkpoint;
+:func:`lightning_bpd.load_model` restores both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import sacrebleu
@@ -18,94 +20,69 @@ from lightning_bpd.decoding import Criterion, parse_criterion
 from lightning_bpd.evaluation import EvalBatch, MethodRun, run_batch
 from lightning_bpd.nn.config import ModelConfig
 from lightning_bpd.nn.draft_vocab import ids_from_counts
-from lightning_bpd.tasks.blockwise_module import BlockwiseModule
+from lightning_bpd.tasks.blockwise_module import BlockwiseModule, options_of, split_flat
+from lightning_bpd.tasks.training_options import TrainingOptions
 from lightning_bpd.tasks.translation.datamodule_utils import collate_pairs
-from lightning_bpd.tasks.translation.tokenizer import Tokenizer
+from lightning_bpd.tasks.translation.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+
+@dataclass
+class TranslationConfig(ModelConfig):
+    """A :class:`ModelConfig` with the translation model's defaults: one embedding table for both languages (their
+    joint vocabulary). A config leaves the vocabulary sizes null: they are the data module's tokenizer's
+    (``lightning_bpd/cli.py`` links them)."""
+
+    src_vocab_size: int = 8000
+    tgt_vocab_size: int = 8000
+    share_embeddings: bool = True
+
+
+ARCHITECTURE, TRAINING = TranslationConfig(), TrainingOptions()  # the defaults (BlockwiseModule copies the config)
+# What the tokenizer fixes (tokenizer.py; a model of other ids would read its pieces wrongly), and no image options.
+FIXED = {"pad_id": PAD_ID, "bos_id": BOS_ID, "eos_id": EOS_ID, "image": None}
 
 
 class TranslationModule(BlockwiseModule):
     """Blockwise Transformer for translation.
 
     Args:
-        vocab_size: joint vocabulary size (linked from the data module's tokenizer).
-        d_model, n_heads, n_encoder_layers, n_decoder_layers, d_ff, dropout: Transformer shape.
-        k: number of heads (1 = base model, up to 16).
-        head_hidden: d_hidden of the blockwise head (its hidden layer has k * head_hidden units);
-            defaults to d_ff as in the paper.
-        identity_first: p_1 bypasses the head layer (a frozen base then decodes exactly as before).
-        loss_mode: ``random`` (one head per minibatch) or ``mean``.
-        freeze_base: train only the head (needs ``init_from``).
-        init_from: checkpoint whose non-head weights initialize this model.
-        lr, warmup_steps, label_smoothing, weight_decay: optimization (inverse-sqrt schedule).
+        architecture: the model (:class:`TranslationConfig`, a ModelConfig with shared embeddings by default; its
+            vocabulary sizes and token ids are the tokenizer's, it has no image options). ``k``: number of heads (1 = base model, up
+            to 16); ``head_hidden``: d_hidden of the blockwise head (default d_ff, as in the paper);
+            ``identity_first``: p_1 bypasses the head layer (a frozen base then decodes exactly as before);
+            ``head_type``: ``paper`` (the paper's parallel head), ``chained`` (head i also sees the token proposed
+            for head i-1; Hydra-style) or ``chained_attn``; ``draft_vocab``: the heads propose only this many most
+            frequent target tokens of the training data (set when fitting starts; exact decoding unchanged).
+        training: the two-stage recipe and its optimization (:class:`~lightning_bpd.tasks.training_options.
+            TrainingOptions`; ``freeze_base`` needs ``init_from``, a base trained with this run's tokenizer).
         max_len_a, max_len_b: decoding stops after ``a * source_length + b`` tokens.
-        seed: seed of the per-minibatch head choice.
-        loss_fraction: share of target positions at which the training loss is evaluated (1.0 = all,
-            the paper; less trades gradient noise for cheaper vocabulary projections on CPU).
-        head1_weight: when fine-tuning, p_1's loss is kept in every minibatch with this weight
-            (``w * L_1 + (1 - w) * mean of the other heads``); 0 = the paper's loss.
-        head_type: ``paper`` (the paper's parallel head, the default) or ``chained`` (head i also sees
-            the token proposed for head i-1; Hydra-style, beyond the paper).
-        head_loss_decay: head i (1-based) weighs ``head_loss_decay ** (i - 1)`` in the loss (Medusa-2's
-            decaying head weights; in random mode the trained head is drawn with these odds); 1 = equal.
-        base_lr_scale: when fine-tuning, the base's learning rate is ``lr * base_lr_scale`` (the heads
-            keep ``lr``): Medusa-2's joint schedule after a frozen warm-up of the heads.
-        frozen_cache_gb: with a frozen base, keep up to this many GiB of its decoder states per
-            training example (computed once, no dropout) so that a head step skips the base; 0 = off.
-        draft_vocab: the heads propose only the this many most frequent target tokens of the training
-            data (set when fitting starts; cheaper proposals, exact decoding unchanged); null = all.
-        head_targets: ``data`` (default): heads 2..k train towards the data; ``own``: towards the model's own
-            greedy choice at each position given the teacher-forced prefix (argmax of p_1, taken from the same
-            decoder pass while training): self-distilled targets on the fly, without a ``distill`` run.
-        detach_heads: when training the base and the heads together, keep heads 2..k's losses out of the base:
-            ``states``: the decoder learns from p_1's loss alone (the shared output layer from every head's);
-            ``base``: no base weight learns from them; ``none`` (default): the paper's joint training. Pairs
-            with ``head_targets: own`` (the base keeps learning the data while the heads follow its choices).
     """
 
     def __init__(
         self,
-        vocab_size: int = 8000,
-        d_model: int = 256,
-        n_heads: int = 4,
-        n_encoder_layers: int = 3,
-        n_decoder_layers: int = 3,
-        d_ff: int = 1024,
-        dropout: float = 0.1,
-        k: int = 1,
-        head_hidden: int | None = None,
-        identity_first: bool = False,
-        loss_mode: str = "random",
-        freeze_base: bool = False,
-        init_from: str | None = None,
-        lr: float = 1e-3,
-        warmup_steps: int = 1000,
-        label_smoothing: float = 0.1,
-        weight_decay: float = 0.0,
+        architecture: TranslationConfig = ARCHITECTURE,
+        training: TrainingOptions = TRAINING,
         max_len_a: float = 1.5,
         max_len_b: int = 10,
-        seed: int = 0,
-        loss_fraction: float = 1.0,
-        head1_weight: float = 0.0,
-        head_type: str = "paper",
-        head_loss_decay: float = 1.0,
-        base_lr_scale: float = 1.0,
-        frozen_cache_gb: float = 4.0,
-        draft_vocab: int | None = None,
-        head_targets: str = "data",
-        detach_heads: str = "none",
     ) -> None:
-        config = ModelConfig(
-            src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=d_model, n_heads=n_heads,
-            n_encoder_layers=n_encoder_layers, n_decoder_layers=n_decoder_layers, d_ff=d_ff, dropout=dropout, k=k,
-            head_hidden=head_hidden, identity_first=identity_first, head_type=head_type, draft_vocab=draft_vocab,
-            share_embeddings=True,
-        )
-        super().__init__(config, loss_mode, freeze_base, init_from, lr, warmup_steps, label_smoothing, weight_decay,
-                         seed, loss_fraction, head1_weight, head_loss_decay, base_lr_scale, frozen_cache_gb,
-                         head_targets=head_targets, detach_heads=detach_heads)
-        self.save_hyperparameters()
+        architecture, training = options_of(architecture, training)
+        for key, value in FIXED.items():
+            if getattr(architecture, key) != value:
+                raise ValueError(f"model.architecture.{key} is {value!r} in translation (the tokenizer's), "
+                                 f"got {getattr(architecture, key)!r}")
+        super().__init__(architecture, training)
+        self.save_options(architecture=architecture, training=training, max_len_a=max_len_a, max_len_b=max_len_b)
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self._tokenizer: Tokenizer | None = None
+
+    @classmethod
+    def flat_init_args(cls, flat: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint's flat hyperparameters of before ``architecture``: one ``vocab_size`` for both languages,
+        one embedding table (as they were trained)."""
+        rest = split_flat(flat, ARCHITECTURE, TRAINING)
+        vocab = rest.pop("vocab_size", 8000)
+        rest["architecture"].update(src_vocab_size=vocab, tgt_vocab_size=vocab, share_embeddings=True)
+        return rest
 
     # ---- tokenizer ---------------------------------------------------------------------------------
     @property
@@ -154,7 +131,7 @@ class TranslationModule(BlockwiseModule):
             return  # an old checkpoint, or a warm start outside a Trainer with no data attached
         if not self.tokenizer.segments_like(Tokenizer.from_bytes(theirs)):
             raise ValueError(
-                f"model.init_from={path} was trained with another SentencePiece model than this run's data "
+                f"model.training.init_from={path} was trained with another SentencePiece model than this run's data "
                 f"(different pieces): leave data.init_args.tokenizer_path unset (a warm start then uses the "
                 f"base's) or set --data.init_args.tokenizer_path={path}"
             )

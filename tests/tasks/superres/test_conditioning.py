@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_bpd.tasks.superres import SuperResolutionModule
 from lightning_bpd.tasks.superres.conditioning import conditioning_diagnostic, nearest_upsample
 from lightning_bpd.tasks.superres.module import GREY_ID
+from tests.task_modules import superres_module
 
 TINY = {"d_model": 16, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 32, "window": 16}
 
@@ -27,7 +27,8 @@ def test_nearest_upsample_repeats_each_pixel_over_its_block():
 
 def test_a_model_that_ignores_its_source_has_no_gap():
     torch.manual_seed(0)
-    model = SuperResolutionModule(**TINY, direct_conditioning=False, source_output=False).model.eval()
+    model = superres_module(**TINY, tie_output_to_source=False, share_embeddings=True,
+                            image={"direct_conditioning": False}).model.eval()
     with torch.no_grad():
         for layer in model.decoder.layers:  # cross-attention contributes nothing: the source is unread
             layer.cross_attn.o_proj.weight.zero_()
@@ -43,7 +44,7 @@ def test_a_model_that_ignores_its_source_has_no_gap():
 
 def test_direct_conditioning_reads_the_source_without_cross_attention():
     torch.manual_seed(0)
-    model = SuperResolutionModule(**TINY, direct_conditioning=True).model.eval()
+    model = superres_module(**TINY).model.eval()
     with torch.no_grad():
         for layer in model.decoder.layers:
             layer.cross_attn.o_proj.weight.zero_()
@@ -58,15 +59,15 @@ def test_tied_output_repeats_its_input_at_initialization_and_untied_does_not():
     shares = {}
     for tie in (True, False):
         torch.manual_seed(0)
-        model = SuperResolutionModule(d_model=64, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
-                                      window=16, tie_output=tie, direct_conditioning=False,
-                                      smooth_intensities=False, source_output=False).model.eval()
+        model = superres_module(d_model=64, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, window=16,
+                                tie_output=tie, tie_output_to_source=False, share_embeddings=True,
+                                image={"direct_conditioning": False}, smooth_intensities=False).model.eval()
         shares[tie] = conditioning_diagnostic(model, src, tgt, GREY_ID)["cond/repeat_share"]
     assert shares[True] > 0.9 and shares[False] < 0.1
 
 
 def test_one_image_cannot_be_rolled():
-    model = SuperResolutionModule(**TINY).model.eval()
+    model = superres_module(**TINY).model.eval()
     with pytest.raises(ValueError, match="at least 2 images"):
         conditioning_diagnostic(model, *pairs(1), GREY_ID)
 
@@ -78,8 +79,9 @@ def test_smooth_intensity_init_keeps_the_untied_output_from_repeating_its_input(
     cos = torch.nn.functional.cosine_similarity
     for source_output in (False, True):
         torch.manual_seed(0)
-        module = SuperResolutionModule(d_model=64, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
-                                       window=16, source_output=source_output)
+        untied = {} if source_output else {"tie_output_to_source": False, "share_embeddings": True}
+        module = superres_module(d_model=64, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, window=16,
+                                 **untied)
         out = module.model.output_layer()[0].detach()[3:]  # (256, D)
         emb = module.model.tgt_embed.weight.detach()[3:]  # (256, D)
         assert cos(emb[100], emb[101], dim=0) > 0.8 and cos(out[100], out[101], dim=0) > 0.8

@@ -13,8 +13,8 @@ from lightning_bpd.tasks.superres.datamodule import SuperResolutionDataModule
 from lightning_bpd.tasks.superres.distill import TARGETS, greedy_images, load_targets, shard_file
 from tests.tasks.superres.test_superres_pipeline import TINY
 
-BASE = [a for a in TINY if not a.startswith(("--model.init_args.k=", "--data.init_args.synthetic_sizes"))] + [
-    "--model.init_args.k=1", "--data.init_args.synthetic_sizes={train: 7, val: 2, test: 2}",
+BASE = [a for a in TINY if not a.startswith(("--model.init_args.architecture.k=", "--data.init_args.synthetic_sizes"))] + [
+    "--model.init_args.architecture.k=1", "--data.init_args.synthetic_sizes={train: 7, val: 2, test: 2}",
     "--trainer.max_steps=1", "--decode_eval.criteria=[]", "--trainer.logger=false",
 ]
 

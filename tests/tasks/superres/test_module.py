@@ -18,10 +18,16 @@ from lightning_bpd.tasks.superres import SuperResolutionModule
 from lightning_bpd.tasks.superres.conditioning import nearest_upsample, smooth_upsample
 from lightning_bpd.tasks.superres.module import LEGACY_DESIGN, image_quality
 from lightning_bpd.tasks.superres.pixels import image_to_tokens
+from tests.task_modules import superres_config, superres_module
 
 TINY = {"d_model": 16, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 32, "window": 16}
-NEW_DESIGN = {"tie_output": False, "positions": "grid", "scale_positions": True, "direct_conditioning": True}
-SOURCE_OUTPUT = {"tie_output": False, "direct_conditioning": True, "source_output": True}
+# The image designs (architecture options; the image options under "image"): the original one, of checkpoints from
+# before the options existed; the grid one with an output layer of its own; the default, whose output layer is the
+# source embedding (tie_output_to_source).
+ORIGINAL = {"tie_output": True, "tie_output_to_source": False, "share_embeddings": True, "src_positions": "image",
+            "tgt_positions": "image", "image": {"scale_positions": False, "direct_conditioning": False,
+                                                "head_centres": "first"}}
+GRID_UNTIED = {"tie_output_to_source": False, "share_embeddings": True}
 
 
 def eval_batches(n: int = 3) -> list[EvalBatch]:
@@ -32,7 +38,7 @@ def eval_batches(n: int = 3) -> list[EvalBatch]:
 
 
 def test_extras_score_nearest_upsampling_with_the_same_code():
-    module = SuperResolutionModule(**TINY).eval()
+    module = superres_module(**TINY).eval()
     batches = eval_batches()
     extras = module.decode_eval_extras(batches)
     lows, highs = torch.stack(batches[0].sources), torch.stack(batches[0].references)
@@ -51,7 +57,7 @@ def test_extras_score_nearest_upsampling_with_the_same_code():
 
 def test_sample_rows_need_no_wandb(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now fails
-    module = SuperResolutionModule(**TINY)
+    module = superres_module(**TINY)
     batches = eval_batches(2)
     outputs = {"greedy": [[5] * 3072, [6] * 3072], "exact": [[5] * 3072, [6] * 3072]}
     blocks = {"greedy": [[1] * 3072] * 2, "exact": [[2] * 1536] * 2}
@@ -64,27 +70,28 @@ def test_sample_rows_need_no_wandb(monkeypatch):
 @pytest.mark.parametrize("k", [1, 3])
 def test_new_designs_decode_blockwise_exactly_like_greedy(k, design):
     torch.manual_seed(0)
-    options = {"grid_untied": {**NEW_DESIGN, "source_output": False}, "source_output": SOURCE_OUTPUT,
-               "bilinear": {**SOURCE_OUTPUT, "conditioning": "bilinear"},
-               "prior": {**SOURCE_OUTPUT, "conditioning": "bilinear", "intensity_prior": 15.0}}[design]
-    module = SuperResolutionModule(**TINY, k=k, head_hidden=8, **options).double().eval()
+    options = {"grid_untied": GRID_UNTIED, "source_output": {}, "bilinear": {"image": {"conditioning": "bilinear"}},
+               "prior": {"image": {"conditioning": "bilinear", "intensity_prior": 15.0}}}[design]
+    module = superres_module(**TINY, k=k, head_hidden=8, **options).double().eval()
     src = torch.randint(3, 259, (2, 192))
     out = blockwise_decode(module.model, src, module.make_criterion("exact"), max_len=60)
     assert torch.equal(out.tokens, greedy_decode(module.model, src, 60).tokens)
 
 
-def save_legacy_checkpoint(path, **design) -> dict:
-    """A checkpoint as written before the image options existed (its hyperparameters lack them)."""
+def save_legacy_checkpoint(path) -> dict:
+    """A checkpoint of the original design as written before the image options existed: its flat hyperparameters
+    lack them."""
     torch.manual_seed(0)
-    module = SuperResolutionModule(**TINY, **design)
-    hparams = {key: value for key, value in module.hparams.items() if key not in LEGACY_DESIGN}
+    module = superres_module(**TINY, **ORIGINAL)
+    hparams = {**TINY, "k": 1, "lr": 1e-3, "warmup_steps": 500, "smooth_intensities": True}
+    assert not set(hparams) & set(LEGACY_DESIGN)
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": hparams, "pytorch-lightning_version": pl.__version__,
                 "lightning_bpd_class": "lightning_bpd.tasks.superres.module.SuperResolutionModule"}, path)
     return module.state_dict()
 
 
 def test_checkpoints_of_the_original_design_still_load(tmp_path):
-    state = save_legacy_checkpoint(tmp_path / "old.ckpt", **LEGACY_DESIGN)
+    state = save_legacy_checkpoint(tmp_path / "old.ckpt")
     module = load_model(tmp_path / "old.ckpt")
     assert module.model.config.tie_output and module.model.config.src_positions == "image"
     for key, value in module.state_dict().items():
@@ -92,21 +99,25 @@ def test_checkpoints_of_the_original_design_still_load(tmp_path):
 
 
 def test_a_checkpoint_of_another_design_fails_with_one_message(tmp_path):
-    save_legacy_checkpoint(tmp_path / "old.ckpt", **LEGACY_DESIGN)
+    save_legacy_checkpoint(tmp_path / "old.ckpt")
     with pytest.raises(ValueError, match="another image design.*tie_output=False"):
-        SuperResolutionModule.load_from_checkpoint(tmp_path / "old.ckpt", **NEW_DESIGN)
-    module = SuperResolutionModule(**TINY, **NEW_DESIGN)
+        SuperResolutionModule.load_from_checkpoint(tmp_path / "old.ckpt", architecture=superres_config(**TINY))
+    module = superres_module(**TINY)
     with pytest.raises(ValueError, match=r"init_from=.*another image design.*tie_output True vs False"):
         module.warm_start(str(tmp_path / "old.ckpt"))
 
 
 def test_unknown_positions_and_conditioning_are_refused():
-    with pytest.raises(ValueError, match="model.positions must be one of"):
-        SuperResolutionModule(**TINY, positions="pixels")
-    with pytest.raises(ValueError, match=r"model.conditioning must be one of \('nearest', 'bilinear', 'bicubic'\), got 'lanczos'"):
-        SuperResolutionModule(**TINY, conditioning="lanczos")
-    with pytest.raises(ValueError, match=r"model.head_prior must be one of \('shared', 'own', 'residual'\), got 'mine'"):
-        SuperResolutionModule(**TINY, head_prior="mine")
+    with pytest.raises(ValueError, match=r"src_positions and tgt_positions must be the same, one of \('image', 'grid'\)"):
+        superres_module(**TINY, src_positions="sinusoidal", tgt_positions="sinusoidal", image={"scale_positions": False})
+    with pytest.raises(ValueError, match=r"conditioning must be one of \('nearest', 'bilinear', 'bicubic'\), got 'lanczos'"):
+        superres_module(**TINY, image={"conditioning": "lanczos"})
+    with pytest.raises(ValueError, match=r"head_prior must be one of \('shared', 'own', 'residual'\), got 'mine'"):
+        superres_module(**TINY, image={"head_prior": "mine"})
+    with pytest.raises(ValueError, match=r"model.architecture.eos_id is None in super-resolution, got 2"):
+        superres_module(**TINY, eos_id=2)
+    with pytest.raises(ValueError, match=r"model.architecture.image.tgt_image_shape is \(32, 32, 3\)"):
+        superres_module(**TINY, image={"tgt_image_shape": (16, 16, 3)})
 
 
 def test_source_output_starts_from_nearest_neighbour_upsampling():
@@ -119,8 +130,8 @@ def test_source_output_starts_from_nearest_neighbour_upsampling():
     shares, errors = {}, {}
     for source_output in (False, True):
         torch.manual_seed(0)
-        module = SuperResolutionModule(d_model=64, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
-                                       window=32, dropout=0.0, tie_output=False, source_output=source_output).eval()
+        module = superres_module(d_model=64, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, window=32,
+                                 dropout=0.0, **({} if source_output else GRID_UNTIED)).eval()
         with torch.no_grad():
             logits = module.model.logits_first(module.model(image_to_tokens(lows), decoder_inputs(up, module.model.bos_id)))
         shares[source_output] = float((logits.argmax(-1) == up).float().mean())
@@ -139,8 +150,8 @@ def test_bilinear_conditioning_starts_from_bilinear_upsampling():
     lows = torch.randint(0, 256, (2, 8, 8, 3), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
     smooth = image_to_tokens(smooth_upsample(lows, 4, "bilinear").to(torch.uint8))  # (2, 3072)
     torch.manual_seed(0)
-    module = SuperResolutionModule(d_model=64, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, window=32,
-                                   dropout=0.0, conditioning="bilinear").eval()
+    module = superres_module(d_model=64, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, window=32,
+                             dropout=0.0, image={"conditioning": "bilinear"}).eval()
     with torch.no_grad():
         logits = module.model.logits_first(module.model(image_to_tokens(lows), decoder_inputs(smooth, module.model.bos_id)))
     assert float((logits.argmax(-1) == smooth).float().mean()) > 0.7
@@ -154,44 +165,48 @@ def test_a_fresh_gaussian_model_with_bicubic_conditioning_decodes_bicubic_upsamp
     up = torch.nn.functional.interpolate(lows.permute(0, 3, 1, 2).double(), scale_factor=4, mode="bicubic", align_corners=False)
     bicubic = image_to_tokens((up + 0.5).floor().clamp(0, 255).permute(0, 2, 3, 1).to(torch.uint8))  # (1, 3072)
     torch.manual_seed(0)
-    module = SuperResolutionModule(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, window=16,
-                                   dropout=0.0, conditioning="bicubic", intensity_prior=15.0,
-                                   intensity_output="gaussian").eval()
+    module = superres_module(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, window=16,
+                             dropout=0.0, image={"conditioning": "bicubic", "intensity_prior": 15.0,
+                                                 "intensity_output": "gaussian"}).eval()
     out = greedy_decode(module.model, image_to_tokens(lows), 3072)
     assert torch.equal(out.tokens, bicubic)
 
 
-@pytest.mark.parametrize("bad", [{"tie_output": True}, {"direct_conditioning": False}])
-def test_source_output_needs_an_untied_layer_and_direct_conditioning(bad):
-    with pytest.raises(ValueError, match="model.source_output needs tie_output: false and direct_conditioning: true"):
-        SuperResolutionModule(**TINY, **{**SOURCE_OUTPUT, **bad})
+@pytest.mark.parametrize("bad, message", [
+    ({"tie_output": True}, "tie_output_to_source needs tie_output off and share_embeddings off"),
+    ({"image": {"direct_conditioning": False}}, "tie_output_to_source needs image.direct_conditioning: true"),
+])
+def test_source_output_needs_an_untied_layer_and_direct_conditioning(bad, message):
+    with pytest.raises(ValueError, match=message):
+        superres_module(**TINY, **bad)
 
 
 def test_a_base_without_source_output_cannot_warm_start_one(tmp_path):
     torch.manual_seed(0)
-    base = SuperResolutionModule(**TINY, tie_output=False, source_output=False)
+    base = superres_module(**TINY, **GRID_UNTIED)
     torch.save({"state_dict": base.state_dict(), "hyper_parameters": dict(base.hparams)}, tmp_path / "base.ckpt")
-    with pytest.raises(ValueError, match=r"init_from=.*another image design.*source_output False vs True"):
-        SuperResolutionModule(**TINY, **SOURCE_OUTPUT).warm_start(str(tmp_path / "base.ckpt"))
-    with pytest.raises(ValueError, match=r"another image design.*source_output"):
-        SuperResolutionModule(**TINY, **SOURCE_OUTPUT).on_load_checkpoint(torch.load(tmp_path / "base.ckpt"))
+    with pytest.raises(ValueError, match=r"init_from=.*another image design.*tie_output_to_source False vs True"):
+        superres_module(**TINY).warm_start(str(tmp_path / "base.ckpt"))
+    with pytest.raises(ValueError, match=r"another image design.*tie_output_to_source"):
+        superres_module(**TINY).on_load_checkpoint(torch.load(tmp_path / "base.ckpt"))
 
 
 def test_a_base_without_the_intensity_prior_cannot_warm_start_one(tmp_path):
     torch.manual_seed(0)
-    base = SuperResolutionModule(**TINY, conditioning="bilinear")
+    base = superres_module(**TINY, image={"conditioning": "bilinear"})
     torch.save({"state_dict": base.state_dict(), "hyper_parameters": dict(base.hparams)}, tmp_path / "base.ckpt")
+    prior = superres_module(**TINY, image={"conditioning": "bilinear", "intensity_prior": 15.0})
     with pytest.raises(ValueError, match=r"init_from=.*another image design.*intensity_prior 0.0 vs 15.0"):
-        SuperResolutionModule(**TINY, conditioning="bilinear", intensity_prior=15.0).warm_start(str(tmp_path / "base.ckpt"))
+        prior.warm_start(str(tmp_path / "base.ckpt"))
     with pytest.raises(ValueError, match=r"another image design.*conditioning bilinear vs nearest"):
-        SuperResolutionModule(**TINY).warm_start(str(tmp_path / "base.ckpt"))
+        superres_module(**TINY).warm_start(str(tmp_path / "base.ckpt"))
     with pytest.raises(ValueError, match=r"intensity_prior must be >= 0"):
-        SuperResolutionModule(**TINY, intensity_prior=-2.0)
+        superres_module(**TINY, image={"intensity_prior": -2.0})
 
 
 def test_the_intensity_prior_width_is_logged_while_training():
     torch.manual_seed(0)
-    module = SuperResolutionModule(**TINY, intensity_prior=15.0)
+    module = superres_module(**TINY, image={"intensity_prior": 15.0})
     logged = {}
     module.log = lambda name, value, **kwargs: logged.__setitem__(name, value)  # no trainer needed
     batch = {"src": torch.randint(3, 259, (2, 192)), "tgt": torch.randint(3, 259, (2, 3072))}
@@ -201,9 +216,9 @@ def test_the_intensity_prior_width_is_logged_while_training():
 
 def test_intensity_sigma_trains_towards_neighbouring_intensities_and_validates_plain_nll():
     torch.manual_seed(0)
-    module = SuperResolutionModule(**TINY, intensity_sigma=3.0)
+    module = superres_module(**TINY, intensity_sigma=3.0)
     src, tgt = torch.randint(3, 259, (2, 192)), torch.randint(3, 259, (2, 3072))
-    plain = SuperResolutionModule(**TINY)
+    plain = superres_module(**TINY)
     plain.load_state_dict(module.state_dict())
     module.eval(), plain.eval()
     assert module.blockwise_step(src, tgt, [0]).loss == plain.blockwise_step(src, tgt, [0]).loss
@@ -212,17 +227,18 @@ def test_intensity_sigma_trains_towards_neighbouring_intensities_and_validates_p
     row = module.target_kernel[3 + 100]
     assert int(row.argmax()) == 103 and float(row[3 + 97 : 3 + 104].sum()) > 0.7
     with pytest.raises(ValueError, match="intensity_sigma must be >= 0"):
-        SuperResolutionModule(**TINY, intensity_sigma=-1.0)
+        superres_module(**TINY, intensity_sigma=-1.0)
 
 
-GAUSSIAN_CHAIN = {**TINY, "k": 3, "head_type": "chained", "intensity_prior": 15.0, "intensity_output": "gaussian",
-                  "head_neighbours": True, "dropout": 0.0}
+GAUSSIAN_CHAIN = {**TINY, "k": 3, "head_type": "chained", "dropout": 0.0}
+GAUSSIAN_IMAGE = {"intensity_prior": 15.0, "intensity_output": "gaussian", "head_neighbours": True}
 
 
 def test_train_readout_fine_tunes_the_gaussian_readout_over_cached_frozen_states():
     torch.manual_seed(0)
-    module = SuperResolutionModule(**GAUSSIAN_CHAIN, freeze_base=True, init_from="base.ckpt", train_readout=True,
-                                   head1_weight=0.5, base_lr_scale=0.5, lr=1e-3, loss_mode="mean")
+    training = {"freeze_base": True, "init_from": "base.ckpt", "train_readout": True, "head1_weight": 0.5,
+                "base_lr_scale": 0.5, "lr": 1e-3, "loss_mode": "mean"}
+    module = superres_module(training, GAUSSIAN_IMAGE, **GAUSSIAN_CHAIN)
     trainable = {name for name, p in module.model.named_parameters() if p.requires_grad}
     assert {name for name in trainable if not name.startswith("head.")} == {"prior.log_precision", "prior.adapt.weight",
                                                                           "prior.adapt.bias"}
@@ -250,12 +266,13 @@ def test_train_readout_fine_tunes_the_gaussian_readout_over_cached_frozen_states
     assert not torch.allclose(again.loss, cached.loss)  # and the readout's change reached the loss
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"freeze_base": False}, "train_readout trains the base's readout beside an otherwise frozen base"),
-    ({"intensity_output": "categorical"}, "train_readout needs a readout that acts after the decoder states"),
-    ({"head_centres": "first", "head_neighbours": False}, "train_readout needs a readout that acts after the decoder states"),
+@pytest.mark.parametrize("training, image, message", [
+    ({"freeze_base": False}, {}, "train_readout trains the base's readout beside an otherwise frozen base"),
+    ({}, {"intensity_output": "categorical"}, "train_readout needs a readout that acts after the decoder states"),
+    ({}, {"head_centres": "first", "head_neighbours": False},
+     "train_readout needs a readout that acts after the decoder states"),
 ])
-def test_train_readout_needs_a_frozen_base_and_a_readout_after_the_states(bad, message):
-    options = {**GAUSSIAN_CHAIN, "freeze_base": True, "init_from": "base.ckpt", "train_readout": True, **bad}
+def test_train_readout_needs_a_frozen_base_and_a_readout_after_the_states(training, image, message):
+    training = {"freeze_base": True, "init_from": "base.ckpt", "train_readout": True, **training}
     with pytest.raises(ValueError, match=message):
-        SuperResolutionModule(**options)
+        superres_module(training, {**GAUSSIAN_IMAGE, **image}, **GAUSSIAN_CHAIN)

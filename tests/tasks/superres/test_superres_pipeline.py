@@ -9,14 +9,14 @@ import torch
 
 from lightning_bpd.cli import main
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
-from lightning_bpd.tasks.superres import SuperResolutionModule
+from tests.task_modules import superres_module
 from tests.wandb_reader import rows_with
 
 TINY = [
     "--config", "conf/superres/default.yaml",
-    "--model.init_args.d_model=16", "--model.init_args.n_heads=2", "--model.init_args.d_ff=32",
-    "--model.init_args.n_encoder_layers=1", "--model.init_args.n_decoder_layers=1", "--model.init_args.window=32",
-    "--model.init_args.head_hidden=8", "--model.init_args.k=3",
+    "--model.init_args.architecture.d_model=16", "--model.init_args.architecture.n_heads=2", "--model.init_args.architecture.d_ff=32",
+    "--model.init_args.architecture.n_encoder_layers=1", "--model.init_args.architecture.n_decoder_layers=1", "--model.init_args.architecture.window=32",
+    "--model.init_args.architecture.head_hidden=8", "--model.init_args.architecture.k=3",
     "--data.init_args.synthetic_sizes={train: 16, val: 2, test: 2}", "--data.init_args.batch_size=4",
     "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.log_every_n_steps=1",
     "--decode_eval.subset=1", "--decode_eval.batch_size=1", "--decode_eval.criteria=[exact, eps8]",
@@ -50,8 +50,8 @@ def test_superres_fit_logs_per_eps_acceptance(tmp_path, monkeypatch):
 
 def test_image_transformer_cached_decoding_matches_the_full_pass():
     torch.manual_seed(0)
-    module = SuperResolutionModule(d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=2, d_ff=32,
-                                   window=8, k=3, head_hidden=8).double().eval()
+    module = superres_module(d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=2, d_ff=32, window=8, k=3,
+                             head_hidden=8).double().eval()
     model = module.model
     src = torch.randint(3, 259, (2, 192))
     out = blockwise_decode(model, src, module.make_criterion("exact"), max_len=40)

@@ -9,10 +9,10 @@ from tests.batch_recorder import CLASS_PATH, seen_batches
 
 TINY = [
     "--config", f"{REPO_ROOT}/conf/superres/default.yaml",
-    "--model.init_args.d_model=16", "--model.init_args.n_heads=2", "--model.init_args.d_ff=32",
-    "--model.init_args.n_encoder_layers=1", "--model.init_args.n_decoder_layers=1", "--model.init_args.window=32",
-    "--model.init_args.head_hidden=8", "--model.init_args.k=3", "--model.init_args.dropout=0.1",
-    "--model.init_args.loss_mode=random", "--model.init_args.loss_fraction=0.5",
+    "--model.init_args.architecture.d_model=16", "--model.init_args.architecture.n_heads=2", "--model.init_args.architecture.d_ff=32",
+    "--model.init_args.architecture.n_encoder_layers=1", "--model.init_args.architecture.n_decoder_layers=1", "--model.init_args.architecture.window=32",
+    "--model.init_args.architecture.head_hidden=8", "--model.init_args.architecture.k=3", "--model.init_args.architecture.dropout=0.1",
+    "--model.init_args.training.loss_mode=random", "--model.init_args.training.loss_fraction=0.5",
     "--data.init_args.synthetic_sizes={train: 18, val: 2, test: 2}", "--data.init_args.batch_size=4",
     "--trainer.val_check_interval=1000", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
     "--trainer.enable_model_summary=false", f"--trainer.callbacks+={CLASS_PATH}",

@@ -16,12 +16,13 @@ import yaml
 
 from lightning_bpd.cli import REPO_ROOT, main
 from lightning_bpd.evaluation import EvalBatch
+from tests.task_modules import translation_module
 from tests.wandb_reader import find_run_file, history, rows_with
 
 TINY = [
-    "--model.init_args.d_model=32", "--model.init_args.n_heads=2", "--model.init_args.d_ff=64",
-    "--model.init_args.n_encoder_layers=1", "--model.init_args.n_decoder_layers=1",
-    "--model.init_args.head_hidden=16", "--model.init_args.warmup_steps=2",
+    "--model.init_args.architecture.d_model=32", "--model.init_args.architecture.n_heads=2", "--model.init_args.architecture.d_ff=64",
+    "--model.init_args.architecture.n_encoder_layers=1", "--model.init_args.architecture.n_decoder_layers=1",
+    "--model.init_args.architecture.head_hidden=16", "--model.init_args.training.warmup_steps=2",
     "--data.init_args.vocab_size=120", "--data.init_args.max_tokens=600",
     "--data.init_args.synthetic_sizes={train: 300, val: 12, test: 12}",
     "--trainer.val_check_interval=3", "--trainer.log_every_n_steps=1",
@@ -37,8 +38,8 @@ def fitted(tmp_path_factory):
     mp.chdir(root)
     mp.setenv("WANDB_MODE", "offline")
     mp.setenv("WANDB_SILENT", "true")
-    first = main(["fit", *TINY, "--model.init_args.k=3", "--trainer.max_steps=3", "--run_dir=runs/a"])
-    cli = main(["fit", *TINY, "--model.init_args.k=3", "--trainer.max_steps=6", "--run_dir=runs/b",
+    first = main(["fit", *TINY, "--model.init_args.architecture.k=3", "--trainer.max_steps=3", "--run_dir=runs/a"])
+    cli = main(["fit", *TINY, "--model.init_args.architecture.k=3", "--trainer.max_steps=6", "--run_dir=runs/b",
                 "--ckpt_path=runs/a/last.ckpt"])
     yield root, first, cli
     mp.undo()
@@ -54,15 +55,17 @@ def test_fit_saves_config_and_checkpoints_and_resumes(fitted):
     saved = (root / "runs/b/config.yaml").read_text()
     assert "vocab_size: 1" in saved or "vocab_size: 9" in saved or "vocab_size:" in saved
     assert "k: 3" in saved
-    # the vocabulary size linked from the tokenizer is in the saved config, which rebuilds the same model
-    model_args = yaml.safe_load(saved)["model"]["init_args"]
-    assert model_args["vocab_size"] == cli.model.model.config.tgt_vocab_size == cli.datamodule.vocab_size
+    # the vocabulary sizes linked from the tokenizer are in the saved config, which rebuilds the same model
+    architecture = yaml.safe_load(saved)["model"]["init_args"]["architecture"]
+    vocab = cli.datamodule.vocab_size
+    assert architecture["src_vocab_size"] == architecture["tgt_vocab_size"] == vocab == cli.model.model.config.tgt_vocab_size
 
 
 def test_a_vocab_size_given_that_is_not_the_tokenizers_is_one_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as err:
-        main(["fit", *TINY, "--model.init_args.vocab_size=50", "--trainer.max_steps=1", "--trainer.logger=false",
+        main(["fit", *TINY, "--model.init_args.architecture.src_vocab_size=50",
+              "--model.init_args.architecture.tgt_vocab_size=50", "--trainer.max_steps=1", "--trainer.logger=false",
               "--run_dir=runs/v"])
     assert str(err.value).startswith("error: tokenizer has ") and "the model was built for 50" in str(err.value)
 
@@ -246,7 +249,14 @@ def test_decode_of_stdin_that_is_not_utf8_in_a_subprocess(fitted):
 @pytest.mark.parametrize("args, message", [
     (["--model.init_args.not_a_key=1"], ("error: model.init_args.not_a_key: unknown option 'not_a_key' "
                                          "(python -m lightning_bpd fit --help lists every option)")),
-    (["--model.init_args.k=abc"], "error: model.init_args.k: Expected a <class 'int'>. Got value: abc"),
+    (["--model.init_args.architecture.k=abc"], ("error: model.init_args.architecture.k: Expected a <class 'int'>. "
+                                                "Got value: abc")),
+    (["--model.init_args.training.lrr=1"], "error: model.init_args.training.lrr: unknown option 'lrr' (python -m"),
+    (["--model.init_args.architecture.lr=1"], ("error: model.init_args.architecture.lr: unknown option 'lr' (did you "
+                                               "mean model.init_args.training.lr?)")),
+    (["--model.init_args.lr=1"], "error: model.init_args.lr: unknown option 'lr' (did you mean model.init_args.training.lr?)"),
+    (["--model.init_args.vocab_size=1"], ("error: model.init_args.vocab_size: unknown option 'vocab_size' (did you mean "
+                                          "model.init_args.architecture.src_vocab_size and tgt_vocab_size")),
     (["--trainer.max_stepz=3"], "error: unrecognized arguments: --trainer.max_stepz=3"),
 ])
 def test_unknown_config_key_is_one_clear_error(tmp_path, monkeypatch, capsys, args, message):
@@ -274,8 +284,8 @@ def test_misaligned_files_and_missing_folder_fail_with_one_message(tmp_path, mon
 def test_k_out_of_range_and_bad_checkpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as err:
-        main(["fit", "--model.init_args.k=17", "--trainer.max_steps=1", *TINY])
-    assert "model.k must lie in [1, 16]" in str(err.value)
+        main(["fit", "--model.init_args.architecture.k=17", "--trainer.max_steps=1", *TINY])
+    assert "model.architecture.k must lie in [1, 16]" in str(err.value)
     with pytest.raises(SystemExit) as err:
         main(["decode", "--ckpt", "missing.ckpt"])
     assert "no checkpoint at" in str(err.value)
@@ -283,24 +293,21 @@ def test_k_out_of_range_and_bad_checkpoint(tmp_path, monkeypatch):
 
 def test_init_from_a_checkpoint_of_another_shape(fitted, tmp_path):
     from lightning_bpd.nn.warm_start import CheckpointMismatchError
-    from lightning_bpd.tasks.translation import TranslationModule
 
     root, _, _ = fitted
-    other = TranslationModule(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1,
-                              k=2, init_from=str(root / "runs/b/last.ckpt"))
+    other = translation_module({"init_from": str(root / "runs/b/last.ckpt")}, src_vocab_size=50, tgt_vocab_size=50,
+                               d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, k=2)
     with pytest.raises(CheckpointMismatchError, match=r"tgt_embed.weight: checkpoint \(\d+, 32\) vs model \(50, 16\)"):
         other.warm_start(str(root / "runs/b/last.ckpt"))
 
 
 def test_frozen_stage_two_trains_only_the_head(fitted):
-    from lightning_bpd.tasks.translation import TranslationModule
-
     root, _, cli = fitted
     vocab = cli.model.model.config.tgt_vocab_size
-    module = TranslationModule(vocab_size=vocab, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
-                               n_decoder_layers=1, head_hidden=16, k=4, identity_first=True, freeze_base=True,
-                               init_from=str(root / "runs/b/last.ckpt"))
-    module.warm_start(module.init_from)
+    module = translation_module({"freeze_base": True, "init_from": str(root / "runs/b/last.ckpt")},
+                                src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=32, n_heads=2, d_ff=64,
+                                n_encoder_layers=1, n_decoder_layers=1, head_hidden=16, k=4, identity_first=True)
+    module.warm_start(module.options.init_from)
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
     assert trainable and all(n.startswith("model.head.") for n in trainable)
     assert module.trainable_heads_skip() == [0]
@@ -313,17 +320,15 @@ def test_frozen_stage_two_trains_only_the_head(fitted):
 
 
 def test_head1_weight_in_fine_tuning(fitted):
-    from lightning_bpd.tasks.translation import TranslationModule
-
     root, _, cli = fitted
     vocab = cli.model.model.config.tgt_vocab_size
-    shape = {"vocab_size": vocab, "d_model": 32, "n_heads": 2, "d_ff": 64, "n_encoder_layers": 1,
-             "n_decoder_layers": 1, "head_hidden": 16, "k": 4, "identity_first": True,
-             "init_from": str(root / "runs/b/last.ckpt")}
+    shape = {"src_vocab_size": vocab, "tgt_vocab_size": vocab, "d_model": 32, "n_heads": 2, "d_ff": 64,
+             "n_encoder_layers": 1, "n_decoder_layers": 1, "head_hidden": 16, "k": 4, "identity_first": True}
+    base = str(root / "runs/b/last.ckpt")
     with pytest.raises(ValueError, match="frozen base does not train"):
-        TranslationModule(**shape, freeze_base=True, head1_weight=0.5)
-    module = TranslationModule(**shape, loss_mode="mean", head1_weight=0.75)
-    module.warm_start(module.init_from)
+        translation_module({"init_from": base, "freeze_base": True, "head1_weight": 0.5}, **shape)
+    module = translation_module({"init_from": base, "loss_mode": "mean", "head1_weight": 0.75}, **shape)
+    module.warm_start(module.options.init_from)
     src, tgt = torch.randint(4, vocab, (3, 5)), torch.randint(4, vocab, (3, 6))
     out = module.blockwise_step(src, tgt, [0, 1, 2, 3], head1_weight=0.75)
     rest = torch.stack([out.head_loss[i] for i in (2, 3, 4)]).mean()
@@ -335,7 +340,7 @@ def test_warm_start_uses_the_base_tokenizer(fitted):
 
     root, _, cli_b = fitted
     base = str(root / "runs/b/last.ckpt")
-    other_data = [*TINY, "--data.init_args.seed=7", "--model.init_args.k=2", f"--model.init_args.init_from={base}",
+    other_data = [*TINY, "--data.init_args.seed=7", "--model.init_args.architecture.k=2", f"--model.init_args.training.init_from={base}",
                   "--trainer.max_steps=1", "--trainer.logger=false"]
     # other training text, no tokenizer named: the base's is used, not one trained on this text
     cli = main(["fit", *other_data, "--run_dir=runs/same-tok"])
@@ -444,8 +449,8 @@ def test_draft_vocabulary_from_the_training_targets_and_in_bench(fitted, tmp_pat
     from lightning_bpd.nn.draft_vocab import ids_from_counts
 
     root, _, _ = fitted
-    cli = main(["fit", *TINY, "--model.init_args.k=3", "--model.init_args.head_type=chained",
-                "--model.init_args.draft_vocab=30", "--trainer.max_steps=2", "--trainer.logger=false",
+    cli = main(["fit", *TINY, "--model.init_args.architecture.k=3", "--model.init_args.architecture.head_type=chained",
+                "--model.init_args.architecture.draft_vocab=30", "--trainer.max_steps=2", "--trainer.logger=false",
                 "--run_dir=runs/draft-vocab"])
     model, data = cli.model.model, cli.datamodule
     counts = data.dataset("train").target_counts(model.config.tgt_vocab_size)

@@ -8,9 +8,9 @@ from lightning_bpd.cli import main
 from tests.batch_recorder import CLASS_PATH, seen_batches
 
 TINY = [
-    "--model.init_args.d_model=32", "--model.init_args.n_heads=2", "--model.init_args.d_ff=64",
-    "--model.init_args.n_encoder_layers=1", "--model.init_args.n_decoder_layers=1",
-    "--model.init_args.head_hidden=16", "--model.init_args.warmup_steps=2", "--model.init_args.loss_mode=random",
+    "--model.init_args.architecture.d_model=32", "--model.init_args.architecture.n_heads=2", "--model.init_args.architecture.d_ff=64",
+    "--model.init_args.architecture.n_encoder_layers=1", "--model.init_args.architecture.n_decoder_layers=1",
+    "--model.init_args.architecture.head_hidden=16", "--model.init_args.training.warmup_steps=2", "--model.init_args.training.loss_mode=random",
     "--data.init_args.vocab_size=120", "--data.init_args.max_tokens=600",
     "--data.init_args.synthetic_sizes={train: 120, val: 4, test: 4}",
     "--trainer.val_check_interval=1000", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
