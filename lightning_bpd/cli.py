@@ -61,6 +61,7 @@ COMMANDS = {
     "test": "evaluate a checkpoint on the test split (--ckpt_path)",
     "decode": "translate a file or stdin with a checkpoint, k and a criterion",
     "bench": "time greedy against blockwise decoding of a checkpoint (table and JSON)",
+    "bench-generate": "time a Hugging Face heads checkpoint against its base's own generate (greedy, prompt lookup)",
     "distill": "beam-decode a training corpus with a teacher (sequence-level distillation), sharded, resumable",
     "human-eval": "export side-by-side image pairs for raters (export) and score their answers (analyze)",
     "make-base": "a fresh random Marian base and its own BPE tokenizer (a Hugging Face directory) from a corpus",
@@ -72,6 +73,7 @@ COMMANDS = {
 PLAIN_COMMANDS = {
     "decode": "lightning_bpd.decode",
     "bench": "lightning_bpd.bench",
+    "bench-generate": "lightning_bpd.benchmarks.hf_generate",
     "distill": "lightning_bpd.distill",
     "human-eval": "lightning_bpd.human_eval",
     "make-base": "lightning_bpd.hf.make_base",
@@ -80,7 +82,7 @@ PLAIN_COMMANDS = {
 }
 
 USAGE = "usage: python -m lightning_bpd {" + ",".join(COMMANDS) + "} [options]\n\n" + "\n".join(
-    f"  {name:11s} {text}" for name, text in COMMANDS.items()
+    f"  {name:14s} {text}" for name, text in COMMANDS.items()
 ) + (
     "\n\nExamples:\n"
     "  python -m lightning_bpd fit\n"

@@ -55,9 +55,14 @@ from torch import Tensor
 from lightning_bpd.benchmarks.ctranslate2_peer import PeerUnavailableError, ct2_device, quiet_transformers, require
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding import Exact, blockwise_decode
-from lightning_bpd.evaluation import batched, load_inputs, timed
+from lightning_bpd.evaluation import batched, load_inputs, set_draft_vocab, timed
 from lightning_bpd.inference import build_runtime
-from lightning_bpd.inference.arguments import add_precision_arg, options_from_args
+from lightning_bpd.inference.arguments import (
+    add_draft_vocab_args,
+    add_precision_arg,
+    add_timing_args,
+    options_from_args,
+)
 from lightning_bpd.records import device_name, write_json
 
 GENERATE, LOOKUP, OURS = "hf_generate", "hf_prompt_lookup", "exact"
@@ -79,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-matching-ngram", type=int, default=2, help="generate's max_matching_ngram_size")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add_precision_arg(p)
+    add_draft_vocab_args(p)
+    add_timing_args(p)
     p.add_argument("--peers", nargs="*", default=[], choices=["ctranslate2"],
                    help=f"also time CTranslate2 greedy decoding of the converted base ({CT2_HINT})")
     p.add_argument("--ct2-quantizations", nargs="+", default=["float32", "int8"],
@@ -292,6 +299,13 @@ def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, arg
     return {name: report[name] for name in [*METHODS, *(peer.name for peer in peers)]}
 
 
+def runtime_options(options, args: argparse.Namespace) -> dict[str, Any]:
+    """What our decoding ran with, for the record (the draft vocabulary by its size and source)."""
+    return {"proposal_precision": options.proposal_precision, "lean_steps": options.lean_steps,
+            "fused_chain": options.fused_chain, "screened_argmax": options.screened_argmax,
+            "stop_below": options.stop_below, "draft_vocab": args.draft_vocab, "draft_vocab_from": args.draft_vocab_from}
+
+
 def check_hf(module, ckpt: str) -> None:
     from lightning_bpd.hf.base import HFSeq2SeqBlockwise
 
@@ -314,6 +328,7 @@ def main(argv: list[str] | None = None) -> dict:
         if next(module.model.base.parameters()).dtype != torch.float32:
             print(f"hf_generate: the base is {next(module.model.base.parameters()).dtype}: generate runs it so",
                   file=sys.stderr)
+        set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
         runtime = build_runtime(module.model, options)
         if args.k is not None and not 1 <= args.k <= module.model.k:
             raise ValueError(f"--k must lie in [1, {module.model.k}] (the checkpoint's heads), got {args.k}")
@@ -327,7 +342,7 @@ def main(argv: list[str] | None = None) -> dict:
         "ckpt": args.ckpt, "base": module.hparams.get("pretrained"), "model_type": module.model.base.config.model_type,
         "k": args.k or module.model.k, "head_type": module.model.head_type, "device": str(module.device),
         "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(inputs),
-        "precision": runtime.precision, "generate_dtype": str(next(module.model.base.parameters()).dtype),
+        "precision": runtime.precision, "options": runtime_options(options, args), "generate_dtype": str(next(module.model.base.parameters()).dtype),
         "methods": list(METHODS), "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
         "max_matching_ngram_size": args.max_matching_ngram, "max_new_tokens": "the module's max_decode_len of each batch",
         "transformers_version": __import__("transformers").__version__, "batch_sizes": {}}

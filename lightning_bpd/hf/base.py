@@ -26,7 +26,7 @@ decoding of p_1; turn them off there to compare.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -36,9 +36,13 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, EncoderDecoderCache, PreTrainedModel
 
 from lightning_bpd.decoding.protocol import OptionalCapabilities
+from lightning_bpd.hf.lean_step import LeanDecoder, LeanEncoderLayer
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
+from lightning_bpd.nn.draft_vocab import DraftVocabulary, version
+from lightning_bpd.nn.image_readout import NO_IMAGE, NoImage
 from lightning_bpd.nn.kv_cache import KVCache
+from lightning_bpd.nn.products import FLOAT, Products
 
 HEAD_TYPES = ("paper", "chained", "chained_attn")
 # Families whose decoders are: token embedding (+ scale), + a position table, [layernorm_embedding], BART-style
@@ -109,7 +113,16 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
     (:class:`ChainedHead`; the source-attending one reads the last decoder layer's cross-attention keys and
     values). ``head_hidden``: the head's hidden size (default d_model). ``frozen``: the base's parameters do not
     train. The head takes the base's dtype and device.
+
+    Beside the protocol it offers what the runtime's proposer (:mod:`lightning_bpd.inference.proposer`) builds its
+    fast proposals from, as :class:`~lightning_bpd.nn.model.BlockwiseTransformer` does: ``head``,
+    :meth:`output_layer`, :meth:`embedding_table`, :meth:`chain_link`, a draft vocabulary
+    (:meth:`use_draft_vocab`) and ``products``; it has no intensity prior and no image read-out.
     """
+
+    products: Products = FLOAT  # how the proposals' projections multiply (a runtime gives its snapshot its own)
+    prior = None  # p_1 is a plain vocabulary projection
+    image: NoImage = NO_IMAGE
 
     def __init__(self, base: PreTrainedModel, k: int = 1, head_type: str = "paper", head_hidden: int | None = None,
                  frozen: bool = True) -> None:
@@ -166,6 +179,10 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         self.register_buffer("banned", torch.tensor([w[0] for w in bad if len(w) == 1], dtype=torch.long,
                                                     device=weight.device), persistent=False)
         self.ban_tokens = True  # False inside unbanned()
+        self.draft_vocab: DraftVocabulary | None = None  # set for decoding only (use_draft_vocab)
+        self.lean = False  # a runtime's lean steps: decode_step through LeanDecoder (Marian, BART, mBART)
+        self._lean: LeanDecoder | None = None
+        self._output: tuple[tuple[int, ...], Tensor, Tensor | None] | None = None  # output_layer's, keyed
         self.frozen = frozen
         if frozen:
             base.requires_grad_(False)
@@ -186,7 +203,10 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
     def encode(self, src: Tensor) -> HFContext:
         """Sources (B, S), padded with the pad id -> the encoder output and every decoder layer's cross K/V."""
         valid = src != self.pad_id
-        hidden = self.base.get_encoder()(input_ids=src, attention_mask=valid.long()).last_hidden_state  # (B, S, D)
+        encoder = self.base.get_encoder()
+        if self.lean and not self.t5 and not torch.is_grad_enabled():  # a runtime's: its layers run lean
+            LeanEncoderLayer.install(encoder.layers, self.base.config.model_type == "mbart", self.attention)
+        hidden = encoder(input_ids=src, attention_mask=valid.long()).last_hidden_state  # (B, S, D)
         b, s = valid.shape
         cross = []
         for layer in self.layers:
@@ -239,7 +259,10 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         x = self.embed(tokens, positions)
         self_mask = as_mask(allowed, x.dtype, self.attention)
         step = StepCache(SelfAttentionCache(cache, positions, stop), context.cross)
-        if self.t5:
+        if self.lean and not self.t5 and not torch.is_grad_enabled():  # a runtime's: the same ops, fewer calls
+            x = self.lean_decoder()(x, positions, stop, self_mask, cache, context.cross, context.cross_mask,
+                                    self.products)
+        elif self.t5:
             bias = self.relative_bias(slots[None, None, :] - positions[:, :, None])  # (B, H, T, S')
             for layer in self.layers:
                 x = layer(x, self_mask, bias, context.hidden, context.cross_mask, None, cache=step)[0]
@@ -249,6 +272,14 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
                           use_cache=True)
         cache.advance(n_new)
         return self.final_norm(x)
+
+    def lean_decoder(self) -> LeanDecoder:
+        """The decoder layers as one :class:`~lightning_bpd.hf.lean_step.LeanDecoder` (listed on first use: a
+        runtime's snapshot, whose parameters do not change)."""
+        if self._lean is None:
+            self._lean = LeanDecoder(self.layers, self.base.config.model_type == "mbart", self.n_heads,
+                                     self.head_dim, self.attention)
+        return self._lean
 
     def relative_bias(self, relative: Tensor) -> Tensor:
         """T5: the decoder's relative position bias at key minus query positions (B, T, S') -> (B, H, T, S')."""
@@ -314,6 +345,49 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         """Chained heads: head ``i``'s state (b, D) and logits (b, V) from head i-1's state z and its token (b,)."""
         z = self.head.step(z, self.embed_tokens(token), i, source)  # type: ignore[union-attr,operator]
         return z, self.project(z)
+
+    # ---- what the runtime's proposer reads -------------------------------------------------------------
+    def output_layer(self) -> tuple[Tensor, Tensor | None]:
+        """:meth:`project` as one affine map for proposals: weight (V, D) (T5 with scaled outputs: the LM head
+        times d_model ** -0.5) and bias (V,) (the final logits bias, banned tokens at -inf; None without either).
+        Made once and kept while the tensors it reads are unchanged (a product's copy is keyed by them)."""
+        weight = self.base.get_output_embeddings().weight
+        final = getattr(self.base, "final_logits_bias", None)
+        key = (id(weight), id(final), version(weight), version(final), self.banned.numel())
+        if self._output is None or self._output[0] != key:
+            with torch.no_grad():
+                scaled = weight
+                if self.t5 and self.base.config.scale_decoder_outputs:
+                    scaled = weight * (self.base.model_dim ** -0.5)
+                bias = None if final is None else final.reshape(-1).to(weight.dtype).clone()
+                if self.banned.numel():
+                    bias = torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device) if bias is None else bias
+                    bias.index_fill_(0, self.banned, float("-inf"))
+            self._output = (key, scaled, bias)
+        return self._output[1], self._output[2]
+
+    def embedding_table(self) -> Tensor:
+        """Every token's decoder input as :meth:`embed_tokens` gives it (V, D): the fused chain's token terms."""
+        table = self.decoder.embed_tokens
+        return self.embed_tokens(torch.arange(table.num_embeddings, device=table.weight.device))
+
+    def chain_link(self, step: Callable[[Tensor], Tensor], z: Tensor, i: int, dtype: torch.dtype | None = None,
+                   token: Tensor | None = None, nearest: bool = False) -> tuple[Tensor, Tensor]:
+        """Link ``i`` from head i-1's state z (b, D): ``step`` maps it (in ``dtype``, default z's) to head i's
+        state -> (that state, that state as the output layer reads it: the same, no image read-out here)."""
+        z = step(z if dtype is None else z.to(dtype))
+        return z, z
+
+    def use_draft_vocab(self, ids: Tensor) -> None:
+        """Let the heads propose only these token ids (:mod:`lightning_bpd.nn.draft_vocab`); decoding only."""
+        weight = self.base.get_output_embeddings().weight
+        if self.draft_vocab is None or self.draft_vocab.ids.numel() != len(ids):
+            self.draft_vocab = DraftVocabulary(self.vocab_size, len(ids)).to(weight.device)
+        self.draft_vocab.set_ids(ids)
+
+    def restrict_draft(self, logits: Tensor) -> Tensor:
+        """Logits (..., V) of a proposing head as the draft vocabulary sees them (-inf outside it)."""
+        return logits if self.draft_vocab is None else self.draft_vocab.restrict(logits)
 
     def chain_source(self, context: HFContext) -> ChainSource | None:  # type: ignore[override]
         """Source-attending chained heads read the last decoder layer's cross-attention K/V (B, S, H, Dh)."""

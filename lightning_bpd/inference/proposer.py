@@ -87,7 +87,8 @@ def proposal_path(model: nn.Module, precision: str | None) -> ProposalPath | Non
 
 class Proposer:
     """Deterministic proposals and greedy's argmax for the runtime's snapshot ``model`` (a
-    :class:`~lightning_bpd.nn.model.BlockwiseTransformer`), with the copies its options ask for made now."""
+    :class:`~lightning_bpd.nn.model.BlockwiseTransformer`, or a Hugging Face base with heads,
+    :class:`~lightning_bpd.hf.base.HFSeq2SeqBlockwise`), with the copies its options ask for made now."""
 
     def __init__(self, model: nn.Module, proposal_precision: str | None = None, fused: bool = True,
                  screened: bool = False) -> None:
@@ -97,7 +98,7 @@ class Proposer:
         self.int8 = self.proposal is not None and self.proposal.int8
         self.fused: FusedChain | None = None
         if fused and model.chained_heads:
-            embed = (model.tgt_embed.weight.detach() * model.scale).to(weight.dtype)  # (V, D): as embed_tokens
+            embed = model.embedding_table().detach().to(weight.dtype)  # (V, D): as embed_tokens
             self.fused = FusedChain(head, embed, int8=self.int8)  # type: ignore[arg-type]
         self.screen: ScreenedArgmax | None = None
         if screened:

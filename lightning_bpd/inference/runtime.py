@@ -145,13 +145,13 @@ def build_runtime(model: nn.Module | Runtime, options: InferenceOptions | None =
     made = snapshot(model, options)
     products = make_products(options, made)
     use_products(made, products)
-    for stack in (getattr(made, "encoder", None), getattr(made, "decoder", None)):
-        if stack is not None and hasattr(stack, "lean"):
-            stack.lean = options.lean_steps
+    for part in (made, getattr(made, "encoder", None), getattr(made, "decoder", None)):
+        if part is not None and hasattr(part, "lean"):  # our encoder and decoder, an HF base
+            part.lean = options.lean_steps
     if options.draft_vocab is not None:
         need(made, "use_draft_vocab", "a draft vocabulary")(torch.tensor(options.draft_vocab, dtype=torch.long))
     proposer = None
-    if hasattr(made, "head") and hasattr(made, "output_layer"):  # a BlockwiseTransformer: its fast paths
+    if hasattr(made, "head") and hasattr(made, "output_layer"):  # heads and an output layer (ours, an HF base)
         proposer = Proposer(made, options.proposal_precision, options.fused_chain, options.screened_argmax)
     elif options.proposal_precision is not None or options.screened_argmax:
         raise ValueError(f"{type(made).__name__} has no proposal path for a proposal precision or a screened argmax")

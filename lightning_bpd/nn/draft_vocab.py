@@ -33,6 +33,14 @@ def ids_from_counts(counts: Tensor, size: int, always: Iterable[int] = ()) -> Te
     return score.topk(size).indices.sort().values
 
 
+def version(t: Tensor | None) -> int:
+    """A tensor's in-place version counter, for keying what is made from it (-1: no tensor; 0: an inference
+    tensor, which keeps none and cannot change outside inference mode)."""
+    if t is None:
+        return -1
+    return 0 if t.is_inference() else t._version
+
+
 class DraftVocabulary(nn.Module):
     """``size`` token ids (a buffer saved with the model) and argmaxes restricted to them."""
 
@@ -56,7 +64,7 @@ class DraftVocabulary(nn.Module):
 
     def rows(self, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """The projection's rows (and bias) of the draft tokens, cached until either changes."""
-        key = (weight._version, self.ids._version, weight.data_ptr())
+        key = (version(weight), version(self.ids), weight.data_ptr())
         if self._rows is None or self._rows[0] != key:
             self._rows = (key, weight[self.ids], None if bias is None else bias[self.ids])
         return self._rows[1], self._rows[2]

@@ -167,3 +167,20 @@ class ImageReadout:
         for j in range(tokens.shape[-1]):
             carried = self.neighbours.fill(carried, self.prior.centres(tokens[..., j]), first + j, self.k)  # type: ignore[union-attr]
         return carried
+
+
+class NoImage:
+    """The read-out of a model without an intensity prior (a Hugging Face base): every state is read as it is."""
+
+    own_centres = False
+    neighbours = None
+    carried = 0
+
+    def split_centres(self, h: Tensor) -> tuple[Tensor, None]:
+        return h, None
+
+    def readout(self, states: Tensor, centres: Tensor | None, heads: int | list[int] = 0) -> Tensor:
+        return states
+
+
+NO_IMAGE = NoImage()

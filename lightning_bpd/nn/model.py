@@ -190,6 +190,10 @@ class BlockwiseTransformer(nn.Module):
         """Token embeddings as the decoder sees them, without positions: (...) -> (..., D)."""
         return self.tgt_embed(tokens) * self.scale
 
+    def embedding_table(self) -> Tensor:
+        """Every target token's embedding as :meth:`embed_tokens` gives it (V, D)."""
+        return self.tgt_embed.weight * self.scale
+
     def chain_source(self, context: EncoderContext) -> ChainSource | None:
         """What source-attending chained heads read for the sources of ``context`` (None: nothing)."""
         if not getattr(self.head, "source_attention", False):

@@ -31,6 +31,11 @@ class Products:
     #: the invariant kinds run only through the modules and the lean decoder step)
     lean_encoder = True
 
+    def __deepcopy__(self, memo: dict) -> Products:
+        """Shared, not copied: a copy of a module multiplies as the module does (its packed copies of the
+        original's weights are not the copy's; it makes its own on first use)."""
+        return self
+
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """``F.linear(x, weight, bias)``: (..., in) -> (..., out)."""
         return float_linear(x, weight, bias)

@@ -99,6 +99,20 @@ def test_an_int8_runtime_is_compared_too(tiny):
     assert 0 <= mine["differs_from_hf_generate"] <= N  # int8 products against float32 generate: counted, not assumed
 
 
+def test_a_draft_vocabulary_and_int8_proposals_keep_exact_decoding_exact(tiny):
+    """The heads propose from the target side's most frequent tokens (counted with the checkpoint's tokenizer),
+    in int8 where the CPU has it: the outputs stay generate's, and the record says what ran."""
+    (tiny / "tgt.de").write_text("\n".join(de for _, de in sentence_pairs(40, seed=6)) + "\n")
+    extra = ["--draft-vocab", "20", "--draft-vocab-from", str(tiny / "tgt.de")]
+    if int8.available():
+        extra += ["--proposal-precision", "int8"]
+    result = run(tiny, *extra)
+    assert result["options"]["draft_vocab"] == 20 and result["options"]["lean_steps"]
+    assert result["options"]["proposal_precision"] == ("int8" if int8.available() else None)
+    for report in result["batch_sizes"].values():
+        assert report[OURS]["differs_from_hf_generate"] == 0
+
+
 def one_line_exit(capsys, argv) -> str:
     with pytest.raises(SystemExit) as err:
         hf_bench(argv)

@@ -137,8 +137,9 @@ class HFTranslationModule(TranslationModule):
             raise ValueError(f"the data's tokenizer ({theirs!r}) is not the checkpoint's own ({ours!r}): leave "
                              f"data.init_args.tokenizer_path unset or set it to hf:{self.hparams.pretrained}")
 
-    def use_draft_vocab(self, counts: Tensor, size: int) -> None:
-        raise ValueError("a draft vocabulary is not supported on Hugging Face models")
+    @property
+    def target_vocab_size(self) -> int:
+        return self.model.vocab_size
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         BlockwiseModule.on_save_checkpoint(self, checkpoint)

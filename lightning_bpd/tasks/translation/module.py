@@ -117,7 +117,12 @@ class TranslationModule(BlockwiseModule):
     def draft_vocab_from_text(self, lines: list[str], size: int) -> None:
         """:meth:`use_draft_vocab` with the token counts of target-language ``lines``."""
         ids = torch.tensor([i for piece_ids in self.tokenizer.encode_batch(lines) for i in piece_ids], dtype=torch.long)
-        self.use_draft_vocab(torch.bincount(ids, minlength=self.model.config.tgt_vocab_size), size)
+        self.use_draft_vocab(torch.bincount(ids, minlength=self.target_vocab_size), size)
+
+    @property
+    def target_vocab_size(self) -> int:
+        """The size of the vocabulary the heads propose from."""
+        return self.model.config.tgt_vocab_size
 
     def check_warm_start(self, path: str, checkpoint: dict[str, Any]) -> None:
         """The base must have been trained with this run's tokenizer: token ids index its embeddings."""
