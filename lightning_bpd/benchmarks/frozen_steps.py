@@ -10,8 +10,10 @@ change (:class:`~lightning_bpd.tasks.frozen_states.FrozenStates`). This times fu
 (forward, loss, backward, optimizer) on the same training batches of the frozen-base module, once
 recomputing the base every step (``frozen_cache_gb: 0``, what a run does without the cache and what
 the first epoch of a cached run does) and once reading the states from the cache (every later
-epoch), and, for scale, of the fine-tuning module (every weight trained), alternating the variants
-over ``--repeats`` rounds; it reports the median seconds per step and steps per minute of each.
+epoch), and, for scale, of the fine-tuning module (every weight trained) and of the base's own training
+step (k = 1: the base alone, its loss at every position), alternating the variants over ``--repeats``
+rounds; it reports the median seconds per step and steps per minute of each. ``--loss-mode random``
+trains one random head per step (the paper's sub-loss) instead of every head (``mean``).
 """
 
 from __future__ import annotations
@@ -30,30 +32,33 @@ from lightning_bpd.tasks.translation import TranslationConfig, TranslationDataMo
 
 
 def build_module(ckpt: str, vocab: int, args: argparse.Namespace, cache_gb: float,
-                 frozen: bool = True) -> TranslationModule:
+                 frozen: bool = True, base_only: bool = False) -> TranslationModule:
     """The stage-2 module of the ``multi30k_k8_frozen`` recipe (or, not ``frozen``, of the fine-tuned
-    one: every weight trained), warm-started from ``ckpt``."""
+    one: every weight trained; ``base_only``: the base alone, k = 1, its loss at every position, as its own
+    training step), warm-started from ``ckpt``."""
     base = TranslationModule.init_args_of_checkpoint(torch.load(ckpt, map_location="cpu", weights_only=False)
                                                      ["hyper_parameters"])["architecture"]
     shape = {key: getattr(base, key) for key in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff")}
-    architecture = TranslationConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, **shape, k=args.k,
+    architecture = TranslationConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, **shape, k=1 if base_only else args.k,
                                      head_type=args.head_type, head_hidden=args.head_hidden, identity_first=True)
-    training = TrainingOptions(loss_mode="mean", freeze_base=frozen, init_from=ckpt, loss_fraction=args.loss_fraction,
+    training = TrainingOptions(loss_mode=args.loss_mode, freeze_base=frozen, init_from=ckpt,
+                               loss_fraction=1.0 if base_only else args.loss_fraction,
                                frozen_cache_gb=cache_gb if frozen else 0.0)
     module = TranslationModule(architecture, training)
     module.warm_start(ckpt)
     return module.train()
 
 
-def build_hf_module(pretrained: str, args: argparse.Namespace, cache_gb: float, frozen: bool = True):
-    """The same three variants on a Hugging Face base (:class:`~lightning_bpd.tasks.translation.hf_module.
-    HFTranslationModule`): heads on the frozen base, or the base fine-tuned with them."""
+def build_hf_module(pretrained: str, args: argparse.Namespace, cache_gb: float, frozen: bool = True,
+                    base_only: bool = False):
+    """The same variants on a Hugging Face base (:class:`~lightning_bpd.tasks.translation.hf_module.
+    HFTranslationModule`): heads on the frozen base, the base fine-tuned with them, or the base alone."""
     from lightning_bpd.tasks.translation.hf_module import TRAINING, HFTranslationModule
 
     torch.manual_seed(0)  # the same heads in every variant
-    training = replace(TRAINING, freeze_base=frozen, loss_mode="mean", loss_fraction=args.loss_fraction,
-                       frozen_cache_gb=cache_gb if frozen else 0.0)
-    module = HFTranslationModule(pretrained=pretrained, k=args.k, head_type=args.head_type,
+    training = replace(TRAINING, freeze_base=frozen, loss_mode=args.loss_mode,
+                       loss_fraction=1.0 if base_only else args.loss_fraction, frozen_cache_gb=cache_gb if frozen else 0.0)
+    module = HFTranslationModule(pretrained=pretrained, k=1 if base_only else args.k, head_type=args.head_type,
                                  head_hidden=args.head_hidden, training=training)
     return module.train()
 
@@ -79,6 +84,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--head-type", default="paper", choices=list(HEAD_TYPES))
     p.add_argument("--head-hidden", type=int, default=256)
     p.add_argument("--loss-fraction", type=float, default=0.25)
+    p.add_argument("--loss-mode", default="mean", choices=["mean", "random"],
+                   help="the heads' loss: every head's each step (mean), or one random head's (the paper's)")
     p.add_argument("--max-tokens", type=int, default=2000)
     p.add_argument("--batches", type=int, default=20, help="training batches timed per round")
     p.add_argument("--repeats", type=int, default=3, help="rounds, alternating the two variants")
@@ -92,11 +99,13 @@ def main(argv: list[str] | None = None) -> dict:
         loader = iter(data.train_dataloader())
         batches = [next(loader) for _ in range(args.batches)]
         if args.pretrained:
-            variants = {"fine-tuned": build_hf_module(args.pretrained, args, 0.0, frozen=False),
+            variants = {"base": build_hf_module(args.pretrained, args, 0.0, frozen=False, base_only=True),
+                        "fine-tuned": build_hf_module(args.pretrained, args, 0.0, frozen=False),
                         "recomputed": build_hf_module(args.pretrained, args, 0.0),
                         "cached": build_hf_module(args.pretrained, args, 4.0)}
         else:
-            variants = {"fine-tuned": build_module(args.ckpt, data.vocab_size, args, 0.0, frozen=False),
+            variants = {"base": build_module(args.ckpt, data.vocab_size, args, 0.0, frozen=False, base_only=True),
+                        "fine-tuned": build_module(args.ckpt, data.vocab_size, args, 0.0, frozen=False),
                         "recomputed": build_module(args.ckpt, data.vocab_size, args, 0.0),
                         "cached": build_module(args.ckpt, data.vocab_size, args, 4.0)}
     except (ValueError, FileNotFoundError) as err:  # a missing folder or checkpoint, a foreign one: one line
@@ -111,7 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
         for name, module in variants.items():
             times[name].append(seconds_per_step(module, batches, optimizers[name]))
     result = {"ckpt": args.ckpt, "pretrained": args.pretrained, "data_root": args.data_root, "k": args.k, "head_type": args.head_type,
-              "loss_fraction": args.loss_fraction, "max_tokens": args.max_tokens, "threads": torch.get_num_threads(),
+              "loss_fraction": args.loss_fraction, "loss_mode": args.loss_mode, "max_tokens": args.max_tokens,
+              "threads": torch.get_num_threads(),
               "batches": args.batches, "repeats": args.repeats}
     for name, values in times.items():
         sec = statistics.median(values)
@@ -119,8 +129,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name:10s} {sec:7.3f} s/step  {60.0 / sec:7.1f} head steps per minute", flush=True)
     result["speedup"] = result["recomputed"]["seconds_per_step"] / result["cached"]["seconds_per_step"]
     result["cached_vs_fine_tuned"] = result["cached"]["seconds_per_step"] / result["fine-tuned"]["seconds_per_step"]
+    result["cached_vs_base"] = result["cached"]["seconds_per_step"] / result["base"]["seconds_per_step"]
     print(f"cached / recomputed: {result['speedup']:.2f}x the steps per minute; a cached frozen step costs "
-          f"{result['cached_vs_fine_tuned']:.2f} of a fine-tuning step")
+          f"{result['cached_vs_fine_tuned']:.2f} of a fine-tuning step and {result['cached_vs_base']:.2f} of the base's own step")
     if args.json:
         write_json(args.json, result)
     return result

@@ -243,10 +243,12 @@ def test_frozen_steps_benchmark_on_a_hf_base(tmp_path):
     out = tmp_path / "frozen.json"
     result = frozen_steps(["--pretrained", str(base), "--data-root", str(data), "--k", "3", "--head-type", "chained",
                            "--head-hidden", "16", "--max-tokens", "200", "--batches", "2", "--repeats", "1",
-                           "--json", str(out)])
-    assert json.loads(out.read_text())["pretrained"] == str(base)
-    for variant in ("fine-tuned", "recomputed", "cached"):
+                           "--loss-mode", "random", "--json", str(out)])
+    record = json.loads(out.read_text())
+    assert record["pretrained"] == str(base) and record["loss_mode"] == "random"
+    for variant in ("base", "fine-tuned", "recomputed", "cached"):
         assert result[variant]["steps_per_minute"] > 0
+    assert record["cached_vs_base"] == pytest.approx(result["cached"]["seconds_per_step"] / result["base"]["seconds_per_step"])
 
 
 def test_frozen_steps_bad_input_is_one_line(tmp_path):

@@ -438,9 +438,9 @@ def test_frozen_steps_benchmark(fitted, tmp_path):
                            "--head-type", "chained", "--head-hidden", "16", "--max-tokens", "600", "--batches", "2",
                            "--repeats", "1", "--json", str(out)])
     assert json.loads(out.read_text())["speedup"] == pytest.approx(result["speedup"])
-    for variant in ("fine-tuned", "recomputed", "cached"):
+    for variant in ("base", "fine-tuned", "recomputed", "cached"):
         assert result[variant]["steps_per_minute"] > 0
-
+    assert result["loss_mode"] == "mean" and result["cached_vs_base"] > 0
 
 
 def test_draft_vocabulary_from_the_training_targets_and_in_bench(fitted, tmp_path):
