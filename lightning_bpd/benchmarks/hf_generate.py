@@ -45,7 +45,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -301,9 +301,7 @@ def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, arg
 
 def runtime_options(options, args: argparse.Namespace) -> dict[str, Any]:
     """What our decoding ran with, for the record (the draft vocabulary by its size and source)."""
-    return {"proposal_precision": options.proposal_precision, "lean_steps": options.lean_steps,
-            "fused_chain": options.fused_chain, "screened_argmax": options.screened_argmax,
-            "stop_below": options.stop_below, "draft_vocab": args.draft_vocab, "draft_vocab_from": args.draft_vocab_from}
+    return {**asdict(options), "draft_vocab": args.draft_vocab, "draft_vocab_from": args.draft_vocab_from}
 
 
 def check_hf(module, ckpt: str) -> None:
@@ -342,7 +340,8 @@ def main(argv: list[str] | None = None) -> dict:
         "ckpt": args.ckpt, "base": module.hparams.get("pretrained"), "model_type": module.model.base.config.model_type,
         "k": args.k or module.model.k, "head_type": module.model.head_type, "device": str(module.device),
         "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(inputs),
-        "precision": runtime.precision, "options": runtime_options(options, args), "generate_dtype": str(next(module.model.base.parameters()).dtype),
+        "precision": runtime.precision, "options": runtime_options(options, args),
+        "generate_dtype": str(next(module.model.base.parameters()).dtype),
         "methods": list(METHODS), "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
         "max_matching_ngram_size": args.max_matching_ngram, "max_new_tokens": "the module's max_decode_len of each batch",
         "transformers_version": __import__("transformers").__version__, "batch_sizes": {}}

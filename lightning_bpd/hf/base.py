@@ -204,7 +204,7 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         """Sources (B, S), padded with the pad id -> the encoder output and every decoder layer's cross K/V."""
         valid = src != self.pad_id
         encoder = self.base.get_encoder()
-        if self.lean and not self.t5 and not torch.is_grad_enabled():  # a runtime's: its layers run lean
+        if self.runs_lean():
             LeanEncoderLayer.install(encoder.layers, self.base.config.model_type == "mbart", self.attention)
         hidden = encoder(input_ids=src, attention_mask=valid.long()).last_hidden_state  # (B, S, D)
         b, s = valid.shape
@@ -258,20 +258,26 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         allowed = slots[None, None, None, :] <= positions[:, None, :, None]  # (B, 1, T, S'): causal, own length
         x = self.embed(tokens, positions)
         self_mask = as_mask(allowed, x.dtype, self.attention)
-        step = StepCache(SelfAttentionCache(cache, positions, stop), context.cross)
-        if self.lean and not self.t5 and not torch.is_grad_enabled():  # a runtime's: the same ops, fewer calls
+        if self.runs_lean():  # the same ops, fewer calls
             x = self.lean_decoder()(x, positions, stop, self_mask, cache, context.cross, context.cross_mask,
                                     self.products)
-        elif self.t5:
-            bias = self.relative_bias(slots[None, None, :] - positions[:, :, None])  # (B, H, T, S')
-            for layer in self.layers:
-                x = layer(x, self_mask, bias, context.hidden, context.cross_mask, None, cache=step)[0]
-        else:
-            for layer in self.layers:
-                x = layer(x, self_mask, context.hidden, encoder_attention_mask=context.cross_mask, cache=step,
-                          use_cache=True)
+        else:  # the HF layers, through a cache object of ours
+            step = StepCache(SelfAttentionCache(cache, positions, stop), context.cross)
+            if self.t5:
+                bias = self.relative_bias(slots[None, None, :] - positions[:, :, None])  # (B, H, T, S')
+                for layer in self.layers:
+                    x = layer(x, self_mask, bias, context.hidden, context.cross_mask, None, cache=step)[0]
+            else:
+                for layer in self.layers:
+                    x = layer(x, self_mask, context.hidden, encoder_attention_mask=context.cross_mask, cache=step,
+                              use_cache=True)
         cache.advance(n_new)
         return self.final_norm(x)
+
+    def runs_lean(self) -> bool:
+        """Whether the encoder's layers and the decoder step run lean: a runtime's snapshot (``lean``) of a
+        BART-family base, at inference; T5 and training keep the HF modules."""
+        return self.lean and not self.t5 and not torch.is_grad_enabled()
 
     def lean_decoder(self) -> LeanDecoder:
         """The decoder layers as one :class:`~lightning_bpd.hf.lean_step.LeanDecoder` (listed on first use: a

@@ -56,6 +56,34 @@ def norm(layer_norm: nn.LayerNorm) -> Norm:
     return layer_norm.weight, layer_norm.bias, layer_norm.eps
 
 
+def layer_norm(x: Tensor, n: Norm) -> Tensor:
+    return F.layer_norm(x, x.shape[-1:], n[0], n[1], n[2])
+
+
+def sublayer(x: Tensor, n: Norm, pre_norm: bool, fn: Callable[[Tensor], Tensor]) -> Tensor:
+    """A residual sublayer as the HF layers run it: pre-norm (mBART) x + fn(LN(x)); post-norm (Marian, BART)
+    LN(x + fn(x))."""
+    return x + fn(layer_norm(x, n)) if pre_norm else layer_norm(x + fn(x), n)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scaling: float, sdpa: bool) -> Tensor:
+    """(B, H, T, Dh) queries over (B, H, S, Dh) keys and values -> (B, T, H * Dh), as transformers'
+    ``sdpa_attention_forward`` (not causal: a mask or none) or ``eager_attention_forward`` computes it."""
+    if sdpa:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+    else:
+        scores = torch.matmul(q, k.transpose(2, 3)) * scaling
+        if mask is not None:
+            scores = scores + mask
+        out = torch.matmul(F.softmax(scores, dim=-1), v)
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+def feed_forward(h: Tensor, fc1: Affine, fc2: Affine, activation: Callable[[Tensor], Tensor],
+                 linear: Callable[..., Tensor]) -> Tensor:
+    return linear(activation(linear(h, *fc1)), *fc2)
+
+
 def lean_layer(layer: nn.Module) -> LeanLayer:
     """A Marian / BART / mBART decoder layer's tensors (the parameters themselves, not copies)."""
     attn, cross = layer.self_attn, layer.encoder_attn
@@ -79,43 +107,35 @@ class LeanDecoder:
         self.scaling = float(layers[0].self_attn.scaling)
         self.sdpa = implementation == "sdpa"
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        """(B, H, T, Dh) queries over (B, H, S, Dh) keys and values -> (B, T, H * Dh), as the HF interface does."""
-        if self.sdpa:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
-        else:  # transformers' eager_attention_forward
-            scores = torch.matmul(q, k.transpose(2, 3)) * self.scaling + mask
-            out = torch.matmul(F.softmax(scores, dim=-1), v)
-        return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
-
     def __call__(self, x: Tensor, positions: Tensor, stop: int, self_mask: Tensor, cache: KVCache,
                  cross: list[tuple[Tensor, Tensor]], cross_mask: Tensor, products: Products) -> Tensor:
         """First-layer inputs x (B, T, D) at ``positions`` (B, T) -> the last layer's output (B, T, D), writing
         each layer's keys and values at ``positions`` of ``cache`` and reading its slots 0..stop-1.
         ``self_mask`` (B, 1, T, stop) and ``cross_mask`` (B, 1, 1, S) as :func:`~lightning_bpd.hf.base.as_mask`
         makes them; ``cross``: per layer the source keys and values (B, H, S, Dh)."""
-        b, t = x.shape[0], x.shape[1]
-        heads = (b, t, self.n_heads, self.head_dim)
-        linear = products.linear
-        pre = self.pre_norm
         for i, w in enumerate(self.layers):
-            h = F.layer_norm(x, x.shape[-1:], *w.self_norm[:2], w.self_norm[2]) if pre else x
+            x = self.layer(x, i, w, positions, stop, self_mask, cache, cross[i], cross_mask, products.linear)
+        return x
+
+    def layer(self, x: Tensor, i: int, w: LeanLayer, positions: Tensor, stop: int, self_mask: Tensor, cache: KVCache,
+              cross: tuple[Tensor, Tensor], cross_mask: Tensor, linear: Callable[..., Tensor]) -> Tensor:
+        """Decoder layer ``i`` (its tensors ``w``) on x (B, T, D); ``cross``: its source keys and values."""
+        heads = (x.shape[0], x.shape[1], self.n_heads, self.head_dim)
+        scaling, sdpa = self.scaling, self.sdpa
+
+        def self_attention(h: Tensor) -> Tensor:
             q = linear(h, *w.q).view(heads).transpose(1, 2)  # (B, H, T, Dh)
             cache.write(i, positions, linear(h, *w.k).view(heads), linear(h, *w.v).view(heads))
             keys, values = cache.view(i, stop)  # (B, S', H, Dh)
-            x = x + linear(self.attend(q, keys.transpose(1, 2), values.transpose(1, 2), self_mask), *w.o)
-            if not pre:
-                x = F.layer_norm(x, x.shape[-1:], *w.self_norm[:2], w.self_norm[2])
-            h = F.layer_norm(x, x.shape[-1:], *w.cross_norm[:2], w.cross_norm[2]) if pre else x
+            return linear(attend(q, keys.transpose(1, 2), values.transpose(1, 2), self_mask, scaling, sdpa), *w.o)
+
+        def cross_attention(h: Tensor) -> Tensor:
             q = linear(h, *w.cross_q).view(heads).transpose(1, 2)
-            x = x + linear(self.attend(q, *cross[i], cross_mask), *w.cross_o)
-            if not pre:
-                x = F.layer_norm(x, x.shape[-1:], *w.cross_norm[:2], w.cross_norm[2])
-            h = F.layer_norm(x, x.shape[-1:], *w.final_norm[:2], w.final_norm[2]) if pre else x
-            x = x + linear(w.activation(linear(h, *w.fc1)), *w.fc2)
-            if not pre:
-                x = F.layer_norm(x, x.shape[-1:], *w.final_norm[:2], w.final_norm[2])
-        return x
+            return linear(attend(q, *cross, cross_mask, scaling, sdpa), *w.cross_o)
+
+        x = sublayer(x, w.self_norm, self.pre_norm, self_attention)
+        x = sublayer(x, w.cross_norm, self.pre_norm, cross_attention)
+        return sublayer(x, w.final_norm, self.pre_norm, lambda h: feed_forward(h, w.fc1, w.fc2, w.activation, linear))
 
 
 class LeanEncoderLayer:
@@ -142,26 +162,16 @@ class LeanEncoderLayer:
         layer = self.layer
         if torch.is_grad_enabled() or layer.training:
             return type(layer).forward(layer, hidden_states, attention_mask, **kwargs)
-        x = hidden_states  # (B, S, D)
-        b, s = x.shape[0], x.shape[1]
-        heads = (b, s, self.n_heads, self.head_dim)
+        heads = (hidden_states.shape[0], hidden_states.shape[1], self.n_heads, self.head_dim)
         linear = layer.self_attn.q_proj.products.linear  # the runtime's products (ProductLinear)
-        h = F.layer_norm(x, x.shape[-1:], *self.self_norm[:2], self.self_norm[2]) if self.pre_norm else x
-        q, k, v = (linear(h, *w).view(heads).transpose(1, 2) for w in (self.q, self.k, self.v))  # (B, H, S, Dh)
-        if self.sdpa:  # transformers' sdpa_attention_forward (not causal: an encoder)
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=self.scaling)
-        else:  # its eager_attention_forward
-            scores = torch.matmul(q, k.transpose(2, 3)) * self.scaling
-            if attention_mask is not None:
-                scores = scores + attention_mask
-            a = torch.matmul(F.softmax(scores, dim=-1), v)
-        x = x + linear(a.transpose(1, 2).reshape(b, s, -1), *self.o)
-        if not self.pre_norm:
-            x = F.layer_norm(x, x.shape[-1:], *self.self_norm[:2], self.self_norm[2])
-        h = F.layer_norm(x, x.shape[-1:], *self.final_norm[:2], self.final_norm[2]) if self.pre_norm else x
-        x = x + linear(layer.activation_fn(linear(h, *self.fc1)), *self.fc2)
-        if not self.pre_norm:
-            x = F.layer_norm(x, x.shape[-1:], *self.final_norm[:2], self.final_norm[2])
+
+        def self_attention(h: Tensor) -> Tensor:
+            q, k, v = (linear(h, *w).view(heads).transpose(1, 2) for w in (self.q, self.k, self.v))  # (B, H, S, Dh)
+            return linear(attend(q, k, v, attention_mask, self.scaling, self.sdpa), *self.o)
+
+        x = sublayer(hidden_states, self.self_norm, self.pre_norm, self_attention)
+        x = sublayer(x, self.final_norm, self.pre_norm,
+                     lambda h: feed_forward(h, self.fc1, self.fc2, layer.activation_fn, linear))
         if x.dtype == torch.float16 and not torch.isfinite(x).all():  # as the HF layers clamp half precision
             limit = torch.finfo(x.dtype).max - 1000
             x = torch.clamp(x, min=-limit, max=limit)
