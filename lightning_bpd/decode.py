@@ -5,7 +5,9 @@ seconds) goes to stderr. ``--criterion`` picks the method: ``greedy``; blockwise
 heads (``exact``, ``top2``, ``min2_top3``, ...); lossless speculative sampling with the heads
 (``sample_t0.7_p0.9``) or plain ancestral sampling (``ancestral_t0.7_p0.9``); or any rule with a
 separate draft model proposing (``draft:exact``, ``draft:sample_t1`` with ``--draft CKPT``).
-Sampling is seeded (``--seed``) and reproducible.
+Sampling is seeded (``--seed``) and reproducible. ``--max-new-tokens N`` caps every translation at N tokens, as
+``generate(max_new_tokens=N)`` does (a checkpoint that forces EOS at the cap ends its capped rows with it); the
+default is the task's own cap (``max_len_a * source length + max_len_b``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="heads to use (default: all of the model's); with a draft, the block size (default: the model's k, >= 2)")
     p.add_argument("--draft", default=None, help="checkpoint of a draft model with the same vocabulary (for draft:<rule>)")
     p.add_argument("--seed", type=int, default=0, help="random seed of sampling methods")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="at most this many tokens per translation, as generate's max_new_tokens "
+                        "(default: the task's own cap, max_len_a * source length + max_len_b)")
     add_draft_vocab_args(p)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -56,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.batch_size < 1:
         sys.exit("decode: --batch-size must be >= 1")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        sys.exit(f"decode: --max-new-tokens must be >= 1, got {args.max_new_tokens}")
     try:
         module = load_model(args.ckpt, args.device)
         if not hasattr(module, "tokenizer"):
@@ -71,7 +78,11 @@ def main(argv: list[str] | None = None) -> None:
     from lightning_bpd.tasks.translation.module import translate
 
     start = time.perf_counter()
-    texts, stats = translate(module, sentences, method, batch_size=args.batch_size, model=runtime)
+    try:
+        texts, stats = translate(module, sentences, method, batch_size=args.batch_size, model=runtime,
+                                 max_new_tokens=args.max_new_tokens)
+    except ValueError as err:  # a cap past the checkpoint's positions, a refused generation setting, ...
+        sys.exit(f"decode: {err}")
     seconds = time.perf_counter() - start
     out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
     try:

@@ -27,6 +27,8 @@ residual distribution as ``first``: that token opens the row's next block in pla
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -40,6 +42,7 @@ from lightning_bpd.decoding.protocol import (
     first_argmax,
 )
 from lightning_bpd.decoding.row_book import RowBook
+from lightning_bpd.decoding.rules import RuleBook
 
 
 def resolve_k(model: BlockwiseModel, k: int | None) -> int:
@@ -73,7 +76,7 @@ def restricted(model: BlockwiseModel, logits: Tensor) -> Tensor:
 
 
 def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None = None,
-            source: Source | None = None, stop_below: float | None = None) -> Block:
+            source: Source | None = None, stop_below: float | None = None, p1: Any = None) -> Block:
     """Next block (b, k) from the hidden state (b, D) of each row's last accepted position.
 
     Deterministic rules: token 1 is ``first`` (b,), greedy's next token from the verdict, or else the
@@ -89,14 +92,21 @@ def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, firs
     verdict never accepts past it, so a row's output does not depend on the other rows), and the block
     is as wide as the widest row (a chain stops computing links once every row stopped): the verify
     pass checks fewer tokens that would mostly be rejected. Exact decoding stays exact.
+
+    ``p1``: what reads p_1 for token 1 under the generation rules (:class:`~lightning_bpd.decoding.rules.RuleBook`,
+    at the index of token 1); None: the model itself.
     """
     chained = model.chained_heads and k > 1
+    reader = model if p1 is None else p1
     if criterion.stochastic:
         if chained:
-            return propose_chained_sampled(model, criterion, h, k, first, source)
-        return criterion.draft(model.logits_heads(h, range(k)), first)  # logits (b, k, V)
+            return propose_chained_sampled(model, criterion, h, k, first, source, reader)
+        logits = model.logits_heads(h, range(k))  # (b, k, V): head 1 is p_1
+        if p1 is not None:
+            logits = torch.cat([p1.rule(logits[:, 0])[:, None], logits[:, 1:]], dim=1)
+        return criterion.draft(logits, first)
     if first is None:
-        first = criterion.first_token(model, h)  # (b,)
+        first = criterion.first_token(reader, h)  # (b,)
     if k == 1:
         return Block(first[:, None])
     if chained:
@@ -153,10 +163,11 @@ def chain_tokens(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int,
 
 
 def propose_chained_sampled(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, first: Tensor | None,
-                            source: Source | None = None) -> Block:
-    """Chained heads, sampling rules: token 1 drawn from p_1 (or the carried residual token), token i
-    drawn from head i fed token i-1; the block keeps each draw's distribution."""
-    parts = [criterion.draft(model.logits_first(h)[:, None], first)]  # (b, 1)
+                            source: Source | None = None, reader: Any = None) -> Block:
+    """Chained heads, sampling rules: token 1 drawn from p_1 (read by ``reader``, default the model; or the
+    carried residual token), token i drawn from head i fed token i-1; the block keeps each draw's distribution."""
+    reader = model if reader is None else reader
+    parts = [criterion.draft(reader.logits_first(h)[:, None], first)]  # (b, 1)
     z = h
     for i in range(1, k):
         z, logits = model.chain_step(z, parts[-1].tokens[:, 0], i, source)  # (b, D), (b, V)
@@ -165,7 +176,7 @@ def propose_chained_sampled(model: BlockwiseModel, criterion: Criterion, h: Tens
 
 
 def verify(model: BlockwiseModel, criterion: Criterion, block: Block, hidden: Tensor,
-           lazy: bool = False) -> tuple[Tensor, Tensor | None]:
+           lazy: bool = False, p1: Any = None) -> tuple[Tensor, Tensor | None]:
     """Accepted block sizes (b,) in [1, k] and the token opening each row's next block (b,), from the
     verify pass ``hidden`` (b, k, D) over ``block`` (b, k). No host read (except ``lazy``).
 
@@ -173,13 +184,18 @@ def verify(model: BlockwiseModel, criterion: Criterion, block: Block, hidden: Te
     positions; token j+1 is judged by p_1 at position j), and greedy's token at the last accepted position
     opens the next block. Sampling rules: their judge, whose ``next_first`` is -1 where p_1 must still be
     sampled.
+
+    ``p1``: what reads p_1 at the block's positions (b, k) under the generation rules
+    (:func:`~lightning_bpd.decoding.rules.p1_reader`); None: the model itself. With rules the check is never
+    lazy (the verdict is the same).
     """
     if criterion.stochastic:
-        verdict = criterion.judge(block, model.logits_first(hidden[:, :-1]))
+        verify_logits = model.logits_first(hidden[:, :-1]) if p1 is None else p1.logits_first(hidden)[:, :-1]
+        verdict = criterion.judge(block, verify_logits)
         return verdict.accepted, verdict.next_first
-    if lazy and criterion.prefix_checks and block.widths is None:
+    if lazy and criterion.prefix_checks and block.widths is None and p1 is None:
         return verify_lazily(model, criterion, block.tokens, hidden)
-    accepted, best = criterion.verify(model, block.tokens, hidden)  # (b,), (b, k): greedy's token after each
+    accepted, best = criterion.verify(model if p1 is None else p1, block.tokens, hidden)  # (b,), (b, k)
     if block.widths is not None:  # a confidence stop: nothing past a row's own proposals
         accepted = torch.minimum(accepted, block.widths)
     return accepted, best.gather(1, (accepted - 1)[:, None]).squeeze(1)
@@ -237,20 +253,22 @@ def blockwise_decode(
     criterion.validate(k)
     check_stop_below(stop_below, criterion)
     criterion.reset(src.device)
+    rules = RuleBook(model, max_len, src.device)
     batch = src.shape[0]
     context = model.encode(src)
     cache = model.new_cache(batch, capacity=1 + max_len + k)
     book = RowBook(batch, max_len, k, model.pad_id, src.device)
     bos = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=src.device)
     block = propose(model, criterion, model.decode_step(bos, context, cache)[:, -1], k,
-                    source=chain_source(model, context), stop_below=stop_below)  # tokens (B, <= k)
+                    source=chain_source(model, context), stop_below=stop_below,
+                    p1=rules.opening(batch))  # tokens (B, <= k)
     calls = 1
     while True:
         width = block.tokens.shape[1]  # k, or fewer after a confidence stop
         hidden = model.decode_step(block.tokens, context, cache)  # (b, width, D)
         calls += 1
-        accepted, first = verify(model, criterion, block, hidden, lazy)  # (b,), (b,) or None
-        n, done = book.commit(block.tokens, accepted, model.eos_id)
+        accepted, first = verify(model, criterion, block, hidden, lazy, rules.verifying(book, block.tokens))
+        n, done = book.commit(block.tokens, accepted, rules.stops)
         last = hidden.gather(1, (accepted - 1)[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (b, D)
         keep = book.settle(n, done)  # the one host read of the iteration
         if keep is not None:
@@ -262,5 +280,6 @@ def blockwise_decode(
             cache.select(rows)
         # keep BOS and every committed token (a live row kept all it accepted)
         cache.crop(cache.lengths - width + accepted, bounds=book.length_bounds(offset=1), check=False)
-        block = propose(model, criterion, last, k, first, chain_source(model, context), stop_below)
+        opening = rules.next(book) if criterion.stochastic else None  # p_1 for a sampled token 1
+        block = propose(model, criterion, last, k, first, chain_source(model, context), stop_below, opening)
     return book.result(calls)

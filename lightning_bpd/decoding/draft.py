@@ -27,6 +27,7 @@ from lightning_bpd.decoding.blockwise import verify
 from lightning_bpd.decoding.criteria import Block, Criterion, Exact
 from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context, DecodeResult, check_decode_args
 from lightning_bpd.decoding.row_book import RowBook
+from lightning_bpd.decoding.rules import RuleBook
 
 
 def check_draft_args(target: BlockwiseModel, draft: BlockwiseModel, k: int) -> None:
@@ -49,12 +50,15 @@ def draft_block(
     context: Context,
     cache: Cache,
     k: int,
+    rules: RuleBook | None = None,
+    book: RowBook | None = None,
 ) -> Block:
     """One block (b, k): y_1 from the target's p_1 logits (b, V) or ``first`` (b,), then k-1 draft steps.
 
     ``first`` is the verdict's opening token: complete for deterministic rules (then ``first_logits``
     may be None), -1 where p_1 must be sampled for sampling rules. ``last_token`` (b,) is the newest
-    committed token (BOS at the start), the one the draft's cache lacks.
+    committed token (BOS at the start), the one the draft's cache lacks. ``rules`` (with the loop's ``book``):
+    the target's generation rules, applied to the draft's steps too, so that its proposals obey them.
     """
     if first is not None and not criterion.stochastic:
         parts = [Block(first[:, None])]  # (b, 1)
@@ -63,6 +67,9 @@ def draft_block(
     inputs = torch.stack([last_token, parts[0].tokens[:, 0]], dim=1)  # (b, 2)
     for _ in range(k - 1):
         logits = draft.logits_first(draft.decode_step(inputs, context, cache)[:, -1])  # (b, V)
+        if rules is not None and rules.bound is not None and book is not None:
+            logits = rules.verifying(book, Block.cat(parts).tokens).rule(logits[:, None, :].expand(
+                -1, len(parts), -1))[:, -1]  # the rules at the draft token's index
         parts.append(criterion.draft(logits[:, None]))  # tokens (b, 1)
         inputs = parts[-1].tokens  # (b, 1)
     return Block.cat(parts)
@@ -92,22 +99,26 @@ def draft_decode(
     t_cache = target.new_cache(batch, capacity=1 + max_len + k)
     d_cache = draft.new_cache(batch, capacity=1 + max_len + k)
     book = RowBook(batch, max_len, k, target.pad_id, device)
+    rules = RuleBook(target, max_len, device)
     last_token = torch.full((batch,), target.bos_id, dtype=torch.long, device=device)  # (B,)
-    logits = target.logits_first(target.decode_step(last_token[:, None], t_context, t_cache)[:, -1])  # (B, V)
+    h = target.decode_step(last_token[:, None], t_context, t_cache)[:, -1]  # (B, D)
+    logits = (rules.opening(batch) or target).logits_first(h)  # (B, V)
     check_draft_vocabulary(target, draft, logits)
     first: Tensor | None = None
+    if not criterion.stochastic:  # greedy's first token (under the rules)
+        first = criterion.first_token(rules.opening(batch) or target, h)
     calls = 1
     while True:
-        block = draft_block(draft, criterion, logits, first, last_token, d_context, d_cache, k)  # tokens (b, k)
+        block = draft_block(draft, criterion, logits, first, last_token, d_context, d_cache, k, rules, book)
         hidden = target.decode_step(block.tokens, t_context, t_cache)  # (b, k, D)
         calls += 1
-        accepted, first = verify(target, criterion, block, hidden)  # (b,), (b,) or None
-        n, done = book.commit(block.tokens, accepted, target.eos_id)
+        accepted, first = verify(target, criterion, block, hidden, p1=rules.verifying(book, block.tokens))
+        n, done = book.commit(block.tokens, accepted, rules.stops)
         last_token = block.tokens.gather(1, (accepted - 1)[:, None])[:, 0]  # (b,)
         logits = None
         if criterion.stochastic:  # p_1 at the last accepted position: token 1 where no residual was drawn
             last = hidden.gather(1, (accepted - 1)[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (b, D)
-            logits = target.logits_first(last)  # (b, V)
+            logits = target.logits_first(last)  # (b, V); the rules once the row's new length is known
         keep = book.settle(n, done)  # the one host read of the iteration
         if keep is not None:
             if not keep:
@@ -119,6 +130,8 @@ def draft_decode(
             last_token, accepted = last_token[rows], accepted[rows]
             first = first[rows] if first is not None else None
             logits = logits[rows] if logits is not None else None
+        if logits is not None and rules.bound is not None:
+            logits = rules.next(book).rule(logits)
         t_cache.crop(t_cache.lengths - k + accepted, bounds=book.length_bounds(offset=1), check=False)  # BOS + committed
         if k > 1:  # BOS and every committed token but the newest
             d_cache.crop(d_cache.lengths - k + accepted, bounds=book.length_bounds(offset=0), check=False)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, first_argmax, pack_rows
+from lightning_bpd.decoding.rules import RuledFirst, bind_rules, history_tail, stop_ids
+from lightning_bpd.nn.argmax import argmax
 
 
 @torch.no_grad()
@@ -18,16 +21,21 @@ def greedy_decode(model: BlockwiseModel, src: Tensor, max_len: int) -> DecodeRes
     this stays a fair (no wasted work) baseline for blockwise decoding.
     """
     check_decode_args(model, src, max_len)
-    return token_by_token(model, src, max_len, lambda h: first_argmax(model, h))
+    return token_by_token(model, src, max_len, lambda h, p1: first_argmax(p1, h))
 
 
-def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int, pick: Callable[[Tensor], Tensor]) -> DecodeResult:
-    """The cached one-token-per-step loop: ``pick`` turns the decoder's hidden states (b, D) into the next
-    tokens (b,) (through p_1: its argmax, :func:`first_argmax`, or a draw).
+def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int,
+                   pick: Callable[[Tensor, Any], Tensor]) -> DecodeResult:
+    """The cached one-token-per-step loop: ``pick(h, p1)`` turns the decoder's hidden states (b, D) into the
+    next tokens (b,) through p_1 as ``p1`` reads it (the model, or the model under its generation rules at this
+    step: :mod:`lightning_bpd.decoding.rules`): its argmax (:func:`first_argmax`) or a draw.
 
-    Shared by greedy decoding (argmax) and ancestral sampling (a draw). Rows stop after EOS or at
+    Shared by greedy decoding (argmax) and ancestral sampling (a draw). Rows stop after an EOS id or at
     ``max_len`` and leave the batch.
     """
+    rules = model.generation_rules
+    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
+    stops = stop_ids(model.eos_id, rules)
     batch, device = src.shape[0], src.device
     context = model.encode(src)
     cache = model.new_cache(batch, capacity=1 + max_len)
@@ -35,14 +43,26 @@ def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int, pick: Calla
     lengths = torch.full((batch,), max_len, dtype=torch.long, device=device)
     live = torch.arange(batch, device=device)  # original index of each live row
     inputs = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=device)
+    window = 0 if bound is None else bound.window
+    history = torch.full((batch, window + max_len), -1, dtype=torch.long, device=device)  # (B, window + max_len)
+    if window:
+        history[:, window - 1] = model.bos_id
+    stop = torch.tensor(stops, dtype=torch.long, device=device)
     steps = 0
     for step in range(max_len):
         h = model.decode_step(inputs, context, cache)[:, -1]  # (b, D)
         steps += 1
-        nxt = pick(h)  # (b,)
+        if bound is None:
+            p1 = model
+        else:
+            tail = history[live, step : step + window] if window else None  # (b, window)
+            p1 = RuledFirst(model, bound, torch.full((h.shape[0],), step, dtype=torch.long, device=device), tail)
+        nxt = pick(h, p1)  # (b,)
         tokens[live, step] = nxt
-        if model.eos_id is not None:
-            done = nxt == model.eos_id
+        if window:
+            history[live, window + step] = nxt
+        if stops:
+            done = torch.isin(nxt, stop)
             if bool(done.any()):
                 lengths[live[done]] = step + 1
                 keep = (~done).nonzero().squeeze(1)
@@ -64,17 +84,25 @@ def strip_padding(src: Tensor, pad_id: int) -> list[Tensor]:
 
 @torch.no_grad()
 def greedy_decode_reference(model: BlockwiseModel, src: Tensor, max_len: int) -> DecodeResult:
-    """Slow, obviously correct greedy: one row at a time, no padding, the whole prefix re-run each step."""
+    """Slow, obviously correct greedy: one row at a time, no padding, the whole prefix re-run each step, the
+    generation rules applied to p_1's logits in ``generate``'s order."""
     check_decode_args(model, src, max_len)
+    bound = bind_rules(model.generation_rules, max_len, model.vocab_size, src.device)
+    stops = stop_ids(model.eos_id, model.generation_rules)
     rows: list[list[int]] = []
     for row_src in strip_padding(src, model.pad_id):
         context = model.encode(row_src)
         out: list[int] = []
         while len(out) < max_len:
-            prefix = torch.tensor([[model.bos_id, *out]], device=src.device)
-            nxt = int(first_argmax(model, model.decode_full(prefix, context)[0, -1:])[0])
+            prefix = [model.bos_id, *out]
+            h = model.decode_full(torch.tensor([prefix], device=src.device), context)[0, -1:]  # (1, D)
+            if bound is None:
+                nxt = int(first_argmax(model, h)[0])
+            else:  # the rules on p_1's logits, then their argmax
+                nxt = int(argmax(bound.apply(model.logits_first(h), torch.tensor([len(out)], device=src.device),
+                                             history_tail(prefix, bound.window, src.device)))[0])
             out.append(nxt)
-            if nxt == model.eos_id:
+            if nxt in stops:
                 break
         rows.append(out)
     lengths = torch.tensor([len(r) for r in rows], device=src.device)

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
 
 from lightning_bpd.nn.argmax import argmax
+
+if TYPE_CHECKING:
+    from lightning_bpd.decoding.rules import GenerationRules
 
 
 class Context(Protocol):
@@ -104,6 +107,11 @@ class BlockwiseModel(Protocol):
     """Logits (..., V) of a proposing head as the model's draft vocabulary sees them (-inf outside it);
     None: no draft vocabulary (every token may be proposed)."""
 
+    generation_rules: GenerationRules | None
+    """The checkpoint's rules on p_1 (:mod:`lightning_bpd.decoding.rules`: forced BOS/EOS, EOS ids, suppressed and
+    banned tokens, minimum lengths) that its own greedy ``generate`` applies; every decoder applies them wherever
+    p_1 is read. None: greedy decoding of p_1 as it is, ending at ``eos_id``."""
+
     chain_source: Callable[[Context], Source | None] | None
     """What source-attending chained heads read for the sources of a context; None (or a None result):
     nothing."""
@@ -133,6 +141,7 @@ class OptionalCapabilities:
     argmax_first: Callable[[Tensor], Tensor] | None = None
     draft_tokens: Callable[..., Any] | None = None
     restrict_draft: Callable[[Tensor], Tensor] | None = None
+    generation_rules: GenerationRules | None = None
     chain_source: Callable[[Any], Any] | None = None
     chain_draft: Callable[..., tuple[Tensor, ...]] | None = None
     chain_drafts: Callable[..., Tensor | None] | None = None

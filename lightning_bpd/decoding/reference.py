@@ -8,6 +8,8 @@ the longest prefix the criterion allows. Two full model passes per iteration.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -15,6 +17,7 @@ from lightning_bpd.decoding.blockwise import chain_source, check_stop_below, res
 from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source, check_decode_args, pack_rows
+from lightning_bpd.decoding.rules import BoundRules, bind_rules, history_tail, stop_ids
 
 
 def chained(model: BlockwiseModel) -> bool:
@@ -22,18 +25,21 @@ def chained(model: BlockwiseModel) -> bool:
 
 
 def reference_proposals(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int,
-                        source: Source | None = None, stop_below: float | None = None) -> Tensor:
+                        source: Source | None = None, stop_below: float | None = None,
+                        rule: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """The k proposals (1, k) at hidden state h (1, D). Chained heads: head i is evaluated through the
     teacher-forced (training) path, fed the proposals of heads 1..i-1 made so far (and the source).
     ``stop_below``: the proposals end before the first head (2..k) that gives its own token less
-    probability (the confidence stop; (1, <= k))."""
+    probability (the confidence stop; (1, <= k)). ``rule``: the generation rules on p_1's logits (1, 1, V) of
+    token 1."""
     restrict = model.restrict_draft or (lambda logits: logits)  # heads 2..k: the draft vocabulary, when offered
+    rule = rule or (lambda logits: logits)
     if not chained(model):
         logits = model.logits_heads(h, range(k))  # (1, k, V)
         heads = [restrict(logits[:, i : i + 1]) for i in range(1, k)]
-        tokens = criterion.propose(logits[:, :1])  # (1, 1)
+        tokens = criterion.propose(rule(logits[:, :1]))  # (1, 1)
     else:
-        tokens, heads = criterion.propose(model.logits_heads(h, [0])), []
+        tokens, heads = criterion.propose(rule(model.logits_heads(h, [0]))), []
     for i in range(1, k):
         if chained(model):
             heads.append(restrict(model.logits_heads(h, [i], prev_tokens=tokens, source=source)))  # (1, 1, V)
@@ -59,17 +65,20 @@ def blockwise_decode_reference(
     k = resolve_k(model, k)
     criterion.validate(k)
     check_stop_below(stop_below, criterion)
+    bound = bind_rules(model.generation_rules, max_len, model.vocab_size, src.device)
+    stops = stop_ids(model.eos_id, model.generation_rules)
     rows, blocks = [], []
     for row_src in strip_padding(src, model.pad_id):
         context = model.encode(row_src)
         out: list[int] = []
         row_blocks: list[int] = []
-        while len(out) < max_len and (not out or out[-1] != model.eos_id):
+        while len(out) < max_len and (not out or out[-1] not in stops):
             prefix = [model.bos_id, *out]
             # Predict: every head at the last prefix position.
             h = model.decode_full(torch.tensor([prefix], device=src.device), context)  # (1, T, D)
+            rule = None if bound is None else ruled_at(bound, prefix, len(out))
             proposals = reference_proposals(model, criterion, h[:, -1], k, chain_source(model, context),
-                                            stop_below)  # (1, m), m <= k
+                                            stop_below, rule)  # (1, m), m <= k
             # Verify: the extended prefix, every head everywhere (the paper's head; head 1 only for
             # chained heads, whose other heads need proposals), then keep p_1 after each proposal.
             m = proposals.shape[1]
@@ -77,11 +86,15 @@ def blockwise_decode_reference(
             h = model.decode_full(extended, context)  # (1, T + m, D)
             all_heads = model.logits_heads(h, [0] if chained(model) else range(k))  # (1, T + m, k or 1, V)
             verify = all_heads[:, len(prefix) : len(prefix) + m - 1, 0]  # (1, m - 1, V)
+            if bound is not None:  # p_1 after proposal j under the rules, as greedy would have seen it there
+                verify = torch.cat([ruled_at(bound, prefix + proposals[0, : j + 1].tolist(), len(out) + j + 1)(
+                    verify[:, j : j + 1]) for j in range(m - 1)], dim=1) if m > 1 else verify
             n = min(int(criterion.accept(proposals, verify)[0]), m)
-            # Accept: up to n tokens, stopping after EOS and at max_len.
+            # Accept: up to n tokens, stopping after an EOS id and at max_len.
             block = proposals[0, :n].tolist()
-            if model.eos_id in block:
-                block = block[: block.index(model.eos_id) + 1]
+            ends = [i for i, t in enumerate(block) if t in stops]
+            if ends:
+                block = block[: ends[0] + 1]
             block = block[: max_len - len(out)]
             out.extend(block)
             row_blocks.append(len(block))
@@ -91,3 +104,10 @@ def blockwise_decode_reference(
     iterations = torch.tensor([len(b) for b in blocks], device=src.device)
     calls = 2 * int(iterations.sum())
     return DecodeResult(pack_rows(rows, model.pad_id, src.device), lengths, iterations, calls, blocks)
+
+
+def ruled_at(bound: BoundRules, prefix: list[int], index: int) -> Callable[[Tensor], Tensor]:
+    """The generation rules on p_1's logits (..., V) of the token at generated ``index`` after the decoder input
+    ``prefix`` (start token first)."""
+    at = torch.tensor(index)
+    return lambda logits: bound.apply(logits, at.to(logits.device), history_tail(prefix, bound.window, logits.device))

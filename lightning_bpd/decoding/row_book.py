@@ -31,18 +31,19 @@ class RowBook:
         self.live_lengths = [0] * batch_size  # tokens committed,
         self.blocks: list[list[int]] = [[] for _ in range(batch_size)]  # and accepted sizes of every row
 
-    def commit(self, block: Tensor, n: Tensor, eos_id: int | None) -> tuple[Tensor, Tensor]:
+    def commit(self, block: Tensor, n: Tensor, eos: int | Tensor | None) -> tuple[Tensor, Tensor]:
         """Append the first ``n`` (b,) tokens of ``block`` (b, T) to the live rows.
 
-        The block is cut after an EOS and at ``max_len``. Returns the numbers kept (b,) and a mask
-        of rows that are now finished (b,), both on the device.
+        The block is cut after an EOS (``eos``: an id, a tensor of ids any of which ends a row, or None) and at
+        ``max_len``. Returns the numbers kept (b,) and a mask of rows that are now finished (b,), on the device.
         """
         width = block.shape[1]
         arange = self.arange[:width]
         start = self.lengths[self.live]  # (b,)
         first_eos = None
-        if eos_id is not None:
-            first_eos = torch.where(block == eos_id, arange, width).amin(dim=1)  # (b,): width when none
+        if eos is not None:
+            ends = torch.isin(block, eos) if isinstance(eos, Tensor) else block == eos  # (b, T)
+            first_eos = torch.where(ends, arange, width).amin(dim=1)  # (b,): width when none
             n = torch.minimum(n, first_eos + 1)
         n = torch.minimum(n, self.max_len - start)
         self.tokens[self.live[:, None], start[:, None] + arange] = block
@@ -65,6 +66,18 @@ class RowBook:
         self.live_rows = [self.live_rows[i] for i in keep]
         self.live_lengths = [self.live_lengths[i] for i in keep]
         return keep
+
+    def tail(self, window: int, bos_id: int) -> Tensor:
+        """The last ``window`` decoder inputs of each live row (b, window): the start token ``bos_id`` and the
+        committed tokens, -1 before the start token."""
+        lengths = self.lengths[self.live]  # (b,)
+        at = lengths[:, None] - window + torch.arange(window, device=lengths.device)  # (b, window); -1: the start
+        got = self.tokens[self.live[:, None], at.clamp(min=0)]  # (b, window)
+        return torch.where(at >= 0, got, torch.where(at == -1, bos_id, -1))
+
+    def committed(self) -> Tensor:
+        """Tokens committed by each live row (b,), on the device."""
+        return self.lengths[self.live]
 
     def length_bounds(self, offset: int = 0) -> tuple[int, int]:
         """(shortest, longest) committed length of the live rows, plus ``offset`` (host ints)."""

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from lightning_bpd.decoding.greedy import strip_padding, token_by_token
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
+from lightning_bpd.decoding.rules import bind_rules, history_tail, stop_ids
 
 
 def check_sampling_args(temperature: float, top_p: float) -> None:
@@ -108,13 +109,19 @@ def ancestral_sample(
     """
     check_decode_args(model, src, max_len)
     check_sampling_args(temperature, top_p)
+    bound = bind_rules(model.generation_rules, max_len, model.vocab_size, src.device)
+    stops = stop_ids(model.eos_id, model.generation_rules)
     rows: list[list[int]] = []
     for row_src in strip_padding(src, model.pad_id):
         context = model.encode(row_src)
         out: list[int] = []
-        while len(out) < max_len and (not out or out[-1] != model.eos_id):
-            prefix = torch.tensor([[model.bos_id, *out]], device=src.device)  # (1, T)
-            logits = model.logits_first(model.decode_full(prefix, context)[0, -1])  # (V,)
+        while len(out) < max_len and (not out or out[-1] not in stops):
+            prefix = [model.bos_id, *out]
+            logits = model.logits_first(model.decode_full(torch.tensor([prefix], device=src.device), context)[0, -1:])
+            if bound is not None:  # (1, V): the generation rules, then the distribution
+                logits = bound.apply(logits, torch.tensor([len(out)], device=src.device),
+                                     history_tail(prefix, bound.window, src.device))
+            logits = logits[0]  # (V,)
             out.append(int(sample(probabilities(logits, temperature, top_p), generator)))
         rows.append(out)
     lengths = torch.tensor([len(r) for r in rows], device=src.device)
@@ -140,4 +147,4 @@ def sample_decode(
     check_decode_args(model, src, max_len)
     check_sampling_args(temperature, top_p)
     return token_by_token(model, src, max_len,
-                          lambda h: sample(probabilities(model.logits_first(h), temperature, top_p), generator))
+                          lambda h, p1: sample(probabilities(p1.logits_first(h), temperature, top_p), generator))

@@ -31,6 +31,7 @@ from torch import Tensor
 from lightning_bpd.decoding.blockwise import chain_source, propose, resolve_k, verify
 from lightning_bpd.decoding.criteria import Block, Criterion, Exact
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args
+from lightning_bpd.decoding.rules import RuleBook
 
 
 class StaticDecoder:
@@ -49,6 +50,11 @@ class StaticDecoder:
                              f"not {criterion.name}: use blockwise_decode for sampling")
         if not isinstance(sync_every, int) or sync_every < 1:
             raise ValueError(f"sync_every must be an integer >= 1, got {sync_every!r}")
+        rules = RuleBook(model, max_len, src.device)
+        if rules.bound is not None:
+            raise ValueError("fixed-shape decoding does not apply the generation config's rules on p_1 (forced "
+                             "BOS/EOS, suppressed or banned tokens, minimum lengths) yet: use blockwise_decode")
+        self.stops = rules.stops
         self.k = resolve_k(model, k)
         criterion.validate(self.k)
         criterion.reset(src.device)
@@ -80,8 +86,9 @@ class StaticDecoder:
         hidden = model.decode_step(self.block, self.context, self.cache)  # (B, k, D)
         accepted, first = verify(model, self.criterion, Block(self.block), hidden)  # (B,), (B,)
         n = accepted
-        if model.eos_id is not None:  # an EOS inside the accepted prefix ends the row there
-            first_eos = torch.where(self.block == model.eos_id, self.arange, k).amin(dim=1)  # (B,): k when none
+        if self.stops is not None:  # an EOS inside the accepted prefix ends the row there
+            ends = torch.isin(self.block, self.stops) if isinstance(self.stops, Tensor) else self.block == self.stops
+            first_eos = torch.where(ends, self.arange, k).amin(dim=1)  # (B,): k when none
             n = torch.minimum(n, first_eos + 1)
         n = torch.minimum(n, self.max_len - self.lengths).masked_fill(self.done, 0)  # (B,) tokens kept
         # the whole block at each row's length (lengths <= max_len, the buffer holds max_len + k): what
@@ -92,7 +99,7 @@ class StaticDecoder:
         self.step.add_(1)
         self.lengths.add_(n)
         ended = self.lengths >= self.max_len
-        if model.eos_id is not None:
+        if self.stops is not None:
             ended = ended | (first_eos < n)
         # BOS and the kept tokens stay (n = accepted for a row that goes on); finished rows drop this
         # call's k writes, so a row's cache never passes 1 + max_len and a call writes at most k more

@@ -17,10 +17,12 @@ source (:meth:`HFSeq2SeqBlockwise.encode`). Cropping rejected proposals is the K
 :meth:`~HFSeq2SeqBlockwise.decode_full` is the HF decoder's own uncached forward: the
 reference.
 
-Only the LM head's logits are p_1: ``generate``'s logits processors are not reproduced, except single-token
-``bad_words_ids`` of the base's generation config (Marian's pad ban), which are masked out of every head's
-logits. Forced BOS/EOS, minimum lengths, repetition rules and the like make ``generate`` differ from greedy
-decoding of p_1; turn them off there to compare.
+The LM head's logits are p_1, and the base's generation config is handed over as the decoding core's rules on
+it (:attr:`HFSeq2SeqBlockwise.generation_rules`, read by :mod:`lightning_bpd.hf.generation_rules`): forced
+BOS/EOS, a list of EOS ids, suppressed and banned tokens and minimum lengths are applied wherever p_1 is read, so
+exact decoding equals the checkpoint's own greedy ``generate``; history-dependent penalties are refused with one
+line. Single-token ``bad_words_ids`` (Marian's pad ban) are also masked out of every head's logits, so that no
+head proposes them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, EncoderDecoderCache, PreTrainedModel
 
 from lightning_bpd.decoding.protocol import OptionalCapabilities
+from lightning_bpd.decoding.rules import GenerationRules
+from lightning_bpd.hf.generation_rules import ids, rules_from_config
 from lightning_bpd.hf.lean_step import LeanDecoder, LeanEncoderLayer
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
@@ -149,8 +153,8 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         if start is None:
             raise ValueError(f"{config.model_type}: the config has no decoder_start_token_id (the decoder's first input)")
         self.bos_id = int(start)
-        eos = config.eos_token_id
-        self.eos_id = int(eos[0] if isinstance(eos, list) else eos) if eos is not None else None
+        eos = ids(base.generation_config.eos_token_id) or ids(config.eos_token_id)
+        self.eos_id = eos[0] if eos else None  # the first of the EOS ids: generation_rules has them all
         self.t5 = config.model_type == "t5"
         if self.t5:
             first = self.layers[0].layer[0].SelfAttention
@@ -176,8 +180,8 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         self.head.to(dtype=weight.dtype, device=weight.device)
         self.vocab_size = weight.shape[0]
         bad = getattr(base.generation_config, "bad_words_ids", None) or []
-        self.register_buffer("banned", torch.tensor([w[0] for w in bad if len(w) == 1], dtype=torch.long,
-                                                    device=weight.device), persistent=False)
+        single = [w[0] for w in bad if len(w) == 1 and w[0] not in eos]  # generate never bans [eos]
+        self.register_buffer("banned", torch.tensor(single, dtype=torch.long, device=weight.device), persistent=False)
         self.ban_tokens = True  # False inside unbanned()
         self.draft_vocab: DraftVocabulary | None = None  # set for decoding only (use_draft_vocab)
         self.lean = False  # a runtime's lean steps: decode_step through LeanDecoder (Marian, BART, mBART)
@@ -189,6 +193,11 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         elif config.model_type == "marian":  # sinusoidal tables: fixed (save_pretrained leaves them out)
             for table in (self.decoder.embed_positions, base.get_encoder().embed_positions):
                 table.requires_grad_(False)
+
+    @property
+    def generation_rules(self) -> GenerationRules:  # type: ignore[override]
+        """The base's generation config as rules on p_1 (read at every decode: a change to it counts)."""
+        return rules_from_config(self.base.generation_config, fallback_eos=self.base.config.eos_token_id)
 
     @property
     def decoder(self) -> nn.Module:

@@ -96,6 +96,10 @@ class Runtime:
         return offered(self.model, "vocab_size")
 
     @property
+    def generation_rules(self) -> Any:
+        return offered(self.model, "generation_rules")
+
+    @property
     def restrict_draft(self) -> Callable[[Tensor], Tensor] | None:
         return offered(self.model, "restrict_draft")
 

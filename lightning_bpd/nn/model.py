@@ -38,6 +38,7 @@ class BlockwiseTransformer(nn.Module):
     # The decoding protocol's fast paths: the model offers none (its heads and links are the reference); a runtime
     # offers them (:mod:`lightning_bpd.inference.proposer`).
     argmax_first = draft_tokens = chain_draft = chain_drafts = None
+    generation_rules = None  # greedy decoding of p_1 as it is, ending at eos_id (a user may set rules)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

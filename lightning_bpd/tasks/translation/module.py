@@ -211,12 +211,13 @@ class TranslationModule(BlockwiseModule):
 
 def translate(module: TranslationModule, sentences: list[str], method: Callable | None = None,
               batch_size: int = 32, progress: Callable[[int], object] | None = None,
-              model: Any = None) -> tuple[list[str], dict[str, float]]:
+              model: Any = None, max_new_tokens: int | None = None) -> tuple[list[str], dict[str, float]]:
     """Translate raw sentences with ``method`` (a :class:`~lightning_bpd.decoding.methods.DecodeMethod`
     or any ``fn(model, src, max_len) -> DecodeResult``; greedy when None) on ``model`` (default: the module's;
     or a runtime of it, :func:`lightning_bpd.inference.build_runtime`); returns texts and decode stats.
     An empty (or blank) sentence translates to an empty line without being decoded. ``progress(n)``
-    is called after each batch of n sentences."""
+    is called after each batch of n sentences. ``max_new_tokens``: the cap of every translation (default: the
+    module's own, :meth:`max_decode_len`)."""
     from lightning_bpd.decoding import greedy_decode
 
     method = method if method is not None else greedy_decode
@@ -225,7 +226,8 @@ def translate(module: TranslationModule, sentences: list[str], method: Callable 
     for start in range(0, len(todo), batch_size):
         idx = todo[start : start + batch_size]
         src = module.encode_sources([sentences[i] for i in idx])
-        _, part = run_batch(method, module.model if model is None else model, EvalBatch(src, module.max_decode_len(src)))
+        cap = module.max_decode_len(src) if max_new_tokens is None else max_new_tokens
+        _, part = run_batch(method, module.model if model is None else model, EvalBatch(src, cap))
         run.merge(part)
         for i, text in zip(idx, module.detokenize(part.outputs)):
             texts[i] = text

@@ -1,0 +1,301 @@
+"""The generation config's rules on p_1: what a checkpoint's own greedy ``generate`` applies. Torch only.
+
+A Hugging Face checkpoint ships a generation config whose logits processors change greedy's output: a forced
+first token (mBART-50, NLLB pick the target language so), a forced EOS at the last position the length cap
+allows (opus-mt), a list of EOS ids (Llama 3, Qwen), suppressed tokens, banned words of one or more tokens, a
+minimum length. :class:`GenerationRules` holds them, model-agnostic: an adapter reads its checkpoint's config
+and hands the rules over as its ``generation_rules`` (:class:`~lightning_bpd.decoding.protocol.BlockwiseModel`).
+
+Every decoder applies them to p_1 wherever p_1 is read (the first token, the verify pass, greedy's own step),
+so exact blockwise decoding stays equal to greedy, and greedy to ``generate``, by construction. A rule depends
+on the index of the generated token (``index``: 0 for the first) and, for banned words of several tokens, on
+the tokens before it (``tail``: the last ``window`` tokens of the decoder's inputs, the start token included,
+-1 before it). :class:`BoundRules` (the rules of one decode: its length cap, its device) applies them in
+``generate``'s order (:meth:`BoundRules.apply`), and gives greedy's token cheaply (:meth:`BoundRules.argmax`):
+the plain argmax wherever no rule touches it, the ruled logits' argmax where one does. A rule costs a table
+lookup per position, not a pass.
+
+History-dependent penalties (``no_repeat_ngram_size``, ``repetition_penalty``, ...) are not applied: an adapter
+lists them in ``refused`` and every decoder refuses to run with one line naming the setting
+(:meth:`GenerationRules.check`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_bpd.decoding.protocol import first_argmax
+from lightning_bpd.nn.argmax import argmax
+
+
+@dataclass(frozen=True)
+class GenerationRules:
+    """A checkpoint's rules on p_1, as ``generate`` counts them.
+
+    ``start``: decoder inputs before the first generated token, as ``generate`` counts its ``input_ids`` (1 for
+    an encoder-decoder: the decoder start token). ``min_length`` counts them too (``generate``'s ``min_length``);
+    ``min_new_tokens`` does not. ``forced_eos``: the EOS ids forced at the last index the cap allows (empty: no
+    forced EOS). ``refused``: one line per setting that changes greedy's output and is not applied.
+    """
+
+    eos_ids: tuple[int, ...] = ()
+    forced_bos: int | None = None
+    forced_eos: tuple[int, ...] = ()
+    suppress: tuple[int, ...] = ()
+    begin_suppress: tuple[int, ...] = ()
+    bad_words: tuple[tuple[int, ...], ...] = ()
+    min_length: int = 0
+    min_new_tokens: int = 0
+    start: int = 1
+    refused: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        ids = [*self.eos_ids, *self.forced_eos, *self.suppress, *self.begin_suppress,
+               *(t for w in self.bad_words for t in w), *([] if self.forced_bos is None else [self.forced_bos])]
+        if any(not isinstance(i, int) or i < 0 for i in ids):
+            raise ValueError(f"generation rules: token ids must be integers >= 0, got {ids}")
+        if any(len(w) == 0 for w in self.bad_words):
+            raise ValueError("generation rules: a banned word needs at least one token")
+        for name in ("min_length", "min_new_tokens", "start"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"generation rules: {name} must be an integer >= 0, got {getattr(self, name)!r}")
+
+    @property
+    def active(self) -> bool:
+        """Whether any rule can change p_1's argmax (a list of EOS ids alone does not)."""
+        return bool(self.forced_bos is not None or self.forced_eos or self.suppress or self.begin_suppress
+                    or self.bad_words or self.eos_ban_until > 0)
+
+    @property
+    def eos_ban_until(self) -> int:
+        """EOS ids are banned at generated indices below this (``min_length`` and ``min_new_tokens``)."""
+        return max(self.min_length - self.start, self.min_new_tokens, 0) if self.eos_ids else 0
+
+    @property
+    def window(self) -> int:
+        """Tokens of history the banned words of several tokens look at (0: none)."""
+        return max((len(w) - 1 for w in self.bad_words), default=0)
+
+    def check(self) -> None:
+        """Raise ValueError with the first setting that is not applied (see ``refused``)."""
+        if self.refused:
+            raise ValueError(self.refused[0])
+
+    def bind(self, max_len: int, vocab_size: int, device: torch.device | str = "cpu") -> BoundRules:
+        """The rules of one decode: at most ``max_len`` new tokens over a vocabulary of ``vocab_size``."""
+        self.check()
+        return BoundRules(self, max_len, vocab_size, torch.device(device))
+
+
+def table(ids: tuple[int, ...] | list[int], vocab_size: int, device: torch.device) -> Tensor:
+    """A (V,) bool table, True at ``ids`` (ids past the vocabulary are ignored, as a mask over it would)."""
+    out = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    inside = [i for i in ids if i < vocab_size]
+    if inside:
+        out[torch.tensor(inside, dtype=torch.long, device=device)] = True
+    return out
+
+
+class BoundRules:
+    """:class:`GenerationRules` for one decode of at most ``max_len`` new tokens, as tensors on ``device``."""
+
+    def __init__(self, rules: GenerationRules, max_len: int, vocab_size: int, device: torch.device) -> None:
+        self.rules, self.max_len, self.vocab_size, self.device = rules, max_len, vocab_size, device
+        eos = set(rules.eos_ids)
+        single = [w[0] for w in rules.bad_words if len(w) == 1 and w[0] not in eos]  # generate keeps [eos] allowed
+        self.bad = table(single, vocab_size, device)  # (V,)
+        self.suppress = table(rules.suppress, vocab_size, device)  # (V,)
+        self.banned = self.bad | self.suppress  # (V,) at every index
+        self.eos = table(rules.eos_ids, vocab_size, device)  # (V,)
+        self.begin = table(rules.begin_suppress, vocab_size, device)  # (V,)
+        self.forced_eos = table(rules.forced_eos, vocab_size, device)  # (V,)
+        self.forced_bos = table([] if rules.forced_bos is None else [rules.forced_bos], vocab_size, device)  # (V,)
+        self.eos_ban_until = rules.eos_ban_until
+        # generate forces BOS where its input is 1 token long, and suppresses at the beginning where its input is
+        # `start` long, one later after a forced BOS on a 1-token input
+        self.bos_at = 1 - rules.start if rules.forced_bos is not None and rules.start <= 1 else -1
+        self.begin_at = 1 if rules.start == 1 and rules.forced_bos is not None else 0
+        self.eos_at = max_len - 1 if rules.forced_eos else -1
+        self.window = rules.window
+        groups: dict[int, list[tuple[int, ...]]] = {}
+        for w in rules.bad_words:
+            if len(w) > 1:
+                groups.setdefault(len(w) - 1, []).append(w)
+        # banned words of several tokens, by prefix length n: prefixes (g, n) and last tokens (g,)
+        self.multi = [(torch.tensor([w[:-1] for w in ws], dtype=torch.long, device=device),
+                       torch.tensor([w[-1] for w in ws], dtype=torch.long, device=device)) for ws in groups.values()]
+
+    @property
+    def active(self) -> bool:
+        return self.rules.active
+
+    # ---- the rules on logits, in generate's order: the reference ----------------------------------------------
+    def apply(self, logits: Tensor, index: Tensor, tail: Tensor | None = None) -> Tensor:
+        """p_1's logits (..., V) under the rules at generated ``index`` (...) after ``tail`` (..., window)."""
+        out = logits.masked_fill(self.bad, float("-inf"))  # banned words of one token
+        for prefixes, last in self.multi:  # banned words of several tokens, where the tail ends with their prefix
+            hit = (self.need_tail(tail)[..., None, -prefixes.shape[1]:] == prefixes).all(dim=-1)  # (..., g)
+            out = out.masked_fill(self.words_hit(hit, last, out.shape), float("-inf"))
+        index = index[..., None]  # (..., 1)
+        out = out.masked_fill(self.eos & (index < self.eos_ban_until), float("-inf"))  # minimum lengths
+        if self.bos_at >= 0:
+            out = torch.where(index == self.bos_at, torch.where(self.forced_bos, 0.0, float("-inf")).to(out.dtype), out)
+        if self.eos_at >= 0:
+            out = torch.where(index == self.eos_at, torch.where(self.forced_eos, 0.0, float("-inf")).to(out.dtype), out)
+        out = out.masked_fill(self.suppress, float("-inf"))
+        return out.masked_fill(self.begin & (index == self.begin_at), float("-inf"))
+
+    def words_hit(self, hit: Tensor, last: Tensor, shape: torch.Size) -> Tensor:
+        """(..., V) True at the last token of every banned word (..., g) whose prefix the tail ends with."""
+        out = torch.zeros(shape, dtype=torch.bool, device=hit.device)
+        rows, flat = hit.reshape(-1, hit.shape[-1]), out.view(-1, shape[-1])  # (N, g), (N, V)
+        for g, token in enumerate(last.tolist()):  # a few words: a loop over them, not over positions
+            flat[:, token] |= rows[:, g]
+        return out
+
+    def need_tail(self, tail: Tensor | None) -> Tensor:
+        if tail is None:
+            raise ValueError("banned words of several tokens need the tokens before each position (tail)")
+        return tail
+
+    # ---- greedy's token, cheaply ------------------------------------------------------------------------------
+    def touched(self, tokens: Tensor, index: Tensor, tail: Tensor | None = None) -> Tensor:
+        """Where a rule may change greedy's token: (...) bool for the plain argmax ``tokens`` (...) at ``index``.
+
+        Elsewhere the rules only set other tokens' logits to -inf, so the plain argmax stays greedy's token."""
+        out = self.banned[tokens] | (self.eos[tokens] & (index < self.eos_ban_until))
+        out |= self.begin[tokens] & (index == self.begin_at)
+        out |= (index == self.bos_at) | (index == self.eos_at)
+        for prefixes, last in self.multi:
+            n = prefixes.shape[1]
+            hit = (self.need_tail(tail)[..., None, -n:] == prefixes).all(dim=-1)  # (..., g)
+            out |= (hit & (tokens[..., None] == last)).any(dim=-1)
+        return out
+
+    def argmax(self, plain: Tensor, logits_of: Callable[[Tensor], Tensor], index: Tensor, tail: Tensor | None = None) -> Tensor:
+        """Greedy's tokens (...) under the rules, from the plain argmax ``plain`` (...): where a rule touches one
+        (:meth:`touched`), the argmax of the ruled logits ``logits_of(where)`` (n, V) of those positions."""
+        where = self.touched(plain, index, tail)  # (...)
+        if not bool(where.any()):
+            return plain
+        out = plain.clone()
+        chosen = tail[where] if tail is not None else None
+        out[where] = argmax(self.apply(logits_of(where), index[where], chosen))
+        return out
+
+
+def bind_rules(rules: GenerationRules | None, max_len: int, vocab_size: int | None,
+               device: torch.device | str) -> BoundRules | None:
+    """The rules of one decode, or None where there are none that change p_1's argmax (EOS ids alone)."""
+    if rules is None:
+        return None
+    rules.check()
+    if not rules.active:
+        return None
+    if vocab_size is None:
+        raise ValueError("generation rules need the model's vocab_size")
+    return rules.bind(max_len, vocab_size, device)
+
+
+def stop_ids(eos_id: int | None, rules: GenerationRules | None) -> tuple[int, ...]:
+    """The ids that end a row: the rules' EOS ids when given, else the model's own EOS (none: no id)."""
+    if rules is not None and rules.eos_ids:
+        return rules.eos_ids
+    return () if eos_id is None else (eos_id,)
+
+
+def tails(before: Tensor, block: Tensor, window: int) -> Tensor:
+    """The last ``window`` tokens before each position of a verify pass: ``before`` (b, window) the tokens up to
+    and excluding the block (-1 where none), block (b, m) -> (b, m, window), the tail after block token j at j."""
+    seq = torch.cat([before, block], dim=1)  # (b, window + m)
+    return seq.unfold(1, window, 1)[:, 1:]  # (b, m, window)
+
+
+class RuledFirst:
+    """A model's p_1 under ``rules`` at generated indices ``index`` (...) after ``tail`` (..., window): the members
+    the criteria read (:meth:`logits_first`, :attr:`argmax_first`) for hidden states h (..., D) of that shape."""
+
+    def __init__(self, model: Any, rules: BoundRules, index: Tensor, tail: Tensor | None = None) -> None:
+        self.model, self.rules, self.index, self.tail = model, rules, index, tail
+
+    def logits_first(self, h: Tensor) -> Tensor:
+        """p_1's logits (..., V) under the rules."""
+        return self.rule(self.model.logits_first(h))
+
+    def rule(self, logits: Tensor) -> Tensor:
+        """Logits of p_1 (..., V) at these positions, under the rules."""
+        return self.rules.apply(logits, self.index.expand(logits.shape[:-1]), self.tail)
+
+    def argmax_first(self, h: Tensor) -> Tensor:
+        """Greedy's tokens (...) under the rules: the model's own argmax, corrected where a rule touches it."""
+        plain = first_argmax(self.model, h)  # (...)
+        index = self.index.expand(plain.shape)
+        tail = None if self.tail is None else self.tail.expand(*plain.shape, self.tail.shape[-1])
+        return self.rules.argmax(plain, lambda where: self.model.logits_first(h[where]), index, tail)
+
+
+def p1_reader(model: Any, rules: BoundRules | None, index: Tensor, tail: Tensor | None = None) -> Any:
+    """What reads p_1 at generated ``index`` (...): the model itself without rules, else a :class:`RuledFirst`."""
+    return model if rules is None else RuledFirst(model, rules, index, tail)
+
+
+def opening_tail(batch: int, bos_id: int, window: int, device: torch.device | str) -> Tensor | None:
+    """The tail before the first generated token (batch, window): the start token, -1 before it (None: no window)."""
+    if window == 0:
+        return None
+    tail = torch.full((batch, window), -1, dtype=torch.long, device=device)
+    tail[:, -1] = bos_id
+    return tail
+
+
+class RuleBook:
+    """The generation rules of one decode of ``model`` (its ``generation_rules``) with at most ``max_len`` new
+    tokens: the ids that end a row (``stops``, for :meth:`~lightning_bpd.decoding.row_book.RowBook.commit`) and
+    what reads p_1 at each read site of a blockwise loop (None everywhere when no rule changes p_1's argmax)."""
+
+    def __init__(self, model: Any, max_len: int, device: torch.device | str) -> None:
+        given = model.generation_rules
+        self.bound = bind_rules(given, max_len, model.vocab_size, device)
+        ids = stop_ids(model.eos_id, given)
+        self.stops: int | Tensor | None = (None if not ids else ids[0] if len(ids) == 1
+                                           else torch.tensor(ids, dtype=torch.long, device=device))
+        self.model, self.bos_id, self.device = model, model.bos_id, device
+        self.window = 0 if self.bound is None else self.bound.window
+
+    def opening(self, batch: int) -> Any:
+        """p_1 for the first generated token of every row (index 0)."""
+        if self.bound is None:
+            return None
+        index = torch.zeros(batch, dtype=torch.long, device=self.device)  # (B,)
+        return RuledFirst(self.model, self.bound, index, opening_tail(batch, self.bos_id, self.window, self.device))
+
+    def verifying(self, book: Any, block: Tensor) -> Any:
+        """p_1 at every position of a verify pass over ``block`` (b, m): position j predicts the token after
+        block token j (generated index: committed + j + 1)."""
+        if self.bound is None:
+            return None
+        m = block.shape[1]
+        index = book.committed()[:, None] + 1 + torch.arange(m, device=block.device)  # (b, m)
+        tail = tails(book.tail(self.window, self.bos_id), block, self.window) if self.window else None
+        return RuledFirst(self.model, self.bound, index, tail)
+
+    def next(self, book: Any) -> Any:
+        """p_1 for the next token of every live row, after what it committed."""
+        if self.bound is None:
+            return None
+        tail = book.tail(self.window, self.bos_id) if self.window else None
+        return RuledFirst(self.model, self.bound, book.committed(), tail)
+
+
+def history_tail(prefix: list[int], window: int, device: torch.device | str) -> Tensor | None:
+    """The last ``window`` tokens of a decoder input ``prefix`` (start token first) as (1, window), -1 before
+    it; None without a window (the references' tail)."""
+    if window == 0:
+        return None
+    last = ([-1] * window + prefix)[-window:]
+    return torch.tensor([last], dtype=torch.long, device=device)
