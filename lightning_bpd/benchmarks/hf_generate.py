@@ -17,11 +17,11 @@ Three ways to decode the same sentences with the same checkpoint (a run of
 - ``exact``: our blockwise decoding with the heads and exact acceptance, through the inference runtime at
   ``--precision`` (default: as trained, float32).
 
-``generate`` always runs the base as loaded (its own modules, float32 for a float32 checkpoint) with a greedy
-generation config built here: the checkpoint's decoder start, EOS and pad ids and its single-token bad words (the
-ones our model masks too), nothing else (no forced EOS, no minimum length, no repetition rules), ``min_length=0``
-and ``max_new_tokens`` = the module's ``max_decode_len`` of the batch (our limit too). Every output is compared
-without the decoder start token and cut after its first EOS, as our outputs are.
+``generate`` always runs the base as loaded (its own modules, float32 for a float32 checkpoint) with the checkpoint's
+own generation config (forced BOS/EOS, EOS ids, suppressed and banned tokens, minimum lengths: the rules our
+decoders apply too, :mod:`lightning_bpd.decoding.rules`), greedy (``num_beams=1, do_sample=False``) and
+``max_new_tokens`` = the module's ``max_decode_len`` of the batch (our limit too). Every output is compared without
+the decoder start token and cut after its first EOS id, as our outputs are.
 
 Batches alternate between the methods (each batch is decoded by every method in turn), after ``--warmup`` untimed
 batches. Per batch size and method: seconds per input (median and interquartile range over batches), seconds,
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import shutil
 import statistics
 import sys
@@ -95,12 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---- outputs ------------------------------------------------------------------------------------------------
-def cut(rows: Sequence[Sequence[int]], eos: int | None) -> list[list[int]]:
-    """Each row up to and including its first EOS."""
+def cut(rows: Sequence[Sequence[int]], eos: int | Sequence[int] | None) -> list[list[int]]:
+    """Each row up to and including its first EOS (``eos``: an id, several, or None)."""
+    stops = set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
     out = []
     for row in rows:
         row = list(row)
-        out.append(row[: row.index(eos) + 1] if eos is not None and eos in row else row)
+        end = next((i for i, t in enumerate(row) if t in stops), None)
+        out.append(row if end is None else row[: end + 1])
     return out
 
 
@@ -111,14 +114,11 @@ def differing(got: Sequence[Sequence[int]], want: Sequence[Sequence[int]]) -> li
 
 # ---- Hugging Face generate ------------------------------------------------------------------------------------
 def greedy_config(model, max_len: int, lookup_tokens: int | None = None, max_ngram: int = 2):
-    """A plain greedy ``GenerationConfig`` for ``model``'s base (see the module docstring); with ``lookup_tokens``,
-    assisted by prompt lookup."""
-    from transformers import GenerationConfig
-
-    banned = [[int(t)] for t in model.banned.tolist()]
-    config = GenerationConfig(decoder_start_token_id=model.bos_id, eos_token_id=model.eos_id, pad_token_id=model.pad_id,
-                              bad_words_ids=banned or None, num_beams=1, do_sample=False, max_new_tokens=max_len,
-                              min_length=0)
+    """The base's own ``GenerationConfig``, greedy, at most ``max_len`` new tokens (see the module docstring); with
+    ``lookup_tokens``, assisted by prompt lookup."""
+    config = copy.deepcopy(model.base.generation_config)
+    config.update(decoder_start_token_id=model.bos_id, pad_token_id=model.pad_id, num_beams=1, do_sample=False,
+                  max_new_tokens=max_len)
     if lookup_tokens is not None:
         config.prompt_lookup_num_tokens = lookup_tokens
         config.max_matching_ngram_size = max_ngram
@@ -134,7 +134,7 @@ def hf_generate(model, src: Tensor, max_len: int, lookup_tokens: int | None = No
         out = model.base.generate(input_ids=src, attention_mask=(src != model.pad_id).long(), generation_config=config)
     if not bool((out[:, 0] == model.bos_id).all()):
         raise RuntimeError("generate's output does not start with the decoder start token")
-    return cut(out[:, 1:].tolist(), model.eos_id)
+    return cut(out[:, 1:].tolist(), model.generation_rules.eos_ids or model.eos_id)
 
 
 def ours(runtime, k: int | None):

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import torch
@@ -196,8 +196,12 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
 
     @property
     def generation_rules(self) -> GenerationRules:  # type: ignore[override]
-        """The base's generation config as rules on p_1 (read at every decode: a change to it counts)."""
-        return rules_from_config(self.base.generation_config, fallback_eos=self.base.config.eos_token_id)
+        """The base's generation config as rules on p_1 (read at every decode: a change to it counts), less the
+        single-token bad words that p_1 itself bans (``banned``, masked in :meth:`project` and :meth:`output_layer`):
+        they change nothing there, and a checkpoint that bans only those (Marian's pad) decodes rule-free."""
+        rules = rules_from_config(self.base.generation_config, fallback_eos=self.base.config.eos_token_id)
+        own = set(self.banned.tolist()) if self.ban_tokens else set()
+        return replace(rules, bad_words=tuple(w for w in rules.bad_words if len(w) > 1 or w[0] not in own))
 
     @property
     def decoder(self) -> nn.Module:

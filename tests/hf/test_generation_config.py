@@ -145,3 +145,46 @@ def test_sampling_settings_are_ignored_as_generate_ignores_them():
     base.generation_config.temperature, base.generation_config.top_p, base.generation_config.top_k = 0.3, 0.5, 4
     base.generation_config.do_sample = True  # generate samples by default; do_sample=False is greedy
     assert blockwise_decode(model, src, Exact(), MAX_LEN).sequences() == want == hf_greedy(base, src, MAX_LEN)
+
+
+def test_decode_command_equals_generate_with_the_checkpoints_forced_eos(tmp_path, capsys):
+    """A heads folder on a Marian whose generation config forces EOS at the cap (as opus-mt's does): ``decode
+    --max-new-tokens N`` writes what ``generate(max_new_tokens=N)`` decodes, capped rows ending in EOS."""
+    from lightning_bpd.cli import main
+    from lightning_bpd.tasks.translation.hf_module import HFTranslationModule, save_heads
+    from tests.hf.tiny_checkpoint import EOS, sentence_pairs, tiny_marian, tiny_tokenizer
+
+    folder = tmp_path / "marian"
+    tok = tiny_tokenizer()
+    base = tiny_marian(len(tok), seed=2)
+    base.generation_config.forced_eos_token_id = EOS
+    base.generation_config.bad_words_ids = [[base.config.pad_token_id]]
+    base.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    module = HFTranslationModule(str(folder), k=3, head_type="chained")
+    scramble_head(module.model, std=0.05)
+    heads = save_heads(module, tmp_path / "heads")
+    sentences = [en for en, _ in sentence_pairs(6, seed=5)]
+    (tmp_path / "in.en").write_text("\n".join(sentences) + "\n")
+    src = module.encode_sources(sentences)
+    for cap in (3, 9):
+        want = hf_greedy(module.model.base, src, cap)
+        assert all(row[-1] == EOS for row in want if len(row) == cap)
+        capsys.readouterr()
+        main(["decode", "--ckpt", str(heads), "--input", str(tmp_path / "in.en"), "--criterion", "exact",
+              "--max-new-tokens", str(cap), "--device", "cpu"])
+        assert capsys.readouterr().out.splitlines() == module.detokenize(want)
+    with pytest.raises(SystemExit, match="decode: max_len too long"):
+        main(["decode", "--ckpt", str(heads), "--input", str(tmp_path / "in.en"), "--max-new-tokens", "500",
+              "--device", "cpu"])
+
+
+def test_fit_refuses_a_history_dependent_setting_before_training(tmp_path):
+    from lightning_bpd.tasks.translation.hf_module import HFTranslationModule
+    from tests.hf.tiny_checkpoint import write_checkpoint
+
+    folder = write_checkpoint(tmp_path / "marian")
+    module = HFTranslationModule(str(folder), k=2)
+    module.model.base.generation_config.no_repeat_ngram_size = 2
+    with pytest.raises(ValueError, match="no_repeat_ngram_size=2 changes generate's greedy output"):
+        module.on_fit_start()

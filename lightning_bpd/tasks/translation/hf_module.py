@@ -127,7 +127,10 @@ class HFTranslationModule(TranslationModule):
 
     # ---- tokenizer and checkpoints ------------------------------------------------------------------------
     def on_fit_start(self) -> None:
-        """The data must be tokenized with the checkpoint's own tokenizer (``data.tokenizer_path: hf:<dir>``)."""
+        """The data must be tokenized with the checkpoint's own tokenizer (``data.tokenizer_path: hf:<dir>``), and the
+        base's generation config must be one the validation decodes can apply (refused settings fail here, before
+        any training, not at the first validation)."""
+        self.model.generation_rules.check()
         dm = getattr(self.trainer, "datamodule", None)
         theirs = getattr(dm, "tokenizer", None)
         if theirs is None:

@@ -126,6 +126,26 @@ def test_decode_command_and_load_model(fitted, capsys):
     assert module.model.k == 3 and module.tokenizer.vocab_size == module.model.config.tgt_vocab_size
 
 
+def test_decode_max_new_tokens_caps_every_translation(fitted, capsys):
+    """``decode --max-new-tokens N`` equals the decoders' own cap of N tokens; a cap below 1 is one line."""
+    import lightning_bpd
+    from lightning_bpd.decoding import Exact, blockwise_decode
+
+    root, _, _ = fitted
+    ckpt = root / "runs/b/last.ckpt"
+    sentences = ["The teacher reads a book.", "The dog sleeps."]
+    (root / "cap.en").write_text("\n".join(sentences) + "\n")
+    module = lightning_bpd.load_model(ckpt)
+    for cap in (1, 3):
+        main(["decode", "--ckpt", str(ckpt), "--input", str(root / "cap.en"), "--criterion", "exact",
+              "--max-new-tokens", str(cap)])
+        want = blockwise_decode(module.model, module.encode_sources(sentences), Exact(), cap).sequences()
+        assert all(len(row) <= cap for row in want)
+        assert capsys.readouterr().out.splitlines() == module.detokenize(want)
+    with pytest.raises(SystemExit, match="decode: --max-new-tokens must be >= 1, got 0"):
+        main(["decode", "--ckpt", str(ckpt), "--input", str(root / "cap.en"), "--max-new-tokens", "0"])
+
+
 def test_bench_command_writes_json(fitted, capsys):
     import json
 
