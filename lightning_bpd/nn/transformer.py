@@ -178,20 +178,22 @@ class Decoder(nn.Module):
         """Cached pass over T new inputs per row ``x`` (B, T, D); appends them to ``cache``. At inference
         without a static cache the same ops run as one TorchScript function (:mod:`~lightning_bpd.nn.lean_step`;
         ``lean = False`` turns it off). ``ancestors`` (T, T) bool: the inputs are a tree's nodes, node i seeing
-        the cached prefix and the nodes j with ``ancestors[i, j]`` (:func:`~lightning_bpd.nn.attention.tree_span`;
-        through the modules, not the lean step); x then carries each node's own position already."""
+        the cached prefix and the nodes j with ``ancestors[i, j]`` (:func:`~lightning_bpd.nn.attention.tree_span`);
+        x then carries each node's own position already."""
         n_new = x.shape[1]
         cache.check_room(n_new)
         if cache.ring and n_new > RING_MARGIN:
             raise ValueError(f"a ring KV cache takes at most {RING_MARGIN} new tokens per call, got {n_new}")
         positions = cache.positions(n_new)  # (B, T): the slots written
-        if ancestors is not None:
-            return self.step_masked(x, context, cache, positions, *tree_span(positions, ancestors, cache))
+        span, tree_visible = tree_span(positions, ancestors, cache) if ancestors is not None else (None, None)
         if self.lean_applies(x, cache):
             cross_bias = additive(padding_mask(context.src_valid), x.dtype)  # (B, 1, 1, S)
-            out = lean_step.step(self, x, context, cache, positions, cache.length_bounds()[1] + n_new, cross_bias)
+            out = lean_step.step(self, x, context, cache, positions, cache.length_bounds()[1] + n_new, cross_bias,
+                                 tree_visible)
             cache.advance(n_new)
             return out
+        if span is not None:
+            return self.step_masked(x, context, cache, positions, span, tree_visible)
         return self.step_masked(x, context, cache, positions, *cached_span(positions, self.window, cache))
 
     def step_masked(self, x: Tensor, context: EncoderContext, cache: KVCache, positions: Tensor,

@@ -89,3 +89,22 @@ def test_keep_path_moves_each_rows_nodes_up_and_drops_the_rest():
     assert cache.k[1, 1, :3, 0, 0].tolist() == [0, 1, 2]  # row 1: prefix 1, nodes 0, 1
     with pytest.raises(ValueError, match="keep_path takes a plain KV cache"):
         KVCache(1, 1, 64, 1, 1, ring=8).keep_path(torch.zeros(1, 1, dtype=torch.long), torch.ones(1), 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_lean_tree_pass_is_the_module_pass_bitwise(dtype):
+    model = random_model(k=4, vocab=30, seed=8).to(dtype)
+    src = random_sources(4, vocab=30, seed=8)
+    g = torch.Generator().manual_seed(8)
+    prefixes = torch.randint(3, 30, (4, 5), generator=g)
+    tokens = torch.randint(3, 30, (4, TREE.size), generator=g)
+    outs = []
+    for lean in (True, False):
+        model.decoder.lean = lean
+        with torch.no_grad():
+            context = model.encode(src)
+            cache = ragged_cache(model, context, prefixes, [5, 3, 4, 5])
+            assert model.decoder.lean_applies(tokens.new_zeros((), dtype=dtype), cache) == lean
+            outs.append(model.decode_tree(tokens, TREE.table("depths"), TREE.ancestors(), context, cache))
+    model.decoder.lean = True
+    assert torch.equal(outs[0], outs[1])
