@@ -15,8 +15,10 @@ from lightning_bpd.decoding import (
     Tree,
     blockwise_decode,
     greedy_decode,
+    parse_criterion,
     tree_decode_reference,
 )
+from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from tests.models import (
     EOS,
@@ -172,3 +174,17 @@ def test_a_model_without_a_tree_verify_pass_is_told_so():
         blockwise_decode(StubModel([TARGET], k=4), stub_sources(1), Exact(), 8, tree=Tree.path(2))
     with pytest.raises(TypeError, match="tree must be a Tree"):
         blockwise_decode(random_model(k=4, seed=0), random_sources(2), Exact(), 8, tree=[(0,)])
+
+
+def test_a_named_method_with_a_tree():
+    model = tree_model("paper", seed=4)
+    src = random_sources(3, seed=4)
+    method = make_method("exact", parse_criterion, model, tree=TREES["medusa"])
+    assert method.tree is TREES["medusa"] and method.block_size(model) == 4
+    out = method(model, src, MAX_LEN)
+    assert out.block_sizes == blockwise_decode(model, src, Exact(), MAX_LEN, tree=TREES["medusa"]).block_sizes
+    assert make_method("greedy", parse_criterion, model, tree=TREES["medusa"]).tree is None  # baselines ignore it
+    with pytest.raises(ValueError, match="neither fixed shapes"):
+        make_method("exact", parse_criterion, model, fixed_shape=True, tree=TREES["medusa"])
+    with pytest.raises(ValueError, match="needs k >= 4 heads, decoding with k=2"):
+        make_method("top2", parse_criterion, model, k=2, tree=TREES["medusa"])

@@ -471,3 +471,20 @@ def test_draft_vocabulary_from_the_training_targets_and_in_bench(fitted, tmp_pat
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_decode_with_a_tree_of_candidates_returns_greedys_output(fitted):
+    root, _, _ = fitted
+    ckpt = str(root / "runs/b/last.ckpt")
+    src = root / "tree.en"
+    src.write_text("The teacher reads a book.\nThe dog sleeps.\nA man runs.\n")
+    texts = {}
+    for name, extra in [("greedy", ["--criterion", "greedy"]), ("tree", ["--tree", "0;1;0,0;1,0"])]:
+        dest = root / f"tree.{name}.de"
+        main(["decode", "--ckpt", ckpt, "--input", str(src), "--output", str(dest), *extra])
+        texts[name] = dest.read_text()
+    assert texts["tree"] == texts["greedy"] and texts["tree"].count("\n") == 3
+    with pytest.raises(SystemExit, match=r"^decode: --tree '0;1,1': tree paths: \(1, 1\) needs its parent \(1,\)"):
+        main(["decode", "--ckpt", ckpt, "--input", str(src), "--tree", "0;1,1"])
+    with pytest.raises(SystemExit, match=r"^decode: a tree 3 deep needs k >= 4 heads, decoding with k=3$"):
+        main(["decode", "--ckpt", ckpt, "--input", str(src), "--tree", "path:3"])
