@@ -152,14 +152,14 @@ class Tree:
         depths = torch.tensor(self.depths, dtype=torch.long)
         # the accepted node is the deepest accepted one, ties to the lowest index: the largest key
         order = depths * n + (n - 1 - torch.arange(n))
-        return {"ancestors": ancestors, "paths": table, "depths": depths,
+        return {"ancestors": ancestors, "paths": table, "depths": depths, "ranks": torch.tensor(self.ranks),
                 "parents": torch.tensor(self.parents[1:], dtype=torch.long), "order": order}
 
     def table(self, name: str, device: torch.device | str = "cpu") -> Tensor:
         """One of the tree's tensors on ``device``: ``ancestors`` (N, N) bool, row i True at node i's ancestors and
         i itself (the verify pass's attention mask among the nodes); ``paths`` (N, depth + 1) long, row i the
         nodes from the root to i, padded with i (:meth:`root_path`); ``depths`` (N,) long (the position offsets);
-        ``parents`` (N - 1,) long, the parents of nodes 1..N-1; ``order`` (N,) long, the key whose largest accepted
+        ``ranks`` (N,) long; ``parents`` (N - 1,) long, the parents of nodes 1..N-1; ``order`` (N,) long, the key whose largest accepted
         entry picks the accepted node (deepest, then lowest index)."""
         return self._tables[name].to(device)
 

@@ -68,9 +68,7 @@ def propose_tree(model: BlockwiseModel, tree: Tree, h: Tensor, first: Tensor, so
     widths = tree.widths()
     logits = restricted(model, model.logits_heads(h, range(1, tree.depth + 1)))  # (b, depth, V)
     top = top_ranks(logits, max(widths))  # (b, depth, W)
-    nodes = torch.arange(1, tree.size, device=h.device)
-    depth = tree.table("depths", h.device)[nodes] - 1  # (N - 1,)
-    rank = torch.tensor(tree.ranks[1:], device=h.device)  # (N - 1,)
+    depth, rank = tree.table("depths", h.device)[1:] - 1, tree.table("ranks", h.device)[1:]  # (N - 1,) each
     tokens[:, 1:] = top[:, depth, rank]
     return tokens
 
