@@ -108,7 +108,7 @@ class Tree:
         """The deepest node's depth: the heads the tree reads beyond p_1 (blocks of at most depth + 1 tokens)."""
         return max(self.depths)
 
-    @property
+    @cached_property
     def is_path(self) -> bool:
         """Whether the tree is the single path of first choices (today's block)."""
         return self.paths == Tree.path(self.depth).paths

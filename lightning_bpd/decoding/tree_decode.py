@@ -4,7 +4,7 @@
 :class:`~lightning_bpd.decoding.tree.Tree` of tokens per row instead of one block, verifies all its nodes in one
 decoder call under the tree attention mask, and keeps the longest root-to-node path greedy would take::
 
-    tokens         = propose_tree(model, tree, h, first, source)            # (b, N): root = greedy's token
+    tokens         = propose_tree(model, criterion, tree, h, first, source)  # (b, N): root = greedy's token
     hidden         = model.decode_tree(tokens, depths, ancestors, ctx, cache)  # verify pass, (b, N, D)
     node, first    = verify_tree(model, criterion, tree, tokens, hidden)    # the accepted node (b,), next token
     n, done        = book.commit(tokens along the root-to-node path, depth + 1)
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.blockwise import chain_source, resolve_k, restricted
+from lightning_bpd.decoding.blockwise import chain_source, propose, resolve_k, restricted
 from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source, check_decode_args, first_argmax
 from lightning_bpd.decoding.row_book import RowBook
@@ -55,14 +55,16 @@ def top_ranks(logits: Tensor, n: int) -> Tensor:
     return logits.sort(dim=-1, descending=True, stable=True).indices[..., :n]
 
 
-def propose_tree(model: BlockwiseModel, tree: Tree, h: Tensor, first: Tensor, source: Source | None = None) -> Tensor:
+def propose_tree(model: BlockwiseModel, criterion: Criterion, tree: Tree, h: Tensor, first: Tensor,
+                 source: Source | None = None) -> Tensor:
     """The tree's tokens (b, N) at the hidden state h (b, D) of each row's last accepted position: the root is
     ``first`` (b,), greedy's token; node i at depth d >= 1 is rank ``tree.ranks[i]`` of the head at depth d (over
     the draft vocabulary when the model has one), read at h (parallel heads) or from its parent's own link
-    (chained heads)."""
+    (chained heads). The single path is today's block (:func:`~lightning_bpd.decoding.blockwise.propose`, with the
+    model's fast proposals where it offers them)."""
+    if tree.is_path:
+        return propose(model, criterion, h, tree.depth + 1, first, source).tokens  # (b, depth + 1)
     tokens = first[:, None].expand(-1, tree.size).clone()  # (b, N)
-    if tree.depth == 0:
-        return tokens
     if model.chained_heads:
         return expand_chains(model, tree, h, tokens, source)
     widths = tree.widths()
@@ -137,7 +139,7 @@ def tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_le
     book = RowBook(batch, max_len, tree.depth + 1, model.pad_id, device)
     bos = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=device)
     h = model.decode_step(bos, context, cache)[:, -1]  # (B, D)
-    tokens = propose_tree(model, tree, h, criterion.first_token(model, h), chain_source(model, context))  # (B, N)
+    tokens = propose_tree(model, criterion, tree, h, criterion.first_token(model, h), chain_source(model, context))
     calls = 1
     while True:
         hidden = model.decode_tree(tokens, depths, ancestors, context, cache)  # (b, N, D)
@@ -155,5 +157,5 @@ def tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_le
                                                     accepted[rows])
             cache.select(rows)
         cache.keep_path(path, accepted, n, bounds=book.length_bounds(offset=1))  # BOS and every committed token
-        tokens = propose_tree(model, tree, last, first, chain_source(model, context))
+        tokens = propose_tree(model, criterion, tree, last, first, chain_source(model, context))  # (b, N)
     return book.result(calls)

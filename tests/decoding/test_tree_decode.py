@@ -20,6 +20,7 @@ from lightning_bpd.decoding import (
 )
 from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.inference import InferenceOptions, build_runtime
+from lightning_bpd.kernels import int8
 from tests.models import (
     EOS,
     StubModel,
@@ -39,6 +40,10 @@ TREES = {
     "medusa": Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (1, 0, 0)]),
     "shallow": Tree.from_paths([(0,), (1,), (0, 0), (1, 1)]),
 }
+
+
+RUNTIMES = {"float32": {}, "invariant": {"precision": "float32-invariant"}, "packed": {"precision": "float32-packed"},
+            "int8": {"precision": "int8"}, "screened": {"screened_argmax": True}, "draft_vocab": {"draft_vocab": range(30)}}
 
 
 def tree_model(head_type: str, seed: int, k: int = 4):
@@ -93,6 +98,19 @@ def test_the_single_path_tree_is_todays_blockwise_decoding(head_type, k, depth):
     assert tree.model_calls == today.model_calls
 
 
+@pytest.mark.parametrize("head_type", ["paper", "chained", "chained_attn"])
+@pytest.mark.parametrize("options", ["float32", "packed", "int8"])
+def test_the_single_path_tree_of_a_runtime_is_its_blockwise_decoding(head_type, options):
+    """The path proposes through the runtime's fast proposals, as today (int8 chains round unlike the module links)."""
+    if options == "int8" and not int8.available():
+        pytest.skip("no fbgemm/x86 quantized engine")
+    runtime = build_runtime(float32_model(seed=5, head_type=head_type), InferenceOptions(**RUNTIMES[options]))
+    src = random_sources(6, vocab=40, seed=5)
+    today = blockwise_decode(runtime, src, Exact(), 20)
+    tree = blockwise_decode(runtime, src, Exact(), 20, tree=Tree.path(3))
+    assert torch.equal(tree.tokens, today.tokens) and tree.block_sizes == today.block_sizes
+
+
 def test_a_wider_tree_accepts_more_than_the_single_path_on_a_random_model():
     model = tree_model("paper", seed=2)
     src = random_sources(8, seed=2)
@@ -104,9 +122,11 @@ def test_a_wider_tree_accepts_more_than_the_single_path_on_a_random_model():
 
 
 @pytest.mark.parametrize("head_type", ["paper", "chained_attn"])
-@pytest.mark.parametrize("precision", [None, "float32-invariant"])
-def test_a_runtime_decodes_trees_exactly(head_type, precision):
-    runtime = build_runtime(float32_model(seed=3, head_type=head_type), InferenceOptions(precision=precision))
+@pytest.mark.parametrize("options", list(RUNTIMES))
+def test_a_runtime_decodes_trees_exactly(head_type, options):
+    if options == "int8" and not int8.available():
+        pytest.skip("no fbgemm/x86 quantized engine")
+    runtime = build_runtime(float32_model(seed=3, head_type=head_type), InferenceOptions(**RUNTIMES[options]))
     src = random_sources(4, vocab=40, seed=3)
     greedy = greedy_decode(runtime, src, 20)
     out = blockwise_decode(runtime, src, Exact(), 20, tree=TREES["medusa"])
