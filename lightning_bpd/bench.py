@@ -29,6 +29,7 @@ import torch
 from lightning_bpd.benchmarks.ctranslate2_peer import Peers, PeerUnavailableError
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
+from lightning_bpd.decoding.tree import Tree, parse_tree
 from lightning_bpd.evaluation import batched, load_inputs, run_batch, set_draft_vocab
 from lightning_bpd.inference import InferenceOptions, Runtime, build_runtime
 from lightning_bpd.inference.arguments import (
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", type=int, default=100, help="number of inputs decoded per batch size")
     p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
     add_draft_vocab_args(p)
+    p.add_argument("--trees", nargs="+", default=None,
+                   help="also time each deterministic criterion verifying these trees of candidates (Medusa-format "
+                        "paths such as '0;1;0,0;0,1', or 'path:D'): methods <criterion>+tree<nodes>")
     p.add_argument("--lazy-verify", action="store_true",
                    help="verify prefix rules position by position (fewer projections, a host read per position)")
     p.add_argument("--fixed-shape", action="store_true",
@@ -72,21 +76,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_methods(module, runtime: Runtime, specs: list[str], ks: list[int] | None, draft, lazy: bool = False
-                  ) -> tuple[list[str], dict[str, DecodeMethod]]:
+def build_methods(module, runtime: Runtime, specs: list[str], ks: list[int] | None, draft, lazy: bool = False,
+                  trees: list[str] | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
     """The methods to time, baselines first: ``(order, methods)``. With several ``ks`` every method
-    runs at each k and is named ``<spec>@k<k>``."""
+    runs at each k and is named ``<spec>@k<k>``; with ``trees`` every deterministic method of the model's own
+    heads also verifies each tree, named ``<spec>+tree<nodes>``."""
     options = runtime.options
 
-    def make(spec: str, k: int | None = None) -> DecodeMethod:
+    def make(spec: str, k: int | None = None, tree: Tree | None = None) -> DecodeMethod:
         return make_method(spec, module.make_criterion, runtime, k, draft, lazy=lazy, fixed_shape=options.fixed_shape,
-                           stop_below=options.stop_below)
+                           stop_below=options.stop_below, tree=tree)
 
     if ks is None or len(ks) == 1:
         k = ks[0] if ks else None
         methods = {spec: make(spec, k) for spec in specs}
     else:
         methods = {f"{spec}@k{k}": make(spec, k) for k in ks for spec in specs}
+    for tree in [parse_tree(t) for t in trees or []]:
+        for spec in specs:
+            method = make(spec, None, tree)
+            if method.tree is not None:
+                methods[f"{spec}+tree{tree.size - 1}"] = method
     return with_baselines(list(methods), methods, make), methods
 
 
@@ -165,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
         draft = None
         if args.draft:
             draft = build_runtime(load_model(args.draft, args.device).model, InferenceOptions(precision=args.precision))
-        order, methods = build_methods(module, runtime, args.criteria, args.k, draft, args.lazy_verify)
+        order, methods = build_methods(module, runtime, args.criteria, args.k, draft, args.lazy_verify, args.trees)
         inputs = load_inputs(module, args)
         peers = Peers.build(args.peers, module)
     except (ValueError, FileNotFoundError, PeerUnavailableError) as err:
@@ -176,7 +186,8 @@ def main(argv: list[str] | None = None) -> dict:
               "lazy_verify": args.lazy_verify, "fixed_shape": args.fixed_shape, "draft_vocab": args.draft_vocab,
               "precision": runtime.precision, "proposal_precision": args.proposal_precision,
               "stop_below": args.stop_below, "fused_chain": not args.unfused_chain,
-              "screened_argmax": args.screened_argmax, "lean_steps": not args.reference_steps, "batch_sizes": {}}
+              "screened_argmax": args.screened_argmax, "lean_steps": not args.reference_steps, "trees": args.trees,
+              "batch_sizes": {}}
     if peers is not None:
         result["peers"] = {**peers.info, "batch_sizes": {}}
     print(f"device: {result['device_name']}; ms/call = wall-clock per decoder call (a greedy step or a blockwise "

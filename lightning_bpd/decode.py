@@ -4,10 +4,11 @@ One output line per input line; a stats line (sentences, iterations, mean accept
 seconds) goes to stderr. ``--criterion`` picks the method: ``greedy``; blockwise with the model's
 heads (``exact``, ``top2``, ``min2_top3``, ...); lossless speculative sampling with the heads
 (``sample_t0.7_p0.9``) or plain ancestral sampling (``ancestral_t0.7_p0.9``); or any rule with a
-separate draft model proposing (``draft:exact``, ``draft:sample_t1`` with ``--draft CKPT``).
-Sampling is seeded (``--seed``) and reproducible. ``--max-new-tokens N`` caps every translation at N tokens, as
-``generate(max_new_tokens=N)`` does (a checkpoint that forces EOS at the cap ends its capped rows with it); the
-default is the task's own cap (``max_len_a * source length + max_len_b``).
+separate draft model proposing (``draft:exact``, ``draft:sample_t1`` with ``--draft CKPT``). ``--tree``
+verifies a tree of candidates instead of one block (``--tree '0;1;0,0'``). Sampling is seeded (``--seed``) and
+reproducible. ``--max-new-tokens N`` caps every translation at N tokens, as ``generate(max_new_tokens=N)`` does (a
+checkpoint that forces EOS at the cap ends its capped rows with it); the default is the task's own cap
+(``max_len_a * source length + max_len_b``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 import torch
 
 from lightning_bpd.checkpoints import load_model
-from lightning_bpd.decoding import parse_criterion
+from lightning_bpd.decoding import parse_criterion, parse_tree
 from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.evaluation import set_draft_vocab
 from lightning_bpd.inference import InferenceOptions, build_runtime
@@ -38,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "or draft:<rule> (default: exact)")
     p.add_argument("--k", type=int, default=None,
                    help="heads to use (default: all of the model's); with a draft, the block size (default: the model's k, >= 2)")
+    p.add_argument("--tree", default=None,
+                   help="verify a tree of candidates per iteration (exact, topN, epsX with the model's heads): paths of "
+                        "head ranks in Medusa's format, e.g. '0;1;0,0;0,1' (the first and second choice of head 2, then "
+                        "head 3's first two after the first), or 'path:D' (the single path D heads deep)")
     p.add_argument("--draft", default=None, help="checkpoint of a draft model with the same vocabulary (for draft:<rule>)")
     p.add_argument("--seed", type=int, default=0, help="random seed of sampling methods")
     p.add_argument("--max-new-tokens", type=int, default=None,
@@ -71,7 +76,8 @@ def main(argv: list[str] | None = None) -> None:
         set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
         runtime = build_runtime(module.model, options)
         draft = build_runtime(load_model(args.draft, args.device).model, options) if args.draft else None
-        method = make_method(args.criterion, parse_criterion, runtime, args.k, draft, seed=args.seed)
+        tree = parse_tree(args.tree) if args.tree is not None else None
+        method = make_method(args.criterion, parse_criterion, runtime, args.k, draft, seed=args.seed, tree=tree)
         sentences = read_input(args.input)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"decode: {err}")

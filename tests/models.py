@@ -188,3 +188,39 @@ class Wrapped:
         if self.bump is not None:
             raise NotImplementedError("a bumped model is a k = 1 draft: only p_1 is used")
         return self.model.logits_heads(h, heads) * self.scale
+
+
+class TreeStub(StubModel):
+    """A :class:`StubModel` that verifies trees (``decode_tree``) and whose heads rank greedy's token where
+    ``rank_of(i, t, row)`` says: 0 on top (as StubModel's right heads), 1 second under a wrong token, anything else
+    nowhere in the top two. p_1 is greedy's token at every position, whatever path led there (only accepted
+    paths, greedy's own, are ever read on)."""
+
+    def __init__(self, targets: list[list[int]], k: int, rank_of=lambda i, t, row: 0, **kwargs) -> None:
+        super().__init__(targets, k, **kwargs)
+        self.rank_of = rank_of
+
+    def decode_tree(self, tokens: Tensor, depths: Tensor, ancestors: Tensor, context: StubContext,
+                    cache: KVCache) -> Tensor:
+        self.calls += 1
+        pos = cache.lengths[:, None] + depths  # (B, N)
+        cache.check_room(tokens.shape[1])
+        cache.advance(tokens.shape[1])
+        return torch.stack([pos.double(), context.rows[:, None].double().expand_as(pos)], dim=-1)  # (B, N, 2)
+
+    def head_logits(self, tok: int, rank: int) -> Tensor:
+        if rank == 0:
+            return self.one_hot(tok)
+        out = torch.zeros(self.vocab, dtype=torch.float64)
+        out[self.wrong(tok)] = 10.0
+        out[tok if rank == 1 else self.wrong(self.wrong(tok))] = 5.0
+        return out
+
+    def logits_heads(self, h: Tensor, heads=None) -> Tensor:
+        heads = list(range(self.k) if heads is None else heads)
+        flat = h.reshape(-1, 2).long().tolist()
+        rows = [torch.stack([self.head_logits(self.target(r, t + i), 0 if i == 0 else self.rank_of(i, t, r))
+                             for i in heads]) for t, r in flat]
+        if not rows:
+            return torch.zeros(*h.shape[:-1], len(heads), self.vocab, dtype=torch.float64)
+        return torch.stack(rows).view(*h.shape[:-1], len(heads), self.vocab)

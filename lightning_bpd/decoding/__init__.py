@@ -1,7 +1,7 @@
-"""Task-agnostic decoding core (torch only): greedy, blockwise parallel decoding (eager, and with fixed shapes for
-CUDA graphs), beam search and their references."""
+"""Task-agnostic decoding core (torch only): greedy, blockwise parallel decoding (eager, with fixed shapes for
+CUDA graphs, and with a tree of candidates), beam search and their references."""
 
-from lightning_bpd.decoding.agreement import head_agreement
+from lightning_bpd.decoding.agreement import head_agreement, head_rank_agreement
 from lightning_bpd.decoding.beam import BeamResult, beam_search, beam_search_reference
 from lightning_bpd.decoding.blockwise import blockwise_decode
 from lightning_bpd.decoding.criteria import (
@@ -17,6 +17,8 @@ from lightning_bpd.decoding.greedy import greedy_decode, greedy_decode_reference
 from lightning_bpd.decoding.protocol import DecodeResult
 from lightning_bpd.decoding.reference import blockwise_decode_reference
 from lightning_bpd.decoding.static import StaticDecoder, static_decode
+from lightning_bpd.decoding.tree import Tree, parse_tree
+from lightning_bpd.decoding.tree_reference import tree_decode_reference
 
 __all__ = [
     "BeamResult",
@@ -28,6 +30,7 @@ __all__ = [
     "SpeculativeSampling",
     "StaticDecoder",
     "TopK",
+    "Tree",
     "beam_search",
     "beam_search_reference",
     "blockwise_decode",
@@ -35,6 +38,9 @@ __all__ = [
     "greedy_decode",
     "greedy_decode_reference",
     "head_agreement",
+    "head_rank_agreement",
     "parse_criterion",
+    "parse_tree",
     "static_decode",
+    "tree_decode_reference",
 ]

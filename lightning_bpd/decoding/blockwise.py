@@ -43,6 +43,7 @@ from lightning_bpd.decoding.protocol import (
 )
 from lightning_bpd.decoding.row_book import RowBook
 from lightning_bpd.decoding.rules import RuleBook
+from lightning_bpd.decoding.tree import Tree
 
 
 def resolve_k(model: BlockwiseModel, k: int | None) -> int:
@@ -238,6 +239,7 @@ def blockwise_decode(
     k: int | None = None,
     lazy: bool = False,
     stop_below: float | None = None,
+    tree: Tree | None = None,
 ) -> DecodeResult:
     """Decode ``src`` (B, S) with blockwise parallel decoding.
 
@@ -245,9 +247,13 @@ def blockwise_decode(
     ``k`` defaults to the model's number of heads. Rows accept different numbers of tokens and
     finish at different times (EOS inside a block ends the row; nothing after it is emitted).
     ``lazy`` verifies prefix rules position by position (:func:`verify_lazily`). ``stop_below`` is the
-    confidence stop of deterministic rules (:func:`propose`): blocks may be shorter than k.
+    confidence stop of deterministic rules (:func:`propose`): blocks may be shorter than k. ``tree``: propose and
+    verify a tree of candidates instead (:func:`~lightning_bpd.decoding.tree_decode.tree_decode`).
     """
     criterion = criterion if criterion is not None else Exact()
+    if tree is not None:
+        from lightning_bpd.decoding.tree_decode import tree_decode  # it builds on this module
+        return tree_decode(model, src, criterion, max_len, tree, k, lazy=lazy, stop_below=stop_below)
     check_decode_args(model, src, max_len)
     k = resolve_k(model, k)
     criterion.validate(k)

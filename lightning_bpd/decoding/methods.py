@@ -31,6 +31,7 @@ from lightning_bpd.decoding.greedy import greedy_decode
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult
 from lightning_bpd.decoding.sampling import check_sampling_args, new_generator, sample_decode
 from lightning_bpd.decoding.static import static_decode
+from lightning_bpd.decoding.tree import Tree
 
 DRAFT_PREFIX = "draft:"
 
@@ -84,6 +85,7 @@ class DecodeMethod:
     alpha: float = 0.6
     fixed_shape: bool = False  # greedy / deterministic rules: fixed shapes, CUDA graphs on CUDA (decoding.static)
     stop_below: float | None = None  # deterministic rules: the confidence stop (blockwise.propose)
+    tree: Tree | None = None  # deterministic prefix rules: verify this tree of candidates (decoding.tree_decode)
 
     @property
     def is_baseline(self) -> bool:
@@ -111,6 +113,8 @@ class DecodeMethod:
             return 1
         if self.draft is not None:
             return int(self.k)  # type: ignore[arg-type]
+        if self.tree is not None:
+            return self.tree.depth + 1
         return resolve_k(model, self.k)
 
     def __call__(self, model: BlockwiseModel, src: Tensor, max_len: int) -> DecodeResult:
@@ -127,7 +131,7 @@ class DecodeMethod:
         if self.draft is not None:
             return draft_decode(model, self.draft, src, self.criterion, max_len, k=int(self.k))  # type: ignore[arg-type]
         return blockwise_decode(model, src, self.criterion, max_len, k=self.k, lazy=self.lazy,
-                                stop_below=self.stop_below)
+                                stop_below=self.stop_below, tree=self.tree)
 
 
 def make_method(
@@ -140,6 +144,7 @@ def make_method(
     lazy: bool = False,
     fixed_shape: bool = False,
     stop_below: float | None = None,
+    tree: Tree | None = None,
 ) -> DecodeMethod:
     """Build (and check) the method named ``spec`` for ``model``; raise ValueError saying what to fix.
 
@@ -150,10 +155,20 @@ def make_method(
     ``fixed_shape`` decodes greedy and the deterministic rules with fixed shapes
     (:mod:`~lightning_bpd.decoding.static`: CUDA graphs on CUDA, no row compaction). ``stop_below`` is the
     confidence stop of the deterministic rules with the model's own heads (:func:`~lightning_bpd.decoding.
-    blockwise.propose`); other methods ignore it, so one value can apply to a whole list of methods.
+    blockwise.propose`); other methods ignore it, so one value can apply to a whole list of methods. ``tree``
+    (:class:`~lightning_bpd.decoding.tree.Tree`): the deterministic prefix rules of the model's own heads verify
+    that tree of candidates (:func:`~lightning_bpd.decoding.tree_decode.tree_decode`); other methods ignore it.
     """
     s = spec.strip()
     method = build_method(s, make_criterion, model, k, draft, seed, lazy)
+    if tree is not None and method.criterion is not None and method.draft is None and not method.is_sampling:
+        from lightning_bpd.decoding.tree_decode import check_tree_args  # it builds on blockwise
+
+        check_tree_args(model, method.criterion, tree, k)
+        if fixed_shape or stop_below is not None or lazy:
+            raise ValueError("a tree of candidates takes neither fixed shapes, a confidence stop nor lazy verification")
+        method.tree = tree
+        return method
     if stop_below is not None and method.criterion is not None and method.draft is None and not method.is_sampling:
         check_stop_below(stop_below, method.criterion)
         if fixed_shape:

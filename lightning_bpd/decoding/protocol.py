@@ -40,6 +40,11 @@ class Cache(Protocol):
 
     def select(self, rows: Tensor) -> None: ...
 
+    def keep_path(self, nodes: Tensor, kept: Tensor, width: int, bounds: tuple[int, int] | None = None) -> None:
+        """Tree decoding only: the last ``width`` positions of each row were a tree's nodes; keep row b's accepted
+        path ``nodes[b, :kept[b]]`` (B, m) at consecutive positions after its prefix and drop the rest."""
+        ...
+
     def make_static(self) -> None:
         """Fixed shapes from now on (:class:`~lightning_bpd.decoding.static.StaticDecoder`)."""
         ...
@@ -125,6 +130,12 @@ class BlockwiseModel(Protocol):
     """Chained heads, deterministic proposals, the whole chain: ``chain_drafts(h (b, D), first (b,), k, source)``
     -> heads 2..k's tokens (b, k - 1), or None where that path does not apply. None: link by link."""
 
+    decode_tree: Callable[[Tensor, Tensor, Tensor, Context, Cache], Tensor] | None
+    """The verify pass of tree decoding (:mod:`lightning_bpd.decoding.tree_decode`): ``decode_tree(tokens (B, N),
+    depths (N,), ancestors (N, N) bool, context, cache)`` -> hidden (B, N, D), node i at the row's length +
+    ``depths[i]`` and seeing the cached prefix and the nodes j with ``ancestors[i, j]``; appends N slots to the
+    cache (:meth:`Cache.keep_path`). None: the model verifies single paths only."""
+
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: Source | None = None) -> tuple[Tensor, Tensor]:
         """Chained heads only: head i's state (b, D) and logits (b, V) from head i-1's state z (b, D) and its
         token (b,)."""
@@ -145,6 +156,7 @@ class OptionalCapabilities:
     chain_source: Callable[[Any], Any] | None = None
     chain_draft: Callable[..., tuple[Tensor, ...]] | None = None
     chain_drafts: Callable[..., Tensor | None] | None = None
+    decode_tree: Callable[..., Tensor] | None = None
 
 
 @dataclass

@@ -291,6 +291,21 @@ class RuleBook:
         tail = book.tail(self.window, self.bos_id) if self.window else None
         return RuledFirst(self.model, self.bound, book.committed(), tail)
 
+    def on_tree(self, book: Any, tokens: Tensor, depths: Tensor, paths: Tensor) -> Any:
+        """p_1 at every node of a tree verify pass over ``tokens`` (b, N): node j (``depths`` (N,), root-to-node
+        ``paths`` (N, depth + 1)) predicts the token after it, at generated index committed + depth_j + 1, after
+        the tokens of its own path."""
+        if self.bound is None:
+            return None
+        index = book.committed()[:, None] + 1 + depths  # (b, N)
+        tail = None
+        if self.window:
+            w = self.window
+            at = depths[:, None] - (w - 1) + torch.arange(w, device=tokens.device)  # (N, w): depth along the path
+            slot = torch.where(at >= 0, w + paths.gather(1, at.clamp(min=0)), w + at)  # (N, w) into before ++ tokens
+            tail = torch.cat([book.tail(w, self.bos_id), tokens], dim=1)[:, slot]  # (b, N, w)
+        return RuledFirst(self.model, self.bound, index, tail)
+
 
 def history_tail(prefix: list[int], window: int, device: torch.device | str) -> Tensor | None:
     """The last ``window`` tokens of a decoder input ``prefix`` (start token first) as (1, window), -1 before

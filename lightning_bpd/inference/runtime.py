@@ -108,6 +108,10 @@ class Runtime:
         return offered(self.model, "chain_source")
 
     @property
+    def decode_tree(self) -> Callable[..., Tensor] | None:
+        return offered(self.model, "decode_tree")
+
+    @property
     def argmax_first(self) -> Callable[[Tensor], Tensor] | None:
         return None if self.proposer is None else self.proposer.argmax_first
 

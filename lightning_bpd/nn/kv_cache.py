@@ -160,6 +160,21 @@ class KVCache:
         self._lengths = lengths.to(self._lengths)
         self.bounds = bounds
 
+    def keep_path(self, nodes: Tensor, kept: Tensor, width: int, bounds: tuple[int, int] | None = None) -> None:
+        """After a verify pass over a tree: the last ``width`` positions of every row hold the tree's nodes in node
+        order; keep row b's accepted path ``nodes[b, :kept[b]]`` (nodes (B, m) long, ascending along the path, so
+        that node j never lies before slot j) at consecutive positions after the row's prefix, and drop the rest.
+        ``bounds`` as for :meth:`crop`. A plain cache only (no ring, not static)."""
+        if self.ring or self.static:
+            raise ValueError("keep_path takes a plain KV cache (not a ring of a local window, not static)")
+        start = self.lengths - width  # (B,): each row's prefix
+        rows = torch.arange(nodes.shape[0], device=nodes.device)[:, None]  # (B, 1)
+        dst = start[:, None] + torch.arange(nodes.shape[1], device=nodes.device)  # (B, m)
+        src = start[:, None] + nodes  # (B, m)
+        self.k[:, rows, dst] = self.k[:, rows, src]  # (L, B, m, H, Dh): read in full before written
+        self.v[:, rows, dst] = self.v[:, rows, src]
+        self.crop(start + kept, bounds, check=False)
+
     def select(self, rows: Tensor) -> None:
         """Keep only batch ``rows`` (a 1-D index tensor), in that order (for finished rows and beams).
         The host-side bounds stay valid as bounds."""

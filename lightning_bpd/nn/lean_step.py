@@ -77,7 +77,7 @@ def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Te
                       cross_bias: Tensor, n_heads: int, by_columns: list[bool],
                       packed: list[torch.classes.quantized.LinearPackedParamsBase],
                       span_start: int, ring: int, window: int, wide_weights: list[Tensor], wide_attention: bool,
-                      onednn_weights: list[Tensor]) -> Tensor:
+                      onednn_weights: list[Tensor], tree_visible: Tensor) -> Tensor:
     """T new inputs per row x (B, T, D) at ``positions`` (B, T) -> the final-norm hidden states (B, T, D).
 
     Writes their keys and values into ``k_cache`` / ``v_cache`` (L, B, S, H, Dh): at slots ``start .. start
@@ -92,7 +92,9 @@ def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Te
     every product (precision int8, :mod:`lightning_bpd.kernels.int8`); ``wide_weights``: empty, or float64 copies of
     ``weights`` (float32-invariant: products in float64, :mod:`lightning_bpd.kernels.invariant`); ``wide_attention``:
     attention in float64, rounded back; ``onednn_weights``: empty, or the oneDNN-packed weights of every product
-    (precision float32-packed, :mod:`lightning_bpd.kernels.onednn`).
+    (precision float32-packed, :mod:`lightning_bpd.kernels.onednn`); ``tree_visible``: empty, or the boolean mask
+    (B, 1, T, S) of a tree's verify pass (:func:`lightning_bpd.nn.attention.tree_span`), which then replaces the causal
+    one (``positions`` are the slots written).
     """
     b, t, d = x.shape[0], x.shape[1], x.shape[2]
     dh = d // n_heads
@@ -109,6 +111,8 @@ def lean_decoder_step(x: Tensor, k_cache: Tensor, v_cache: Tensor, positions: Te
         visible = visible & (keys > q_pos - window)
     if ring > 0:
         visible = visible & (keys >= 0)
+    if tree_visible.numel() > 0:
+        visible = tree_visible
     self_bias = torch.zeros(visible.shape, dtype=x.dtype, device=x.device).masked_fill_(~visible, float("-inf"))
     rows = torch.arange(b, device=x.device)[:, None]
     for i in range(len(cross_k)):
@@ -228,9 +232,10 @@ def encode(encoder: torch.nn.Module, x: Tensor, mask: Tensor) -> Tensor:
 
 
 def step(decoder: torch.nn.Module, x: Tensor, context, cache, positions: Tensor, stop: int,
-         cross_bias: Tensor) -> Tensor:
+         cross_bias: Tensor, tree_visible: Tensor | None = None) -> Tensor:
     """:meth:`Decoder.step`'s work (after its checks) through :func:`lean_decoder_step`; the caller advances
-    the cache. With int8 products (``decoder.products``) the products take their packed weights."""
+    the cache. With int8 products (``decoder.products``) the products take their packed weights. ``tree_visible``:
+    a tree's verify-pass mask (B, 1, T, S) in place of the causal one."""
     products = decoder.products
     weights, norms = listed(decoder, decoder_tensors)
     by_columns, packed = layouts(x, weights, products)
@@ -242,4 +247,5 @@ def step(decoder: torch.nn.Module, x: Tensor, context, cache, positions: Tensor,
     return lean_decoder_step(x, cache.k, cache.v, positions, low if low == high and not ring else -1, stop, weights,
                              norms, [k for k, _ in context.cross_kv], [v for _, v in context.cross_kv], cross_bias,
                              decoder.n_heads, by_columns, packed, span_start, ring, window, wide_weights,
-                             wide_attention, products.lean_onednn_weights(x, weights))
+                             wide_attention, products.lean_onednn_weights(x, weights),
+                             tree_visible if tree_visible is not None else x.new_zeros(0, dtype=torch.bool))

@@ -153,6 +153,19 @@ class BlockwiseTransformer(nn.Module):
         return self.image.mark_prior(self.decoder.step(self.embed_tgt(tokens, pos, context, limit), context, cache), pos,
                                context, decoded)
 
+    def decode_tree(self, tokens: Tensor, depths: Tensor, ancestors: Tensor, context: EncoderContext,
+                    cache: KVCache) -> Tensor:
+        """The verify pass over a tree's N nodes per row (B, N), node i at position (the row's length + ``depths[i]``)
+        (N,) and seeing the cached prefix and its ``ancestors`` (N, N) bool row -> hidden (B, N, D); appends N
+        slots to the cache (:meth:`KVCache.keep_path` keeps the accepted ones). Decoders without a local window,
+        models that do not read their own decoded tokens (no pixel neighbours)."""
+        if self.decoder.window is not None or self.image.neighbours is not None:
+            raise ValueError("tree decoding takes decoders without a local window and heads without pixel neighbours")
+        pos = cache.lengths[:, None] + depths  # (B, N): each node's own position
+        limit = cache.length_bounds()[1] + tokens.shape[1]  # host-side: a node's depth is below N
+        x = self.embed_tgt(tokens, pos, context, limit)  # (B, N, D)
+        return self.image.mark_prior(self.decoder.step(x, context, cache, ancestors), pos, context)
+
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         w = self.tgt_embed.weight
         return self.decoder.new_cache(batch_size, capacity, dtype=w.dtype, device=w.device)

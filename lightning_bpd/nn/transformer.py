@@ -21,6 +21,7 @@ from lightning_bpd.nn.attention import (
     cached_span,
     causal_mask,
     padding_mask,
+    tree_span,
 )
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.products import FLOAT, Products
@@ -173,21 +174,33 @@ class Decoder(nn.Module):
             x = layer.cross_and_ff(x, kv, cross_mask)
         return self.norm(x)
 
-    def step(self, x: Tensor, context: EncoderContext, cache: KVCache) -> Tensor:
+    def step(self, x: Tensor, context: EncoderContext, cache: KVCache, ancestors: Tensor | None = None) -> Tensor:
         """Cached pass over T new inputs per row ``x`` (B, T, D); appends them to ``cache``. At inference
         without a static cache the same ops run as one TorchScript function (:mod:`~lightning_bpd.nn.lean_step`;
-        ``lean = False`` turns it off)."""
+        ``lean = False`` turns it off). ``ancestors`` (T, T) bool: the inputs are a tree's nodes, node i seeing
+        the cached prefix and the nodes j with ``ancestors[i, j]`` (:func:`~lightning_bpd.nn.attention.tree_span`);
+        x then carries each node's own position already."""
         n_new = x.shape[1]
         cache.check_room(n_new)
         if cache.ring and n_new > RING_MARGIN:
             raise ValueError(f"a ring KV cache takes at most {RING_MARGIN} new tokens per call, got {n_new}")
-        positions = cache.positions(n_new)  # (B, T)
+        positions = cache.positions(n_new)  # (B, T): the slots written
+        span, tree_visible = tree_span(positions, ancestors, cache) if ancestors is not None else (None, None)
         if self.lean_applies(x, cache):
             cross_bias = additive(padding_mask(context.src_valid), x.dtype)  # (B, 1, 1, S)
-            out = lean_step.step(self, x, context, cache, positions, cache.length_bounds()[1] + n_new, cross_bias)
+            out = lean_step.step(self, x, context, cache, positions, cache.length_bounds()[1] + n_new, cross_bias,
+                                 tree_visible)
             cache.advance(n_new)
             return out
-        span, self_mask = cached_span(positions, self.window, cache)
+        if span is not None:
+            return self.step_masked(x, context, cache, positions, span, tree_visible)
+        return self.step_masked(x, context, cache, positions, *cached_span(positions, self.window, cache))
+
+    def step_masked(self, x: Tensor, context: EncoderContext, cache: KVCache, positions: Tensor,
+                    span: tuple[int, int], self_mask: Tensor) -> Tensor:
+        """:meth:`step` through the modules: new inputs x (B, T, D) written at slots ``positions`` (B, T), their
+        queries seeing the cache slots ``span`` under the boolean ``self_mask`` (B, 1, T, S')."""
+        n_new = x.shape[1]
         self_mask = additive(self_mask, x.dtype)  # (B, 1, T, S'): converted once for all layers
         cross_mask = additive(padding_mask(context.src_valid), x.dtype)  # (B, 1, 1, S)
         for i, (layer, kv) in enumerate(zip(self.layers, context.cross_kv)):

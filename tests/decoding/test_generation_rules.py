@@ -203,3 +203,20 @@ def test_apply_follows_generate_order_on_hand_written_logits():
     assert torch.isinf(out[1:3, 2:4]).all() and not torch.isinf(out[3:5, 2:4]).any()  # EOS ids before index 3
     assert torch.isinf(out[1, 6]) and not torch.isinf(out[2:5, 6]).any()  # begin suppress: after the forced BOS
     assert torch.isinf(out[[1, 2, 4], 9]).all() and not torch.isinf(out[3, 9])  # (4, 9) after a 4 only
+
+
+@pytest.mark.parametrize("setting", ["forced_bos", "forced_eos", "bad_words_of_two", "all"])
+@pytest.mark.parametrize("head_type", ["paper", "chained"])
+def test_trees_verify_under_the_rules(setting, head_type):
+    from lightning_bpd.decoding import Tree
+    from lightning_bpd.decoding.tree_reference import tree_decode_reference
+
+    model, src, rules, _ = model_and_rules(head_type, seed=6)
+    with_rules(model, rules[setting])
+    tree = Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+    greedy = greedy_decode(model, src, MAX_LEN).sequences()
+    fast = blockwise_decode(model, src, Exact(), MAX_LEN, tree=tree)
+    slow = tree_decode_reference(model, src, Exact(), MAX_LEN, tree=tree)
+    assert fast.sequences() == greedy == slow.sequences() and fast.block_sizes == slow.block_sizes
+    top = blockwise_decode(model, src, TopK(2), MAX_LEN, tree=tree)
+    assert top.sequences() == tree_decode_reference(model, src, TopK(2), MAX_LEN, tree=tree).sequences()

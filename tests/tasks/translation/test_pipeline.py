@@ -491,3 +491,37 @@ def test_draft_vocabulary_from_the_training_targets_and_in_bench(fitted, tmp_pat
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_decode_with_a_tree_of_candidates_returns_greedys_output(fitted):
+    root, _, _ = fitted
+    ckpt = str(root / "runs/b/last.ckpt")
+    src = root / "tree.en"
+    src.write_text("The teacher reads a book.\nThe dog sleeps.\nA man runs.\n")
+    texts = {}
+    for name, extra in [("greedy", ["--criterion", "greedy"]), ("tree", ["--tree", "0;1;0,0;1,0"])]:
+        dest = root / f"tree.{name}.de"
+        main(["decode", "--ckpt", ckpt, "--input", str(src), "--output", str(dest), *extra])
+        texts[name] = dest.read_text()
+    assert texts["tree"] == texts["greedy"] and texts["tree"].count("\n") == 3
+    with pytest.raises(SystemExit, match=r"^decode: --tree '0;1,1': tree paths: \(1, 1\) needs its parent \(1,\)"):
+        main(["decode", "--ckpt", ckpt, "--input", str(src), "--tree", "0;1,1"])
+    with pytest.raises(SystemExit, match=r"^decode: a tree 3 deep needs k >= 4 heads, decoding with k=3$"):
+        main(["decode", "--ckpt", ckpt, "--input", str(src), "--tree", "path:3"])
+
+
+def test_bench_times_trees_beside_the_single_path(fitted):
+    import json
+
+    root, _, _ = fitted
+    src = root / "tree_bench.en"
+    src.write_text("The teacher reads a book.\nThe dog sleeps.\nA man runs.\n")
+    out = root / "tree_bench.json"
+    main(["bench", "--ckpt", str(root / "runs/b/last.ckpt"), "--input", str(src), "--criteria", "exact", "greedy",
+          "--trees", "0;1;0,0;1,0", "path:1", "--batch-sizes", "2", "--inputs", "3", "--warmup", "0", "--json", str(out)])
+    result = json.loads(out.read_text())
+    report = result["batch_sizes"]["2"]
+    assert set(report) == {"greedy", "exact", "exact+tree4", "exact+tree1"}
+    assert report["exact+tree4"]["equals_greedy"] and report["exact+tree1"]["equals_greedy"]
+    assert report["exact+tree4"]["block_size"] == 3 and report["exact+tree1"]["block_size"] == 2
+    assert result["trees"] == ["0;1;0,0;1,0", "path:1"]

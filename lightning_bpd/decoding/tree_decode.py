@@ -1,0 +1,165 @@
+"""Blockwise parallel decoding with a tree of candidates, verified in one pass (Medusa-style). Torch only.
+
+:func:`blockwise_decode` hands a decode with ``tree=...`` here. Each iteration proposes a
+:class:`~lightning_bpd.decoding.tree.Tree` of tokens per row instead of one block, verifies all its nodes in one
+decoder call under the tree attention mask, and keeps the longest root-to-node path greedy would take::
+
+    tokens         = propose_tree(model, criterion, tree, h, first, source)  # (b, N): root = greedy's token
+    hidden         = model.decode_tree(tokens, depths, ancestors, ctx, cache)  # verify pass, (b, N, D)
+    node, first    = verify_tree(model, criterion, tree, tokens, hidden)    # the accepted node (b,), next token
+    n, done        = book.commit(tokens along the root-to-node path, depth + 1)
+    keep           = book.settle(n, done)            # the iteration's one device-to-host read
+    cache.keep_path(path, depth + 1, N)              # the accepted nodes' K/V move up, the rest is dropped
+
+Proposals: parallel heads give every node at depth d the rank-r token of head d (the same head for every
+branch, as in Medusa); chained heads run each expanded node's own link, fed that node's token (batched over the
+expanded nodes of a depth). Verification: node j is accepted when the rule accepts its token against p_1 at its
+parent and its parent is accepted; the accepted node is the deepest accepted one (ties to the lowest index), and
+greedy's token there opens the next tree. For the single path (:meth:`Tree.path`) this is today's blockwise
+decoding, token for token and block for block. Deterministic prefix rules only (exact, top-n, eps).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lightning_bpd.decoding.blockwise import chain_source, propose, resolve_k, restricted
+from lightning_bpd.decoding.criteria import Criterion, Exact
+from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source, check_decode_args, first_argmax
+from lightning_bpd.decoding.row_book import RowBook
+from lightning_bpd.decoding.rules import RuleBook
+from lightning_bpd.decoding.tree import Tree
+from lightning_bpd.nn.argmax import argmax
+
+
+def check_tree_args(model: BlockwiseModel, criterion: Criterion, tree: Tree, k: int | None,
+                    verify_pass: bool = True) -> None:
+    """Raise ValueError, in one line, where this tree cannot decode with this model and rule (``verify_pass``: and
+    the model must offer the tree verify pass, ``decode_tree``)."""
+    if not isinstance(tree, Tree):
+        raise TypeError(f"tree must be a Tree (Tree.from_paths, Tree.from_budget), got {type(tree).__name__}")
+    heads = resolve_k(model, k)
+    if tree.depth > heads - 1:
+        raise ValueError(f"a tree {tree.depth} deep needs k >= {tree.depth + 1} heads, decoding with k={heads}")
+    if criterion.stochastic or not criterion.prefix_checks:
+        raise ValueError(f"tree decoding takes the deterministic prefix rules (exact, topN, epsX), not {criterion.name}")
+    if verify_pass and model.decode_tree is None:
+        raise ValueError(f"{type(model).__name__} has no tree verify pass (decode_tree): decode it with tree=None")
+
+
+def top_ranks(logits: Tensor, n: int) -> Tensor:
+    """The ``n`` best tokens (..., n) of logits (..., V), ties to the lowest id: rank 0 is
+    :func:`~lightning_bpd.nn.argmax.argmax`."""
+    if n == 1:
+        return argmax(logits)[..., None]
+    return logits.sort(dim=-1, descending=True, stable=True).indices[..., :n]
+
+
+def propose_tree(model: BlockwiseModel, criterion: Criterion, tree: Tree, h: Tensor, first: Tensor,
+                 source: Source | None = None) -> Tensor:
+    """The tree's tokens (b, N) at the hidden state h (b, D) of each row's last accepted position: the root is
+    ``first`` (b,), greedy's token; node i at depth d >= 1 is rank ``tree.ranks[i]`` of the head at depth d (over
+    the draft vocabulary when the model has one), read at h (parallel heads) or from its parent's own link
+    (chained heads). The single path is today's block (:func:`~lightning_bpd.decoding.blockwise.propose`, with the
+    model's fast proposals where it offers them)."""
+    if tree.is_path:
+        return propose(model, criterion, h, tree.depth + 1, first, source).tokens  # (b, depth + 1)
+    tokens = first[:, None].expand(-1, tree.size).clone()  # (b, N)
+    if model.chained_heads:
+        return expand_chains(model, tree, h, tokens, source)
+    widths = tree.widths()
+    logits = restricted(model, model.logits_heads(h, range(1, tree.depth + 1)))  # (b, depth, V)
+    top = top_ranks(logits, max(widths))  # (b, depth, W)
+    depth, rank = tree.table("depths", h.device)[1:] - 1, tree.table("ranks", h.device)[1:]  # (N - 1,) each
+    tokens[:, 1:] = top[:, depth, rank]
+    return tokens
+
+
+def expand_chains(model: BlockwiseModel, tree: Tree, h: Tensor, tokens: Tensor, source: Source | None) -> Tensor:
+    """Chained heads: depth by depth, each node with children runs link d fed its own token (all such nodes of a
+    depth in one batched link), and its children take that link's ranked tokens. Fills ``tokens`` (b, N)."""
+    b = h.shape[0]
+    states = {0: h}  # node -> the chain state its children's link reads (b, D)
+    for d in range(1, tree.depth + 1):
+        children = tree.at_depth(d)
+        parents = sorted({tree.parents[c] for c in children})
+        m = len(parents)
+        z = torch.stack([states[p] for p in parents], dim=1).reshape(b * m, -1)  # (b * m, D)
+        fed = tokens[:, parents].reshape(b * m)  # (b * m,)
+        rows = source if source is None or m == 1 else source.take(torch.arange(b, device=h.device).repeat_interleave(m))
+        z, logits = model.chain_step(z, fed, d, rows)  # (b * m, D), (b * m, V)
+        width = 1 + max(tree.ranks[c] for c in children)
+        top = top_ranks(restricted(model, logits), width).view(b, m, width)  # (b, m, width)
+        z = z.view(b, m, -1)
+        for c in children:
+            j = parents.index(tree.parents[c])
+            tokens[:, c] = top[:, j, tree.ranks[c]]
+            states[c] = z[:, j]
+    return tokens
+
+
+def verify_tree(model: BlockwiseModel, criterion: Criterion, tree: Tree, tokens: Tensor,
+                hidden: Tensor) -> tuple[Tensor, Tensor]:
+    """The accepted node (b,) of each row and greedy's token there (b,), from the verify pass ``hidden`` (b, N, D)
+    over the tree's ``tokens`` (b, N). Node j >= 1 passes when the rule accepts its token against p_1 at its
+    parent (exact: greedy's token there, :func:`first_argmax`); a node is accepted when it and all its ancestors
+    pass; the deepest accepted node wins, ties to the lowest index. No host read."""
+    parents = tree.table("parents", tokens.device)  # (N - 1,)
+    if isinstance(criterion, Exact):
+        best = first_argmax(model, hidden)  # (b, N): greedy's token after each node
+        ok = tokens[:, 1:] == best[:, parents]  # (b, N - 1)
+    else:
+        logits = model.logits_first(hidden)  # (b, N, V)
+        best = argmax(logits)
+        ok = criterion.matches(tokens[:, 1:], logits[:, parents])  # (b, N - 1)
+    ok = torch.cat([torch.ones_like(ok[:, :1]), ok], dim=1)  # (b, N): the root always passes
+    ancestors = tree.ancestors(tokens.device)  # (N, N)
+    accepted = ~((~ok)[:, None, :] & ancestors).any(dim=-1)  # (b, N): no failing node on the way
+    key = torch.where(accepted, tree.table("order", tokens.device), -1)  # (b, N)
+    node = key.argmax(dim=1)  # (b,)
+    return node, best.gather(1, node[:, None])[:, 0]
+
+
+@torch.no_grad()
+def tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_len: int, tree: Tree,
+                k: int | None = None, lazy: bool = False, stop_below: float | None = None) -> DecodeResult:
+    """Decode ``src`` (B, S) proposing and verifying ``tree`` at every iteration (the contract of
+    :func:`~lightning_bpd.decoding.blockwise.blockwise_decode`; blocks of at most ``tree.depth + 1`` tokens).
+    ``lazy`` and ``stop_below`` are single-path options: a tree takes neither."""
+    if lazy or stop_below is not None:
+        raise ValueError("tree decoding takes neither lazy verification nor a confidence stop (stop_below)")
+    check_decode_args(model, src, max_len)
+    check_tree_args(model, criterion, tree, k)
+    criterion.validate(tree.depth + 1)
+    criterion.reset(src.device)
+    batch, device, n = src.shape[0], src.device, tree.size
+    rules = RuleBook(model, max_len, device)  # the generation rules on p_1 (None where there are none)
+    depths, ancestors, table = tree.table("depths", device), tree.ancestors(device), tree.path_table(device)
+    context = model.encode(src)
+    cache = model.new_cache(batch, capacity=1 + max_len + n)
+    book = RowBook(batch, max_len, tree.depth + 1, model.pad_id, device)
+    bos = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=device)
+    h = model.decode_step(bos, context, cache)[:, -1]  # (B, D)
+    first = criterion.first_token(rules.opening(batch) or model, h)  # (B,)
+    tokens = propose_tree(model, criterion, tree, h, first, chain_source(model, context))
+    calls = 1
+    while True:
+        hidden = model.decode_tree(tokens, depths, ancestors, context, cache)  # (b, N, D)
+        calls += 1
+        reader = rules.on_tree(book, tokens, depths, table) or model  # p_1 at every node
+        node, first = verify_tree(reader, criterion, tree, tokens, hidden)  # (b,), (b,)
+        path, accepted = table[node], depths[node] + 1  # (b, depth + 1), (b,)
+        n_kept, done = book.commit(tokens.gather(1, path), accepted, rules.stops)
+        last = hidden.gather(1, node[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (b, D)
+        keep = book.settle(n_kept, done)  # the one host read of the iteration
+        if keep is not None:
+            if not keep:
+                break
+            rows = torch.tensor(keep, dtype=torch.long, device=device)
+            context, last, first, path, accepted = (context.select(rows), last[rows], first[rows], path[rows],
+                                                    accepted[rows])
+            cache.select(rows)
+        cache.keep_path(path, accepted, n, bounds=book.length_bounds(offset=1))  # BOS and every committed token
+        tokens = propose_tree(model, criterion, tree, last, first, chain_source(model, context))  # (b, N)
+    return book.result(calls)
