@@ -62,7 +62,7 @@ def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int,
         if window:
             history[live, window + step] = nxt
         if stops:
-            done = torch.isin(nxt, stop)
+            done = nxt == stops[0] if len(stops) == 1 else torch.isin(nxt, stop)
             if bool(done.any()):
                 lengths[live[done]] = step + 1
                 keep = (~done).nonzero().squeeze(1)
