@@ -38,6 +38,7 @@ from lightning_bpd.inference.arguments import (
     add_timing_args,
     options_from_args,
 )
+from lightning_bpd.inference.memory import measured_build
 from lightning_bpd.records import device_name, write_json
 
 
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
         options = options_from_args(args)
         module = load_model(args.ckpt, args.device)
         set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
-        runtime = build_runtime(module.model, options)
+        runtime, memory = measured_build(lambda: build_runtime(module.model, options), module.model)
         draft = None
         if args.draft:
             draft = build_runtime(load_model(args.draft, args.device).model, InferenceOptions(precision=args.precision))
@@ -187,12 +188,15 @@ def main(argv: list[str] | None = None) -> dict:
               "precision": runtime.precision, "proposal_precision": args.proposal_precision,
               "stop_below": args.stop_below, "fused_chain": not args.unfused_chain,
               "screened_argmax": args.screened_argmax, "lean_steps": not args.reference_steps, "trees": args.trees,
-              "batch_sizes": {}}
+              "memory": memory, "batch_sizes": {}}
     if peers is not None:
         result["peers"] = {**peers.info, "batch_sizes": {}}
     print(f"device: {result['device_name']}; ms/call = wall-clock per decoder call (a greedy step or a blockwise "
           "iteration), x base = that cost over the baseline's, ms/tok = wall-clock per output token, "
           "ct2_* = CTranslate2 peers")
+    print(f"memory: the model's weights {memory['model_mb']} MB; the runtime's copies {memory['runtime_cast_mb']} MB in "
+          f"another dtype + {memory['runtime_products_mb']} MB for its products; the process grew by "
+          f"{memory['runtime_added_mb']} MB building it")
     print(f"{'batch':>5s} {'method':18s} {'s/input':>9s} {'tok/s':>8s} {'ms/tok':>7s} {'block':>6s} {'calls':>6s} "
           f"{'ms/call':>8s} {'x base':>6s} {'speedup':>7s} {'effic.':>6s} {'=greedy/accept':>14s}")
     for bs in args.batch_sizes:

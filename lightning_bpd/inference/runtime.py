@@ -1,12 +1,14 @@
 """A model prepared for decoding once, from :class:`~lightning_bpd.inference.options.InferenceOptions`. Torch only.
 
-:func:`build_runtime` takes a snapshot of the model (a deep copy in eval mode, cast to the precision's dtype),
+:func:`build_runtime` takes a snapshot of the model (its own module objects in eval mode on the model's own weights,
+:mod:`~lightning_bpd.inference.shared_copy`; weights are copied only where the precision's dtype is not theirs),
 gives every module of the snapshot the products of the precision (:mod:`lightning_bpd.inference.products`: the
 packed int8 or float64 copies of its weights are made here, once), and sets the snapshot's fast paths (lean
-steps, fused chain links, the proposal copy, the screened argmax, a draft vocabulary). The model itself is not
+steps, fused chain links, the proposal copy, the screened argmax, a draft vocabulary). The model's modules are not
 touched: it keeps training, or decodes in its own dtype through the reference products, and two runtimes of one
-model in two precisions decode side by side in one process. A runtime built before the model's weights change
-does not see the change: build another.
+model in two precisions decode side by side in one process. A runtime reads the model's weights as they are (a
+float32 runtime of a float32 model copies none), but the copies its products made when it was built stay as they
+were: after the weights change, build another.
 
 :class:`Runtime` implements the decoding protocol (:mod:`lightning_bpd.decoding.protocol`) by handing each call
 to its snapshot.
@@ -14,7 +16,6 @@ to its snapshot.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from lightning_bpd.inference.options import InferenceOptions
 from lightning_bpd.inference.precision import parse_precision
 from lightning_bpd.inference.products import Int8Products, PackedProducts, WideProducts
 from lightning_bpd.inference.proposer import Proposer
+from lightning_bpd.inference.shared_copy import cast_copy, shared_copy
 from lightning_bpd.nn.products import FLOAT, Products, use_products
 
 
@@ -40,10 +42,12 @@ def make_products(options: InferenceOptions, model: nn.Module) -> Products:
 
 
 def snapshot(model: nn.Module, options: InferenceOptions) -> nn.Module:
-    """A deep copy of ``model`` in eval mode without gradients, in the dtype of ``options.precision``."""
-    made = copy.deepcopy(model).eval().requires_grad_(False)
+    """``model``'s modules for a runtime (:func:`~lightning_bpd.inference.shared_copy.shared_copy`: its own module
+    objects, in eval mode, on the model's own weights), with copies only of the weights that are not in the dtype of
+    ``options.precision``."""
+    made = shared_copy(model).eval()
     if options.precision is not None:
-        made.to(parse_precision(options.precision))
+        cast_copy(made, parse_precision(options.precision))
     return made
 
 
@@ -157,6 +161,7 @@ def build_runtime(model: nn.Module | Runtime, options: InferenceOptions | None =
         if part is not None and hasattr(part, "lean"):  # our encoder and decoder, an HF base
             part.lean = options.lean_steps
     if options.draft_vocab is not None:
+        made.draft_vocab = None  # a vocabulary of the runtime's own (the model's ids buffer stays as it is)
         need(made, "use_draft_vocab", "a draft vocabulary")(torch.tensor(options.draft_vocab, dtype=torch.long))
     proposer = None
     if hasattr(made, "head") and hasattr(made, "output_layer"):  # heads and an output layer (ours, an HF base)

@@ -1,0 +1,80 @@
+"""A copy of a model's module tree that shares its weights: what a runtime decodes with. Torch only.
+
+A runtime sets its own things on the modules it decodes with (their products, lean steps, a draft vocabulary, eval
+mode), so it needs modules of its own; it does not need weights of its own. :func:`shared_copy` copies every module
+object of the tree (each keeps its attributes, a shallow copy of them) and hands the copies the original's own
+parameter and buffer tensors: the copy adds the module objects' few bytes, not the weights. Weights are copied only
+where the runtime's dtype is not theirs (:func:`cast_copy`), and a runtime's products make their own packed, int8 or
+float64 copies (:mod:`lightning_bpd.inference.products`).
+
+The copy reads the live weights: a training step changes what it decodes (in place, as optimizers step), while the
+products' packed copies, made when the runtime is built, stay as they were: build another runtime after training.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+
+def shared_copy(model: nn.Module) -> nn.Module:
+    """Every module of ``model`` copied, the parameters and buffers the original's own tensors (a module reached
+    twice, e.g. tied embeddings, is copied once)."""
+    made: dict[int, nn.Module] = {}
+
+    def copy_of(module: nn.Module) -> nn.Module:
+        if id(module) in made:
+            return made[id(module)]
+        clone = module.__class__.__new__(module.__class__)
+        clone.__dict__ = module.__dict__.copy()
+        if "config" in clone.__dict__ and not isinstance(clone.__dict__["config"], nn.Module):
+            clone.__dict__["config"] = copy.copy(clone.__dict__["config"])  # what decoding records stays its own
+        clone._parameters = dict(module._parameters)
+        clone._buffers = dict(module._buffers)
+        made[id(module)] = clone
+        clone._modules = {name: None if child is None else copy_of(child) for name, child in module._modules.items()}
+        return clone
+
+    return copy_of(model)
+
+
+def cast_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``model`` (a :func:`shared_copy`) with its floating-point parameters and buffers that are not ``dtype``
+    replaced by copies in ``dtype`` (a tensor met twice is copied once, so ties stay ties); the others stay shared.
+    Unlike ``module.to(dtype)``, which swaps the data of the parameters in place, the original keeps its own."""
+    cast: dict[int, torch.Tensor] = {}
+
+    def converted(t: torch.Tensor, parameter: bool) -> torch.Tensor:
+        if id(t) not in cast:
+            data = t.detach().to(dtype)
+            cast[id(t)] = nn.Parameter(data, requires_grad=False) if parameter else data
+        return cast[id(t)]
+
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None and p.is_floating_point() and p.dtype != dtype:
+                module._parameters[name] = converted(p, True)  # type: ignore[assignment]
+        for name, b in module._buffers.items():
+            if b is not None and b.is_floating_point() and b.dtype != dtype:
+                module._buffers[name] = converted(b, False)
+    return model
+
+
+def tensor_bytes(model: nn.Module) -> int:
+    """Bytes of ``model``'s parameters and buffers, each tensor counted once."""
+    seen: dict[int, int] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        seen[id(t)] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def own_bytes(copy: nn.Module, original: nn.Module) -> int:
+    """Bytes of the parameters and buffers of ``copy`` that are not ``original``'s own tensors (its cast copies)."""
+    theirs = {id(t) for t in [*original.parameters(), *original.buffers()]}
+    mine: dict[int, int] = {}
+    for t in [*copy.parameters(), *copy.buffers()]:
+        if id(t) not in theirs:
+            mine[id(t)] = t.numel() * t.element_size()
+    return sum(mine.values())
