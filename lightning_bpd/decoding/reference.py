@@ -86,24 +86,40 @@ def blockwise_decode_reference(
             h = model.decode_full(extended, context)  # (1, T + m, D)
             all_heads = model.logits_heads(h, [0] if chained(model) else range(k))  # (1, T + m, k or 1, V)
             verify = all_heads[:, len(prefix) : len(prefix) + m - 1, 0]  # (1, m - 1, V)
-            if bound is not None:  # p_1 after proposal j under the rules, as greedy would have seen it there
-                verify = torch.cat([ruled_at(bound, prefix + proposals[0, : j + 1].tolist(), len(out) + j + 1)(
-                    verify[:, j : j + 1]) for j in range(m - 1)], dim=1) if m > 1 else verify
+            verify = ruled_verify(bound, prefix, proposals[0].tolist(), verify)
             n = min(int(criterion.accept(proposals, verify)[0]), m)
             # Accept: up to n tokens, stopping after an EOS id and at max_len.
-            block = proposals[0, :n].tolist()
-            ends = [i for i, t in enumerate(block) if t in stops]
-            if ends:
-                block = block[: ends[0] + 1]
-            block = block[: max_len - len(out)]
+            block = accepted_block(proposals[0, :n].tolist(), stops, max_len - len(out))
             out.extend(block)
             row_blocks.append(len(block))
         rows.append(out)
         blocks.append(row_blocks)
-    lengths = torch.tensor([len(r) for r in rows], device=src.device)
-    iterations = torch.tensor([len(b) for b in blocks], device=src.device)
-    calls = 2 * int(iterations.sum())
-    return DecodeResult(pack_rows(rows, model.pad_id, src.device), lengths, iterations, calls, blocks)
+    return reference_result(rows, blocks, model.pad_id, src.device, calls_per_iteration=2)
+
+
+def ruled_verify(bound: BoundRules | None, prefix: list[int], candidate: list[int], verify: Tensor) -> Tensor:
+    """p_1's logits (1, m - 1, V) after each token but the last of ``candidate`` (m tokens after the decoder input
+    ``prefix``), under the generation rules as greedy would have seen them there (``bound`` None: as they are)."""
+    if bound is None or len(candidate) < 2:
+        return verify
+    done = len(prefix) - 1  # tokens generated before the candidate
+    return torch.cat([ruled_at(bound, prefix + candidate[: j + 1], done + j + 1)(verify[:, j : j + 1])
+                      for j in range(len(candidate) - 1)], dim=1)
+
+
+def accepted_block(block: list[int], stops: tuple[int, ...], room: int) -> list[int]:
+    """An accepted block cut after its first EOS id and to the ``room`` left before max_len."""
+    ends = [i for i, t in enumerate(block) if t in stops]
+    return (block[: ends[0] + 1] if ends else block)[:room]
+
+
+def reference_result(rows: list[list[int]], blocks: list[list[int]], pad_id: int, device: torch.device,
+                     calls_per_iteration: int = 0, calls: int | None = None) -> DecodeResult:
+    """The references' :class:`DecodeResult` of decoded ``rows`` and their accepted ``blocks``."""
+    lengths = torch.tensor([len(r) for r in rows], device=device)
+    iterations = torch.tensor([len(b) for b in blocks], device=device)
+    made = calls if calls is not None else calls_per_iteration * int(iterations.sum())
+    return DecodeResult(pack_rows(rows, pad_id, device), lengths, iterations, made, blocks)
 
 
 def ruled_at(bound: BoundRules, prefix: list[int], index: int) -> Callable[[Tensor], Tensor]:

@@ -17,8 +17,8 @@ from torch import Tensor
 from lightning_bpd.decoding.blockwise import chain_source
 from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.greedy import strip_padding
-from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args, pack_rows
-from lightning_bpd.decoding.reference import ruled_at
+from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args
+from lightning_bpd.decoding.reference import accepted_block, reference_result, ruled_at, ruled_verify
 from lightning_bpd.decoding.rules import BoundRules, bind_rules, stop_ids
 from lightning_bpd.decoding.tree import Tree
 from lightning_bpd.decoding.tree_decode import check_tree_args
@@ -54,10 +54,7 @@ def check_candidates(model: BlockwiseModel, criterion: Criterion, tree: Tree, pr
         candidate = [tokens[i] for i in path]
         h = model.decode_full(torch.tensor([prefix + candidate], device=device), context)  # (1, T + m, D)
         verify = model.logits_first(h[:, len(prefix) : len(prefix) + len(candidate) - 1])  # (1, m - 1, V)
-        if bound is not None and len(candidate) > 1:
-            done = len(prefix) - 1  # tokens generated before the candidate
-            verify = torch.cat([ruled_at(bound, prefix + candidate[: j + 1], done + j + 1)(verify[:, j : j + 1])
-                                for j in range(len(candidate) - 1)], dim=1)
+        verify = ruled_verify(bound, prefix, candidate, verify)
         n = int(criterion.accept(torch.tensor([candidate], device=device), verify)[0])
         best = max(best, (n, -path[n - 1]))
     return -best[1]
@@ -85,15 +82,9 @@ def tree_decode_reference(model: BlockwiseModel, src: Tensor, criterion: Criteri
             tokens = reference_tree_tokens(model, criterion, tree, h, context, rule)
             node = check_candidates(model, criterion, tree, prefix, tokens, context, src.device, bound)
             calls += 1 + len(tree.leaves())
-            block = [tokens[i] for i in tree.root_path(node)]
-            ends = [i for i, t in enumerate(block) if t in stops]
-            if ends:
-                block = block[: ends[0] + 1]
-            block = block[: max_len - len(out)]
+            block = accepted_block([tokens[i] for i in tree.root_path(node)], stops, max_len - len(out))
             out.extend(block)
             row_blocks.append(len(block))
         rows.append(out)
         blocks.append(row_blocks)
-    lengths = torch.tensor([len(r) for r in rows], device=src.device)
-    iterations = torch.tensor([len(b) for b in blocks], device=src.device)
-    return DecodeResult(pack_rows(rows, model.pad_id, src.device), lengths, iterations, calls, blocks)
+    return reference_result(rows, blocks, model.pad_id, src.device, calls=calls)
