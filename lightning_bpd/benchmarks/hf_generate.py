@@ -30,10 +30,13 @@ tokens, tokens per second, ms per output token, the number of sentences and of t
 is lossless for greedy up to rounding), and for every other method ``exact_speedup``: its seconds over ours
 (``exact``'s ``speedup_over`` lists them all).
 
-``--peers ctranslate2`` also converts the base (its directory, or the fine-tuned weights saved to a temporary one)
-with CTranslate2's ``TransformersConverter`` and times its greedy decoding (float32 and int8 by default,
-``--ct2-quantizations``) of the same sentences, each batch in one ``translate_batch`` call (ragged, no forced
-lengths). Without the ``ctranslate2`` package the peer is skipped with a message (``pip install ctranslate2``).
+``--peers ctranslate2`` also converts the base (its directory, or the fine-tuned weights saved to a temporary one;
+a Marian whose ``<pad>`` is not the last id is converted from a copy with ``<pad>`` moved last, see
+:mod:`lightning_bpd.hf.pad_last`) with CTranslate2's ``TransformersConverter`` and times its greedy decoding (float32
+and int8 by default, ``--ct2-quantizations``) of the same sentences, each batch in one ``translate_batch`` call
+(ragged, no forced lengths). A peer that cannot run (the ``ctranslate2`` package missing: ``pip install
+ctranslate2``; its conversion refused; an error while decoding) is one ``skipped`` line in the table and its reason
+in the record (``peers.failed`` and its rows), never the end of the bench.
 """
 
 from __future__ import annotations
@@ -52,10 +55,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_bpd.benchmarks.ctranslate2_peer import PeerUnavailableError, ct2_device, quiet_transformers, require
+from lightning_bpd.benchmarks.ctranslate2_peer import (
+    PeerUnavailableError,
+    ct2_device,
+    failure,
+    quiet_transformers,
+    require,
+)
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding import Exact, blockwise_decode
 from lightning_bpd.evaluation import batched, load_inputs, set_draft_vocab, timed
+from lightning_bpd.hf.pad_last import move_pad_last, pad_is_last
 from lightning_bpd.inference import build_runtime
 from lightning_bpd.inference.arguments import (
     add_draft_vocab_args,
@@ -152,15 +162,20 @@ def ours(runtime, k: int | None):
 @contextlib.contextmanager
 def base_directory(module) -> Iterator[Path]:
     """A directory holding the base exactly as the module decodes it, with its tokenizer: the pretrained directory
-    of a frozen base; a fine-tuned base saved with ``save_pretrained`` beside a copy of the tokenizer otherwise."""
+    of a frozen base; a fine-tuned base saved with ``save_pretrained`` beside a copy of the tokenizer otherwise; a
+    Marian whose ``<pad>`` is not last (CTranslate2 drops the last row) saved, then ``<pad>`` moved last."""
     pretrained = Path(module.hparams.pretrained)
-    if module.model.frozen:
+    config = module.model.base.config
+    pad_last = config.model_type != "marian" or pad_is_last(config)
+    if module.model.frozen and pad_last:
         yield pretrained
         return
     with tempfile.TemporaryDirectory(prefix="lightning_bpd_hfbase_") as tmp:
         with quiet_transformers():
             module.model.base.save_pretrained(tmp)
             module.tokenizer.hf.save_pretrained(tmp)
+            if not pad_last:
+                move_pad_last(tmp)
         for extra in pretrained.glob("*.spm"):  # Marian's sentencepiece models, which its tokenizer reads
             if not (Path(tmp) / extra.name).exists():
                 shutil.copy(extra, tmp)
@@ -186,7 +201,8 @@ class CT2Translator:
 
 
 def build_ct2(module, quantizations: Sequence[str], device: str) -> tuple[list[CT2Translator], dict[str, Any]]:
-    """The CTranslate2 conversions of the module's base (raises :class:`PeerUnavailableError` without the package)."""
+    """The CTranslate2 conversions of the module's base (raises :class:`PeerUnavailableError` without the package);
+    a conversion refused is left out, its reason in ``info["failed"]``."""
     try:
         require("ctranslate2")
     except PeerUnavailableError:
@@ -195,21 +211,42 @@ def build_ct2(module, quantizations: Sequence[str], device: str) -> tuple[list[C
 
     model = module.model
     ct2_dev = ct2_device(device)
-    peers = []
+    peers, failed = [], {}
     with base_directory(module) as base, tempfile.TemporaryDirectory(prefix="lightning_bpd_ct2_") as tmp:
         for quantization in quantizations:
-            out = Path(tmp) / quantization
-            with quiet_transformers():
-                ctranslate2.converters.TransformersConverter(str(base)).convert(
-                    str(out), quantization=None if quantization == "float32" else quantization)
-            translator = ctranslate2.Translator(str(out), device=ct2_dev, intra_threads=torch.get_num_threads(),
-                                                inter_threads=1)
-            peers.append(CT2Translator(f"ctranslate2_{quantization}", translator, module.tokenizer.hf, model.pad_id,
-                                       model.eos_id))
+            out, name = Path(tmp) / quantization, f"ctranslate2_{quantization}"
+            try:
+                with quiet_transformers():
+                    ctranslate2.converters.TransformersConverter(str(base)).convert(
+                        str(out), quantization=None if quantization == "float32" else quantization)
+                translator = ctranslate2.Translator(str(out), device=ct2_dev, intra_threads=torch.get_num_threads(),
+                                                    inter_threads=1)
+            except Exception as err:  # noqa: BLE001 (a refused conversion is a reason in the record)
+                failed[name] = f"conversion failed: {failure(err)}"
+                continue
+            peers.append(CT2Translator(name, translator, module.tokenizer.hf, model.pad_id, model.eos_id))
+        converted = converted_from(module, base)
     info = {"ctranslate2_version": ctranslate2.__version__, "device": ct2_dev, "intra_threads": torch.get_num_threads(),
-            "converted_from": "the base directory" if model.frozen else "the fine-tuned base (saved)",
-            "quantizations": list(quantizations)}
+            "converted_from": converted, "quantizations": list(quantizations), "failed": failed}
     return peers, info
+
+
+def converted_from(module, base: Path) -> str:
+    """What a CTranslate2 peer was converted from, for the record."""
+    if base == Path(module.hparams.pretrained):
+        return "the base directory"
+    config = module.model.base.config
+    moved = "" if config.model_type != "marian" or pad_is_last(config) else ", <pad> moved last"
+    return f"the {'' if module.model.frozen else 'fine-tuned '}base{moved} (saved)"
+
+
+def start_ct2(module, quantizations: Sequence[str], device: str) -> tuple[list[CT2Translator], dict[str, Any]]:
+    """:func:`build_ct2`, where any failure is a reason per quantization (``info["failed"]``), never an exit."""
+    try:
+        return build_ct2(module, quantizations, device)
+    except Exception as err:  # noqa: BLE001 (a peer that cannot run is a row and a reason, not the end of the bench)
+        reason = str(err) if isinstance(err, PeerUnavailableError) else f"conversion failed: {failure(err)}"
+        return [], {"skipped": reason, "failed": {f"ctranslate2_{q}": reason for q in quantizations}}
 
 
 # ---- the benchmark ----------------------------------------------------------------------------------------------
@@ -251,8 +288,11 @@ def lookup_refusal(model, src: Tensor, max_len: int, args: argparse.Namespace) -
 
 
 def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, args: argparse.Namespace,
-                     peers: Sequence[CT2Translator] = ()) -> dict[str, Any]:
-    """Every method (and peer) on every batch of ``batch_size``, alternating: the report of each."""
+                     peers: Sequence[CT2Translator] = (), failed: dict[str, str] | None = None) -> dict[str, Any]:
+    """Every method (and peer) on every batch of ``batch_size``, alternating: the report of each. A peer that
+    raises is dropped, its reason added to ``failed`` (peer name -> reason), which also names the peers to skip."""
+    failed = {} if failed is None else failed
+    names = [*dict.fromkeys([*(peer.name for peer in peers), *failed])]
     model = module.model
     batches = batched(module, inputs, batch_size)
     refused = lookup_refusal(model, batches[0].src, batches[0].max_len, args)
@@ -264,15 +304,20 @@ def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, arg
     if refused is not None:
         del methods[LOOKUP]
     for peer in peers:
-        methods[peer.name] = peer
+        if peer.name not in failed:
+            methods[peer.name] = peer
     device = batches[0].src.device
     for batch in batches[: args.warmup]:
-        for method in methods.values():
-            method(batch.src, batch.max_len)
+        for name in list(methods):
+            run_or_drop(methods, failed, name, device, batch, batch_size)
     tallies = {name: Tally() for name in methods}
     for batch in batches:
-        for name, method in methods.items():
-            out, seconds = timed(device, method, batch.src, batch.max_len)
+        for name in list(methods):
+            ran = run_or_drop(methods, failed, name, device, batch, batch_size)
+            if ran is None:
+                del tallies[name]
+                continue
+            out, seconds = ran
             if name == OURS:
                 out, iterations, calls = out
                 tallies[name].add(out, seconds, iterations, calls)
@@ -296,7 +341,22 @@ def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, arg
             mine["speedup_over"][name] = r["exact_speedup"]
     if refused is not None:
         report[LOOKUP] = {"skipped": f"transformers refuses prompt lookup at batch size {batch_size}: {refused}"}
-    return {name: report[name] for name in [*METHODS, *(peer.name for peer in peers)]}
+    report.update({name: {"skipped": failed[name]} for name in names if name in failed})
+    return {name: report[name] for name in [*METHODS, *names]}
+
+
+def run_or_drop(methods: dict[str, Any], failed: dict[str, str], name: str, device: torch.device, batch,
+                batch_size: int) -> tuple[Any, float] | None:
+    """``timed`` one method on ``batch``; a peer (not one of :data:`METHODS`) that raises is removed from
+    ``methods`` with its reason in ``failed`` (None returned); our methods' errors propagate."""
+    try:
+        return timed(device, methods[name], batch.src, batch.max_len)
+    except Exception as err:
+        if name in METHODS:
+            raise
+        failed[name] = f"failed at batch size {batch_size}: {failure(err)}"
+        del methods[name]
+        return None
 
 
 def runtime_options(options, args: argparse.Namespace) -> dict[str, Any]:
@@ -336,6 +396,7 @@ def main(argv: list[str] | None = None) -> dict:
     except (ValueError, TypeError, FileNotFoundError) as err:
         sys.exit(f"hf_generate: {str(err).strip().splitlines()[0]}")
     peers: list[CT2Translator] = []
+    failed: dict[str, str] = {}
     result: dict[str, Any] = {
         "ckpt": args.ckpt, "base": module.hparams.get("pretrained"), "model_type": module.model.base.config.model_type,
         "k": args.k or module.model.k, "head_type": module.model.head_type, "device": str(module.device),
@@ -346,18 +407,15 @@ def main(argv: list[str] | None = None) -> dict:
         "max_matching_ngram_size": args.max_matching_ngram, "max_new_tokens": "the module's max_decode_len of each batch",
         "transformers_version": __import__("transformers").__version__, "batch_sizes": {}}
     if "ctranslate2" in args.peers:
-        try:
-            peers, result["peers"] = build_ct2(module, args.ct2_quantizations, args.device)
-        except PeerUnavailableError as err:
-            print(f"hf_generate: CTranslate2 peer skipped: {err}", file=sys.stderr)
-            result["peers"] = {"skipped": str(err)}
-        except (ValueError, RuntimeError, NotImplementedError, KeyError, OSError) as err:  # a conversion refused
-            sys.exit(f"hf_generate: CTranslate2 conversion failed: {str(err).strip().splitlines()[0]}")
+        peers, result["peers"] = start_ct2(module, args.ct2_quantizations, args.device)
+        failed = result["peers"]["failed"]  # grows if a peer fails while decoding
+        for name, reason in failed.items():
+            print(f"hf_generate: CTranslate2 peer {name} skipped: {reason}", file=sys.stderr)
     print(f"device: {result['device_name']}; ours = exact blockwise decoding at precision {runtime.precision}; "
           "x ours = the method's seconds over ours; differ = sentences whose output differs from hf_generate's")
     print(f"{'batch':>5s} {'method':22s} {'s/input':>9s} {'tok/s':>8s} {'ms/tok':>7s} {'x ours':>7s} {'differ':>7s}")
     for bs in args.batch_sizes:
-        report = bench_batch_size(module, runtime, inputs, bs, args, peers)
+        report = bench_batch_size(module, runtime, inputs, bs, args, peers, failed)
         result["batch_sizes"][str(bs)] = report
         for name, r in report.items():
             if "skipped" in r:
