@@ -41,8 +41,11 @@ def export_base(ckpt: str | Path, out: str | Path) -> Path:
                                                          "from": module.hparams.get("pretrained"),
                                                          "pad_moved_last": moved}, indent=2) + "\n")
     if moved is not None:
+        start = moved["start_row_norm"]
         print(f"export-base: <pad> moved from id {moved['pad'][0]} to {moved['pad'][1]} (swapped with "
-              f"{moved['swapped_with']!r}) as opus-mt lays it out, for CTranslate2", file=sys.stderr)
+              f"{moved['swapped_with']!r}) as opus-mt lays it out, for CTranslate2"
+              + (f"; its row (the decoder's start) has norm {start:.3g} where CTranslate2 starts from zeros, so "
+                 "CTranslate2's translations may differ from generate's" if start > 0 else ""), file=sys.stderr)
     print(f"export-base: the base of {ckpt} ({base.config.model_type}, "
           f"{sum(p.numel() for p in base.parameters()) / 1e6:.1f}M parameters) and its tokenizer in {folder}",
           file=sys.stderr)
