@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from lightning_bpd.benchmarks import hf_generate as hf_generate_module
+from lightning_bpd.benchmarks import ctranslate2_hf
 from lightning_bpd.benchmarks.hf_generate import GENERATE, LOOKUP, METHODS, OURS, cut, hf_generate
 from lightning_bpd.benchmarks.hf_generate import main as hf_bench
 from lightning_bpd.decoding import greedy_decode
@@ -161,7 +161,7 @@ def test_a_refused_conversion_is_a_reason_and_the_bench_goes_on(tiny, monkeypatc
     def refuse(*_args, **_kwargs):
         raise ValueError("Source vocabulary 0 has size 8000 but the model expected a vocabulary of size 7999")
 
-    monkeypatch.setattr(hf_generate_module, "build_ct2", refuse)
+    monkeypatch.setattr(ctranslate2_hf, "build_ct2", refuse)
     result = run(tiny, "--peers", "ctranslate2", "--warmup", "0")
     reason = "conversion failed: ValueError: Source vocabulary 0 has size 8000"
     assert result["peers"]["failed"]["ctranslate2_int8"].startswith(reason)
@@ -189,7 +189,7 @@ def test_a_peer_that_fails_while_decoding_is_dropped_with_its_reason(tiny, monke
             peer.module = module
         return peers, {"quantizations": list(quantizations), "failed": {}}
 
-    monkeypatch.setattr(hf_generate_module, "build_ct2", fake_build)
+    monkeypatch.setattr(ctranslate2_hf, "build_ct2", fake_build)
     result = run(tiny, "--peers", "ctranslate2", "--warmup", "1")
     reason = "failed at batch size 1: RuntimeError: out of memory"
     assert result["peers"]["failed"] == {"ctranslate2_int8": reason}
