@@ -42,8 +42,7 @@ def build(shape: str, k: int) -> Any:
 
     torch.manual_seed(0)
     config = MarianConfig(**SHAPES[shape], pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-                          max_position_embeddings=512, dropout=0.0)
-    config._attn_implementation = "sdpa"
+                          max_position_embeddings=512, dropout=0.0, attn_implementation="sdpa")
     base = MarianMTModel(config).eval()
     return HFSeq2SeqBlockwise(base, k=k)
 
