@@ -43,7 +43,7 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["TESTED", "UntestedTransformersWarning", "attention_implementation", "check_version",
+__all__ = ["TESTED", "UntestedTransformersWarning", "attention_implementation", "check_version", "installed",
            "relative_position_buckets", "untested"]
 
 TESTED = (">=5.24", "<5.40")  # as pyproject.toml's hf extra; the HF tests pass on 5.24.0
@@ -65,13 +65,16 @@ def untested(version: str) -> str | None:
             "-W ignore::lightning_bpd.hf.compat.UntestedTransformersWarning")
 
 
+def installed() -> str:
+    """The installed transformers version."""
+    import transformers
+
+    return transformers.__version__
+
+
 def check_version(version: str | None = None) -> None:
     """Warn once (:class:`UntestedTransformersWarning`) if transformers (or ``version``) is outside :data:`TESTED`."""
-    if version is None:
-        import transformers
-
-        version = transformers.__version__
-    message = untested(version)
+    message = untested(installed() if version is None else version)
     if message is not None:
         warnings.warn(message, UntestedTransformersWarning, stacklevel=3)
 

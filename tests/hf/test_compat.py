@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 import lightning_bpd.hf
 from lightning_bpd.benchmarks.verify_cost import build, hf_own_step
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
+from lightning_bpd.hf import compat
 from lightning_bpd.hf.compat import TESTED, UntestedTransformersWarning, check_version, untested
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -27,7 +28,7 @@ def test_pyproject_pins_the_tested_range_and_the_installed_version_lies_in_it():
     extras = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]
     pins = {req for extra in ("hf", "dev", "peers") for req in extras[extra] if req.startswith("transformers")}
     assert pins == {"transformers" + ",".join(TESTED)}
-    assert untested(transformers.__version__) is None  # the HF tests run here: this version is a tested one
+    assert untested(transformers.__version__) is None and compat.installed() == transformers.__version__  # the HF tests run here: this version is a tested one
 
 
 @pytest.mark.parametrize("version", ["5.40.0", "6.1.0", "5.23.1", "4.57.0"])
@@ -39,7 +40,7 @@ def test_a_version_outside_the_range_is_one_line_naming_the_range_and_the_way_ou
 
 
 def test_importing_lightning_bpd_hf_warns_once_outside_the_range(monkeypatch):
-    monkeypatch.setattr(transformers, "__version__", "5.40.0")
+    monkeypatch.setattr(compat, "installed", lambda: "5.40.0")
     with pytest.warns(UntestedTransformersWarning, match="not 5.40.0") as record:
         importlib.reload(lightning_bpd.hf)
     assert len(record) == 1
