@@ -87,5 +87,6 @@ def attention_implementation(config: Any) -> str:
 def relative_position_buckets(attn: Any, relative: Tensor) -> Tensor:
     """T5's decoder buckets of key-minus-query positions (any shape), through the private static
     ``T5Attention._relative_position_bucket`` (causal: not bidirectional)."""
-    return attn._relative_position_bucket(relative, bidirectional=False, num_buckets=attn.relative_attention_num_buckets,
+    return attn._relative_position_bucket(relative, bidirectional=False,
+                                          num_buckets=attn.relative_attention_num_buckets,
                                           max_distance=attn.relative_attention_max_distance)

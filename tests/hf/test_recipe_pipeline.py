@@ -70,7 +70,8 @@ def test_make_base_train_export_distill_heads(tmp_path):
         import ctranslate2
 
         ctranslate2.converters.TransformersConverter(str(export)).convert(str(tmp_path / "ct2"), quantization="int8")
-        out = ctranslate2.Translator(str(tmp_path / "ct2"), intra_threads=1).translate_batch([["▁the", "▁cat", "</s>"]])
+        translator = ctranslate2.Translator(str(tmp_path / "ct2"), intra_threads=1)
+        out = translator.translate_batch([["▁the", "▁cat", "</s>"]])
         assert len(out[0].hypotheses[0]) > 0
 
     distilled = tmp_path / "distill"

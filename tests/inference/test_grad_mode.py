@@ -24,7 +24,8 @@ def outputs(runtime, src: torch.Tensor) -> tuple[list[torch.Tensor], list]:
     cache = runtime.new_cache(src.shape[0], MAX_LEN + runtime.k + 1)
     h = runtime.decode_step(torch.full((src.shape[0], 2), runtime.bos_id), context, cache)
     tensors = [h, runtime.logits_first(h)] + ([] if runtime.chained_heads else [runtime.logits_heads(h[:, -1])])
-    tokens = [greedy_decode(runtime, src, MAX_LEN).sequences(), blockwise_decode(runtime, src, Exact(), MAX_LEN).sequences()]
+    tokens = [greedy_decode(runtime, src, MAX_LEN).sequences(),
+              blockwise_decode(runtime, src, Exact(), MAX_LEN).sequences()]
     return tensors, tokens
 
 
