@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-from lightning_bpd.benchmarks.ctranslate2_peer import Peers, PeerUnavailableError
+from lightning_bpd.benchmarks.ctranslate2_peer import Peers
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 from lightning_bpd.decoding.tree import Tree, parse_tree
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
         order, methods = build_methods(module, runtime, args.criteria, args.k, draft, args.lazy_verify, args.trees)
         inputs = load_inputs(module, args)
         peers = Peers.build(args.peers, module)
-    except (ValueError, FileNotFoundError, PeerUnavailableError) as err:
+    except (ValueError, FileNotFoundError) as err:
         sys.exit(f"bench: {err}")
     k = (args.k[0] if len(args.k) == 1 else args.k) if args.k else module.model.k
     result = {"ckpt": args.ckpt, "draft": args.draft, "k": k, "device": str(module.device),
@@ -211,6 +211,9 @@ def main(argv: list[str] | None = None) -> dict:
         if peers is not None:
             result["peers"]["batch_sizes"][str(bs)] = peer_report = peers.report()
             for name, r in peer_report.items():
+                if "skipped" in r:
+                    print(f"{bs:5d} {name.replace('ctranslate2', 'ct2'):18s} skipped: {r['skipped']}", flush=True)
+                    continue
                 print(f"{bs:5d} {name.replace('ctranslate2', 'ct2'):18s} {r['seconds_per_input_median']:9.4f} "
                       f"{r['tokens_per_second']:8.1f} {r['ms_per_output_token']:7.3f}", flush=True)
     if args.json:

@@ -229,31 +229,44 @@ def build_ctranslate2_peers(shape: MarianShape, quantizations: Sequence[str] = Q
     return peers
 
 
+def failure(err: BaseException) -> str:
+    """One line saying why a peer could not run: the exception's type and the first line of its message."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
 class Peers:
     """The peers that ``bench`` times beside its methods, batch by batch.
 
-    ``Peers.build(["ctranslate2"], module)`` builds them for a checkpoint (raises
-    :class:`PeerUnavailableError` when a package is missing); :meth:`run` decodes one batch forced to
-    the given per-row lengths; :meth:`report` gives each peer's totals since the last report.
+    ``Peers.build(["ctranslate2"], module)`` builds them for a checkpoint; :meth:`run` decodes one batch forced to
+    the given per-row lengths; :meth:`report` gives each peer's totals since the last report. A peer that cannot
+    run (its package missing, its conversion refused, an error while decoding) never ends the bench: it is left
+    out from then on and :meth:`report` gives its reason (``{"skipped": reason}``) in its place.
     """
 
-    def __init__(self, peers: list[CTranslate2Peer], info: dict[str, Any]) -> None:
-        self.peers, self.info = peers, info
+    def __init__(self, peers: list[CTranslate2Peer], info: dict[str, Any],
+                 failed: dict[str, str] | None = None) -> None:
+        self.peers, self.info, self.failed = peers, info, dict(failed or {})
 
     @classmethod
     def build(cls, names: Sequence[str], module) -> Peers | None:
+        """The peers ``names`` for ``module``'s shape; ValueError for an unknown name (bad input)."""
         if not names:
             return None
         unknown = sorted(set(names) - set(PEERS))
         if unknown:
             raise ValueError(f"unknown peer(s) {unknown}: choose from {list(PEERS)}")
-        require("ctranslate2", "transformers")
-        import ctranslate2
+        wanted = [f"ctranslate2_{q}" for q in QUANTIZATIONS]
+        try:
+            require("ctranslate2", "transformers")
+            import ctranslate2
 
-        model = module.model
-        shape = MarianShape.of(model.config, max_positions=4096)
-        device = ct2_device(module.device)
-        peers = build_ctranslate2_peers(shape, device=device)
+            shape = MarianShape.of(module.model.config, max_positions=4096)
+            device = ct2_device(module.device)
+            peers = build_ctranslate2_peers(shape, device=device)
+        except Exception as err:  # noqa: BLE001 (a peer that cannot run is a reason in the record, not the end)
+            reason = str(err) if isinstance(err, PeerUnavailableError) else failure(err)
+            return cls([], {"skipped": reason}, dict.fromkeys(wanted, reason))
         info = {"ctranslate2_version": ctranslate2.__version__, "device": device,
                 "intra_threads": torch.get_num_threads(), "shape": shape.as_dict(), "weights": "random",
                 "lengths": "every row forced to its batch's longest greedy output (tokens counted as produced)"}
@@ -261,11 +274,16 @@ class Peers:
 
     def run(self, src: Tensor, pad_id: int | None, lengths: Sequence[int], record: bool = True) -> None:
         sources = source_tokens(src, pad_id)
-        for peer in self.peers:
-            peer.run(sources, lengths, record)
+        for peer in list(self.peers):
+            try:
+                peer.run(sources, lengths, record)
+            except Exception as err:  # noqa: BLE001 (one peer's failure leaves the others and the bench running)
+                self.failed[peer.name] = failure(err)
+                self.peers.remove(peer)
 
-    def report(self) -> dict[str, dict[str, float]]:
-        out = {peer.name: peer.report() for peer in self.peers}
+    def report(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {peer.name: peer.report() for peer in self.peers}
+        out.update({name: {"skipped": reason} for name, reason in self.failed.items()})
         for peer in self.peers:
             peer.reset()
         return out

@@ -30,30 +30,30 @@ tokens, tokens per second, ms per output token, the number of sentences and of t
 is lossless for greedy up to rounding), and for every other method ``exact_speedup``: its seconds over ours
 (``exact``'s ``speedup_over`` lists them all).
 
-``--peers ctranslate2`` also converts the base (its directory, or the fine-tuned weights saved to a temporary one)
-with CTranslate2's ``TransformersConverter`` and times its greedy decoding (float32 and int8 by default,
-``--ct2-quantizations``) of the same sentences, each batch in one ``translate_batch`` call (ragged, no forced
-lengths). Without the ``ctranslate2`` package the peer is skipped with a message (``pip install ctranslate2``).
+``--peers ctranslate2`` also converts the base (its directory, or the fine-tuned weights saved to a temporary one;
+a Marian whose ``<pad>`` is not the last id is converted from a copy with ``<pad>`` moved last, see
+:mod:`lightning_bpd.hf.pad_last`) with CTranslate2's ``TransformersConverter`` and times its greedy decoding (float32
+and int8 by default, ``--ct2-quantizations``) of the same sentences, each batch in one ``translate_batch`` call
+(ragged, no forced lengths). A peer that cannot run (the ``ctranslate2`` package missing: ``pip install
+ctranslate2``; its conversion refused; an error while decoding) is one ``skipped`` line in the table and its reason
+in the record (``peers.failed`` and its rows), never the end of the bench.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import shutil
 import statistics
 import sys
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from lightning_bpd.benchmarks.ctranslate2_peer import PeerUnavailableError, ct2_device, quiet_transformers, require
+from lightning_bpd.benchmarks.ctranslate2_hf import CT2_HINT, CT2Translator, cut, start_ct2
+from lightning_bpd.benchmarks.ctranslate2_peer import failure, quiet_transformers
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding import Exact, blockwise_decode
 from lightning_bpd.evaluation import batched, load_inputs, set_draft_vocab, timed
@@ -68,7 +68,6 @@ from lightning_bpd.records import device_name, write_json
 
 GENERATE, LOOKUP, OURS = "hf_generate", "hf_prompt_lookup", "exact"
 METHODS = (GENERATE, LOOKUP, OURS)
-CT2_HINT = "pip install ctranslate2"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,17 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---- outputs ------------------------------------------------------------------------------------------------
-def cut(rows: Sequence[Sequence[int]], eos: int | Sequence[int] | None) -> list[list[int]]:
-    """Each row up to and including its first EOS (``eos``: an id, several, or None)."""
-    stops = set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
-    out = []
-    for row in rows:
-        row = list(row)
-        end = next((i for i, t in enumerate(row) if t in stops), None)
-        out.append(row if end is None else row[: end + 1])
-    return out
-
-
 def differing(got: Sequence[Sequence[int]], want: Sequence[Sequence[int]]) -> list[int]:
     """Indices of the rows where ``got`` and ``want`` differ."""
     return [i for i, (a, b) in enumerate(zip(got, want, strict=True)) if list(a) != list(b)]
@@ -148,70 +136,6 @@ def ours(runtime, k: int | None):
     return run
 
 
-# ---- CTranslate2 ------------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def base_directory(module) -> Iterator[Path]:
-    """A directory holding the base exactly as the module decodes it, with its tokenizer: the pretrained directory
-    of a frozen base; a fine-tuned base saved with ``save_pretrained`` beside a copy of the tokenizer otherwise."""
-    pretrained = Path(module.hparams.pretrained)
-    if module.model.frozen:
-        yield pretrained
-        return
-    with tempfile.TemporaryDirectory(prefix="lightning_bpd_hfbase_") as tmp:
-        with quiet_transformers():
-            module.model.base.save_pretrained(tmp)
-            module.tokenizer.hf.save_pretrained(tmp)
-        for extra in pretrained.glob("*.spm"):  # Marian's sentencepiece models, which its tokenizer reads
-            if not (Path(tmp) / extra.name).exists():
-                shutil.copy(extra, tmp)
-        yield Path(tmp)
-
-
-@dataclass
-class CT2Translator:
-    """One CTranslate2 conversion of the base and the tokenizer that maps ids to its tokens."""
-
-    name: str
-    translator: Any
-    tokenizer: Any  # the checkpoint's Hugging Face tokenizer
-    pad_id: int
-    eos_id: int | None
-
-    def __call__(self, src: Tensor, max_len: int) -> list[list[int]]:
-        sources = [self.tokenizer.convert_ids_to_tokens([i for i in row if i != self.pad_id]) for row in src.tolist()]
-        results = self.translator.translate_batch(sources, beam_size=1, max_decoding_length=max_len,
-                                                  min_decoding_length=0, return_end_token=True, max_input_length=0)
-        rows = [self.tokenizer.convert_tokens_to_ids(r.hypotheses[0]) for r in results]
-        return cut(rows, self.eos_id)
-
-
-def build_ct2(module, quantizations: Sequence[str], device: str) -> tuple[list[CT2Translator], dict[str, Any]]:
-    """The CTranslate2 conversions of the module's base (raises :class:`PeerUnavailableError` without the package)."""
-    try:
-        require("ctranslate2")
-    except PeerUnavailableError:
-        raise PeerUnavailableError(f"the ctranslate2 package is not installed ({CT2_HINT})") from None
-    import ctranslate2
-
-    model = module.model
-    ct2_dev = ct2_device(device)
-    peers = []
-    with base_directory(module) as base, tempfile.TemporaryDirectory(prefix="lightning_bpd_ct2_") as tmp:
-        for quantization in quantizations:
-            out = Path(tmp) / quantization
-            with quiet_transformers():
-                ctranslate2.converters.TransformersConverter(str(base)).convert(
-                    str(out), quantization=None if quantization == "float32" else quantization)
-            translator = ctranslate2.Translator(str(out), device=ct2_dev, intra_threads=torch.get_num_threads(),
-                                                inter_threads=1)
-            peers.append(CT2Translator(f"ctranslate2_{quantization}", translator, module.tokenizer.hf, model.pad_id,
-                                       model.eos_id))
-    info = {"ctranslate2_version": ctranslate2.__version__, "device": ct2_dev, "intra_threads": torch.get_num_threads(),
-            "converted_from": "the base directory" if model.frozen else "the fine-tuned base (saved)",
-            "quantizations": list(quantizations)}
-    return peers, info
-
-
 # ---- the benchmark ----------------------------------------------------------------------------------------------
 @dataclass
 class Tally:
@@ -251,8 +175,11 @@ def lookup_refusal(model, src: Tensor, max_len: int, args: argparse.Namespace) -
 
 
 def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, args: argparse.Namespace,
-                     peers: Sequence[CT2Translator] = ()) -> dict[str, Any]:
-    """Every method (and peer) on every batch of ``batch_size``, alternating: the report of each."""
+                     peers: Sequence[CT2Translator] = (), failed: dict[str, str] | None = None) -> dict[str, Any]:
+    """Every method (and peer) on every batch of ``batch_size``, alternating: the report of each. A peer that
+    raises is dropped, its reason added to ``failed`` (peer name -> reason), which also names the peers to skip."""
+    failed = {} if failed is None else failed
+    names = [*dict.fromkeys([*(peer.name for peer in peers), *failed])]
     model = module.model
     batches = batched(module, inputs, batch_size)
     refused = lookup_refusal(model, batches[0].src, batches[0].max_len, args)
@@ -264,15 +191,20 @@ def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, arg
     if refused is not None:
         del methods[LOOKUP]
     for peer in peers:
-        methods[peer.name] = peer
+        if peer.name not in failed:
+            methods[peer.name] = peer
     device = batches[0].src.device
     for batch in batches[: args.warmup]:
-        for method in methods.values():
-            method(batch.src, batch.max_len)
+        for name in list(methods):
+            run_or_drop(methods, failed, name, device, batch, batch_size)
     tallies = {name: Tally() for name in methods}
     for batch in batches:
-        for name, method in methods.items():
-            out, seconds = timed(device, method, batch.src, batch.max_len)
+        for name in list(methods):
+            ran = run_or_drop(methods, failed, name, device, batch, batch_size)
+            if ran is None:
+                del tallies[name]
+                continue
+            out, seconds = ran
             if name == OURS:
                 out, iterations, calls = out
                 tallies[name].add(out, seconds, iterations, calls)
@@ -296,7 +228,22 @@ def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, arg
             mine["speedup_over"][name] = r["exact_speedup"]
     if refused is not None:
         report[LOOKUP] = {"skipped": f"transformers refuses prompt lookup at batch size {batch_size}: {refused}"}
-    return {name: report[name] for name in [*METHODS, *(peer.name for peer in peers)]}
+    report.update({name: {"skipped": failed[name]} for name in names if name in failed})
+    return {name: report[name] for name in [*METHODS, *names]}
+
+
+def run_or_drop(methods: dict[str, Any], failed: dict[str, str], name: str, device: torch.device, batch,
+                batch_size: int) -> tuple[Any, float] | None:
+    """``timed`` one method on ``batch``; a peer (not one of :data:`METHODS`) that raises is removed from
+    ``methods`` with its reason in ``failed`` (None returned); our methods' errors propagate."""
+    try:
+        return timed(device, methods[name], batch.src, batch.max_len)
+    except Exception as err:
+        if name in METHODS:
+            raise
+        failed[name] = f"failed at batch size {batch_size}: {failure(err)}"
+        del methods[name]
+        return None
 
 
 def runtime_options(options, args: argparse.Namespace) -> dict[str, Any]:
@@ -336,6 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
     except (ValueError, TypeError, FileNotFoundError) as err:
         sys.exit(f"hf_generate: {str(err).strip().splitlines()[0]}")
     peers: list[CT2Translator] = []
+    failed: dict[str, str] = {}
     result: dict[str, Any] = {
         "ckpt": args.ckpt, "base": module.hparams.get("pretrained"), "model_type": module.model.base.config.model_type,
         "k": args.k or module.model.k, "head_type": module.model.head_type, "device": str(module.device),
@@ -346,18 +294,15 @@ def main(argv: list[str] | None = None) -> dict:
         "max_matching_ngram_size": args.max_matching_ngram, "max_new_tokens": "the module's max_decode_len of each batch",
         "transformers_version": __import__("transformers").__version__, "batch_sizes": {}}
     if "ctranslate2" in args.peers:
-        try:
-            peers, result["peers"] = build_ct2(module, args.ct2_quantizations, args.device)
-        except PeerUnavailableError as err:
-            print(f"hf_generate: CTranslate2 peer skipped: {err}", file=sys.stderr)
-            result["peers"] = {"skipped": str(err)}
-        except (ValueError, RuntimeError, NotImplementedError, KeyError, OSError) as err:  # a conversion refused
-            sys.exit(f"hf_generate: CTranslate2 conversion failed: {str(err).strip().splitlines()[0]}")
+        peers, result["peers"] = start_ct2(module, args.ct2_quantizations, args.device)
+        failed = result["peers"]["failed"]  # grows if a peer fails while decoding
+        for name, reason in failed.items():
+            print(f"hf_generate: CTranslate2 peer {name} skipped: {reason}", file=sys.stderr)
     print(f"device: {result['device_name']}; ours = exact blockwise decoding at precision {runtime.precision}; "
           "x ours = the method's seconds over ours; differ = sentences whose output differs from hf_generate's")
     print(f"{'batch':>5s} {'method':22s} {'s/input':>9s} {'tok/s':>8s} {'ms/tok':>7s} {'x ours':>7s} {'differ':>7s}")
     for bs in args.batch_sizes:
-        report = bench_batch_size(module, runtime, inputs, bs, args, peers)
+        report = bench_batch_size(module, runtime, inputs, bs, args, peers, failed)
         result["batch_sizes"][str(bs)] = report
         for name, r in report.items():
             if "skipped" in r:

@@ -9,7 +9,7 @@ behind the decoding protocol (:class:`~lightning_bpd.hf.HFSeq2SeqBlockwise`), an
 a cached 1-token decoder step plus its vocabulary projection (greedy's step), and a cached k-token step plus the
 projection at all k positions (blockwise decoding's verify pass). Both are cropped back after each call, so every
 call sees the same cache. Calls alternate between the two and between runtimes; medians over ``--repeats``.
-Also the base's own HF step (``base(decoder_input_ids, past_key_values)``, its own ``nn.Linear`` products) for
+Also the base's own HF step (``base(decoder_input_ids, cache)``, its own ``nn.Linear`` products) for
 reference. Random weights: only the cost is measured (nothing here depends on what the model says).
 """
 
@@ -42,8 +42,7 @@ def build(shape: str, k: int) -> Any:
 
     torch.manual_seed(0)
     config = MarianConfig(**SHAPES[shape], pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-                          max_position_embeddings=512, dropout=0.0)
-    config._attn_implementation = "sdpa"
+                          max_position_embeddings=512, dropout=0.0, attn_implementation="sdpa")
     base = MarianMTModel(config).eval()
     return HFSeq2SeqBlockwise(base, k=k)
 
@@ -83,9 +82,9 @@ def hf_own_step(model: Any, k: int, prefix: int, src_len: int) -> tuple[Any, Any
 
     def call(n: int) -> float:  # the prefix pass untimed, then the n-token step
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        base(encoder_outputs=encoder_out, decoder_input_ids=torch.randint(2, 1000, (1, prefix)), past_key_values=cache)
+        base(encoder_outputs=encoder_out, decoder_input_ids=torch.randint(2, 1000, (1, prefix)), cache=cache)
         start = time.perf_counter()
-        base(encoder_outputs=encoder_out, decoder_input_ids=torch.randint(2, 1000, (1, n)), past_key_values=cache)
+        base(encoder_outputs=encoder_out, decoder_input_ids=torch.randint(2, 1000, (1, n)), cache=cache)
         return time.perf_counter() - start
 
     return (lambda: call(1)), (lambda: call(k))

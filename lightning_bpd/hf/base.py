@@ -39,6 +39,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, EncoderDecoderCache,
 
 from lightning_bpd.decoding.protocol import OptionalCapabilities
 from lightning_bpd.decoding.rules import GenerationRules
+from lightning_bpd.hf.compat import attention_implementation, relative_position_buckets
 from lightning_bpd.hf.generation_rules import ids, rules_from_config
 from lightning_bpd.hf.lean_step import LeanDecoder, LeanEncoderLayer
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
@@ -142,7 +143,7 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
                              "encoder-decoder (seq2seq) one")
         if config.model_type not in SUPPORTED:
             raise ValueError(f"model type {config.model_type!r} is not supported yet (supported: {', '.join(SUPPORTED)})")
-        implementation = config._attn_implementation or "eager"
+        implementation = attention_implementation(config)
         if implementation not in ATTENTION:
             raise ValueError(f"attention implementation {implementation!r} is not supported (use one of {ATTENTION})")
         self.base = base
@@ -303,9 +304,7 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
     def relative_bias(self, relative: Tensor) -> Tensor:
         """T5: the decoder's relative position bias at key minus query positions (B, T, S') -> (B, H, T, S')."""
         attn = self.layers[0].layer[0].SelfAttention
-        buckets = attn._relative_position_bucket(relative, bidirectional=False, num_buckets=attn.relative_attention_num_buckets,
-                                                 max_distance=attn.relative_attention_max_distance)
-        return attn.relative_attention_bias(buckets).permute(0, 3, 1, 2)
+        return attn.relative_attention_bias(relative_position_buckets(attn, relative)).permute(0, 3, 1, 2)
 
     def final_norm(self, x: Tensor) -> Tensor:
         if self.t5:

@@ -4,6 +4,8 @@ A ``fit`` run of :class:`~lightning_bpd.tasks.translation.hf_module.HFTranslatio
 scratch with ``conf/hf/base_scratch.yaml``) keeps the base's weights in its Lightning checkpoint. This command
 writes them out with ``save_pretrained``, beside the run's tokenizer, so the heads stages read the folder with
 ``--model.init_args.pretrained=<out>`` exactly as a downloaded opus-mt directory (the heads, if any, are left out).
+A Marian is written as opus-mt lays it out, ``<pad>`` the last id (swapped with the last token, see
+:mod:`lightning_bpd.hf.pad_last`), so that CTranslate2 converts it; ``export_base.json`` records the swap.
 
     python -m lightning_bpd export-base --ckpt runs/multi30k-hf-marian/base/last.ckpt \\
         --out runs/multi30k-hf-marian/export
@@ -17,6 +19,7 @@ import sys
 from pathlib import Path
 
 from lightning_bpd.checkpoints import load_model
+from lightning_bpd.hf.pad_last import move_pad_last
 
 __all__ = ["export_base"]
 
@@ -33,8 +36,16 @@ def export_base(ckpt: str | Path, out: str | Path) -> Path:
     base = module.model.base
     base.save_pretrained(folder)
     module.tokenizer.hf.save_pretrained(folder)
+    moved = move_pad_last(folder)
     (folder / "export_base.json").write_text(json.dumps({"ckpt": str(Path(ckpt).resolve()),
-                                                         "from": module.hparams.get("pretrained")}, indent=2) + "\n")
+                                                         "from": module.hparams.get("pretrained"),
+                                                         "pad_moved_last": moved}, indent=2) + "\n")
+    if moved is not None:
+        start = moved["start_row_norm"]
+        print(f"export-base: <pad> moved from id {moved['pad'][0]} to {moved['pad'][1]} (swapped with "
+              f"{moved['swapped_with']!r}) as opus-mt lays it out, for CTranslate2"
+              + (f"; its row (the decoder's start) has norm {start:.3g} where CTranslate2 starts from zeros, so "
+                 "CTranslate2's translations may differ from generate's" if start > 0 else ""), file=sys.stderr)
     print(f"export-base: the base of {ckpt} ({base.config.model_type}, "
           f"{sum(p.numel() for p in base.parameters()) / 1e6:.1f}M parameters) and its tokenizer in {folder}",
           file=sys.stderr)

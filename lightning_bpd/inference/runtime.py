@@ -11,11 +11,14 @@ float32 runtime of a float32 model copies none), but the copies its products mad
 were: after the weights change, build another.
 
 :class:`Runtime` implements the decoding protocol (:mod:`lightning_bpd.decoding.protocol`) by handing each call
-to its snapshot.
+to its snapshot, without gradients: torch's grad mode decides the arithmetic of the fast paths (with gradients on,
+every product kind multiplies as plain float does), so each call runs under ``torch.no_grad()`` and a runtime
+decodes the same bits under ``torch.enable_grad()`` as under ``torch.no_grad()``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,30 +75,37 @@ class Runtime:
         self.eos_id: int | None = model.eos_id
         self.chained_heads: bool = bool(offered(model, "chained_heads"))
 
-    # ---- the decoding protocol ----------------------------------------------------------------------------------
+    # ---- the decoding protocol, each call without gradients ------------------------------------------------------
+    @torch.no_grad()
     def encode(self, src: Tensor) -> Any:
         return self.model.encode(src)
 
     def new_cache(self, batch_size: int, capacity: int) -> Any:
         return self.model.new_cache(batch_size, capacity)
 
+    @torch.no_grad()
     def decode_step(self, tokens: Tensor, context: Any, cache: Any) -> Tensor:
         return self.model.decode_step(tokens, context, cache)
 
+    @torch.no_grad()
     def decode_full(self, tgt_in: Tensor, context: Any) -> Tensor:
         return self.model.decode_full(tgt_in, context)
 
+    @torch.no_grad()
     def logits_first(self, h: Tensor) -> Tensor:
         return self.model.logits_first(h)
 
+    @torch.no_grad()
     def logits_heads(self, h: Tensor, heads: Sequence[int] | None = None, *args: Any, **kwargs: Any) -> Tensor:
         return self.model.logits_heads(h, heads, *args, **kwargs)
 
+    @torch.no_grad()
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: Any = None) -> tuple[Tensor, Tensor]:
         return self.model.chain_step(z, token, i, source)
 
-    # ---- the protocol's optional members: the proposer's fast paths and the snapshot's own, None where not offered
-    @property
+    # ---- the protocol's optional members: the proposer's fast paths and the snapshot's own, None where not offered;
+    # made once (the snapshot's do not change after build_runtime), each call without gradients
+    @functools.cached_property
     def vocab_size(self) -> int | None:
         return offered(self.model, "vocab_size")
 
@@ -103,33 +113,33 @@ class Runtime:
     def generation_rules(self) -> Any:
         return offered(self.model, "generation_rules")
 
-    @property
+    @functools.cached_property
     def restrict_draft(self) -> Callable[[Tensor], Tensor] | None:
-        return offered(self.model, "restrict_draft")
+        return without_grad(offered(self.model, "restrict_draft"))
 
-    @property
+    @functools.cached_property
     def chain_source(self) -> Callable[[Any], Any] | None:
-        return offered(self.model, "chain_source")
+        return without_grad(offered(self.model, "chain_source"))
 
-    @property
+    @functools.cached_property
     def decode_tree(self) -> Callable[..., Tensor] | None:
-        return offered(self.model, "decode_tree")
+        return without_grad(offered(self.model, "decode_tree"))
 
-    @property
+    @functools.cached_property
     def argmax_first(self) -> Callable[[Tensor], Tensor] | None:
-        return None if self.proposer is None else self.proposer.argmax_first
+        return None if self.proposer is None else without_grad(self.proposer.argmax_first)
 
-    @property
+    @functools.cached_property
     def draft_tokens(self) -> Callable[..., Any] | None:
-        return None if self.proposer is None or self.chained_heads else self.proposer.draft_tokens
+        return None if self.proposer is None or self.chained_heads else without_grad(self.proposer.draft_tokens)
 
-    @property
+    @functools.cached_property
     def chain_draft(self) -> Callable[..., tuple[Tensor, ...]] | None:
-        return None if self.proposer is None or not self.chained_heads else self.proposer.chain_draft
+        return None if self.proposer is None or not self.chained_heads else without_grad(self.proposer.chain_draft)
 
-    @property
+    @functools.cached_property
     def chain_drafts(self) -> Callable[..., Tensor | None] | None:
-        return None if self.proposer is None or not self.chained_heads else self.proposer.chain_drafts
+        return None if self.proposer is None or not self.chained_heads else without_grad(self.proposer.chain_drafts)
 
     def __getattr__(self, name: str) -> Any:
         """Everything else the snapshot has (its ``config``, ...)."""
@@ -139,6 +149,11 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"Runtime({type(self.model).__name__}, {self.options})"
+
+
+def without_grad(fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """``fn`` called under ``torch.no_grad()`` (None stays None)."""
+    return None if fn is None else torch.no_grad()(fn)
 
 
 def offered(model: nn.Module, member: str) -> Any:

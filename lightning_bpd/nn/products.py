@@ -9,7 +9,9 @@ kind (:mod:`lightning_bpd.inference.products`: float64-accumulated ``float32-inv
 built once with every packed or widened weight it needs, so two runtimes of one model in two precisions live
 in one process and neither changes the other's arithmetic, nor the model's. Torch only.
 
-A kind decides only at inference: with gradients enabled every kind multiplies as :data:`FLOAT` does.
+A kind decides only at inference: with gradients enabled every kind multiplies as :data:`FLOAT` does. A
+runtime's calls run without gradients (:class:`~lightning_bpd.inference.runtime.Runtime`), so its kind holds under
+``torch.enable_grad()`` too.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from lightning_bpd.benchmarks import ctranslate2_hf
 from lightning_bpd.benchmarks.hf_generate import GENERATE, LOOKUP, METHODS, OURS, cut, hf_generate
 from lightning_bpd.benchmarks.hf_generate import main as hf_bench
 from lightning_bpd.decoding import greedy_decode
@@ -142,13 +143,62 @@ def test_bad_input_is_one_error_line(tiny, tmp_path, capsys):
     assert "not a Hugging Face heads checkpoint" in message and "lightning_bpd bench" in message
 
 
-def test_without_ctranslate2_the_peer_is_skipped_with_a_message(tiny, monkeypatch, capsys):
+PEER_ROWS = ["ctranslate2_float32", "ctranslate2_int8"]
+
+
+def test_without_ctranslate2_the_peer_is_a_skipped_row_with_a_message(tiny, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 raises ImportError
-    result = hf_bench(["--ckpt", str(tiny / "heads"), "--input", str(tiny / "src.en"), "--batch-sizes", "3",
-                       "--inputs", "3", "--warmup", "0", "--device", "cpu", "--peers", "ctranslate2"])
+    result = run(tiny, "--peers", "ctranslate2", "--warmup", "0")
     assert "pip install ctranslate2" in result["peers"]["skipped"]
-    assert list(result["batch_sizes"]["3"]) == list(METHODS)
-    assert "CTranslate2 peer skipped" in capsys.readouterr().err
+    for report in result["batch_sizes"].values():
+        assert list(report) == [*METHODS, *PEER_ROWS]
+        assert all("pip install ctranslate2" in report[name]["skipped"] for name in PEER_ROWS)
+        assert report[OURS]["differs_from_hf_generate"] == 0
+    assert "skipped: the ctranslate2 package is not installed" in capsys.readouterr().out
+
+
+def test_a_refused_conversion_is_a_reason_and_the_bench_goes_on(tiny, monkeypatch, capsys):
+    def refuse(*_args, **_kwargs):
+        raise ValueError("Source vocabulary 0 has size 8000 but the model expected a vocabulary of size 7999")
+
+    monkeypatch.setattr(ctranslate2_hf, "build_ct2", refuse)
+    result = run(tiny, "--peers", "ctranslate2", "--warmup", "0")
+    reason = "conversion failed: ValueError: Source vocabulary 0 has size 8000"
+    assert result["peers"]["failed"]["ctranslate2_int8"].startswith(reason)
+    assert result["batch_sizes"]["3"]["ctranslate2_float32"]["skipped"].startswith(reason)
+    assert result["batch_sizes"]["1"][OURS]["sentences"] == N
+    assert "ctranslate2_int8       skipped: conversion failed" in capsys.readouterr().out
+
+
+def test_a_peer_that_fails_while_decoding_is_dropped_with_its_reason(tiny, monkeypatch):
+    """One peer raises on its third batch: its rows say why, the other peer and our methods are all timed."""
+
+    class Peer:
+        def __init__(self, name: str, fail_at: int | None) -> None:
+            self.name, self.fail_at, self.calls, self.module = name, fail_at, 0, None
+
+        def __call__(self, src, max_len):
+            self.calls += 1
+            if self.calls == self.fail_at:
+                raise RuntimeError("out of memory\nmore detail")
+            return hf_generate(self.module.model, src, max_len)
+
+    def fake_build(module, quantizations, device):
+        peers = [Peer("ctranslate2_float32", None), Peer("ctranslate2_int8", 3)]
+        for peer in peers:
+            peer.module = module
+        return peers, {"quantizations": list(quantizations), "failed": {}}
+
+    monkeypatch.setattr(ctranslate2_hf, "build_ct2", fake_build)
+    result = run(tiny, "--peers", "ctranslate2", "--warmup", "1")
+    reason = "failed at batch size 1: RuntimeError: out of memory"
+    assert result["peers"]["failed"] == {"ctranslate2_int8": reason}
+    for report in result["batch_sizes"].values():
+        assert list(report) == [*METHODS, *PEER_ROWS]
+        assert report["ctranslate2_int8"] == {"skipped": reason}  # at batch 3 too: dropped for the rest
+        assert report["ctranslate2_float32"]["sentences"] == N
+        assert report["ctranslate2_float32"]["differs_from_hf_generate"] == 0
+        assert set(report[OURS]["speedup_over"]) == {name for name, r in report.items() if "skipped" not in r} - {OURS}
 
 
 def test_ctranslate2_greedy_of_the_converted_base(tmp_path):
@@ -165,3 +215,16 @@ def test_ctranslate2_greedy_of_the_converted_base(tmp_path):
         assert report[OURS]["speedup_over"]["ctranslate2_float32"] == peer["exact_speedup"]
         assert peer["differs_from_hf_generate"] == 0  # the same base, greedy, in float32
         assert report[OURS]["differs_from_hf_generate"] == 0
+
+
+def test_ctranslate2_converts_a_base_whose_pad_is_not_last(tiny):
+    """The recipe's case: heads on a Marian with ``<pad>`` at id 2 convert from a copy with ``<pad>`` moved last;
+    the tiny base's ``<pad>`` row is zero (as CTranslate2's decoder start), so its greedy equals generate's."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    result = run(tiny, "--peers", "ctranslate2")
+    assert result["peers"]["ctranslate2_version"] == ctranslate2.__version__ and result["peers"]["failed"] == {}
+    assert result["peers"]["converted_from"] == "the base, <pad> moved last (saved)"
+    for report in result["batch_sizes"].values():
+        assert list(report) == [*METHODS, *PEER_ROWS]
+        assert report["ctranslate2_float32"]["differs_from_hf_generate"] == 0
+        assert report["ctranslate2_int8"]["sentences"] == N

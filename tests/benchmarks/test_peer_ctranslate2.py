@@ -87,13 +87,40 @@ def test_ctranslate2_output_lengths_equal_the_forced_lengths(one_thread):
         assert peer.report()["tokens"] == 27 and peer.report()["forced_tokens"] == 17  # 3 rows x the longest
 
 
-def test_a_missing_peer_package_is_one_line_with_the_install_hint(tiny, monkeypatch):
+def test_a_missing_peer_package_is_a_skipped_row_with_the_install_hint(tiny, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 -> ImportError
-    with pytest.raises(SystemExit) as err:
-        run_bench(tiny, "--peers", "ctranslate2")
-    message = str(err.value)
-    assert message.startswith("bench: ") and "ctranslate2" in message and "pip install -e '.[peers]'" in message
-    assert "\n" not in message
+    result = run_bench(tiny, "--peers", "ctranslate2")
+    reason = result["peers"]["skipped"]
+    assert "ctranslate2" in reason and "pip install -e '.[peers]'" in reason and "\n" not in reason
+    for bs in ("1", "2"):
+        assert result["peers"]["batch_sizes"][bs] == {"ctranslate2_float32": {"skipped": reason},
+                                                     "ctranslate2_int8": {"skipped": reason}}
+        assert result["batch_sizes"][bs]["exact"]["equals_greedy"] is True
+    assert "ct2_int8           skipped: the ctranslate2 package is not installed" in capsys.readouterr().out
+
+
+def test_a_peer_that_fails_while_decoding_is_dropped_with_its_reason(tiny, monkeypatch):
+    """The int8 peer raises on its second batch: its rows give the reason, float32 and our methods are timed."""
+    pytest.importorskip("ctranslate2")
+    pytest.importorskip("transformers")
+    from lightning_bpd.benchmarks.ctranslate2_peer import CTranslate2Peer
+
+    translate, calls = CTranslate2Peer.translate, {"n": 0}
+
+    def flaky(self, sources, length):
+        if self.quantization == "int8":
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("int8 kernel refused")
+        return translate(self, sources, length)
+
+    monkeypatch.setattr(CTranslate2Peer, "translate", flaky)
+    result = run_bench(tiny, "--peers", "ctranslate2")
+    for bs in ("1", "2"):
+        peers = result["peers"]["batch_sizes"][bs]
+        assert peers["ctranslate2_int8"] == {"skipped": "RuntimeError: int8 kernel refused"}
+        assert peers["ctranslate2_float32"]["tokens"] > 0
+        assert result["batch_sizes"][bs]["exact"]["equals_greedy"] is True
 
 
 def test_without_peers_the_record_has_none(tiny):
