@@ -30,7 +30,7 @@ from lightning_bpd.benchmarks.ctranslate2_peer import Peers
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 from lightning_bpd.decoding.tree import Tree, parse_tree
-from lightning_bpd.evaluation import batched, load_inputs, run_batch, set_draft_vocab
+from lightning_bpd.evaluation import batched, load_inputs, run_batch
 from lightning_bpd.inference import InferenceOptions, Runtime, build_runtime
 from lightning_bpd.inference.arguments import (
     add_draft_vocab_args,
@@ -169,9 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
     if any(b < 1 for b in args.batch_sizes) or args.inputs < 1:
         sys.exit("bench: --batch-sizes and --inputs must be >= 1")
     try:
-        options = options_from_args(args)
         module = load_model(args.ckpt, args.device)
-        set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
+        options = options_from_args(args, module)
         runtime, memory = measured_build(lambda: build_runtime(module.model, options), module.model)
         draft = None
         if args.draft:

@@ -22,9 +22,8 @@ import torch
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding import parse_criterion, parse_tree
 from lightning_bpd.decoding.methods import make_method
-from lightning_bpd.evaluation import set_draft_vocab
-from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.inference.arguments import add_draft_vocab_args, add_precision_arg
+from lightning_bpd.inference import build_runtime
+from lightning_bpd.inference.arguments import add_draft_vocab_args, add_precision_arg, options_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,8 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         module = load_model(args.ckpt, args.device)
         if not hasattr(module, "tokenizer"):
             raise ValueError(f"{args.ckpt} is not a translation checkpoint")
-        options = InferenceOptions(precision=args.precision)
-        set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
+        options = options_from_args(args, module)
         runtime = build_runtime(module.model, options)
         draft = build_runtime(load_model(args.draft, args.device).model, options) if args.draft else None
         tree = parse_tree(args.tree) if args.tree is not None else None

@@ -118,17 +118,17 @@ def pad_rows(rows: Sequence[Tensor], pad_id: int) -> Tensor:
     return torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=pad_id) for r in rows])
 
 
-def set_draft_vocab(module: Any, size: int | None, text: str | None) -> None:
-    """Give a translation module's model a draft vocabulary of ``size`` tokens counted in the file ``text``
-    (``--draft-vocab`` / ``--draft-vocab-from`` of ``decode``, ``bench``, ``where_time_goes``), before its
-    runtime is built."""
+def draft_vocab_ids(module: Any, size: int | None, text: str | None) -> tuple[int, ...] | None:
+    """The draft vocabulary of ``--draft-vocab N --draft-vocab-from TEXT`` (``decode``, ``bench``, ``bench-generate``,
+    ``where_time_goes``): a translation module's ``size`` most frequent target tokens in the file ``text``, for
+    :class:`~lightning_bpd.inference.InferenceOptions` (None without ``size``)."""
     if size is None:
-        return
-    if text is None or not hasattr(module, "draft_vocab_from_text"):
+        return None
+    if text is None or not hasattr(module, "draft_vocab_ids"):
         raise ValueError("--draft-vocab needs a translation checkpoint and --draft-vocab-from <target-language text>")
     from lightning_bpd.tasks.translation.text_files import read_lines
 
-    module.draft_vocab_from_text(read_lines(text), size)
+    return tuple(module.draft_vocab_ids(read_lines(text), size))
 
 
 def load_inputs(module: Any, args: Any) -> list[Tensor]:

@@ -56,7 +56,7 @@ from lightning_bpd.benchmarks.ctranslate2_hf import CT2_HINT, CT2Translator, cut
 from lightning_bpd.benchmarks.ctranslate2_peer import failure, quiet_transformers
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding import Exact, blockwise_decode
-from lightning_bpd.evaluation import batched, load_inputs, set_draft_vocab, timed
+from lightning_bpd.evaluation import batched, load_inputs, timed
 from lightning_bpd.inference import build_runtime
 from lightning_bpd.inference.arguments import (
     add_draft_vocab_args,
@@ -267,13 +267,12 @@ def main(argv: list[str] | None = None) -> dict:
     if args.warmup < 0:
         sys.exit("hf_generate: --warmup must be >= 0")
     try:
-        options = options_from_args(args)
         module = load_model(args.ckpt, args.device, base=args.base)
         check_hf(module, args.ckpt)
         if next(module.model.base.parameters()).dtype != torch.float32:
             print(f"hf_generate: the base is {next(module.model.base.parameters()).dtype}: generate runs it so",
                   file=sys.stderr)
-        set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
+        options = options_from_args(args, module)
         runtime = build_runtime(module.model, options)
         if args.k is not None and not 1 <= args.k <= module.model.k:
             raise ValueError(f"--k must lie in [1, {module.model.k}] (the checkpoint's heads), got {args.k}")

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
-from lightning_bpd.evaluation import load_inputs, set_draft_vocab
+from lightning_bpd.evaluation import load_inputs
 from lightning_bpd.inference import Runtime, build_runtime
 from lightning_bpd.inference.arguments import (
     add_draft_vocab_args,
@@ -128,8 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     try:
         module = load_model(args.ckpt, "cpu")
-        set_draft_vocab(module, args.draft_vocab, args.draft_vocab_from)
-        runtime = build_runtime(module.model, options_from_args(args))
+        runtime = build_runtime(module.model, options_from_args(args, module))
         inputs = load_inputs(module, args)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"where_time_goes: {err}") from None

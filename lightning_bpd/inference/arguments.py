@@ -8,6 +8,7 @@ whichever of them a parser has into one :class:`InferenceOptions`.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from lightning_bpd.inference.options import InferenceOptions
 
@@ -52,10 +53,16 @@ def add_timing_args(p: argparse.ArgumentParser) -> None:
                    help="chained heads propose through the reference links instead of the fused ones; for timing")
 
 
-def options_from_args(args: argparse.Namespace) -> InferenceOptions:
-    """The :class:`InferenceOptions` that a command's parsed arguments ask for (raises ValueError on a bad name)."""
+def options_from_args(args: argparse.Namespace, module: Any = None) -> InferenceOptions:
+    """The :class:`InferenceOptions` that a command's parsed arguments ask for, the one road from a command to a
+    runtime: ``--precision``, the timing options and the draft vocabulary of ``--draft-vocab N --draft-vocab-from
+    TEXT`` counted with ``module``'s tokenizer (raises ValueError on a bad name or a draft vocabulary without
+    them)."""
+    from lightning_bpd.evaluation import draft_vocab_ids
+
     return InferenceOptions(
         precision=getattr(args, "precision", None),
+        draft_vocab=draft_vocab_ids(module, getattr(args, "draft_vocab", None), getattr(args, "draft_vocab_from", None)),
         proposal_precision=getattr(args, "proposal_precision", None),
         screened_argmax=getattr(args, "screened_argmax", False),
         lean_steps=not getattr(args, "reference_steps", False),

@@ -114,10 +114,12 @@ class TranslationModule(BlockwiseModule):
         """Let the heads propose only the ``size`` most frequent tokens of ``counts`` (V,) (EOS always)."""
         self.model.use_draft_vocab(ids_from_counts(counts, size, always=[self.model.eos_id]))
 
-    def draft_vocab_from_text(self, lines: list[str], size: int) -> None:
-        """:meth:`use_draft_vocab` with the token counts of target-language ``lines``."""
+    def draft_vocab_ids(self, lines: list[str], size: int) -> list[int]:
+        """The ``size`` most frequent token ids of target-language ``lines`` (EOS always): a draft vocabulary for
+        :class:`~lightning_bpd.inference.InferenceOptions` (the trained model is not changed)."""
         ids = torch.tensor([i for piece_ids in self.tokenizer.encode_batch(lines) for i in piece_ids], dtype=torch.long)
-        self.use_draft_vocab(torch.bincount(ids, minlength=self.target_vocab_size), size)
+        counts = torch.bincount(ids, minlength=self.target_vocab_size)
+        return ids_from_counts(counts, size, always=[self.model.eos_id]).tolist()
 
     @property
     def target_vocab_size(self) -> int:

@@ -463,6 +463,29 @@ def test_frozen_steps_benchmark(fitted, tmp_path):
     assert result["loss_mode"] == "mean" and result["cached_vs_base"] > 0
 
 
+def test_a_draft_vocabulary_of_the_command_line_reaches_the_runtime_only(fitted):
+    """``--draft-vocab N --draft-vocab-from TEXT`` becomes InferenceOptions.draft_vocab: the runtime proposes from it,
+    the trained model is not changed (issue 45 item 3)."""
+    import argparse
+
+    import lightning_bpd
+    from lightning_bpd.inference import build_runtime
+    from lightning_bpd.inference.arguments import options_from_args
+
+    root, _, _ = fitted
+    module = lightning_bpd.load_model(root / "runs/b/last.ckpt")
+    text = root / "dv_targets.de"
+    text.write_text("Der Hund schläft.\nDer Lehrer liest ein Buch.\n")
+    args = argparse.Namespace(precision=None, draft_vocab=12, draft_vocab_from=str(text))
+    options = options_from_args(args, module)
+    assert len(options.draft_vocab) == 12 and module.model.eos_id in options.draft_vocab
+    runtime = build_runtime(module.model, options)
+    assert runtime.model.draft_vocab.ids.tolist() == sorted(options.draft_vocab)
+    assert module.model.draft_vocab is None and module.model.config.draft_vocab in (None, 0)
+    with pytest.raises(ValueError, match="--draft-vocab needs"):
+        options_from_args(argparse.Namespace(draft_vocab=12, draft_vocab_from=None), module)
+
+
 def test_draft_vocabulary_from_the_training_targets_and_in_bench(fitted, tmp_path):
     import json
 
