@@ -61,9 +61,10 @@ class GenerationRules:
             raise ValueError(f"generation rules: token ids must be integers >= 0, got {ids}")
         if any(len(w) == 0 for w in self.bad_words):
             raise ValueError("generation rules: a banned word needs at least one token")
-        for name in ("min_length", "min_new_tokens", "start"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(f"generation rules: {name} must be an integer >= 0, got {getattr(self, name)!r}")
+        for name, value in (("min_length", self.min_length), ("min_new_tokens", self.min_new_tokens),
+                            ("start", self.start)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"generation rules: {name} must be an integer >= 0, got {value!r}")
 
     @property
     def active(self) -> bool:

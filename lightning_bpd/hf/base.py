@@ -39,6 +39,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, EncoderDecoderCache,
 
 from lightning_bpd.decoding.protocol import OptionalCapabilities
 from lightning_bpd.decoding.rules import GenerationRules
+from lightning_bpd.decoding.runtime_parts import RuntimeParts
 from lightning_bpd.hf.compat import attention_implementation, relative_position_buckets
 from lightning_bpd.hf.generation_rules import ids, rules_from_config
 from lightning_bpd.hf.lean_step import LeanDecoder, LeanEncoderLayer
@@ -110,7 +111,7 @@ def as_mask(allowed: Tensor, dtype: torch.dtype, implementation: str) -> Tensor:
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
-class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
+class HFSeq2SeqBlockwise(OptionalCapabilities, RuntimeParts, nn.Module):
     """A transformers seq2seq model (``base``) with k blockwise heads, implementing the decoding protocol
     (:class:`~lightning_bpd.decoding.protocol.BlockwiseModel`).
 
@@ -126,8 +127,8 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
     """
 
     products: Products = FLOAT  # how the proposals' projections multiply (a runtime gives its snapshot its own)
-    prior = None  # p_1 is a plain vocabulary projection
-    image: NoImage = NO_IMAGE
+    prior = None  # RuntimeParts: p_1 is a plain vocabulary projection, no intensity prior
+    image: NoImage = NO_IMAGE  # RuntimeParts: a text model, no image read-out
 
     def __init__(self, base: PreTrainedModel, k: int = 1, head_type: str = "paper", head_hidden: int | None = None,
                  frozen: bool = True) -> None:
@@ -395,6 +396,10 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         state -> (that state, that state as the output layer reads it: the same, no image read-out here)."""
         z = step(z if dtype is None else z.to(dtype))
         return z, z
+
+    def use_lean_steps(self, on: bool) -> None:
+        """A runtime's snapshot of a BART-family base runs its encoder layers and decoder step lean (T5 never)."""
+        self.lean = on
 
     def use_draft_vocab(self, ids: Tensor) -> None:
         """Let the heads propose only these token ids (:mod:`lightning_bpd.nn.draft_vocab`); decoding only."""

@@ -9,7 +9,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from lightning_bpd.inference.products import CopiedProducts, WideProducts
 from lightning_bpd.inference.shared_copy import own_bytes, tensor_bytes
+from lightning_bpd.kernels.int8 import RowInt8
 
 MB = 2**20
 
@@ -19,19 +21,18 @@ def copy_size(copy: Any) -> int:
     bias per row)."""
     if isinstance(copy, Tensor):
         return copy.numel() * copy.element_size()
-    if isinstance(copy, tuple):
-        return sum(copy_size(part) for part in copy)
-    rows, cols = getattr(copy, "out_features", 0), getattr(copy, "in_features", 0)
-    return rows * cols + 8 * rows
+    if isinstance(copy, RowInt8):
+        return copy.out_features * copy.in_features + 8 * copy.out_features
+    return 0
 
 
 def products_bytes(products: Any) -> int:
     """Bytes of the weight copies a runtime's products made (float64 copies, packed or int8 weights)."""
-    total = 0
-    for book in (getattr(products, "wide", {}), getattr(products, "copies", {}), getattr(products, "made", {})):
-        for entry in book.values():
-            total += copy_size(entry[-1])
-    return total
+    if isinstance(products, WideProducts):
+        return sum(copy_size(wide) for _, wide in products.wide.values())
+    if isinstance(products, CopiedProducts):
+        return sum(copy_size(entry[-1]) for book in (products.copies, products.made) for entry in book.values())
+    return 0  # plain products copy nothing
 
 
 def resident_bytes() -> int:

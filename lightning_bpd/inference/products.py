@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from lightning_bpd.decoding.runtime_parts import RuntimeParts
 from lightning_bpd.kernels import int8 as int8_ops
 from lightning_bpd.kernels import invariant, onednn
 from lightning_bpd.nn.products import Products, inference
@@ -105,7 +106,7 @@ class CopiedProducts(WideAttention):
             raise ValueError(f"precision {self.precision} runs on the CPU; the model is on {device}: decode on "
                              "--device cpu, or pick bfloat16 / float32 on a GPU")
         pairs = [(m.weight, m.bias) for m in model.modules() if isinstance(m, nn.Linear)]
-        if hasattr(model, "output_layer"):
+        if isinstance(model, RuntimeParts):  # its vocabulary projection (ours may be the tied embedding)
             pairs.append(model.output_layer())
         for weight, bias in pairs:
             if weight.dtype == torch.float32:

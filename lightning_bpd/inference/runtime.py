@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lightning_bpd.decoding.runtime_parts import RuntimeParts
 from lightning_bpd.inference.options import InferenceOptions
 from lightning_bpd.inference.precision import parse_precision
 from lightning_bpd.inference.products import Int8Products, PackedProducts, WideProducts
@@ -73,7 +74,7 @@ class Runtime:
         self.pad_id: int = model.pad_id
         self.bos_id: int = model.bos_id
         self.eos_id: int | None = model.eos_id
-        self.chained_heads: bool = bool(offered(model, "chained_heads"))
+        self.chained_heads: bool = bool(model.chained_heads)
 
     # ---- the decoding protocol, each call without gradients ------------------------------------------------------
     @torch.no_grad()
@@ -107,23 +108,23 @@ class Runtime:
     # made once (the snapshot's do not change after build_runtime), each call without gradients
     @functools.cached_property
     def vocab_size(self) -> int | None:
-        return offered(self.model, "vocab_size")
+        return self.model.vocab_size
 
     @property
     def generation_rules(self) -> Any:
-        return offered(self.model, "generation_rules")
+        return self.model.generation_rules
 
     @functools.cached_property
     def restrict_draft(self) -> Callable[[Tensor], Tensor] | None:
-        return without_grad(offered(self.model, "restrict_draft"))
+        return without_grad(self.model.restrict_draft)
 
     @functools.cached_property
     def chain_source(self) -> Callable[[Any], Any] | None:
-        return without_grad(offered(self.model, "chain_source"))
+        return without_grad(self.model.chain_source)
 
     @functools.cached_property
     def decode_tree(self) -> Callable[..., Tensor] | None:
-        return without_grad(offered(self.model, "decode_tree"))
+        return without_grad(self.model.decode_tree)
 
     @functools.cached_property
     def argmax_first(self) -> Callable[[Tensor], Tensor] | None:
@@ -156,11 +157,6 @@ def without_grad(fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
     return None if fn is None else torch.no_grad()(fn)
 
 
-def offered(model: nn.Module, member: str) -> Any:
-    """The snapshot's optional protocol ``member``, or None where it has none (a model of another kind)."""
-    return getattr(model, member, None)
-
-
 def build_runtime(model: nn.Module | Runtime, options: InferenceOptions | None = None) -> Runtime:
     """``model`` prepared for decoding with ``options`` (default: its own dtype, plain products, fast paths on).
 
@@ -172,23 +168,17 @@ def build_runtime(model: nn.Module | Runtime, options: InferenceOptions | None =
     made = snapshot(model, options)
     products = make_products(options, made)
     use_products(made, products)
-    for part in (made, getattr(made, "encoder", None), getattr(made, "decoder", None)):
-        if part is not None and hasattr(part, "lean"):  # our encoder and decoder, an HF base
-            part.lean = options.lean_steps
+    parts = isinstance(made, RuntimeParts)  # heads and an output layer to build fast paths from (ours, an HF base)
+    if parts:
+        made.use_lean_steps(options.lean_steps)
     if options.draft_vocab is not None:
+        if not parts:
+            raise ValueError(f"{type(made).__name__} cannot take a draft vocabulary (it declares no RuntimeParts)")
         made.draft_vocab = None  # a vocabulary of the runtime's own (the model's ids buffer stays as it is)
-        need(made, "use_draft_vocab", "a draft vocabulary")(torch.tensor(options.draft_vocab, dtype=torch.long))
+        made.use_draft_vocab(torch.tensor(options.draft_vocab, dtype=torch.long))
     proposer = None
-    if hasattr(made, "head") and hasattr(made, "output_layer"):  # heads and an output layer (ours, an HF base)
+    if parts:
         proposer = Proposer(made, options.proposal_precision, options.fused_chain, options.screened_argmax)
     elif options.proposal_precision is not None or options.screened_argmax:
         raise ValueError(f"{type(made).__name__} has no proposal path for a proposal precision or a screened argmax")
     return Runtime(made, options, products, proposer)
-
-
-def need(model: nn.Module, method: str, what: str) -> Any:
-    """``model``'s ``method``, or one clear error naming what the model cannot take."""
-    found = getattr(model, method, None)
-    if found is None:
-        raise ValueError(f"{type(model).__name__} cannot take {what} ({method})")
-    return found

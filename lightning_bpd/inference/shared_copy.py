@@ -22,6 +22,8 @@ from torch import nn
 def shared_copy(model: nn.Module) -> nn.Module:
     """Every module of ``model`` copied, the parameters and buffers the original's own tensors (a module reached
     twice, e.g. tied embeddings, is copied once)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"a runtime takes a torch module (nn.Module); {type(model).__name__} is not one")
     made: dict[int, nn.Module] = {}
 
     def copy_of(module: nn.Module) -> nn.Module:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from lightning_bpd.decoding.runtime_parts import RuntimeParts
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.conditioning import source_taps
@@ -28,7 +29,7 @@ from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
 __all__ = ["BlockwiseTransformer", "ModelConfig"]
 
 
-class BlockwiseTransformer(nn.Module):
+class BlockwiseTransformer(RuntimeParts, nn.Module):
     """Encoder + decoder + :class:`BlockwiseHead`, with the vocabulary projection tied to the target
     embedding (or its own layer). Embeddings are N(0, d^-1/2) and scaled by sqrt(d) on input.
 
@@ -225,6 +226,10 @@ class BlockwiseTransformer(nn.Module):
         else:
             weight, bias = self.out_proj.weight, self.out_proj.bias
         return (weight, bias) if self.prior is None else (self.prior.output_weight(weight), bias)
+
+    def use_lean_steps(self, on: bool) -> None:
+        """The encoder and the cached decoder step through their TorchScript lean functions (or not)."""
+        self.encoder.lean = self.decoder.lean = on
 
     def use_draft_vocab(self, ids: Tensor) -> None:
         """Let the heads propose only these token ids (:mod:`lightning_bpd.nn.draft_vocab`)."""

@@ -61,3 +61,26 @@ def test_shared_copy_keeps_ties_and_copies_the_config():
     made = shared_copy(model)
     assert made.src_embed is made.tgt_embed if model.src_embed is model.tgt_embed else True
     assert made.config is not model.config and made.config == model.config
+
+
+def test_a_model_without_runtime_parts_decodes_through_the_protocol_alone():
+    """The runtime asks ``isinstance(model, RuntimeParts)`` (declared), not for single members: a stub gets no
+    proposer, decodes as itself, and a draft vocabulary is refused in one line."""
+    from lightning_bpd.decoding.runtime_parts import RuntimeParts
+    from tests.models import StubModel, stub_sources
+
+    class ModuleStub(StubModel, torch.nn.Module):  # hand-written logits, as a torch module
+        def __init__(self, *args, **kwargs) -> None:
+            torch.nn.Module.__init__(self)
+            StubModel.__init__(self, *args, **kwargs)
+            self.unused = torch.nn.Parameter(torch.zeros(1))  # a dtype to decode in
+
+    targets = [[5, 6, 7, 8, 2], [9, 10, 2]]
+    stub = ModuleStub(targets, k=3)
+    runtime = build_runtime(stub, InferenceOptions())
+    assert not isinstance(stub, RuntimeParts) and runtime.proposer is None
+    src = stub_sources(2)
+    assert blockwise_decode(runtime, src, Exact(), 8).sequences() == blockwise_decode(stub, src, Exact(), 8).sequences()
+    with pytest.raises(ValueError, match="cannot take a draft vocabulary"):
+        build_runtime(stub, InferenceOptions(draft_vocab=[2, 5, 6]))
+    assert isinstance(float32_model(seed=6), RuntimeParts) and build_runtime(float32_model(seed=6)).proposer is not None
