@@ -39,7 +39,33 @@ def shared_copy(model: nn.Module) -> nn.Module:
         clone._modules = {name: None if child is None else copy_of(child) for name, child in module._modules.items()}
         return clone
 
-    return copy_of(model)
+    copied = copy_of(model)
+    rebound: dict[int, object] = {}
+    for clone in made.values():  # attributes that point into the tree (an image read-out's model) point into the copy
+        for key, value in list(clone.__dict__.items()):
+            clone.__dict__[key] = rebind(value, made, rebound)
+    return copied
+
+
+def rebind(value: object, made: dict[int, nn.Module], rebound: dict[int, object]) -> object:
+    """``value`` as the copy should hold it: a module of the tree -> its copy; a plain object whose attributes point
+    to modules of the tree -> a shallow copy pointing to their copies (once per object); anything else as it is."""
+    if isinstance(value, nn.Module):
+        return made.get(id(value), value)
+    if isinstance(value, (torch.Tensor, type)):
+        return value
+    try:
+        fields = vars(value)
+    except TypeError:  # no attributes of its own (a number, a string, a slotted object)
+        return value
+    refs = {key: made[id(v)] for key, v in fields.items() if isinstance(v, nn.Module) and id(v) in made}
+    if not refs:
+        return value
+    if id(value) not in rebound:
+        other = copy.copy(value)
+        vars(other).update(refs)
+        rebound[id(value)] = other
+    return rebound[id(value)]
 
 
 def cast_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:

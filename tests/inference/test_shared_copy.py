@@ -84,3 +84,14 @@ def test_a_model_without_runtime_parts_decodes_through_the_protocol_alone():
     with pytest.raises(ValueError, match="cannot take a draft vocabulary"):
         build_runtime(stub, InferenceOptions(draft_vocab=[2, 5, 6]))
     assert isinstance(float32_model(seed=6), RuntimeParts) and build_runtime(float32_model(seed=6)).proposer is not None
+
+
+def test_plain_objects_that_point_into_the_model_point_into_the_copy():
+    """An image model's read-out (a plain object holding its model) reads the runtime's modules, with their
+    products, not the trained model's (a float32-invariant runtime's greedy and exact agree only so)."""
+    from tests.kernels.test_invariant import image_model
+
+    model = image_model()
+    runtime = build_runtime(model, InferenceOptions(precision="float32-invariant"))
+    assert runtime.model.image is not model.image and runtime.model.image.model is runtime.model
+    assert model.image.model is model
