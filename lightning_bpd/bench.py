@@ -39,6 +39,7 @@ from lightning_bpd.inference.arguments import (
     options_from_args,
 )
 from lightning_bpd.records import device_name, write_json
+from lightning_bpd.tree_budget import budget_tree, measure_rank_agreement
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trees", nargs="+", default=None,
                    help="also time each deterministic criterion verifying these trees of candidates (Medusa-format "
                         "paths such as '0;1;0,0;0,1', or 'path:D'): methods <criterion>+tree<nodes>")
+    p.add_argument("--tree-nodes", type=int, nargs="+", default=None,
+                   help="also time each deterministic criterion verifying the tree of N nodes built from the heads' "
+                        "rank agreement table (stored with them, else measured on the inputs first): methods "
+                        "<criterion>+nodes<N>; 0 = the single path")
     p.add_argument("--lazy-verify", action="store_true",
                    help="verify prefix rules position by position (fewer projections, a host read per position)")
     p.add_argument("--fixed-shape", action="store_true",
@@ -77,10 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_methods(module, runtime: Runtime, specs: list[str], ks: list[int] | None, draft, lazy: bool = False,
-                  trees: list[str] | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
+                  trees: dict[str, Tree | None] | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
     """The methods to time, baselines first: ``(order, methods)``. With several ``ks`` every method
-    runs at each k and is named ``<spec>@k<k>``; with ``trees`` every deterministic method of the model's own
-    heads also verifies each tree, named ``<spec>+tree<nodes>``."""
+    runs at each k and is named ``<spec>@k<k>``; with ``trees`` (a name -> a tree, None: the single path) every
+    deterministic method of the model's own heads also verifies each tree, named ``<spec>+<name>``."""
     options = runtime.options
 
     def make(spec: str, k: int | None = None, tree: Tree | None = None) -> DecodeMethod:
@@ -92,12 +97,29 @@ def build_methods(module, runtime: Runtime, specs: list[str], ks: list[int] | No
         methods = {spec: make(spec, k) for spec in specs}
     else:
         methods = {f"{spec}@k{k}": make(spec, k) for k in ks for spec in specs}
-    for tree in [parse_tree(t) for t in trees or []]:
+    for name, tree in (trees or {}).items():
         for spec in specs:
             method = make(spec, None, tree)
-            if method.tree is not None:
-                methods[f"{spec}+tree{tree.size - 1}"] = method
+            if method.tree is not None or (tree is None and method.criterion is not None and method.draft is None
+                                           and not method.is_sampling):
+                methods[f"{spec}+{name}"] = method
     return with_baselines(list(methods), methods, make), methods
+
+
+def budget_trees(module, runtime: Runtime, inputs: list[torch.Tensor], budgets: list[int] | None,
+                 ks: list[int] | None) -> dict[str, Tree | None]:
+    """``nodes<N>``: the tree of each budget N, from the rank agreement table stored with the heads, or measured on
+    the inputs (batches of 32) first where none is."""
+    if not budgets:
+        return {}
+    if ks is not None and len(ks) > 1:
+        raise ValueError("--tree-nodes decodes with all the model's heads: give at most one --k")
+    k = ks[0] if ks else module.model.k
+    table = module.rank_agreement
+    if table is None and k > 1 and any(budgets):
+        table = measure_rank_agreement(runtime, batched(module, inputs, 32))
+        print(f"bench: the heads store no rank agreement table: measured on the {len(inputs)} inputs", file=sys.stderr)
+    return {f"nodes{n}": budget_tree(n, table, k) for n in budgets}
 
 
 def bench_batch_size(module, runtime: Runtime, inputs: list[torch.Tensor], batch_size: int, order: list[str],
@@ -175,8 +197,10 @@ def main(argv: list[str] | None = None) -> dict:
         draft = None
         if args.draft:
             draft = build_runtime(load_model(args.draft, args.device).model, InferenceOptions(precision=args.precision))
-        order, methods = build_methods(module, runtime, args.criteria, args.k, draft, args.lazy_verify, args.trees)
         inputs = load_inputs(module, args)
+        trees = {f"tree{tree.size - 1}": tree for tree in map(parse_tree, args.trees or [])}
+        trees.update(budget_trees(module, runtime, inputs, args.tree_nodes, args.k))
+        order, methods = build_methods(module, runtime, args.criteria, args.k, draft, args.lazy_verify, trees)
         peers = Peers.build(args.peers, module)
     except (ValueError, FileNotFoundError, PeerUnavailableError) as err:
         sys.exit(f"bench: {err}")
@@ -187,6 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
               "precision": runtime.precision, "proposal_precision": args.proposal_precision,
               "stop_below": args.stop_below, "fused_chain": not args.unfused_chain,
               "screened_argmax": args.screened_argmax, "lean_steps": not args.reference_steps, "trees": args.trees,
+              "tree_nodes": args.tree_nodes,
               "batch_sizes": {}}
     if peers is not None:
         result["peers"] = {**peers.info, "batch_sizes": {}}
