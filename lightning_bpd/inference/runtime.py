@@ -120,6 +120,14 @@ class Runtime:
         return None if self.proposer is None or self.chained_heads else self.proposer.draft_tokens
 
     @property
+    def draft_ranks(self) -> Callable[..., Tensor] | None:
+        return None if self.proposer is None or self.chained_heads else self.proposer.draft_ranks
+
+    @property
+    def chain_ranks(self) -> Callable[..., tuple[Tensor, Tensor]] | None:
+        return None if self.proposer is None or not self.chained_heads else self.proposer.chain_ranks
+
+    @property
     def chain_draft(self) -> Callable[..., tuple[Tensor, ...]] | None:
         return None if self.proposer is None or not self.chained_heads else self.proposer.chain_draft
 
