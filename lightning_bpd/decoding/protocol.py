@@ -72,7 +72,10 @@ class BlockwiseModel(Protocol):
 
     def encode(self, src: Tensor) -> Context: ...
 
-    def new_cache(self, batch_size: int, capacity: int) -> Cache: ...
+    def new_cache(self, batch_size: int, capacity: int, extra_slots: int = 0) -> Cache:
+        """A cache for ``capacity`` positions per row (BOS, the output, a block's proposals), and ``extra_slots``
+        more slots that no position reaches (a tree's nodes beyond its depth: they sit at slots length + i)."""
+        ...
 
     def decode_step(self, tokens: Tensor, context: Context, cache: Cache) -> Tensor:
         """(B, T) new inputs -> (B, T, D) hidden states; appends T positions to the cache."""

@@ -138,7 +138,7 @@ def tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_le
     rules = RuleBook(model, max_len, device)  # the generation rules on p_1 (None where there are none)
     depths, ancestors, table = tree.table("depths", device), tree.ancestors(device), tree.path_table(device)
     context = model.encode(src)
-    cache = model.new_cache(batch, capacity=1 + max_len + n)
+    cache = model.new_cache(batch, capacity=1 + max_len + tree.depth + 1, extra_slots=n - tree.depth - 1)
     book = RowBook(batch, max_len, tree.depth + 1, model.pad_id, device)
     bos = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=device)
     h = model.decode_step(bos, context, cache)[:, -1]  # (B, D)

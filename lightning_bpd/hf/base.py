@@ -187,14 +187,16 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, nn.Module):
         return HFContext(hidden, valid, mask, cross)
 
     # ---- decoder -----------------------------------------------------------------------------------
-    def new_cache(self, batch_size: int, capacity: int) -> KVCache:
-        """A per-row KV cache. Positions past the checkpoint's table (only blockwise proposals past ``max_len``
-        reach them) read its last entry; a capacity that would need more is refused."""
+    def new_cache(self, batch_size: int, capacity: int, extra_slots: int = 0) -> KVCache:
+        """A per-row KV cache of ``capacity`` positions and ``extra_slots`` more slots (a tree's nodes). Positions
+        past the checkpoint's table (only proposals past ``max_len`` reach them) read its last entry; a capacity
+        that would need more is refused."""
         if self.n_positions is not None and capacity > self.n_positions + 1 + self.k:
             raise ValueError(f"max_len too long: the checkpoint has {self.n_positions} decoder positions, "
                              f"a cache of {capacity} would need more")
         w = self.base.get_output_embeddings().weight
-        return KVCache(self.n_layers, batch_size, capacity, self.n_heads, self.head_dim, dtype=w.dtype, device=w.device)
+        return KVCache(self.n_layers, batch_size, capacity + extra_slots, self.n_heads, self.head_dim, dtype=w.dtype,
+                       device=w.device)
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """Token embeddings as the decoder sees them, without positions: (...) -> (..., D)."""

@@ -72,8 +72,8 @@ class Runtime:
     def encode(self, src: Tensor) -> Any:
         return self.model.encode(src)
 
-    def new_cache(self, batch_size: int, capacity: int) -> Any:
-        return self.model.new_cache(batch_size, capacity)
+    def new_cache(self, batch_size: int, capacity: int, extra_slots: int = 0) -> Any:
+        return self.model.new_cache(batch_size, capacity, extra_slots)
 
     def decode_step(self, tokens: Tensor, context: Any, cache: Any) -> Tensor:
         return self.model.decode_step(tokens, context, cache)

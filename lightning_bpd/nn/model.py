@@ -166,9 +166,9 @@ class BlockwiseTransformer(nn.Module):
         x = self.embed_tgt(tokens, pos, context, limit)  # (B, N, D)
         return self.image.mark_prior(self.decoder.step(x, context, cache, ancestors), pos, context)
 
-    def new_cache(self, batch_size: int, capacity: int) -> KVCache:
+    def new_cache(self, batch_size: int, capacity: int, extra_slots: int = 0) -> KVCache:
         w = self.tgt_embed.weight
-        return self.decoder.new_cache(batch_size, capacity, dtype=w.dtype, device=w.device)
+        return self.decoder.new_cache(batch_size, capacity + extra_slots, dtype=w.dtype, device=w.device)
 
     # ---- heads ---------------------------------------------------------------------------------
     def project(self, h: Tensor) -> Tensor:

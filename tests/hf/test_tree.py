@@ -120,3 +120,15 @@ def test_an_approximate_rule_on_a_tree_equals_the_reference(family):
     fast = blockwise_decode(model, src, TopK(2), MAX_LEN, tree=TREE)
     slow = tree_decode_reference(model, src, TopK(2), MAX_LEN, tree=TREE)
     assert torch.equal(fast.tokens, slow.tokens) and fast.block_sizes == slow.block_sizes
+
+
+def test_a_tree_wider_than_the_heads_decodes_up_to_the_checkpoints_last_position():
+    """A tree's nodes past its depth take slots that no position reaches: max_len may be the table's length."""
+    model = HFSeq2SeqBlockwise(tiny_base("marian"), k=4)
+    src = sources(2)
+    n = model.n_positions  # 64
+    greedy = greedy_decode(model, src, n)
+    assert max(greedy.lengths.tolist()) == n  # a row that reaches the last position
+    assert blockwise_decode(model, src, Exact(), n, tree=TREE).sequences() == greedy.sequences()
+    with pytest.raises(ValueError, match="max_len too long: the checkpoint has 64 decoder positions"):
+        blockwise_decode(model, src, Exact(), n + 1, tree=TREE)
