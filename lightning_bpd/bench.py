@@ -99,7 +99,7 @@ def build_methods(module, runtime: Runtime, specs: list[str], ks: list[int] | No
         methods = {f"{spec}@k{k}": make(spec, k) for k in ks for spec in specs}
     for name, tree in (trees or {}).items():
         for spec in specs:
-            method = make(spec, None, tree)
+            method = make(spec, ks[0] if ks and len(ks) == 1 else None, tree)
             if method.tree is not None or (tree is None and method.criterion is not None and method.draft is None
                                            and not method.is_sampling):
                 methods[f"{spec}+{name}"] = method

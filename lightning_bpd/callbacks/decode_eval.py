@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loggers import WandbLogger
+from torch import Tensor
 
 from lightning_bpd.decoding import Criterion, head_agreement, head_rank_agreement
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
@@ -102,7 +103,7 @@ def decode_trees(batches: list[EvalBatch], methods: dict[str, DecodeMethod], sha
     return shard
 
 
-def rank_agreement(shards: list[Shard]) -> Any:
+def rank_agreement(shards: list[Shard]) -> Tensor | None:
     """The heads' top-r agreement table (k - 1, ranks) of greedy's runs over every batch of ``shards`` (None for
     a model without heads)."""
     greedy = MethodRun()
@@ -338,7 +339,7 @@ class DecodeEval(pl.Callback):
             pl_module.save_samples(folder / f"samples_{stage}{suffix}.png",
                                    {name: run.outputs for name, run in runs.items()}, batches, self.num_samples)
 
-    def tree_methods(self, pl_module: Any, runtime: Any, table: Any) -> dict[str, DecodeMethod]:
+    def tree_methods(self, pl_module: Any, runtime: Any, table: Tensor | None) -> dict[str, DecodeMethod]:
         """Exact decoding with each budget's tree (built from ``table``), named ``exact+nodes<N>``."""
         if not self.tree_nodes or table is None:
             return {}
