@@ -282,6 +282,9 @@ class DecodeEval(pl.Callback):
             limit = budget_limit(k - 1, RANKS) if k > 1 else 0
             raise ValueError(f"decode_eval.tree_nodes must lie in [0, {limit}] for a model with k={k} heads, got "
                              f"{self.tree_nodes}")
+        if self.tree_nodes and pl_module.model.decode_tree is None:
+            raise ValueError("decode_eval.tree_nodes: this model verifies single paths only (a local attention window "
+                             "or heads that read their own pixel neighbours): leave tree_nodes out")
         if self.screened_argmax or self.options.int8:  # a runtime refuses what the model cannot take
             device = getattr(getattr(trainer, "strategy", None), "root_device", None)
             if self.options.int8 and device is not None and device.type != "cpu":

@@ -45,7 +45,8 @@ def check_tree_args(model: BlockwiseModel, criterion: Criterion, tree: Tree, k: 
     if criterion.stochastic or not criterion.prefix_checks:
         raise ValueError(f"tree decoding takes the deterministic prefix rules (exact, topN, epsX), not {criterion.name}")
     if verify_pass and model.decode_tree is None:
-        raise ValueError(f"{type(model).__name__} has no tree verify pass (decode_tree): decode it with tree=None")
+        raise ValueError(f"{type(model).__name__} has no tree verify pass (decode_tree; e.g. a local attention window): "
+                         "decode it with tree=None")
 
 
 def propose_tree(model: BlockwiseModel, criterion: Criterion, tree: Tree, h: Tensor, first: Tensor,

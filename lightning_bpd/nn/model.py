@@ -153,14 +153,20 @@ class BlockwiseTransformer(nn.Module):
         return self.image.mark_prior(self.decoder.step(self.embed_tgt(tokens, pos, context, limit), context, cache), pos,
                                context, decoded)
 
-    def decode_tree(self, tokens: Tensor, depths: Tensor, ancestors: Tensor, context: EncoderContext,
-                    cache: KVCache) -> Tensor:
+    @property
+    def decode_tree(self) -> Callable[..., Tensor] | None:
+        """The tree verify pass (:meth:`tree_pass`); None for a decoder with a local window (its ring cache cannot
+        keep a path) or heads that read their own pixel neighbours (a node's neighbours are not its path's): those
+        verify single paths only, and tree decoding says so in one line."""
+        if self.decoder.window is not None or self.image.neighbours is not None:
+            return None
+        return self.tree_pass
+
+    def tree_pass(self, tokens: Tensor, depths: Tensor, ancestors: Tensor, context: EncoderContext,
+                  cache: KVCache) -> Tensor:
         """The verify pass over a tree's N nodes per row (B, N), node i at position (the row's length + ``depths[i]``)
         (N,) and seeing the cached prefix and its ``ancestors`` (N, N) bool row -> hidden (B, N, D); appends N
-        slots to the cache (:meth:`KVCache.keep_path` keeps the accepted ones). Decoders without a local window,
-        models that do not read their own decoded tokens (no pixel neighbours)."""
-        if self.decoder.window is not None or self.image.neighbours is not None:
-            raise ValueError("tree decoding takes decoders without a local window and heads without pixel neighbours")
+        slots to the cache (:meth:`KVCache.keep_path` keeps the accepted ones)."""
         pos = cache.lengths[:, None] + depths  # (B, N): each node's own position
         limit = cache.length_bounds()[1] + tokens.shape[1]  # host-side: a node's depth is below N
         x = self.embed_tgt(tokens, pos, context, limit)  # (B, N, D)

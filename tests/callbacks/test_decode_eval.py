@@ -152,3 +152,5 @@ def test_tree_budgets_decode_with_the_table_of_greedys_runs_on_every_shard():
 
     with pytest.raises(ValueError, match=r"^decode_eval.tree_nodes must lie in \[0, 8\] for a model with k=2 heads"):
         DecodeEval(tree_nodes=[4, 9]).setup(None, SimpleNamespace(model=random_model(k=2)), "fit")
+    with pytest.raises(ValueError, match=r"^decode_eval.tree_nodes: this model verifies single paths only"):
+        DecodeEval(tree_nodes=[4]).setup(None, SimpleNamespace(model=random_model(k=3, window=4)), "fit")
