@@ -39,7 +39,7 @@ from lightning_bpd.inference.arguments import (
     options_from_args,
 )
 from lightning_bpd.records import device_name, write_json
-from lightning_bpd.tree_budget import budget_tree, measure_rank_agreement
+from lightning_bpd.tree_budget import budget_trees
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,22 +104,6 @@ def build_methods(module, runtime: Runtime, specs: list[str], ks: list[int] | No
                                            and not method.is_sampling):
                 methods[f"{spec}+{name}"] = method
     return with_baselines(list(methods), methods, make), methods
-
-
-def budget_trees(module, runtime: Runtime, inputs: list[torch.Tensor], budgets: list[int] | None,
-                 ks: list[int] | None) -> dict[str, Tree | None]:
-    """``nodes<N>``: the tree of each budget N, from the rank agreement table stored with the heads, or measured on
-    the inputs (batches of 32) first where none is."""
-    if not budgets:
-        return {}
-    if ks is not None and len(ks) > 1:
-        raise ValueError("--tree-nodes decodes with all the model's heads: give at most one --k")
-    k = ks[0] if ks else module.model.k
-    table = module.rank_agreement
-    if table is None and k > 1 and any(budgets):
-        table = measure_rank_agreement(runtime, batched(module, inputs, 32))
-        print(f"bench: the heads store no rank agreement table: measured on the {len(inputs)} inputs", file=sys.stderr)
-    return {f"nodes{n}": budget_tree(n, table, k) for n in budgets}
 
 
 def bench_batch_size(module, runtime: Runtime, inputs: list[torch.Tensor], batch_size: int, order: list[str],
@@ -199,7 +183,9 @@ def main(argv: list[str] | None = None) -> dict:
             draft = build_runtime(load_model(args.draft, args.device).model, InferenceOptions(precision=args.precision))
         inputs = load_inputs(module, args)
         trees = {f"tree{tree.size - 1}": tree for tree in map(parse_tree, args.trees or [])}
-        trees.update(budget_trees(module, runtime, inputs, args.tree_nodes, args.k))
+        if args.tree_nodes and args.k is not None and len(args.k) > 1:
+            raise ValueError("--tree-nodes decodes at one k: give at most one --k")
+        trees.update(budget_trees(module, runtime, inputs, args.tree_nodes, args.k[0] if args.k else None, "bench"))
         order, methods = build_methods(module, runtime, args.criteria, args.k, draft, args.lazy_verify, trees)
         peers = Peers.build(args.peers, module)
     except (ValueError, FileNotFoundError, PeerUnavailableError) as err:

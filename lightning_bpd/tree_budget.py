@@ -11,6 +11,7 @@ checkpoint has none. ``decode --tree-nodes N`` then builds the tree without data
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ from torch import Tensor
 
 from lightning_bpd.decoding import Tree, greedy_decode, head_rank_agreement
 from lightning_bpd.decoding.tree import budget_limit
-from lightning_bpd.evaluation import EvalBatch
+from lightning_bpd.evaluation import EvalBatch, batched
 
 RANKS = 8  # ranks measured per head: trees up to 8 children wide
 KEY = "head_rank_agreement"  # where a checkpoint and heads.json keep the table
@@ -80,3 +81,18 @@ def budget_tree(n_nodes: int, table: Tensor | None, k: int, option: str = "--tre
         raise ValueError(f"{option} must lie in [0, {limit}] for {rows.shape[0]} heads of {rows.shape[1]} measured "
                          f"ranks each, got {n_nodes}")
     return Tree.from_budget(n_nodes, rows)
+
+
+def budget_trees(module: Any, model: Any, inputs: list[Tensor], budgets: list[int] | None, k: int | None,
+                 who: str) -> dict[str, Tree | None]:
+    """``nodes<N>``: the tree of each budget N for ``module``'s heads decoding with ``k`` of them (None: all), from
+    the table stored with them, or measured with ``model`` (the module's model or a runtime of it) on the single-row
+    ``inputs`` (batches of 32) first where none is (said on stderr, after ``who``)."""
+    if not budgets:
+        return {}
+    k = module.model.k if k is None else k
+    table = module.rank_agreement
+    if table is None and k > 1 and any(budgets):
+        table = measure_rank_agreement(model, batched(module, inputs, 32))
+        print(f"{who}: the heads store no rank agreement table: measured on the {len(inputs)} inputs", file=sys.stderr)
+    return {f"nodes{n}": budget_tree(n, table, k) for n in budgets}

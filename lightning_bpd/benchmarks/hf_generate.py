@@ -67,6 +67,7 @@ from lightning_bpd.inference.arguments import (
     options_from_args,
 )
 from lightning_bpd.records import device_name, write_json
+from lightning_bpd.tree_budget import budget_trees
 
 GENERATE, LOOKUP, OURS = "hf_generate", "hf_prompt_lookup", "exact"
 METHODS = (GENERATE, LOOKUP, OURS)
@@ -308,13 +309,6 @@ def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, arg
     return {name: report[name] for name in [*METHODS, *trees, *(peer.name for peer in peers)]}
 
 
-def budget_trees(module, runtime, inputs: list[Tensor], budgets: list[int], k: int | None) -> dict[str, Tree | None]:
-    """``exact+nodes<N>``: the tree of each budget N (:func:`lightning_bpd.bench.budget_trees`)."""
-    from lightning_bpd.bench import budget_trees as trees
-
-    return {f"{OURS}+{name}": tree for name, tree in trees(module, runtime, inputs, budgets, [k] if k else None).items()}
-
-
 def runtime_options(options, args: argparse.Namespace) -> dict[str, Any]:
     """What our decoding ran with, for the record (the draft vocabulary by its size and source)."""
     return {**asdict(options), "draft_vocab": args.draft_vocab, "draft_vocab_from": args.draft_vocab_from}
@@ -349,7 +343,8 @@ def main(argv: list[str] | None = None) -> dict:
         inputs = load_inputs(module, args)
         if not inputs:
             raise ValueError(f"{args.input}: no sentences")
-        trees = budget_trees(module, runtime, inputs, args.tree_nodes, args.k)
+        trees = {f"{OURS}+{name}": tree
+                 for name, tree in budget_trees(module, runtime, inputs, args.tree_nodes, args.k, "hf_generate").items()}
     except (ValueError, TypeError, FileNotFoundError) as err:
         sys.exit(f"hf_generate: {str(err).strip().splitlines()[0]}")
     peers: list[CT2Translator] = []
