@@ -40,6 +40,7 @@ from lightning_bpd.inference.arguments import (
 )
 from lightning_bpd.inference.memory import measured_build
 from lightning_bpd.records import device_name, write_json
+from lightning_bpd.tree_budget import budget_trees
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trees", nargs="+", default=None,
                    help="also time each deterministic criterion verifying these trees of candidates (Medusa-format "
                         "paths such as '0;1;0,0;0,1', or 'path:D'): methods <criterion>+tree<nodes>")
+    p.add_argument("--tree-nodes", type=int, nargs="+", default=None,
+                   help="also time each deterministic criterion verifying the tree of N nodes built from the heads' "
+                        "rank agreement table (stored with them, else measured on the inputs first): methods "
+                        "<criterion>+nodes<N>; 0 = the single path")
     p.add_argument("--lazy-verify", action="store_true",
                    help="verify prefix rules position by position (fewer projections, a host read per position)")
     p.add_argument("--fixed-shape", action="store_true",
@@ -78,10 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_methods(module, runtime: Runtime, specs: list[str], ks: list[int] | None, draft, lazy: bool = False,
-                  trees: list[str] | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
+                  trees: dict[str, Tree | None] | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
     """The methods to time, baselines first: ``(order, methods)``. With several ``ks`` every method
-    runs at each k and is named ``<spec>@k<k>``; with ``trees`` every deterministic method of the model's own
-    heads also verifies each tree, named ``<spec>+tree<nodes>``."""
+    runs at each k and is named ``<spec>@k<k>``; with ``trees`` (a name -> a tree, None: the single path) every
+    deterministic method of the model's own heads also verifies each tree, named ``<spec>+<name>``."""
     options = runtime.options
 
     def make(spec: str, k: int | None = None, tree: Tree | None = None) -> DecodeMethod:
@@ -93,11 +98,12 @@ def build_methods(module, runtime: Runtime, specs: list[str], ks: list[int] | No
         methods = {spec: make(spec, k) for spec in specs}
     else:
         methods = {f"{spec}@k{k}": make(spec, k) for k in ks for spec in specs}
-    for tree in [parse_tree(t) for t in trees or []]:
+    for name, tree in (trees or {}).items():
         for spec in specs:
-            method = make(spec, None, tree)
-            if method.tree is not None:
-                methods[f"{spec}+tree{tree.size - 1}"] = method
+            method = make(spec, ks[0] if ks and len(ks) == 1 else None, tree)
+            if method.tree is not None or (tree is None and method.criterion is not None and method.draft is None
+                                           and not method.is_sampling):
+                methods[f"{spec}+{name}"] = method
     return with_baselines(list(methods), methods, make), methods
 
 
@@ -175,8 +181,12 @@ def main(argv: list[str] | None = None) -> dict:
         draft = None
         if args.draft:
             draft = build_runtime(load_model(args.draft, args.device).model, InferenceOptions(precision=args.precision))
-        order, methods = build_methods(module, runtime, args.criteria, args.k, draft, args.lazy_verify, args.trees)
         inputs = load_inputs(module, args)
+        trees = {f"tree{tree.size - 1}": tree for tree in map(parse_tree, args.trees or [])}
+        if args.tree_nodes and args.k is not None and len(args.k) > 1:
+            raise ValueError("--tree-nodes decodes at one k: give at most one --k")
+        trees.update(budget_trees(module, runtime, inputs, args.tree_nodes, args.k[0] if args.k else None, "bench"))
+        order, methods = build_methods(module, runtime, args.criteria, args.k, draft, args.lazy_verify, trees)
         peers = Peers.build(args.peers, module)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"bench: {err}")
@@ -187,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
               "precision": runtime.precision, "proposal_precision": args.proposal_precision,
               "stop_below": args.stop_below, "fused_chain": not args.unfused_chain,
               "screened_argmax": args.screened_argmax, "lean_steps": not args.reference_steps, "trees": args.trees,
-              "memory": memory, "batch_sizes": {}}
+              "tree_nodes": args.tree_nodes, "memory": memory, "batch_sizes": {}}
     if peers is not None:
         result["peers"] = {**peers.info, "batch_sizes": {}}
     print(f"device: {result['device_name']}; ms/call = wall-clock per decoder call (a greedy step or a blockwise "

@@ -5,7 +5,8 @@ seconds) goes to stderr. ``--criterion`` picks the method: ``greedy``; blockwise
 heads (``exact``, ``top2``, ``min2_top3``, ...); lossless speculative sampling with the heads
 (``sample_t0.7_p0.9``) or plain ancestral sampling (``ancestral_t0.7_p0.9``); or any rule with a
 separate draft model proposing (``draft:exact``, ``draft:sample_t1`` with ``--draft CKPT``). ``--tree``
-verifies a tree of candidates instead of one block (``--tree '0;1;0,0'``). Sampling is seeded (``--seed``) and
+verifies a tree of candidates instead of one block (``--tree '0;1;0,0'``); ``--tree-nodes N`` the tree of N nodes
+built from the heads' rank agreement table stored with them (Medusa's greedy tree; 0 = the single path). Sampling is seeded (``--seed``) and
 reproducible. ``--max-new-tokens N`` caps every translation at N tokens, as ``generate(max_new_tokens=N)`` does (a
 checkpoint that forces EOS at the cap ends its capped rows with it); the default is the task's own cap
 (``max_len_a * source length + max_len_b``).
@@ -24,6 +25,7 @@ from lightning_bpd.decoding import parse_criterion, parse_tree
 from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.inference import build_runtime
 from lightning_bpd.inference.arguments import add_draft_vocab_args, add_precision_arg, options_from_args
+from lightning_bpd.tree_budget import budget_tree
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="verify a tree of candidates per iteration (exact, topN, epsX with the model's heads): paths of "
                         "head ranks in Medusa's format, e.g. '0;1;0,0;0,1' (the first and second choice of head 2, then "
                         "head 3's first two after the first), or 'path:D' (the single path D heads deep)")
+    p.add_argument("--tree-nodes", type=int, default=None,
+                   help="verify the tree of N candidate nodes of highest expected gain, built from the head rank "
+                        "agreement table stored with the heads (measured while fitting); 0 = the single path")
     p.add_argument("--draft", default=None, help="checkpoint of a draft model with the same vocabulary (for draft:<rule>)")
     p.add_argument("--seed", type=int, default=0, help="random seed of sampling methods")
     p.add_argument("--max-new-tokens", type=int, default=None,
@@ -67,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("decode: --batch-size must be >= 1")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         sys.exit(f"decode: --max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.tree is not None and args.tree_nodes is not None:
+        sys.exit("decode: give --tree or --tree-nodes, not both")
     try:
         module = load_model(args.ckpt, args.device)
         if not hasattr(module, "tokenizer"):
@@ -75,6 +82,8 @@ def main(argv: list[str] | None = None) -> None:
         runtime = build_runtime(module.model, options)
         draft = build_runtime(load_model(args.draft, args.device).model, options) if args.draft else None
         tree = parse_tree(args.tree) if args.tree is not None else None
+        if args.tree_nodes is not None:
+            tree = budget_tree(args.tree_nodes, module.rank_agreement, args.k or module.model.k)
         method = make_method(args.criterion, parse_criterion, runtime, args.k, draft, seed=args.seed, tree=tree)
         sentences = read_input(args.input)
     except (ValueError, FileNotFoundError) as err:

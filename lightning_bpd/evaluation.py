@@ -36,7 +36,8 @@ class EvalBatch:
 @dataclass
 class BatchRun:
     """One method on one batch: plain Python values, so ranks can gather them. ``agree`` / ``scored``:
-    per head, matches with greedy's output and positions scored (greedy's run only)."""
+    per head, matches with greedy's output and positions scored; ``ranks``: per head 2..k, how many times
+    greedy's token was its rank-r choice (greedy's run only)."""
 
     outputs: list[list[int]]
     blocks: list[list[int]]
@@ -46,6 +47,7 @@ class BatchRun:
     seconds: float
     agree: list[float] = field(default_factory=list)
     scored: list[float] = field(default_factory=list)
+    ranks: list[list[float]] = field(default_factory=list)
 
     @classmethod
     def of(cls, result: DecodeResult, seconds: float) -> BatchRun:
@@ -65,6 +67,7 @@ class MethodRun:
     seconds: float = 0.0
     agree: list[float] = field(default_factory=list)
     scored: list[float] = field(default_factory=list)
+    ranks: list[list[float]] = field(default_factory=list)
 
     def merge(self, part: BatchRun) -> None:
         self.outputs += part.outputs
@@ -76,6 +79,17 @@ class MethodRun:
         if part.agree:
             self.agree = [a + b for a, b in zip(self.agree or [0.0] * len(part.agree), part.agree)]
             self.scored = [a + b for a, b in zip(self.scored or [0.0] * len(part.scored), part.scored)]
+        if part.ranks:
+            self.ranks = [[a + b for a, b in zip(mine, theirs)]
+                          for mine, theirs in zip(self.ranks or [[0.0] * len(r) for r in part.ranks], part.ranks)]
+
+    def rank_agreement(self) -> Tensor | None:
+        """The heads' top-r agreement table (k - 1, ranks) of ``ranks`` over ``scored`` (greedy's run; None
+        without one)."""
+        if not self.ranks:
+            return None
+        counts = torch.tensor(self.ranks, dtype=torch.float64)  # (k - 1, ranks)
+        return counts / torch.tensor(self.scored[1:], dtype=torch.float64).clamp(min=1)[:, None]
 
     @property
     def mean_accepted_block_size(self) -> float:

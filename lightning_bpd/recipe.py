@@ -469,13 +469,14 @@ def fmt(x: Any, digits: int = 2) -> str:
 
 
 def decode_summary(record: dict[str, Any]) -> str:
-    """``greedy BLEU 35.44; exact: block 3.83, BLEU 35.44`` from a DecodeEval record."""
+    """``greedy BLEU 35.44; exact: block 3.83, BLEU 35.44`` from a DecodeEval record (and its tree budgets,
+    ``exact+nodes16: block ...``, where the stage ran ``--decode_eval.tree_nodes``)."""
     m = record.get("metrics") or {}
     quality = next((q for q in ("bleu", "psnr") if f"greedy/{q}" in m), None)
     parts = []
     if quality:
         parts.append(f"greedy {quality.upper()} {fmt(m.get(f'greedy/{quality}'))}")
-    for c in record.get("criteria") or []:
+    for c in [*(record.get("criteria") or []), *(f"exact+nodes{n}" for n in record.get("tree_nodes") or [])]:
         if f"{c}/mean_accepted_block_size" in m:
             text = f"{c}: block {fmt(m[f'{c}/mean_accepted_block_size'])}"
             if quality and f"{c}/{quality}" in m:

@@ -100,8 +100,8 @@ class StubModel(OptionalCapabilities):
     def encode(self, src: Tensor) -> StubContext:
         return StubContext(src[:, 0] - 3)  # the test puts the row id + 3 in src[:, 0]
 
-    def new_cache(self, batch_size: int, capacity: int) -> KVCache:
-        return KVCache(1, batch_size, capacity, 1, 1, dtype=torch.float64)
+    def new_cache(self, batch_size: int, capacity: int, extra_slots: int = 0) -> KVCache:
+        return KVCache(1, batch_size, capacity + extra_slots, 1, 1, dtype=torch.float64)
 
     def decode_step(self, tokens: Tensor, context: StubContext, cache: KVCache) -> Tensor:
         self.calls += 1

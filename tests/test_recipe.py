@@ -121,6 +121,9 @@ def test_a_finished_stage_is_skipped_and_an_interrupted_fit_resumes(repo, capsys
 def test_the_summary_reads_the_key_numbers_of_test_and_bench_records():
     record = json.loads((REPO_ROOT / "results/multi30k/acceptance/k8_chainedattn_self_finetune_test.json").read_text())
     assert rc.decode_summary(record) == "greedy BLEU 35.44; exact: block 3.83, BLEU 35.44"
+    trees = {**record, "tree_nodes": [16], "metrics": {**record["metrics"], "exact+nodes16/mean_accepted_block_size": 4.5,
+                                                       "exact+nodes16/bleu": 35.44}}
+    assert rc.decode_summary(trees) == "greedy BLEU 35.44; exact: block 3.83, BLEU 35.44; exact+nodes16: block 4.50, BLEU 35.44"
     record = json.loads((REPO_ROOT / "results/superres/table2g_k8_frozen.json").read_text())
     assert rc.decode_summary(record) == "greedy PSNR 21.45; exact: block 1.04, PSNR 21.44; eps2: block 1.09, PSNR 21.43"
     bench = json.loads((REPO_ROOT / "results/speed/default_translation_bench_eager.json").read_text())

@@ -15,7 +15,9 @@ Three ways to decode the same sentences with the same checkpoint (a run of
   supported for batch_size = 1"): at a larger batch size the method is tried once, untimed, and recorded as
   ``skipped`` with transformers' message;
 - ``exact``: our blockwise decoding with the heads and exact acceptance, through the inference runtime at
-  ``--precision`` (default: as trained, float32).
+  ``--precision`` (default: as trained, float32);
+- ``exact+nodes<N>`` for each ``--tree-nodes N``: the same, verifying the tree of N nodes built from the heads'
+  rank agreement table (stored with them, else measured on the inputs first; 0 = the single path).
 
 ``generate`` always runs the base as loaded (its own modules, float32 for a float32 checkpoint) with the checkpoint's
 own generation config (forced BOS/EOS, EOS ids, suppressed and banned tokens, minimum lengths: the rules our
@@ -55,7 +57,7 @@ from torch import Tensor
 from lightning_bpd.benchmarks.ctranslate2_hf import CT2_HINT, CT2Translator, cut, start_ct2
 from lightning_bpd.benchmarks.ctranslate2_peer import failure, quiet_transformers
 from lightning_bpd.checkpoints import load_model
-from lightning_bpd.decoding import Exact, blockwise_decode
+from lightning_bpd.decoding import Exact, Tree, blockwise_decode
 from lightning_bpd.evaluation import batched, load_inputs, timed
 from lightning_bpd.inference import build_runtime
 from lightning_bpd.inference.arguments import (
@@ -65,6 +67,7 @@ from lightning_bpd.inference.arguments import (
     options_from_args,
 )
 from lightning_bpd.records import device_name, write_json
+from lightning_bpd.tree_budget import budget_trees
 
 GENERATE, LOOKUP, OURS = "hf_generate", "hf_prompt_lookup", "exact"
 METHODS = (GENERATE, LOOKUP, OURS)
@@ -80,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
     p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
     p.add_argument("--k", type=int, default=None, help="heads used by our exact decoding (default: all)")
+    p.add_argument("--tree-nodes", type=int, nargs="+", default=[],
+                   help="also decode exact with the tree of N nodes per budget (rows exact+nodes<N>)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="generate's prompt_lookup_num_tokens")
     p.add_argument("--max-matching-ngram", type=int, default=2, help="generate's max_matching_ngram_size")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -125,12 +130,13 @@ def hf_generate(model, src: Tensor, max_len: int, lookup_tokens: int | None = No
     return cut(out[:, 1:].tolist(), model.generation_rules.eos_ids or model.eos_id)
 
 
-def ours(runtime, k: int | None):
-    """Our exact blockwise decoding as a method: ``(src, max_len) -> (sequences, iterations, model_calls)``."""
+def ours(runtime, k: int | None, tree: Tree | None = None):
+    """Our exact blockwise decoding (verifying ``tree``, when given) as a method: ``(src, max_len) -> (sequences,
+    iterations, model_calls)``."""
 
     def run(src: Tensor, max_len: int) -> tuple[list[list[int]], int, int]:
         with torch.no_grad():
-            result = blockwise_decode(runtime, src, Exact(), max_len, k=k)
+            result = blockwise_decode(runtime, src, Exact(), max_len, k=k, tree=tree)
         return result.sequences(), int(result.iterations.sum()), int(result.model_calls)
 
     return run
@@ -175,10 +181,13 @@ def lookup_refusal(model, src: Tensor, max_len: int, args: argparse.Namespace) -
 
 
 def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, args: argparse.Namespace,
-                     peers: Sequence[CT2Translator] = (), failed: dict[str, str] | None = None) -> dict[str, Any]:
-    """Every method (and peer) on every batch of ``batch_size``, alternating: the report of each. A peer that
-    raises is dropped, its reason added to ``failed`` (peer name -> reason), which also names the peers to skip."""
+                     peers: Sequence[CT2Translator] = (), failed: dict[str, str] | None = None,
+                     trees: dict[str, Tree | None] | None = None) -> dict[str, Any]:
+    """Every method (and peer) on every batch of ``batch_size``, alternating: the report of each; ``trees``: a row
+    of ours per tree (name -> tree). A peer that raises is dropped, its reason added to ``failed`` (peer name ->
+    reason), which also names the peers to skip."""
     failed = {} if failed is None else failed
+    trees = trees or {}
     names = [*dict.fromkeys([*(peer.name for peer in peers), *failed])]
     model = module.model
     batches = batched(module, inputs, batch_size)
@@ -187,6 +196,7 @@ def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, arg
         GENERATE: lambda src, n: hf_generate(model, src, n),
         LOOKUP: lambda src, n: hf_generate(model, src, n, args.prompt_lookup_tokens, args.max_matching_ngram),
         OURS: ours(runtime, args.k),
+        **{name: ours(runtime, args.k, tree) for name, tree in trees.items()},
     }
     if refused is not None:
         del methods[LOOKUP]
@@ -196,16 +206,16 @@ def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, arg
     device = batches[0].src.device
     for batch in batches[: args.warmup]:
         for name in list(methods):
-            run_or_drop(methods, failed, name, device, batch, batch_size)
+            run_or_drop(methods, failed, name, device, batch, batch_size, [*METHODS, *trees])
     tallies = {name: Tally() for name in methods}
     for batch in batches:
         for name in list(methods):
-            ran = run_or_drop(methods, failed, name, device, batch, batch_size)
+            ran = run_or_drop(methods, failed, name, device, batch, batch_size, [*METHODS, *trees])
             if ran is None:
                 del tallies[name]
                 continue
             out, seconds = ran
-            if name == OURS:
+            if name == OURS or name in trees:
                 out, iterations, calls = out
                 tallies[name].add(out, seconds, iterations, calls)
             else:
@@ -218,9 +228,10 @@ def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, arg
             rows = differing(tally.outputs, greedy)
             r["differs_from_hf_generate"] = len(rows)
             r["differing_sentences"] = rows[:10]
+    for name in (OURS, *trees):
+        report[name]["mean_accepted_block_size"] = tallies[name].tokens / max(1, tallies[name].iterations)
+        report[name]["iterations"], report[name]["model_calls"] = tallies[name].iterations, tallies[name].model_calls
     mine = report[OURS]
-    mine["mean_accepted_block_size"] = tallies[OURS].tokens / max(1, tallies[OURS].iterations)
-    mine["iterations"], mine["model_calls"] = tallies[OURS].iterations, tallies[OURS].model_calls
     mine["speedup_over"] = {}
     for name, r in report.items():
         if name != OURS:
@@ -229,17 +240,17 @@ def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, arg
     if refused is not None:
         report[LOOKUP] = {"skipped": f"transformers refuses prompt lookup at batch size {batch_size}: {refused}"}
     report.update({name: {"skipped": failed[name]} for name in names if name in failed})
-    return {name: report[name] for name in [*METHODS, *names]}
+    return {name: report[name] for name in [*METHODS, *trees, *names]}
 
 
 def run_or_drop(methods: dict[str, Any], failed: dict[str, str], name: str, device: torch.device, batch,
-                batch_size: int) -> tuple[Any, float] | None:
-    """``timed`` one method on ``batch``; a peer (not one of :data:`METHODS`) that raises is removed from
-    ``methods`` with its reason in ``failed`` (None returned); our methods' errors propagate."""
+                batch_size: int, ours: Sequence[str] = METHODS) -> tuple[Any, float] | None:
+    """``timed`` one method on ``batch``; a peer (not one of ``ours``: :data:`METHODS` and the tree rows) that raises
+    is removed from ``methods`` with its reason in ``failed`` (None returned); our methods' errors propagate."""
     try:
         return timed(device, methods[name], batch.src, batch.max_len)
     except Exception as err:
-        if name in METHODS:
+        if name in ours:
             raise
         failed[name] = f"failed at batch size {batch_size}: {failure(err)}"
         del methods[name]
@@ -279,6 +290,8 @@ def main(argv: list[str] | None = None) -> dict:
         inputs = load_inputs(module, args)
         if not inputs:
             raise ValueError(f"{args.input}: no sentences")
+        trees = {f"{OURS}+{name}": tree
+                 for name, tree in budget_trees(module, runtime, inputs, args.tree_nodes, args.k, "hf_generate").items()}
     except (ValueError, TypeError, FileNotFoundError) as err:
         sys.exit(f"hf_generate: {str(err).strip().splitlines()[0]}")
     peers: list[CT2Translator] = []
@@ -289,7 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(inputs),
         "precision": runtime.precision, "options": runtime_options(options, args),
         "generate_dtype": str(next(module.model.base.parameters()).dtype),
-        "methods": list(METHODS), "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
+        "methods": [*METHODS, *trees], "tree_nodes": args.tree_nodes, "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
         "max_matching_ngram_size": args.max_matching_ngram, "max_new_tokens": "the module's max_decode_len of each batch",
         "transformers_version": __import__("transformers").__version__, "batch_sizes": {}}
     if "ctranslate2" in args.peers:
@@ -301,7 +314,7 @@ def main(argv: list[str] | None = None) -> dict:
           "x ours = the method's seconds over ours; differ = sentences whose output differs from hf_generate's")
     print(f"{'batch':>5s} {'method':22s} {'s/input':>9s} {'tok/s':>8s} {'ms/tok':>7s} {'x ours':>7s} {'differ':>7s}")
     for bs in args.batch_sizes:
-        report = bench_batch_size(module, runtime, inputs, bs, args, peers, failed)
+        report = bench_batch_size(module, runtime, inputs, bs, args, peers, failed, trees)
         result["batch_sizes"][str(bs)] = report
         for name, r in report.items():
             if "skipped" in r:

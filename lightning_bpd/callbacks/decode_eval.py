@@ -22,11 +22,14 @@ from typing import Any, Protocol
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loggers import WandbLogger
+from torch import Tensor
 
-from lightning_bpd.decoding import Criterion, head_agreement
+from lightning_bpd.decoding import Criterion, head_agreement, head_rank_agreement
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
+from lightning_bpd.decoding.tree import budget_limit
 from lightning_bpd.evaluation import BatchRun, EvalBatch, MethodRun, run_batch
 from lightning_bpd.inference import InferenceOptions, build_runtime
+from lightning_bpd.tree_budget import RANKS, budget_tree
 
 __all__ = ["BatchRun", "DecodeEval", "EvalBatch", "MethodRun", "run_decode_eval"]
 
@@ -86,13 +89,37 @@ def decode_shard(task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[
             if name == "greedy" and model.k > 1:  # what the block size measures, head by head
                 agree, scored = head_agreement(model, batch.src, result.tokens, result.lengths)
                 run.agree, run.scored = agree.tolist(), scored.tolist()
+                table = head_rank_agreement(model, batch.src, result.tokens, result.lengths, RANKS).cpu()
+                run.ranks = (table * scored[1:, None].double()).tolist()  # counts: batches add up
     return shard
 
 
+def decode_trees(batches: list[EvalBatch], methods: dict[str, DecodeMethod], shard: Shard, rank: int = 0,
+                 world_size: int = 1, model: Any = None) -> Shard:
+    """Add each tree method's run to ``shard`` (the batches ``rank, rank + world_size, ...``)."""
+    for index in range(rank, len(batches), world_size):
+        for name, method in methods.items():
+            shard[index][name] = run_batch(method, model, batches[index])[1]
+    return shard
+
+
+def rank_agreement(shards: list[Shard]) -> Tensor | None:
+    """The heads' top-r agreement table (k - 1, ranks) of greedy's runs over every batch of ``shards`` (None for
+    a model without heads)."""
+    greedy = MethodRun()
+    for shard in shards:
+        for parts in shard.values():
+            greedy.merge(parts["greedy"])
+    return greedy.rank_agreement()
+
+
 def summarize(task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[str], shards: list[Shard],
-              k: int | None = None) -> tuple[dict[str, float], dict[str, MethodRun]]:
-    """Metrics over every batch of ``batches``, each taken exactly once from the shards that decoded it."""
+              k: int | None = None, extra: dict[str, DecodeMethod] | None = None
+              ) -> tuple[dict[str, float], dict[str, MethodRun]]:
+    """Metrics over every batch of ``batches``, each taken exactly once from the shards that decoded it;
+    ``extra``: methods decoded beside those of ``criteria`` (the tree budgets), after them."""
     order, methods = build_methods(task, criteria, k)
+    order, methods = [*order, *(extra or {})], {**methods, **(extra or {})}
     merged: Shard = {}
     for shard in shards:
         for index, parts in shard.items():
@@ -212,6 +239,11 @@ class DecodeEval(pl.Callback):
             (None: as it trains); the model itself is not touched.
         screened_argmax: greedy decoding and exact verification take p_1's argmax through the int8 screen
             (:mod:`lightning_bpd.inference.screened_argmax`; CPU, float32, translation models).
+        tree_nodes: tree budgets: each also decodes exact with Medusa's greedy tree of that many nodes
+            (:meth:`~lightning_bpd.decoding.tree.Tree.from_budget`; 0 = the single path), logged as the method
+            ``exact+nodes<N>``. Every evaluation of a model with heads measures their top-r agreement table on its
+            greedy outputs (:mod:`lightning_bpd.tree_budget`), keeps it as the module's ``rank_agreement`` (its
+            checkpoints store it, for ``decode --tree-nodes``) and builds the trees from it.
     """
 
     def __init__(
@@ -224,8 +256,12 @@ class DecodeEval(pl.Callback):
         quality_key: str = "bleu",
         precision: str | None = None,
         screened_argmax: bool = False,
+        tree_nodes: list[int] | None = None,
     ) -> None:
         super().__init__()
+        self.tree_nodes = list(tree_nodes or [])
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in self.tree_nodes):
+            raise ValueError(f"DecodeEval: tree_nodes must be integers >= 0 (0 = the single path), got {tree_nodes}")
         self.screened_argmax = screened_argmax
         self.precision = precision
         # an unknown precision fails here, not after a training epoch
@@ -239,8 +275,16 @@ class DecodeEval(pl.Callback):
         self.validations = 0
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """Refuse a screened argmax the model cannot take, or int8 decoding off the CPU, now, not at the first
-        validation after training."""
+        """Refuse a screened argmax the model cannot take, int8 decoding off the CPU, or tree budgets the heads
+        cannot hold, now, not at the first validation after training."""
+        k = pl_module.model.k
+        if self.tree_nodes and (k < 2 or max(self.tree_nodes) > budget_limit(k - 1, RANKS)):
+            limit = budget_limit(k - 1, RANKS) if k > 1 else 0
+            raise ValueError(f"decode_eval.tree_nodes must lie in [0, {limit}] for a model with k={k} heads, got "
+                             f"{self.tree_nodes}")
+        if self.tree_nodes and pl_module.model.decode_tree is None:
+            raise ValueError("decode_eval.tree_nodes: this model verifies single paths only (a local attention window "
+                             "or heads that read their own pixel neighbours): leave tree_nodes out")
         if self.screened_argmax or self.options.int8:  # a runtime refuses what the model cannot take
             device = getattr(getattr(trainer, "strategy", None), "root_device", None)
             if self.options.int8 and device is not None and device.type != "cpu":
@@ -268,10 +312,16 @@ class DecodeEval(pl.Callback):
         runtime = build_runtime(pl_module.model, self.options)
         shard = decode_shard(pl_module, batches, self.criteria, rank=rank, world_size=world, model=runtime)
         shards = gather_shards(shard, world)
+        table = rank_agreement(shards)  # every rank: the same table
+        if table is not None:
+            pl_module.rank_agreement = table  # the checkpoints store it (decode --tree-nodes)
+        trees = self.tree_methods(pl_module, runtime, table)
+        if trees:
+            shards = gather_shards(decode_trees(batches, trees, shard, rank, world, runtime), world)
         folder = Path(trainer.log_dir or trainer.default_root_dir)  # a collective under DDP: every rank asks
         if not trainer.is_global_zero:
             return
-        metrics, runs = summarize(pl_module, batches, self.criteria, shards)
+        metrics, runs = summarize(pl_module, batches, self.criteria, shards, extra=trees)
         if hasattr(pl_module, "decode_eval_extras"):  # rank 0 only: plain forward passes, no collectives
             metrics.update(pl_module.decode_eval_extras(batches))
         self.last_metrics = metrics
@@ -292,6 +342,15 @@ class DecodeEval(pl.Callback):
             pl_module.save_samples(folder / f"samples_{stage}{suffix}.png",
                                    {name: run.outputs for name, run in runs.items()}, batches, self.num_samples)
 
+    def tree_methods(self, pl_module: Any, runtime: Any, table: Tensor | None) -> dict[str, DecodeMethod]:
+        """Exact decoding with each budget's tree (built from ``table``), named ``exact+nodes<N>``."""
+        if not self.tree_nodes or table is None:
+            return {}
+        k = pl_module.model.k
+        return {f"exact+nodes{n}": make_method("exact", pl_module.make_criterion, runtime, None,
+                                               tree=budget_tree(n, table, k, "decode_eval.tree_nodes"))
+                for n in self.tree_nodes}
+
     def save_json(self, folder: Path, trainer: pl.Trainer, pl_module: Any, stage: str, metrics: dict[str, float],
                   signature: str | None) -> None:
         """Write the metrics to ``<run dir>/decode_<stage>[_step<N>].json`` (rank 0)."""
@@ -302,7 +361,7 @@ class DecodeEval(pl.Callback):
                   "k": pl_module.model.k, "criteria": self.criteria, "batch_size": self.batch_size,
                   "signature": signature, "metrics": metrics,
                   "precision": self.options.precision_of(pl_module.model),
-                  "screened_argmax": self.screened_argmax}
+                  "screened_argmax": self.screened_argmax, "tree_nodes": self.tree_nodes}
         (folder / f"decode_{stage}{suffix}.json").write_text(json.dumps(record, indent=2))
 
     def log_samples(self, trainer: pl.Trainer, pl_module: Any, stage: str, runs: dict[str, MethodRun],

@@ -72,7 +72,10 @@ class BlockwiseModel(Protocol):
 
     def encode(self, src: Tensor) -> Context: ...
 
-    def new_cache(self, batch_size: int, capacity: int) -> Cache: ...
+    def new_cache(self, batch_size: int, capacity: int, extra_slots: int = 0) -> Cache:
+        """A cache for ``capacity`` positions per row (BOS, the output, a block's proposals), and ``extra_slots``
+        more slots that no position reaches (a tree's nodes beyond its depth: they sit at slots length + i)."""
+        ...
 
     def decode_step(self, tokens: Tensor, context: Context, cache: Cache) -> Tensor:
         """(B, T) new inputs -> (B, T, D) hidden states; appends T positions to the cache."""
@@ -108,6 +111,11 @@ class BlockwiseModel(Protocol):
     heads' argmax tokens (b, len(heads)), and with ``confidence`` also their probabilities (b, len(heads)).
     None: the argmax of :meth:`logits_heads`."""
 
+    draft_ranks: Callable[[Tensor, Sequence[int], int], Tensor] | None
+    """Paper heads, a tree's proposals: ``draft_ranks(h (b, D), heads, n)`` -> each listed head's n best tokens
+    (b, len(heads), n), best first, ties to the lowest id (rank 0: :attr:`draft_tokens`'), over the draft
+    vocabulary. None: :func:`~lightning_bpd.nn.argmax.top_ranks` of :meth:`logits_heads`."""
+
     restrict_draft: Callable[[Tensor], Tensor] | None
     """Logits (..., V) of a proposing head as the model's draft vocabulary sees them (-inf outside it);
     None: no draft vocabulary (every token may be proposed)."""
@@ -130,6 +138,11 @@ class BlockwiseModel(Protocol):
     """Chained heads, deterministic proposals, the whole chain: ``chain_drafts(h (b, D), first (b,), k, source)``
     -> heads 2..k's tokens (b, k - 1), or None where that path does not apply. None: link by link."""
 
+    chain_ranks: Callable[..., tuple[Tensor, Tensor]] | None
+    """Chained heads, a tree's proposals, one link: ``chain_ranks(z (b, D), token (b,), i, source, n)`` -> head i's
+    state (b, D) and its n best tokens (b, n), best first, ties to the lowest id (rank 0: :attr:`chain_draft`'s
+    token). None: :meth:`chain_step` and :func:`~lightning_bpd.nn.argmax.top_ranks` of its logits."""
+
     decode_tree: Callable[[Tensor, Tensor, Tensor, Context, Cache], Tensor] | None
     """The verify pass of tree decoding (:mod:`lightning_bpd.decoding.tree_decode`): ``decode_tree(tokens (B, N),
     depths (N,), ancestors (N, N) bool, context, cache)`` -> hidden (B, N, D), node i at the row's length +
@@ -151,11 +164,13 @@ class OptionalCapabilities:
     vocab_size: int | None = None
     argmax_first: Callable[[Tensor], Tensor] | None = None
     draft_tokens: Callable[..., Any] | None = None
+    draft_ranks: Callable[..., Tensor] | None = None
     restrict_draft: Callable[[Tensor], Tensor] | None = None
     generation_rules: GenerationRules | None = None
     chain_source: Callable[[Any], Any] | None = None
     chain_draft: Callable[..., tuple[Tensor, ...]] | None = None
     chain_drafts: Callable[..., Tensor | None] | None = None
+    chain_ranks: Callable[..., tuple[Tensor, Tensor]] | None = None
     decode_tree: Callable[..., Tensor] | None = None
 
 

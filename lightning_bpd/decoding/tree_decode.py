@@ -30,7 +30,7 @@ from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source
 from lightning_bpd.decoding.row_book import RowBook
 from lightning_bpd.decoding.rules import RuleBook
 from lightning_bpd.decoding.tree import Tree
-from lightning_bpd.nn.argmax import argmax
+from lightning_bpd.nn.argmax import argmax, top_ranks
 
 
 def check_tree_args(model: BlockwiseModel, criterion: Criterion, tree: Tree, k: int | None,
@@ -45,15 +45,8 @@ def check_tree_args(model: BlockwiseModel, criterion: Criterion, tree: Tree, k: 
     if criterion.stochastic or not criterion.prefix_checks:
         raise ValueError(f"tree decoding takes the deterministic prefix rules (exact, topN, epsX), not {criterion.name}")
     if verify_pass and model.decode_tree is None:
-        raise ValueError(f"{type(model).__name__} has no tree verify pass (decode_tree): decode it with tree=None")
-
-
-def top_ranks(logits: Tensor, n: int) -> Tensor:
-    """The ``n`` best tokens (..., n) of logits (..., V), ties to the lowest id: rank 0 is
-    :func:`~lightning_bpd.nn.argmax.argmax`."""
-    if n == 1:
-        return argmax(logits)[..., None]
-    return logits.sort(dim=-1, descending=True, stable=True).indices[..., :n]
+        raise ValueError(f"{type(model).__name__} has no tree verify pass (decode_tree; e.g. a local attention window): "
+                         "decode it with tree=None")
 
 
 def propose_tree(model: BlockwiseModel, criterion: Criterion, tree: Tree, h: Tensor, first: Tensor,
@@ -62,15 +55,20 @@ def propose_tree(model: BlockwiseModel, criterion: Criterion, tree: Tree, h: Ten
     ``first`` (b,), greedy's token; node i at depth d >= 1 is rank ``tree.ranks[i]`` of the head at depth d (over
     the draft vocabulary when the model has one), read at h (parallel heads) or from its parent's own link
     (chained heads). The single path is today's block (:func:`~lightning_bpd.decoding.blockwise.propose`, with the
-    model's fast proposals where it offers them)."""
+    model's fast proposals where it offers them); the other trees through ``draft_ranks`` / ``chain_ranks`` where
+    the model offers them (a runtime's proposal paths), else the heads' logits, and
+    :func:`~lightning_bpd.nn.argmax.top_ranks` (a stable descending sort's first n, without the sort)."""
     if tree.is_path:
         return propose(model, criterion, h, tree.depth + 1, first, source).tokens  # (b, depth + 1)
     tokens = first[:, None].expand(-1, tree.size).clone()  # (b, N)
     if model.chained_heads:
         return expand_chains(model, tree, h, tokens, source)
-    widths = tree.widths()
-    logits = restricted(model, model.logits_heads(h, range(1, tree.depth + 1)))  # (b, depth, V)
-    top = top_ranks(logits, max(widths))  # (b, depth, W)
+    width, heads = max(tree.widths()), range(1, tree.depth + 1)
+    ranked = model.draft_ranks  # a runtime's proposal path (proposal precision, draft vocabulary, int8)
+    if ranked is not None:
+        top = ranked(h, heads, width)  # (b, depth, W)
+    else:
+        top = top_ranks(restricted(model, model.logits_heads(h, heads)), width)  # (b, depth, W)
     depth, rank = tree.table("depths", h.device)[1:] - 1, tree.table("ranks", h.device)[1:]  # (N - 1,) each
     tokens[:, 1:] = top[:, depth, rank]
     return tokens
@@ -88,9 +86,13 @@ def expand_chains(model: BlockwiseModel, tree: Tree, h: Tensor, tokens: Tensor, 
         z = torch.stack([states[p] for p in parents], dim=1).reshape(b * m, -1)  # (b * m, D)
         fed = tokens[:, parents].reshape(b * m)  # (b * m,)
         rows = source if source is None or m == 1 else source.take(torch.arange(b, device=h.device).repeat_interleave(m))
-        z, logits = model.chain_step(z, fed, d, rows)  # (b * m, D), (b * m, V)
         width = 1 + max(tree.ranks[c] for c in children)
-        top = top_ranks(restricted(model, logits), width).view(b, m, width)  # (b, m, width)
+        if model.chain_ranks is not None:  # a runtime's links (fused, proposal precision, int8)
+            z, top = model.chain_ranks(z, fed, d, rows, width)  # (b * m, D), (b * m, width)
+        else:
+            z, logits = model.chain_step(z, fed, d, rows)  # (b * m, D), (b * m, V)
+            top = top_ranks(restricted(model, logits), width)
+        top = top.view(b, m, width)  # (b, m, width)
         z = z.view(b, m, -1)
         for c in children:
             j = parents.index(tree.parents[c])
@@ -137,7 +139,7 @@ def tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_le
     rules = RuleBook(model, max_len, device)  # the generation rules on p_1 (None where there are none)
     depths, ancestors, table = tree.table("depths", device), tree.ancestors(device), tree.path_table(device)
     context = model.encode(src)
-    cache = model.new_cache(batch, capacity=1 + max_len + n)
+    cache = model.new_cache(batch, capacity=1 + max_len + tree.depth + 1, extra_slots=n - tree.depth - 1)
     book = RowBook(batch, max_len, tree.depth + 1, model.pad_id, device)
     bos = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=device)
     h = model.decode_step(bos, context, cache)[:, -1]  # (B, D)

@@ -13,7 +13,10 @@ row's own positions (T5: its relative position bias at each row's own positions)
 with a 4-D mask built from those positions (causal, slots past a row's length hidden) and a cache object
 (:class:`StepCache`) through which the layers' self-attention writes its keys and values into our per-row
 :class:`~lightning_bpd.nn.kv_cache.KVCache` and reads the cross-attention keys and values computed once per
-source (:meth:`HFSeq2SeqBlockwise.encode`). Cropping rejected proposals is the KVCache's per-row crop.
+source (:meth:`HFSeq2SeqBlockwise.encode`). Cropping rejected proposals is the KVCache's per-row crop. A tree of
+candidates (:meth:`~HFSeq2SeqBlockwise.decode_tree`) runs the same way with the tree mask, each node at its own
+position (the row's length + its depth; T5's bias at key minus query positions, a node's key at its position), and
+the KVCache keeps the accepted path (``keep_path``); the lean step takes the tree mask as it is.
 :meth:`~HFSeq2SeqBlockwise.decode_full` is the HF decoder's own uncached forward: the
 reference.
 
@@ -30,12 +33,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from types import SimpleNamespace
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, EncoderDecoderCache, PreTrainedModel
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, PreTrainedModel
 
 from lightning_bpd.decoding.protocol import OptionalCapabilities
 from lightning_bpd.decoding.rules import GenerationRules
@@ -43,6 +45,8 @@ from lightning_bpd.decoding.runtime_parts import RuntimeParts
 from lightning_bpd.hf.compat import attention_implementation, relative_position_buckets
 from lightning_bpd.hf.generation_rules import ids, rules_from_config
 from lightning_bpd.hf.lean_step import LeanDecoder, LeanEncoderLayer
+from lightning_bpd.hf.step_cache import HFContext, SelfAttentionCache, StepCache, as_mask, tree_positions
+from lightning_bpd.nn.attention import tree_span
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.draft_vocab import DraftVocabulary, version
@@ -57,58 +61,6 @@ HEAD_TYPES = ("paper", "chained", "chained_attn")
 # and, with tied embeddings, the decoder output scaled by d_model ** -0.5 before the LM head.
 SUPPORTED = ("marian", "bart", "mbart", "t5")
 ATTENTION = ("eager", "sdpa")  # implementations that take a 4-D mask
-
-
-@dataclass
-class HFContext:
-    """The encoded sources: encoder output ``hidden`` (B, S, D), ``valid`` (B, S) True for real tokens,
-    the cross-attention mask as the layers take it (B, 1, 1, S) and every decoder layer's cross-attention
-    keys and values (B, H, S, Dh)."""
-
-    hidden: Tensor
-    valid: Tensor
-    cross_mask: Tensor
-    cross: list[tuple[Tensor, Tensor]]
-
-    def select(self, rows: Tensor) -> HFContext:
-        return HFContext(self.hidden[rows], self.valid[rows], self.cross_mask[rows],
-                         [(k[rows], v[rows]) for k, v in self.cross])
-
-
-class SelfAttentionCache:
-    """What an HF attention layer calls on its self-attention cache: ``update`` writes the new keys and values
-    (B, H, T, Dh) at each row's own ``positions`` (B, T) of the KVCache and returns those of slots 0..stop-1."""
-
-    def __init__(self, kv: KVCache, positions: Tensor, stop: int) -> None:
-        self.kv, self.positions, self.stop = kv, positions, stop
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:  # T5 asks before it reads the bias it is handed
-        return 0
-
-    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        self.kv.write(layer_idx, self.positions, key_states.transpose(1, 2), value_states.transpose(1, 2))
-        keys, values = self.kv.view(layer_idx, self.stop)  # (B, S', H, Dh)
-        return keys.transpose(1, 2), values.transpose(1, 2)
-
-
-class StepCache(EncoderDecoderCache):
-    """The cache one :meth:`HFSeq2SeqBlockwise.decode_step` hands every decoder layer: the HF attention sees an
-    ``EncoderDecoderCache`` whose cross-attention part is already filled (``is_updated``) with the context's keys
-    and values, and whose self-attention part is a :class:`SelfAttentionCache`. Only the members the attention
-    layers read are set (the base class's constructor is not run)."""
-
-    def __init__(self, self_attention: SelfAttentionCache, cross: list[tuple[Tensor, Tensor]]) -> None:
-        self.self_attention_cache = self_attention  # type: ignore[assignment]
-        self.cross_attention_cache = SimpleNamespace(layers=[SimpleNamespace(keys=k, values=v) for k, v in cross])
-        self.is_updated = dict.fromkeys(range(len(cross)), True)
-
-
-def as_mask(allowed: Tensor, dtype: torch.dtype, implementation: str) -> Tensor:
-    """A boolean mask (True: attend) as the attention implementation takes it: sdpa the booleans, eager an
-    additive float mask (0, or the dtype's minimum), as transformers' own mask functions build them."""
-    if implementation == "sdpa":
-        return allowed
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 class HFSeq2SeqBlockwise(OptionalCapabilities, RuntimeParts, nn.Module):
@@ -237,14 +189,16 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, RuntimeParts, nn.Module):
         return HFContext(hidden, valid, mask, cross)
 
     # ---- decoder -----------------------------------------------------------------------------------
-    def new_cache(self, batch_size: int, capacity: int) -> KVCache:
-        """A per-row KV cache. Positions past the checkpoint's table (only blockwise proposals past ``max_len``
-        reach them) read its last entry; a capacity that would need more is refused."""
+    def new_cache(self, batch_size: int, capacity: int, extra_slots: int = 0) -> KVCache:
+        """A per-row KV cache of ``capacity`` positions and ``extra_slots`` more slots (a tree's nodes). Positions
+        past the checkpoint's table (only proposals past ``max_len`` reach them) read its last entry; a capacity
+        that would need more is refused."""
         if self.n_positions is not None and capacity > self.n_positions + 1 + self.k:
             raise ValueError(f"max_len too long: the checkpoint has {self.n_positions} decoder positions, "
                              f"a cache of {capacity} would need more")
         w = self.base.get_output_embeddings().weight
-        return KVCache(self.n_layers, batch_size, capacity, self.n_heads, self.head_dim, dtype=w.dtype, device=w.device)
+        return KVCache(self.n_layers, batch_size, capacity + extra_slots, self.n_heads, self.head_dim, dtype=w.dtype,
+                       device=w.device)
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """Token embeddings as the decoder sees them, without positions: (...) -> (..., D)."""
@@ -271,22 +225,45 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, RuntimeParts, nn.Module):
         stop = cache.length_bounds()[1] + n_new
         slots = torch.arange(stop, device=tokens.device)
         allowed = slots[None, None, None, :] <= positions[:, None, :, None]  # (B, 1, T, S'): causal, own length
+        relative = slots[None, None, :] - positions[:, :, None] if self.t5 else None  # (B, T, S')
+        return self.run_decoder(tokens, positions, positions, stop, allowed, relative, context, cache)
+
+    def decode_tree(self, tokens: Tensor, depths: Tensor, ancestors: Tensor, context: HFContext,
+                    cache: KVCache) -> Tensor:
+        """The verify pass over a tree's N nodes per row (B, N): node i at position (the row's length +
+        ``depths[i]``) (N,), its keys and values written at slot length + i, seeing the cached prefix and its
+        ``ancestors`` (N, N) bool row (:func:`~lightning_bpd.nn.attention.tree_span`) -> hidden (B, N, D). T5's
+        relative bias at key minus query positions, a node's key at its own position. Appends N slots
+        (:meth:`KVCache.keep_path` keeps the accepted ones)."""
+        n = tokens.shape[1]
+        cache.check_room(n)
+        slots = cache.positions(n)  # (B, N): where the nodes' keys and values go
+        (_, stop), allowed = tree_span(slots, ancestors, cache)  # (B, 1, N, S')
+        positions, keys = tree_positions(cache.lengths, depths, stop)  # (B, N), (B, S')
+        relative = keys[:, None, :] - positions[:, :, None] if self.t5 else None  # (B, N, S')
+        return self.run_decoder(tokens, positions, slots, stop, allowed, relative, context, cache)
+
+    def run_decoder(self, tokens: Tensor, positions: Tensor, slots: Tensor, stop: int, allowed: Tensor,
+                    relative: Tensor | None, context: HFContext, cache: KVCache) -> Tensor:
+        """New decoder inputs (B, T) at ``positions`` (B, T), their keys and values written at cache ``slots``
+        (B, T), attending to slots 0..stop-1 where ``allowed`` (B, 1, T, S'); T5: ``relative`` (B, T, S') key
+        minus query positions -> the final norm's output (B, T, D). Advances the cache by T."""
         x = self.embed(tokens, positions)
         self_mask = as_mask(allowed, x.dtype, self.attention)
         if self.runs_lean():  # the same ops, fewer calls
-            x = self.lean_decoder()(x, positions, stop, self_mask, cache, context.cross, context.cross_mask,
+            x = self.lean_decoder()(x, slots, stop, self_mask, cache, context.cross, context.cross_mask,
                                     self.products)
         else:  # the HF layers, through a cache object of ours
-            step = StepCache(SelfAttentionCache(cache, positions, stop), context.cross)
+            step = StepCache(SelfAttentionCache(cache, slots, stop), context.cross)
             if self.t5:
-                bias = self.relative_bias(slots[None, None, :] - positions[:, :, None])  # (B, H, T, S')
+                bias = self.relative_bias(relative)  # (B, H, T, S')
                 for layer in self.layers:
                     x = layer(x, self_mask, bias, context.hidden, context.cross_mask, None, cache=step)[0]
             else:
                 for layer in self.layers:
                     x = layer(x, self_mask, context.hidden, encoder_attention_mask=context.cross_mask, cache=step,
                               use_cache=True)
-        cache.advance(n_new)
+        cache.advance(tokens.shape[1])
         return self.final_norm(x)
 
     def runs_lean(self) -> bool:

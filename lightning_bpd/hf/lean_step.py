@@ -111,7 +111,7 @@ class LeanDecoder:
                  cross: list[tuple[Tensor, Tensor]], cross_mask: Tensor, products: Products) -> Tensor:
         """First-layer inputs x (B, T, D) at ``positions`` (B, T) -> the last layer's output (B, T, D), writing
         each layer's keys and values at ``positions`` of ``cache`` and reading its slots 0..stop-1.
-        ``self_mask`` (B, 1, T, stop) and ``cross_mask`` (B, 1, 1, S) as :func:`~lightning_bpd.hf.base.as_mask`
+        ``self_mask`` (B, 1, T, stop) and ``cross_mask`` (B, 1, 1, S) as :func:`~lightning_bpd.hf.step_cache.as_mask`
         makes them; ``cross``: per layer the source keys and values (B, H, S, Dh)."""
         for i, w in enumerate(self.layers):
             x = self.layer(x, i, w, positions, stop, self_mask, cache, cross[i], cross_mask, products.linear)

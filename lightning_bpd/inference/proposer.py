@@ -13,7 +13,8 @@ makes everything it needs there, once:
   :mod:`~lightning_bpd.inference.screened_argmax`).
 
 Its methods are the decoding protocol's optional capabilities (:mod:`lightning_bpd.decoding.protocol`):
-``draft_tokens``, ``chain_draft``, ``chain_drafts`` and ``argmax_first``.
+``draft_tokens``, ``chain_draft``, ``chain_drafts`` and ``argmax_first``, and for trees of candidates each head's
+n best tokens through the same paths, ``draft_ranks`` and ``chain_ranks``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from lightning_bpd.inference.precision import parse_precision
 from lightning_bpd.inference.screened_argmax import ScreenedArgmax
 from lightning_bpd.kernels.int8 import available as int8_available
 from lightning_bpd.kernels.int8 import int8_linear, pack_int8
-from lightning_bpd.nn.argmax import argmax
+from lightning_bpd.nn.argmax import argmax, top_ranks
 from lightning_bpd.nn.chained_head import ChainSource
 from lightning_bpd.nn.draft_vocab import DraftVocabulary
 
@@ -127,24 +128,46 @@ class Proposer:
                      confidence: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Each listed head's argmax at h (b, D) over the draft vocabulary (every token without one) -> (b, n)
         token ids; with ``confidence`` also each head's probability of its token (b, n)."""
+        _, weight, bias = self.parts()
+        return self.argmax_states(self.head_states(h, heads), weight, bias, confidence)
+
+    def draft_ranks(self, h: Tensor, heads: list[int] | range, n: int) -> Tensor:
+        """Each listed head's n best tokens at h (b, D), best first, ties to the lowest id, over the draft vocabulary
+        (every token without one) -> (b, len(heads), n); rank 0 is :meth:`draft_tokens`'."""
+        _, weight, bias = self.parts()
+        return self.rank_states(self.head_states(h, heads), weight, bias, n)
+
+    def head_states(self, h: Tensor, heads: list[int] | range) -> Tensor:
+        """The listed heads' states (b, len(heads), D) at h (b, D), as the output projection reads them."""
         model = self.model
-        head, weight, bias = self.parts()
+        head, weight, _ = self.parts()
         h, centres = model.image.split_centres(h)
         states = head.select(h.to(weight.dtype), heads)  # (b, n, D)
-        states = model.image.readout(states, None if centres is None else centres[..., list(heads)], list(heads))
-        return self.argmax_states(states, weight, bias, confidence)
+        return model.image.readout(states, None if centres is None else centres[..., list(heads)], list(heads))
+
+    def proposal_logits(self, states: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """The proposing logits (..., N or V) of states (..., D): int8, or over the draft vocabulary's N tokens
+        (in the order of their ids) when there is one."""
+        draft: DraftVocabulary | None = self.model.draft_vocab
+        if self.int8:
+            return self.proposal.int8_logits(states)  # type: ignore[union-attr]  # (..., N or V)
+        if draft is None:
+            return self.model.products.linear(states, weight, bias)  # (..., V)
+        return draft.logits(states, weight, bias)  # (..., N)
+
+    def rank_states(self, states: Tensor, weight: Tensor, bias: Tensor | None, n: int) -> Tensor:
+        """The n best token ids (..., n) of proposal states (..., D): :func:`top_ranks` of :meth:`proposal_logits`
+        (the draft vocabulary's ids are increasing, so ties still go to the lowest id)."""
+        draft: DraftVocabulary | None = self.model.draft_vocab
+        top = top_ranks(self.proposal_logits(states, weight, bias), n)
+        return top if draft is None else draft.ids[top]
 
     def argmax_states(self, states: Tensor, weight: Tensor, bias: Tensor | None,
                       confidence: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Argmax token ids (...) of proposal states (..., D), over the draft vocabulary when there is one; with
         ``confidence`` also the proposing distribution's probability of that token (...)."""
         draft: DraftVocabulary | None = self.model.draft_vocab
-        if self.int8:
-            logits = self.proposal.int8_logits(states)  # type: ignore[union-attr]  # (..., N or V)
-        elif draft is None:
-            logits = self.model.products.linear(states, weight, bias)  # (..., V)
-        else:
-            logits = draft.logits(states, weight, bias)  # (..., N)
+        logits = self.proposal_logits(states, weight, bias)
         best = argmax(logits)
         token = best if draft is None else draft.ids[best]
         if not confidence:
@@ -165,21 +188,36 @@ class Proposer:
         """Head ``i``'s state (b, D) and its argmax token (b,) from head i-1's state z and its token (b,); with
         ``confidence`` also head i's probability of that token (b,). Through the fused links when built, else
         the (proposal copy's) module links; ``model.chain_step`` is the reference."""
-        model = self.model
-        head, weight, bias = self.parts()
+        _, weight, bias = self.parts()
         nearest = self.proposes_nearest(bias) and not confidence  # a Gaussian image head: no projection
-        if self.fused is not None:
-            fused = self.fused
-            z, state = model.chain_link(lambda x: fused.step(x, token, i, source), z, i, weight.dtype, token, nearest)
-        else:
-            if source is not None and self.proposal is not None:
-                source = self.proposal.source_in_dtype(source)
-            e = model.embed_tokens(token).to(weight.dtype)
-            z, state = model.chain_link(lambda x: head.step(x, e, i, source), z, i, weight.dtype, token, nearest)
+        z, state = self.link(z, token, i, source, nearest)
         if nearest:
             return z, state
         out = self.argmax_states(state, weight, bias, confidence)
         return (z, *out) if confidence else (z, out)
+
+    def chain_ranks(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None,
+                    n: int = 1) -> tuple[Tensor, Tensor]:
+        """Head ``i``'s state (b, D) and its n best tokens (b, n), best first, ties to the lowest id, from head i-1's
+        state z and its token (b,): the link of :meth:`chain_draft` (rank 0 is its token), projected."""
+        _, weight, bias = self.parts()
+        z, state = self.link(z, token, i, source, nearest=False)
+        return z, self.rank_states(state, weight, bias, n)
+
+    def link(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None,
+             nearest: bool) -> tuple[Tensor, Tensor]:
+        """Chain link ``i`` from head i-1's state z (b, D) and its token (b,): (head i's state, that state as the
+        projection reads it, or with ``nearest`` the proposed intensity), through the fused links when built, else
+        the (proposal copy's) module links."""
+        model = self.model
+        head, weight, _ = self.parts()
+        if self.fused is not None:
+            fused = self.fused
+            return model.chain_link(lambda x: fused.step(x, token, i, source), z, i, weight.dtype, token, nearest)
+        if source is not None and self.proposal is not None:
+            source = self.proposal.source_in_dtype(source)
+        e = model.embed_tokens(token).to(weight.dtype)
+        return model.chain_link(lambda x: head.step(x, e, i, source), z, i, weight.dtype, token, nearest)
 
     def chain_drafts(self, h: Tensor, first: Tensor, k: int, source: ChainSource | None = None) -> Tensor | None:
         """The argmax tokens (b, k - 1) of heads 2..k from the state h (b, D) and greedy's token ``first`` (b,), as

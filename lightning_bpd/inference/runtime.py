@@ -81,8 +81,8 @@ class Runtime:
     def encode(self, src: Tensor) -> Any:
         return self.model.encode(src)
 
-    def new_cache(self, batch_size: int, capacity: int) -> Any:
-        return self.model.new_cache(batch_size, capacity)
+    def new_cache(self, batch_size: int, capacity: int, extra_slots: int = 0) -> Any:
+        return self.model.new_cache(batch_size, capacity, extra_slots)
 
     @torch.no_grad()
     def decode_step(self, tokens: Tensor, context: Any, cache: Any) -> Tensor:
@@ -133,6 +133,14 @@ class Runtime:
     @functools.cached_property
     def draft_tokens(self) -> Callable[..., Any] | None:
         return None if self.proposer is None or self.chained_heads else without_grad(self.proposer.draft_tokens)
+
+    @functools.cached_property
+    def draft_ranks(self) -> Callable[..., Tensor] | None:
+        return None if self.proposer is None or self.chained_heads else without_grad(self.proposer.draft_ranks)
+
+    @functools.cached_property
+    def chain_ranks(self) -> Callable[..., tuple[Tensor, Tensor]] | None:
+        return None if self.proposer is None or not self.chained_heads else without_grad(self.proposer.chain_ranks)
 
     @functools.cached_property
     def chain_draft(self) -> Callable[..., tuple[Tensor, ...]] | None:

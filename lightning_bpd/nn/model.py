@@ -38,7 +38,7 @@ class BlockwiseTransformer(RuntimeParts, nn.Module):
     products: Products = FLOAT  # how the vocabulary projection multiplies (:mod:`~lightning_bpd.nn.products`)
     # The decoding protocol's fast paths: the model offers none (its heads and links are the reference); a runtime
     # offers them (:mod:`lightning_bpd.inference.proposer`).
-    argmax_first = draft_tokens = chain_draft = chain_drafts = None
+    argmax_first = draft_tokens = draft_ranks = chain_draft = chain_drafts = chain_ranks = None
     generation_rules = None  # greedy decoding of p_1 as it is, ending at eos_id (a user may set rules)
 
     def __init__(self, config: ModelConfig) -> None:
@@ -154,22 +154,28 @@ class BlockwiseTransformer(RuntimeParts, nn.Module):
         return self.image.mark_prior(self.decoder.step(self.embed_tgt(tokens, pos, context, limit), context, cache), pos,
                                context, decoded)
 
-    def decode_tree(self, tokens: Tensor, depths: Tensor, ancestors: Tensor, context: EncoderContext,
-                    cache: KVCache) -> Tensor:
+    @property
+    def decode_tree(self) -> Callable[..., Tensor] | None:
+        """The tree verify pass (:meth:`tree_pass`); None for a decoder with a local window (its ring cache cannot
+        keep a path) or heads that read their own pixel neighbours (a node's neighbours are not its path's): those
+        verify single paths only, and tree decoding says so in one line."""
+        if self.decoder.window is not None or self.image.neighbours is not None:
+            return None
+        return self.tree_pass
+
+    def tree_pass(self, tokens: Tensor, depths: Tensor, ancestors: Tensor, context: EncoderContext,
+                  cache: KVCache) -> Tensor:
         """The verify pass over a tree's N nodes per row (B, N), node i at position (the row's length + ``depths[i]``)
         (N,) and seeing the cached prefix and its ``ancestors`` (N, N) bool row -> hidden (B, N, D); appends N
-        slots to the cache (:meth:`KVCache.keep_path` keeps the accepted ones). Decoders without a local window,
-        models that do not read their own decoded tokens (no pixel neighbours)."""
-        if self.decoder.window is not None or self.image.neighbours is not None:
-            raise ValueError("tree decoding takes decoders without a local window and heads without pixel neighbours")
+        slots to the cache (:meth:`KVCache.keep_path` keeps the accepted ones)."""
         pos = cache.lengths[:, None] + depths  # (B, N): each node's own position
         limit = cache.length_bounds()[1] + tokens.shape[1]  # host-side: a node's depth is below N
         x = self.embed_tgt(tokens, pos, context, limit)  # (B, N, D)
         return self.image.mark_prior(self.decoder.step(x, context, cache, ancestors), pos, context)
 
-    def new_cache(self, batch_size: int, capacity: int) -> KVCache:
+    def new_cache(self, batch_size: int, capacity: int, extra_slots: int = 0) -> KVCache:
         w = self.tgt_embed.weight
-        return self.decoder.new_cache(batch_size, capacity, dtype=w.dtype, device=w.device)
+        return self.decoder.new_cache(batch_size, capacity + extra_slots, dtype=w.dtype, device=w.device)
 
     # ---- heads ---------------------------------------------------------------------------------
     def project(self, h: Tensor) -> Tensor:

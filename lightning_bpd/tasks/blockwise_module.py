@@ -21,6 +21,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
+from lightning_bpd import tree_budget
 from lightning_bpd.nn.config import IMAGE_KEYS, MODEL_KEYS, ModelConfig
 from lightning_bpd.nn.loss import blockwise_loss, choose_heads, decoder_inputs, shifted_targets
 from lightning_bpd.nn.model import BlockwiseTransformer
@@ -86,6 +87,7 @@ class BlockwiseModule(pl.LightningModule):
         self.model = model if model is not None else BlockwiseTransformer(copy.deepcopy(architecture))
         self.freeze = training.freeze_base
         self.frozen_states = None
+        self.rank_agreement: Tensor | None = None  # the heads' top-r agreement table (lightning_bpd.tree_budget)
         if self.freeze:
             freeze_base_params(self.model)
             if training.train_readout:
@@ -165,6 +167,12 @@ class BlockwiseModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         cls = type(self)
         checkpoint["lightning_bpd_class"] = f"{cls.__module__}.{cls.__qualname__}"
+        if self.rank_agreement is not None:  # what decode --tree-nodes builds its tree from
+            checkpoint[tree_budget.KEY] = tree_budget.as_record(self.rank_agreement)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The heads' rank agreement table, where the checkpoint stores one."""
+        self.rank_agreement = tree_budget.from_record(checkpoint.get(tree_budget.KEY))
 
     # ---- training ---------------------------------------------------------------------------------
     def trainable_heads_skip(self) -> list[int]:

@@ -127,3 +127,30 @@ def test_int8_validation_decodes_are_refused_at_setup_off_the_cpu():
     callback.setup(SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu"))), model, "fit")
     with pytest.raises(ValueError, match="int8 runs on the CPU"):
         callback.setup(SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0))), model, "fit")
+
+
+def test_tree_budgets_decode_with_the_table_of_greedys_runs_on_every_shard():
+    from lightning_bpd.callbacks.decode_eval import decode_shard, decode_trees, rank_agreement, summarize
+    from lightning_bpd.tree_budget import measure_rank_agreement
+
+    task = RandomTask(random_model(k=3, seed=4))
+    batches = [EvalBatch(random_sources(2, seed=s), 10, [[]] * 2, ["src"] * 2, [2 * s, 2 * s + 1]) for s in range(3)]
+    shards = [decode_shard(task, batches, ["exact"], rank=r, world_size=2) for r in range(2)]
+    table = rank_agreement(shards)
+    torch.testing.assert_close(table, measure_rank_agreement(task.model, batches))
+    trees = DecodeEval(tree_nodes=[0, 6]).tree_methods(task, task.model, table)
+    assert list(trees) == ["exact+nodes0", "exact+nodes6"] and trees["exact+nodes6"].tree.size == 7
+    shards = [decode_trees(batches, trees, shard, r, 2, task.model) for r, shard in enumerate(shards)]
+    metrics, runs = summarize(task, batches, ["exact"], shards, extra=trees)
+    assert list(runs) == ["greedy", "exact", "exact+nodes0", "exact+nodes6"]
+    assert metrics["exact+nodes6/matches_greedy"] == 1.0 and metrics["exact+nodes0/matches_greedy"] == 1.0
+    assert metrics["exact+nodes0/mean_accepted_block_size"] == metrics["exact/mean_accepted_block_size"]
+    assert metrics["exact+nodes6/model_calls"] < metrics["greedy/model_calls"]
+    with pytest.raises(ValueError, match=r"tree_nodes must be integers >= 0"):
+        DecodeEval(tree_nodes=[-1])
+    from types import SimpleNamespace
+
+    with pytest.raises(ValueError, match=r"^decode_eval.tree_nodes must lie in \[0, 8\] for a model with k=2 heads"):
+        DecodeEval(tree_nodes=[4, 9]).setup(None, SimpleNamespace(model=random_model(k=2)), "fit")
+    with pytest.raises(ValueError, match=r"^decode_eval.tree_nodes: this model verifies single paths only"):
+        DecodeEval(tree_nodes=[4]).setup(None, SimpleNamespace(model=random_model(k=3, window=4)), "fit")

@@ -37,8 +37,8 @@ class BigramStub(OptionalCapabilities):
     def encode(self, src):
         return StubContext(torch.arange(src.shape[0]))
 
-    def new_cache(self, batch_size, capacity):
-        return KVCache(1, batch_size, capacity, 1, 1, dtype=torch.float64)
+    def new_cache(self, batch_size, capacity, extra_slots=0):
+        return KVCache(1, batch_size, capacity + extra_slots, 1, 1, dtype=torch.float64)
 
     def decode_step(self, tokens, context, cache):
         assert tokens.shape[0] == context.rows.shape[0] == cache.batch_size

@@ -192,6 +192,12 @@ def test_trees_that_cannot_decode_raise_one_clear_line(kwargs, message):
 def test_a_model_without_a_tree_verify_pass_is_told_so():
     with pytest.raises(ValueError, match="StubModel has no tree verify pass"):
         blockwise_decode(StubModel([TARGET], k=4), stub_sources(1), Exact(), 8, tree=Tree.path(2))
+    windowed = random_model(k=4, seed=0, window=4)
+    assert windowed.decode_tree is None and build_runtime(windowed).decode_tree is None
+    with pytest.raises(ValueError, match=r"^BlockwiseTransformer has no tree verify pass \(decode_tree; e.g. a local"):
+        blockwise_decode(windowed, random_sources(2), Exact(), 8, tree=Tree.path(2))
+    with pytest.raises(ValueError, match=r"^Runtime has no tree verify pass"):
+        make_method("exact", parse_criterion, build_runtime(windowed), tree=Tree.path(2))
     with pytest.raises(TypeError, match="tree must be a Tree"):
         blockwise_decode(random_model(k=4, seed=0), random_sources(2), Exact(), 8, tree=[(0,)])
 

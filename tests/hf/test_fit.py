@@ -58,6 +58,8 @@ def test_fit_then_load_model_and_decode(checkpoint, data, tmp_path, capsys):
 
     module = lightning_bpd.load_model(run / "last.ckpt")
     assert isinstance(module, HFTranslationModule) and module.model.k == 4
+    assert torch.equal(module.rank_agreement, trained.rank_agreement)  # the last validation's, for --tree-nodes
+    assert module.rank_agreement.shape == (3, 8)
     assert module.model.head_type == "chained_attn"
     sentences = [en for en, _ in sentence_pairs(3, seed=9)]
     src = module.encode_sources(sentences)  # (3, S): the checkpoint's own ids, EOS appended, padded with its pad
@@ -261,3 +263,22 @@ def test_frozen_steps_bad_input_is_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="frozen_steps: .*no tokenizer beside the checkpoint"):
         frozen_steps(["--pretrained", str(tmp_path / "empty"), "--data-root", str(data)])
+
+
+def test_saved_heads_keep_their_rank_agreement_table_for_decode_tree_nodes(checkpoint, tmp_path, capsys):
+    from lightning_bpd.evaluation import EvalBatch
+    from lightning_bpd.tree_budget import KEY, measure_rank_agreement
+
+    module = scrambled(checkpoint, "chained_attn")
+    sentences = [en for en, _ in sentence_pairs(3, seed=4)]
+    src = module.encode_sources(sentences)
+    n = module.max_decode_len(src)
+    module.rank_agreement = measure_rank_agreement(module.model, [EvalBatch(src, n)])
+    folder = save_heads(module, tmp_path / "heads")
+    assert json.loads((folder / HEADS_JSON).read_text())[KEY] == module.rank_agreement.tolist()
+    back = lightning_bpd.load_model(folder)
+    assert torch.equal(back.rank_agreement, module.rank_agreement)
+    (tmp_path / "in.en").write_text("\n".join(sentences) + "\n")
+    capsys.readouterr()
+    main(["decode", "--ckpt", str(folder), "--input", str(tmp_path / "in.en"), "--tree-nodes", "10", "--device", "cpu"])
+    assert capsys.readouterr().out.splitlines() == module.detokenize(greedy_decode(module.model, src, n).sequences())

@@ -149,7 +149,7 @@ def test_the_runtime_declares_every_optional_member_as_its_snapshots(head_type):
     snapshot's own (called without gradients), and not through ``__getattr__``."""
     model = float32_model(seed=3, head_type=head_type)
     runtime = build_runtime(model)
-    fast = {"argmax_first", "draft_tokens", "chain_draft", "chain_drafts"}  # the proposer's, where they apply
+    fast = {"argmax_first", "draft_tokens", "draft_ranks", "chain_draft", "chain_drafts", "chain_ranks"}  # the proposer's
     for name in OptionalCapabilities.__annotations__:
         assert name in dir(type(runtime)) or name in vars(runtime), name
         if name in fast:
@@ -159,4 +159,5 @@ def test_the_runtime_declares_every_optional_member_as_its_snapshots(head_type):
         else:
             assert unwrapped(getattr(runtime, name)) == getattr(runtime.model, name), name
     assert (runtime.draft_tokens is None) == (runtime.chain_draft is not None) == (head_type == "chained_attn")
+    assert (runtime.draft_ranks is None) == (runtime.chain_ranks is not None) == (head_type == "chained_attn")
     assert runtime.chained_heads == (head_type == "chained_attn") and runtime.vocab_size == 40

@@ -188,6 +188,7 @@ class SuperResolutionModule(BlockwiseModule):
         keys = self.design_differences(checkpoint)
         if keys:
             raise ValueError(self.design_error("checkpoint", keys))
+        super().on_load_checkpoint(checkpoint)
 
     def check_warm_start(self, path: str, checkpoint: dict[str, Any]) -> None:
         """A base of another image design can't warm-start this model: one message that says which options."""

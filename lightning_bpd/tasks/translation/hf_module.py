@@ -24,6 +24,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from lightning_bpd import tree_budget
 from lightning_bpd.hf.base import HEAD_TYPES, HFSeq2SeqBlockwise, load_base
 from lightning_bpd.tasks.blockwise_module import MAX_K, BlockwiseModule, options_of, split_flat
 from lightning_bpd.tasks.training_options import TrainingOptions
@@ -149,7 +150,8 @@ class HFTranslationModule(TranslationModule):
         checkpoint["hf_pretrained"] = self.hparams.pretrained
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """The tokenizer is the checkpoint directory's (read in ``__init__``)."""
+        """The tokenizer is the checkpoint directory's (read in ``__init__``); the rank agreement table as stored."""
+        BlockwiseModule.on_load_checkpoint(self, checkpoint)
 
     # ---- training ---------------------------------------------------------------------------------------
     def blockwise_step(self, *args: Any, **kwargs: Any):
@@ -197,6 +199,7 @@ class HFTranslationModule(TranslationModule):
                              f"other weights than {meta['base']}'s)")
         state = load_file(str(folder / HEADS_WEIGHTS))
         model.head.load_state_dict({key: value.to(head_dtype(model)) for key, value in state.items()})
+        module.rank_agreement = tree_budget.from_record(meta.get(tree_budget.KEY), str(meta_path))
         return module.to(device).eval()
 
 
@@ -228,5 +231,8 @@ def save_heads(module_or_model: pl.LightningModule | HFSeq2SeqBlockwise, out_dir
     for key in ("max_len_a", "max_len_b"):
         if key in hparams:
             meta[key] = hparams[key]
+    table = getattr(module_or_model, "rank_agreement", None)
+    if table is not None:  # what decode --tree-nodes builds its tree from
+        meta[tree_budget.KEY] = tree_budget.as_record(table)
     (folder / HEADS_JSON).write_text(json.dumps(meta, indent=2) + "\n")
     return folder

@@ -143,6 +143,7 @@ class TranslationModule(BlockwiseModule):
         checkpoint["tokenizer_proto"] = self.tokenizer.to_bytes()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
         if "tokenizer_proto" in checkpoint:
             self._tokenizer = Tokenizer.from_bytes(checkpoint["tokenizer_proto"])
 

@@ -40,7 +40,7 @@ def fitted(tmp_path_factory):
     mp.setenv("WANDB_SILENT", "true")
     first = main(["fit", *TINY, "--model.init_args.architecture.k=3", "--trainer.max_steps=3", "--run_dir=runs/a"])
     cli = main(["fit", *TINY, "--model.init_args.architecture.k=3", "--trainer.max_steps=6", "--run_dir=runs/b",
-                "--ckpt_path=runs/a/last.ckpt"])
+                "--ckpt_path=runs/a/last.ckpt", "--decode_eval.tree_nodes=[0,4,12]"])
     yield root, first, cli
     mp.undo()
 
@@ -86,9 +86,12 @@ def test_wandb_offline_run_has_the_callback_values(fitted):
     rows = history(find_run_file(root / "runs/b"))
     logged = [r for r in rows if "val/exact/mean_accepted_block_size" in r][-1]
     for key in ("greedy/bleu", "exact/bleu", "exact/mean_accepted_block_size", "top2/mean_accepted_block_size",
-                "exact/speedup", "exact/matches_greedy"):
+                "exact/speedup", "exact/matches_greedy", "exact+nodes0/mean_accepted_block_size",
+                "exact+nodes4/mean_accepted_block_size", "exact+nodes12/mean_accepted_block_size"):
         assert logged[f"val/{key}"] == pytest.approx(expected[key], rel=1e-6, abs=1e-6)
     assert logged["val/exact/matches_greedy"] == 1.0  # exact acceptance reproduces greedy
+    assert logged["val/exact+nodes12/matches_greedy"] == logged["val/exact+nodes4/matches_greedy"] == 1.0  # trees too
+    assert expected["exact+nodes0/mean_accepted_block_size"] == expected["exact/mean_accepted_block_size"]
     assert "greedy/bleu_vs_greedy" not in expected and "top2/bleu_vs_greedy" in expected
     assert any("train/head1_loss" in r or "train/head2_loss" in r for r in rows)
 
@@ -548,3 +551,53 @@ def test_bench_times_trees_beside_the_single_path(fitted):
     assert report["exact+tree4"]["equals_greedy"] and report["exact+tree1"]["equals_greedy"]
     assert report["exact+tree4"]["block_size"] == 3 and report["exact+tree1"]["block_size"] == 2
     assert result["trees"] == ["0;1;0,0;1,0", "path:1"]
+
+
+def without_agreement_table(ckpt: Path, dest: Path) -> Path:
+    """A copy of a checkpoint without its head rank agreement table (one of before issue 47's budgets)."""
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    del state["head_rank_agreement"]
+    torch.save(state, dest)
+    return dest
+
+
+def test_decode_with_a_tree_budget_built_from_the_stored_table(fitted, capsys):
+    root, _, cli = fitted
+    ckpt = root / "runs/b/last.ckpt"
+    stored = torch.load(ckpt, map_location="cpu", weights_only=False)["head_rank_agreement"]
+    assert torch.allclose(torch.tensor(stored, dtype=torch.float64), cli.model.rank_agreement)  # the last validation's
+    assert len(stored) == 2 and len(stored[0]) == 8  # heads 2..3, ranks 0..7
+    src = root / "budget.en"
+    src.write_text("The teacher reads a book.\nThe dog sleeps.\nA man runs.\n")
+    texts = {}
+    for name, extra in [("greedy", ["--criterion", "greedy"]), ("nodes", ["--tree-nodes", "12"]),
+                        ("path", ["--tree-nodes", "0"])]:
+        dest = root / f"budget.{name}.de"
+        main(["decode", "--ckpt", str(ckpt), "--input", str(src), "--output", str(dest), *extra])
+        texts[name] = dest.read_text()
+    assert texts["nodes"] == texts["greedy"] == texts["path"] and texts["nodes"].count("\n") == 3
+    with pytest.raises(SystemExit, match=r"^decode: --tree-nodes must lie in \[0, 72\] for 2 heads of 8 measured"):
+        main(["decode", "--ckpt", str(ckpt), "--input", str(src), "--tree-nodes", "73"])
+    with pytest.raises(SystemExit, match=r"^decode: give --tree or --tree-nodes, not both$"):
+        main(["decode", "--ckpt", str(ckpt), "--input", str(src), "--tree-nodes", "4", "--tree", "0"])
+    old = without_agreement_table(ckpt, root / "old.ckpt")
+    with pytest.raises(SystemExit, match=r"^decode: --tree-nodes 4: no head rank agreement table is stored"):
+        main(["decode", "--ckpt", str(old), "--input", str(src), "--tree-nodes", "4"])
+
+
+def test_bench_measures_the_table_where_a_checkpoint_has_none(fitted, capsys):
+    import json
+
+    root, _, _ = fitted
+    old = without_agreement_table(root / "runs/b/last.ckpt", root / "old_bench.ckpt")
+    src = root / "budget_bench.en"
+    src.write_text("The teacher reads a book.\nThe dog sleeps.\nA man runs.\n")
+    out = root / "budget_bench.json"
+    main(["bench", "--ckpt", str(old), "--input", str(src), "--criteria", "exact", "--tree-nodes", "0", "6",
+          "--batch-sizes", "2", "--inputs", "3", "--warmup", "0", "--json", str(out)])
+    assert "measured on the 3 inputs" in capsys.readouterr().err
+    result = json.loads(out.read_text())
+    report = result["batch_sizes"]["2"]
+    assert list(report) == ["greedy", "exact", "exact+nodes0", "exact+nodes6"] and result["tree_nodes"] == [0, 6]
+    assert report["exact+nodes6"]["equals_greedy"] and report["exact+nodes0"]["equals_greedy"]
+    assert report["exact+nodes0"]["mean_accepted_block_size"] == report["exact"]["mean_accepted_block_size"]

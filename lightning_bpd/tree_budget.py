@@ -1,0 +1,98 @@
+"""Tree budgets (issue 47): ``--tree-nodes N`` verifies Medusa's greedy tree of N nodes (:meth:`Tree.from_budget`),
+built from each head's top-r agreement table stored with the heads. Lightning-free.
+
+The table (:func:`~lightning_bpd.decoding.agreement.head_rank_agreement`: row d - 1, column r, how often greedy's
+token is the rank-r choice of the head at depth d) is measured against the model's own greedy output, so any
+sources serve: :class:`~lightning_bpd.callbacks.decode_eval.DecodeEval` measures it on the validation decode subset
+while fitting and the module keeps it (``rank_agreement``), which its checkpoint stores (``head_rank_agreement``)
+and ``save_heads`` writes to ``heads.json``; ``bench`` and ``bench-generate`` measure it on their inputs where a
+checkpoint has none. ``decode --tree-nodes N`` then builds the tree without data. N = 0 is today's single path.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_bpd.decoding import Tree, greedy_decode, head_rank_agreement
+from lightning_bpd.decoding.tree import budget_limit
+from lightning_bpd.evaluation import EvalBatch, batched
+
+RANKS = 8  # ranks measured per head: trees up to 8 children wide
+KEY = "head_rank_agreement"  # where a checkpoint and heads.json keep the table
+
+
+@torch.no_grad()
+def measure_rank_agreement(model: Any, batches: Sequence[EvalBatch], ranks: int = RANKS) -> Tensor:
+    """The (k - 1, ranks) agreement table of ``model``'s heads over every batch: greedy decodes each batch, then each
+    head is scored teacher-forced on greedy's output, the batches weighted by the positions they score."""
+    k = model.k
+    if k < 2:
+        raise ValueError(f"a head rank agreement table needs a model with k >= 2 heads, got k={k}")
+    total = torch.zeros(k - 1, ranks, dtype=torch.float64)
+    scored = torch.zeros(k - 1, dtype=torch.float64)
+    for batch in batches:
+        greedy = greedy_decode(model, batch.src, batch.max_len)
+        table = head_rank_agreement(model, batch.src, greedy.tokens, greedy.lengths, ranks).cpu()  # (k - 1, ranks)
+        lengths = greedy.lengths.cpu()
+        n = torch.stack([(lengths - d).clamp(min=0).sum() for d in range(1, k)]).double()  # (k - 1,) positions
+        total += table * n[:, None]
+        scored += n
+    return total / scored.clamp(min=1)[:, None]
+
+
+def as_record(table: Tensor | None) -> list[list[float]] | None:
+    """The table as a checkpoint or ``heads.json`` keeps it: rows of floats (None: none measured)."""
+    return None if table is None else [[float(p) for p in row] for row in table.tolist()]
+
+
+def from_record(record: Any, where: str = "the checkpoint") -> Tensor | None:
+    """The table of a stored record (None where none is stored); ValueError, in one line, on a malformed one."""
+    if record is None:
+        return None
+    try:
+        table = torch.tensor(record, dtype=torch.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: {KEY} must be a table of probabilities (rows of numbers)") from None
+    if table.dim() != 2 or table.numel() == 0 or not bool(((table >= 0) & (table <= 1)).all()):
+        raise ValueError(f"{where}: {KEY} must be a non-empty (heads, ranks) table of probabilities in [0, 1]")
+    return table
+
+
+def budget_tree(n_nodes: int, table: Tensor | None, k: int, option: str = "--tree-nodes") -> Tree | None:
+    """The tree of ``n_nodes`` non-root nodes for decoding with ``k`` heads (None for 0: today's single path), from
+    the stored ``table``. ValueError, in one line, where N is out of range or no table is stored."""
+    if isinstance(n_nodes, bool) or not isinstance(n_nodes, int) or n_nodes < 0:
+        raise ValueError(f"{option} must be an integer >= 0 (0 = the single path), got {n_nodes!r}")
+    if n_nodes == 0:
+        return None
+    if k < 2:
+        raise ValueError(f"{option} {n_nodes}: a tree needs k >= 2 heads, decoding with k={k}")
+    if table is None:
+        raise ValueError(f"{option} {n_nodes}: no head rank agreement table is stored with these heads (fit measures "
+                         "one on its validation decode subset; bench and bench-generate measure one on their inputs)")
+    rows = table[: k - 1]
+    limit = budget_limit(rows.shape[0], rows.shape[1])
+    if n_nodes > limit:
+        raise ValueError(f"{option} must lie in [0, {limit}] for {rows.shape[0]} heads of {rows.shape[1]} measured "
+                         f"ranks each, got {n_nodes}")
+    return Tree.from_budget(n_nodes, rows)
+
+
+def budget_trees(module: Any, model: Any, inputs: list[Tensor], budgets: list[int] | None, k: int | None,
+                 who: str) -> dict[str, Tree | None]:
+    """``nodes<N>``: the tree of each budget N for ``module``'s heads decoding with ``k`` of them (None: all), from
+    the table stored with them, or measured with ``model`` (the module's model or a runtime of it) on the single-row
+    ``inputs`` (batches of 32) first where none is (said on stderr, after ``who``)."""
+    if not budgets:
+        return {}
+    k = module.model.k if k is None else k
+    table = module.rank_agreement
+    if table is None and k > 1 and any(budgets):
+        table = measure_rank_agreement(model, batched(module, inputs, 32))
+        print(f"{who}: the heads store no rank agreement table: measured on the {len(inputs)} inputs", file=sys.stderr)
+    return {f"nodes{n}": budget_tree(n, table, k) for n in budgets}
