@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, first_argmax, pack_rows
-from lightning_bpd.decoding.rules import RuledFirst, bind_rules, history_tail, stop_ids
+from lightning_bpd.decoding.rules import RuledFirst, bind_rules, history_tail, rules_of, stop_ids
 from lightning_bpd.nn.argmax import argmax
 
 
@@ -33,7 +33,7 @@ def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int,
     Shared by greedy decoding (argmax) and ancestral sampling (a draw). Rows stop after an EOS id or at
     ``max_len`` and leave the batch.
     """
-    rules = model.generation_rules
+    rules = rules_of(model, src)
     bound = bind_rules(rules, max_len, model.vocab_size, src.device)
     stops = stop_ids(model.eos_id, rules)
     batch, device = src.shape[0], src.device
@@ -87,8 +87,9 @@ def greedy_decode_reference(model: BlockwiseModel, src: Tensor, max_len: int) ->
     """Slow, obviously correct greedy: one row at a time, no padding, the whole prefix re-run each step, the
     generation rules applied to p_1's logits in ``generate``'s order."""
     check_decode_args(model, src, max_len)
-    bound = bind_rules(model.generation_rules, max_len, model.vocab_size, src.device)
-    stops = stop_ids(model.eos_id, model.generation_rules)
+    rules = rules_of(model, src)
+    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
+    stops = stop_ids(model.eos_id, rules)
     rows: list[list[int]] = []
     for row_src in strip_padding(src, model.pad_id):
         context = model.encode(row_src)

@@ -17,7 +17,7 @@ from lightning_bpd.decoding.blockwise import chain_source, check_stop_below, res
 from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source, check_decode_args, pack_rows
-from lightning_bpd.decoding.rules import BoundRules, bind_rules, history_tail, stop_ids
+from lightning_bpd.decoding.rules import BoundRules, bind_rules, history_tail, rules_of, stop_ids
 
 
 def chained(model: BlockwiseModel) -> bool:
@@ -65,8 +65,9 @@ def blockwise_decode_reference(
     k = resolve_k(model, k)
     criterion.validate(k)
     check_stop_below(stop_below, criterion)
-    bound = bind_rules(model.generation_rules, max_len, model.vocab_size, src.device)
-    stops = stop_ids(model.eos_id, model.generation_rules)
+    rules = rules_of(model, src)
+    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
+    stops = stop_ids(model.eos_id, rules)
     rows, blocks = [], []
     for row_src in strip_padding(src, model.pad_id):
         context = model.encode(row_src)

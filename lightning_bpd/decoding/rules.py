@@ -23,7 +23,7 @@ lists them in ``refused`` and every decoder refuses to run with one line naming 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -39,7 +39,8 @@ class GenerationRules:
 
     ``start``: decoder inputs before the first generated token, as ``generate`` counts its ``input_ids`` (1 for
     an encoder-decoder: the decoder start token). ``min_length`` counts them too (``generate``'s ``min_length``);
-    ``min_new_tokens`` does not. ``forced_eos``: the EOS ids forced at the last index the cap allows (empty: no
+    ``min_new_tokens`` does not. ``prompt_start``: ``start`` is the width of the padded sources of each decode (a
+    causal LM's prompts, left-padded as ``generate`` takes them), set by :meth:`at_width`. ``forced_eos``: the EOS ids forced at the last index the cap allows (empty: no
     forced EOS). ``refused``: one line per setting that changes greedy's output and is not applied.
     """
 
@@ -53,6 +54,7 @@ class GenerationRules:
     min_new_tokens: int = 0
     start: int = 1
     refused: tuple[str, ...] = ()
+    prompt_start: bool = False
 
     def __post_init__(self) -> None:
         ids = [*self.eos_ids, *self.forced_eos, *self.suppress, *self.begin_suppress,
@@ -80,6 +82,10 @@ class GenerationRules:
     def window(self) -> int:
         """Tokens of history the banned words of several tokens look at (0: none)."""
         return max((len(w) - 1 for w in self.bad_words), default=0)
+
+    def at_width(self, width: int) -> GenerationRules:
+        """The rules of a decode of sources (B, ``width``): ``start`` is that width where ``prompt_start``."""
+        return replace(self, start=width) if self.prompt_start else self
 
     def check(self) -> None:
         """Raise ValueError with the first setting that is not applied (see ``refused``)."""
@@ -202,6 +208,13 @@ def bind_rules(rules: GenerationRules | None, max_len: int, vocab_size: int | No
     return rules.bind(max_len, vocab_size, device)
 
 
+def rules_of(model: Any, src: Tensor) -> GenerationRules | None:
+    """``model.generation_rules`` for a decode of the sources ``src`` (B, S) (a causal LM counts their padded
+    width as generate's ``start``: :meth:`GenerationRules.at_width`)."""
+    rules = model.generation_rules
+    return None if rules is None else rules.at_width(src.shape[1])
+
+
 def stop_ids(eos_id: int | None, rules: GenerationRules | None) -> tuple[int, ...]:
     """The ids that end a row: the rules' EOS ids when given, else the model's own EOS (none: no id)."""
     if rules is not None and rules.eos_ids:
@@ -258,8 +271,9 @@ class RuleBook:
     tokens: the ids that end a row (``stops``, for :meth:`~lightning_bpd.decoding.row_book.RowBook.commit`) and
     what reads p_1 at each read site of a blockwise loop (None everywhere when no rule changes p_1's argmax)."""
 
-    def __init__(self, model: Any, max_len: int, device: torch.device | str) -> None:
+    def __init__(self, model: Any, max_len: int, device: torch.device | str, width: int = 1) -> None:
         given = model.generation_rules
+        given = None if given is None else given.at_width(width)  # width: the sources' (B, width)
         self.bound = bind_rules(given, max_len, model.vocab_size, device)
         ids = stop_ids(model.eos_id, given)
         self.stops: int | Tensor | None = (None if not ids else ids[0] if len(ids) == 1

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from lightning_bpd.decoding.greedy import strip_padding, token_by_token
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
-from lightning_bpd.decoding.rules import bind_rules, history_tail, stop_ids
+from lightning_bpd.decoding.rules import bind_rules, history_tail, rules_of, stop_ids
 
 
 def check_sampling_args(temperature: float, top_p: float) -> None:
@@ -109,8 +109,9 @@ def ancestral_sample(
     """
     check_decode_args(model, src, max_len)
     check_sampling_args(temperature, top_p)
-    bound = bind_rules(model.generation_rules, max_len, model.vocab_size, src.device)
-    stops = stop_ids(model.eos_id, model.generation_rules)
+    rules = rules_of(model, src)
+    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
+    stops = stop_ids(model.eos_id, rules)
     rows: list[list[int]] = []
     for row_src in strip_padding(src, model.pad_id):
         context = model.encode(row_src)

@@ -19,7 +19,7 @@ from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args, pack_rows
 from lightning_bpd.decoding.reference import ruled_at
-from lightning_bpd.decoding.rules import BoundRules, bind_rules, stop_ids
+from lightning_bpd.decoding.rules import BoundRules, bind_rules, rules_of, stop_ids
 from lightning_bpd.decoding.tree import Tree
 from lightning_bpd.decoding.tree_decode import check_tree_args
 
@@ -71,8 +71,9 @@ def tree_decode_reference(model: BlockwiseModel, src: Tensor, criterion: Criteri
     tree = tree if tree is not None else Tree.path(model.k - 1)
     check_decode_args(model, src, max_len)
     check_tree_args(model, criterion, tree, k, verify_pass=False)
-    bound = bind_rules(model.generation_rules, max_len, model.vocab_size, src.device)
-    stops = stop_ids(model.eos_id, model.generation_rules)
+    rules = rules_of(model, src)
+    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
+    stops = stop_ids(model.eos_id, rules)
     rows, blocks, calls = [], [], 0
     for row_src in strip_padding(src, model.pad_id):
         context = model.encode(row_src)

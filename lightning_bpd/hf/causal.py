@@ -1,0 +1,328 @@
+"""A pretrained Hugging Face decoder-only language model with a blockwise head, behind the decoding protocol.
+
+:class:`HFCausalBlockwise` wraps a transformers ``AutoModelForCausalLM`` (Llama, Qwen2/Qwen3, Mistral, GPT-2, ...)
+and a blockwise head that reads the base's last hidden state and projects through the base's own LM head, so p_1
+is the base's own distribution and exact blockwise decoding reproduces the base's greedy ``generate``.
+
+The decoding loop encodes a source and then decodes from a start token. Here the source is a batch of prompts
+(B, P), padded with ``pad_id`` on either side (row b's prompt is its non-pad tokens, in order). :meth:`encode` is
+the prefill: it runs every prompt *but its last token* through the base and keeps each layer's keys and values
+(:class:`CausalContext`). The loop's start token is a placeholder: wherever a row's input sits at slot 0 of the
+decode cache, :meth:`decode_step` feeds that row's own last prompt token instead, at its own position (prompt
+length - 1). So the decode cache holds the last prompt token and the generated ones (the loop's ``1 + max_len + k``
+fits as it is), each row at its own positions, and per-row rollback is the KV cache's crop.
+
+Every step is the base model's own forward (``model.base_model``: its embeddings, rotary or absolute positions,
+layers, final norm) with ``position_ids`` at each row's own positions, a 4-D mask (causal, a row's own length, its
+prompt's pads hidden, sliding windows where the config has them) and a cache object of ours
+(:class:`PromptStepCache`) through which every attention layer writes its keys and values into our per-row
+:class:`~lightning_bpd.nn.kv_cache.KVCache` (``n_kv_heads`` heads: grouped-query attention as the layers do it)
+and reads the prompt's before them. Nothing here is family-specific, so a family whose attention layers call
+``cache.update`` and whose base model takes ``position_ids`` and a 4-D mask is exact without new code.
+:meth:`HFCausalBlockwise.decode_full` is the reference: the base's own uncached forward over each row's prompt
+and decoder inputs, left-padded as ``generate`` lays them out.
+
+The generation config's rules on p_1 (:mod:`lightning_bpd.hf.generation_rules`) count the padded prompt width as
+``generate``'s ``start`` (``prompt_start``): several EOS ids, ``min_length`` / ``min_new_tokens``, suppressed
+tokens, single-token bad words. Bad words of several tokens would need the prompt's tail and are refused.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor, nn
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from lightning_bpd.decoding.protocol import OptionalCapabilities
+from lightning_bpd.decoding.rules import GenerationRules
+from lightning_bpd.hf.base import ATTENTION, as_mask
+from lightning_bpd.hf.generation_rules import ids, rules_from_config
+from lightning_bpd.nn.blockwise_head import BlockwiseHead
+from lightning_bpd.nn.chained_head import ChainedHead
+from lightning_bpd.nn.kv_cache import KVCache
+
+HEAD_TYPES = ("paper", "chained")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass
+class CausalContext:
+    """Prefilled prompts (B, P): ``prompts`` as given, ``valid`` (B, P) their non-pad slots, ``attend`` (B, P) the
+    slots a decoded token attends to (every prompt token but the row's last, which the first step feeds again),
+    ``key_positions`` (B, P) each slot's position, ``last`` (B,) each row's last prompt token, ``start`` (B,) its
+    position (prompt length - 1), ``kv`` every layer's prompt keys and values (B, Hkv, P, Dh) and ``longest`` the
+    longest prompt (a host int, a bound after :meth:`select`)."""
+
+    prompts: Tensor
+    valid: Tensor
+    attend: Tensor
+    key_positions: Tensor
+    last: Tensor
+    start: Tensor
+    kv: list[tuple[Tensor, Tensor]]
+    longest: int
+
+    def select(self, rows: Tensor) -> CausalContext:
+        return CausalContext(self.prompts[rows], self.valid[rows], self.attend[rows], self.key_positions[rows],
+                             self.last[rows], self.start[rows], [(k[rows], v[rows]) for k, v in self.kv],
+                             self.longest)
+
+
+class PrefillCache:
+    """What the attention layers call during the prefill: ``update`` keeps each layer's keys and values
+    (B, Hkv, P, Dh) and returns them (the prompt attends to itself)."""
+
+    def __init__(self) -> None:
+        self.kv: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        self.kv[layer_idx] = (key_states, value_states)
+        return key_states, value_states
+
+
+class PromptStepCache:
+    """What the attention layers call during a decode step: ``update`` writes the new keys and values
+    (B, Hkv, T, Dh) at each row's own cache ``slots`` (B, T) and returns the prompt's followed by the cache's slots
+    0..stop-1 (B, Hkv, P + stop, Dh)."""
+
+    def __init__(self, kv: KVCache, slots: Tensor, stop: int, prompt: list[tuple[Tensor, Tensor]]) -> None:
+        self.cache, self.slots, self.stop, self.prompt = kv, slots, stop, prompt
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        self.cache.write(layer_idx, self.slots, key_states.transpose(1, 2), value_states.transpose(1, 2))
+        keys, values = self.cache.view(layer_idx, self.stop)  # (B, S', Hkv, Dh)
+        pk, pv = self.prompt[layer_idx]
+        return torch.cat([pk, keys.transpose(1, 2)], dim=2), torch.cat([pv, values.transpose(1, 2)], dim=2)
+
+
+def windows(config) -> dict[str, int | None]:
+    """Each layer type's sliding window (None: full attention); one entry keyed '' for configs without types."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not types:
+        return {"": window}
+    unknown = sorted(set(types) - set(LAYER_TYPES))
+    if unknown:
+        raise ValueError(f"{config.model_type}: layer types {unknown} are not supported (supported: {LAYER_TYPES})")
+    return {t: window if t == "sliding_attention" else None for t in sorted(set(types))}
+
+
+def allowed_keys(q_pos: Tensor, k_pos: Tensor, k_ok: Tensor, window: int | None) -> Tensor:
+    """(B, T, S) True where a query at q_pos (B, T) sees a key at k_pos (B, S) that exists (``k_ok`` (B, S) or
+    (B, T, S)): causal, and within the sliding window as transformers counts it (q - k < window)."""
+    seen = (k_pos[:, None, :] <= q_pos[:, :, None]) & k_ok
+    if window is not None:
+        seen &= q_pos[:, :, None] - k_pos[:, None, :] < window
+    return seen
+
+
+class HFCausalBlockwise(OptionalCapabilities, nn.Module):
+    """A transformers causal LM (``base``) with k blockwise heads, implementing the decoding protocol
+    (:class:`~lightning_bpd.decoding.protocol.BlockwiseModel`); sources are prompts, outputs their continuations.
+
+    ``head_type``: ``paper`` (:class:`BlockwiseHead`, p_1 the base itself) or ``chained`` (:class:`ChainedHead`).
+    ``head_hidden``: the head's hidden size (default the base's). ``frozen``: the base does not train. ``pad_id``:
+    the id that pads prompts (default the config's pad id, else its first EOS id); prompts must not contain it.
+    """
+
+    def __init__(self, base: PreTrainedModel, k: int = 1, head_type: str = "paper", head_hidden: int | None = None,
+                 frozen: bool = True, pad_id: int | None = None) -> None:
+        super().__init__()
+        config = getattr(base, "config", None)
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be an integer >= 1 (1 = the base model alone), got {k!r}")
+        if head_type not in HEAD_TYPES:
+            raise ValueError(f"head_type must be one of {HEAD_TYPES} on a causal LM, got {head_type!r}")
+        if config is None or getattr(config, "is_encoder_decoder", False):
+            name = getattr(config, "model_type", type(base).__name__)
+            raise ValueError(f"{name} is an encoder-decoder checkpoint: use HFSeq2SeqBlockwise (lightning_bpd.hf.load_base)")
+        implementation = config._attn_implementation or "eager"
+        if implementation not in ATTENTION:
+            raise ValueError(f"attention implementation {implementation!r} is not supported (use one of {ATTENTION})")
+        self.base, self.attention = base, implementation
+        self.windows = windows(config)
+        self.k, self.head_type = k, head_type
+        eos = ids(base.generation_config.eos_token_id) or ids(config.eos_token_id)
+        self.eos_id = eos[0] if eos else None  # the first of the EOS ids: generation_rules has them all
+        pad = pad_id if pad_id is not None else config.pad_token_id
+        pad = pad if pad is not None else base.generation_config.pad_token_id
+        pad = pad if pad is not None else self.eos_id
+        if pad is None:
+            raise ValueError(f"{config.model_type}: the config has no pad or EOS id: pass pad_id")
+        self.pad_id = int(pad)
+        self.bos_id = self.pad_id  # a placeholder: the first step feeds each row's last prompt token in its place
+        heads = config.num_attention_heads
+        self.n_kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        self.n_layers = config.num_hidden_layers
+        self.n_positions: int | None = getattr(config, "max_position_embeddings", None)
+        d, hidden = config.hidden_size, head_hidden or config.hidden_size
+        self.head_hidden = hidden
+        self.chained_heads = head_type == "chained"
+        if self.chained_heads:
+            self.head: BlockwiseHead | ChainedHead = ChainedHead(d, hidden, k)
+        else:
+            self.head = BlockwiseHead(d, hidden, k, identity_first=True)
+        weight = base.get_output_embeddings().weight
+        self.head.to(dtype=weight.dtype, device=weight.device)
+        self.vocab_size = weight.shape[0]
+        self.frozen = frozen
+        if frozen:
+            base.requires_grad_(False)
+
+    @property
+    def generation_rules(self) -> GenerationRules:  # type: ignore[override]
+        """The base's generation config as rules on p_1, ``start`` the padded prompt width of each decode."""
+        rules = rules_from_config(self.base.generation_config, fallback_eos=self.base.config.eos_token_id,
+                                  prompt_start=True)
+        if any(len(w) > 1 for w in rules.bad_words):
+            line = ("generation_config.bad_words_ids has words of several tokens, which generate matches against the "
+                    "prompt too: not applied on a causal LM yet (keep single-token bad words, or remove them)")
+            rules = replace(rules, refused=(*rules.refused, line))
+        return rules
+
+    @property
+    def trunk(self) -> nn.Module:
+        """The base's decoder stack (embeddings, layers, final norm): what the LM head reads."""
+        return self.base.base_model
+
+    # ---- prefill ------------------------------------------------------------------------------------------------
+    def encode(self, src: Tensor) -> CausalContext:
+        """Prompts (B, P), padded with ``pad_id`` on either side -> every layer's keys and values of each prompt
+        but its last token (the first decode step feeds that one)."""
+        valid = src != self.pad_id  # (B, P)
+        n = valid.sum(dim=1)  # (B,)
+        longest = int(n.max())
+        if self.n_positions is not None and longest > self.n_positions:
+            raise ValueError(f"a prompt of {longest} tokens is longer than the model's context "
+                             f"({self.n_positions} positions)")
+        positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, P): generate's position ids
+        slots = torch.arange(src.shape[1], device=src.device)
+        last_slot = torch.where(valid, slots, -1).argmax(dim=1)  # (B,): each row's last prompt token
+        rows = torch.arange(src.shape[0], device=src.device)
+        attend = valid.clone()
+        attend[rows, last_slot] = False
+        # the prefill: slot j sees the prompt slots before it, and itself (a pad slot must see something)
+        seen = {t: allowed_keys(positions, positions, attend[:, None, :], w) | torch.eye(src.shape[1], dtype=torch.bool,
+                device=src.device) for t, w in self.windows.items()}
+        cache = PrefillCache()
+        self.run(src, positions, seen, cache)
+        kv = [cache.kv[i] for i in range(self.n_layers)]
+        if kv[0][0].shape[1] != self.n_kv_heads or kv[0][0].shape[-1] != self.head_dim:
+            raise ValueError(f"{self.base.config.model_type}: keys of shape {tuple(kv[0][0].shape)}, expected "
+                             f"{self.n_kv_heads} heads of {self.head_dim}")
+        return CausalContext(src, valid, attend, positions, src[rows, last_slot], n - 1, kv, longest)
+
+    def run(self, tokens: Tensor, positions: Tensor, seen: dict[str, Tensor], cache: object) -> Tensor:
+        """The base's own forward over ``tokens`` (B, T) at ``positions`` (B, T), each layer type's queries seeing
+        the keys ``seen[type]`` (B, T, S), through ``cache`` -> the last hidden states (B, T, D)."""
+        dtype = self.base.get_output_embeddings().weight.dtype
+        masks = {t: as_mask(s[:, None], dtype, self.attention) for t, s in seen.items()}  # (B, 1, T, S)
+        mask = masks if len(masks) > 1 else next(iter(masks.values()))
+        out = self.trunk(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        return out.last_hidden_state
+
+    # ---- decoder ------------------------------------------------------------------------------------------------
+    def new_cache(self, batch_size: int, capacity: int) -> KVCache:
+        """A per-row KV cache of the decoded positions (the last prompt token and what follows it)."""
+        w = self.base.get_output_embeddings().weight
+        return KVCache(self.n_layers, batch_size, capacity, self.n_kv_heads, self.head_dim, dtype=w.dtype,
+                       device=w.device)
+
+    def decode_step(self, tokens: Tensor, context: CausalContext, cache: KVCache) -> Tensor:
+        """T >= 1 new inputs per row (B, T) after what ``cache`` holds -> hidden (B, T, D); an input at cache slot 0
+        (the loop's start token) is the row's last prompt token."""
+        n_new = tokens.shape[1]
+        cache.check_room(n_new)
+        slots = cache.positions(n_new)  # (B, T) cache slots
+        stop = cache.length_bounds()[1] + n_new
+        if self.n_positions is not None and context.longest - 1 + stop > self.n_positions:
+            raise ValueError(f"prompt ({context.longest} tokens) plus the tokens decoded exceed the model's context "
+                             f"({self.n_positions} positions)")
+        tokens = torch.where(slots == 0, context.last[:, None], tokens)
+        q_pos = context.start[:, None] + slots  # (B, T)
+        held = torch.arange(stop, device=tokens.device)  # (S',) cache slots
+        k_pos = context.start[:, None] + held  # (B, S')
+        seen = {t: torch.cat([allowed_keys(q_pos, context.key_positions, context.attend[:, None, :], w),
+                              allowed_keys(q_pos, k_pos, torch.ones_like(k_pos, dtype=torch.bool)[:, None, :], w)],
+                             dim=2) for t, w in self.windows.items()}  # (B, T, P + S')
+        h = self.run(tokens, q_pos, seen, PromptStepCache(cache, slots, stop, context.kv))
+        cache.advance(n_new)
+        return h
+
+    def decode_full(self, tgt_in: Tensor, context: CausalContext) -> Tensor:
+        """Uncached, the reference: the base's own forward over each row's prompt followed by ``tgt_in`` (B, T)
+        after its start token, left-padded as ``generate`` lays them out -> hidden (B, T, D) at the last prompt
+        token and the inputs after it."""
+        rows = [torch.cat([p[ok], t[1:]]) for p, ok, t in zip(context.prompts, context.valid, tgt_in)]
+        width = max(len(r) for r in rows)
+        seq = torch.full((len(rows), width), self.pad_id, dtype=torch.long, device=tgt_in.device)
+        mask = torch.zeros_like(seq)
+        for b, r in enumerate(rows):
+            seq[b, width - len(r):], mask[b, width - len(r):] = r, 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        out = self.trunk(input_ids=seq, attention_mask=mask, position_ids=positions, use_cache=False)
+        return out.last_hidden_state[:, width - tgt_in.shape[1]:]
+
+    def forward(self, tokens: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Training: token sequences (B, T) (and their 0/1 mask) -> the last hidden states (B, T, D)."""
+        return self.trunk(input_ids=tokens, attention_mask=attention_mask, use_cache=False).last_hidden_state
+
+    # ---- heads --------------------------------------------------------------------------------------------------
+    def embed_tokens(self, tokens: Tensor) -> Tensor:
+        """The base's token embeddings (...) -> (..., D): what chained heads are fed."""
+        return self.base.get_input_embeddings()(tokens)
+
+    def project(self, h: Tensor) -> Tensor:
+        """The base's LM head: (..., D) -> (..., V)."""
+        return self.base.get_output_embeddings()(h)
+
+    def logits_first(self, h: Tensor) -> Tensor:
+        """p_1, the base's own logits: (..., D) -> (..., V)."""
+        return self.project(h)
+
+    def logits_heads(self, h: Tensor, heads: Sequence[int] | None = None, prev_tokens: Tensor | None = None,
+                     source: object = None) -> Tensor:
+        """Logits of the listed heads (all k by default): (..., D) -> (..., len(heads), V). Chained heads also
+        take the tokens proposed for heads 1..m (..., m)."""
+        heads = list(range(self.k) if heads is None else heads)
+        if self.chained_heads:
+            states = self.head.select(h, heads, prev_tokens, self.embed_tokens)  # type: ignore[call-arg]
+        else:
+            states = self.head.select(h, heads)  # type: ignore[call-arg]
+        return self.project(states)
+
+    def chain_step(self, z: Tensor, token: Tensor, i: int, source: object = None) -> tuple[Tensor, Tensor]:
+        """Chained heads: head ``i``'s state (b, D) and logits (b, V) from head i-1's state z and its token (b,)."""
+        z = self.head.step(z, self.embed_tokens(token), i)  # type: ignore[union-attr,operator]
+        return z, self.project(z)
+
+
+def load_causal(path_or_model: str | os.PathLike | PreTrainedModel, k: int = 1, head_type: str = "paper",
+                head_hidden: int | None = None, frozen: bool = True, pad_id: int | None = None) -> HFCausalBlockwise:
+    """A local checkpoint directory (never downloaded) or a loaded model -> :class:`HFCausalBlockwise`."""
+    if isinstance(path_or_model, (str, os.PathLike)):
+        path = os.fspath(path_or_model)
+        if not os.path.isdir(path):
+            raise ValueError(f"{path}: not a directory (a local Hugging Face checkpoint is expected)")
+        try:
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError, KeyError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(f"{path}: not a Hugging Face checkpoint ({first})") from None
+        if getattr(config, "is_encoder_decoder", False):
+            raise ValueError(f"{path}: a {config.model_type} checkpoint is an encoder-decoder (seq2seq) one, not a "
+                             "causal LM: load it with lightning_bpd.hf.load_base")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError, KeyError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(f"{path}: not a causal LM checkpoint ({first})") from None
+    else:
+        model = path_or_model
+    return HFCausalBlockwise(model.eval(), k=k, head_type=head_type, head_hidden=head_hidden, frozen=frozen,
+                             pad_id=pad_id)
