@@ -255,18 +255,14 @@ class HFCausalBlockwise(OptionalCapabilities, nn.Module):
         return h
 
     def decode_full(self, tgt_in: Tensor, context: CausalContext) -> Tensor:
-        """Uncached, the reference: the base's own forward over each row's prompt followed by ``tgt_in`` (B, T)
-        after its start token, left-padded as ``generate`` lays them out -> hidden (B, T, D) at the last prompt
-        token and the inputs after it."""
-        rows = [torch.cat([p[ok], t[1:]]) for p, ok, t in zip(context.prompts, context.valid, tgt_in)]
-        width = max(len(r) for r in rows)
-        seq = torch.full((len(rows), width), self.pad_id, dtype=torch.long, device=tgt_in.device)
-        mask = torch.zeros_like(seq)
-        for b, r in enumerate(rows):
-            seq[b, width - len(r):], mask[b, width - len(r):] = r, 1
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        out = self.trunk(input_ids=seq, attention_mask=mask, position_ids=positions, use_cache=False)
-        return out.last_hidden_state[:, width - tgt_in.shape[1]:]
+        """Uncached, the reference: the base's own forward over each row alone (no padding), its prompt followed by
+        ``tgt_in`` (B, T) after the start token -> hidden (B, T, D) at the last prompt token and the inputs after it."""
+        out = []
+        for prompt, ok, tgt in zip(context.prompts, context.valid, tgt_in):
+            seq = torch.cat([prompt[ok], tgt[1:]])[None]  # (1, L + T - 1)
+            h = self.trunk(input_ids=seq, use_cache=False).last_hidden_state  # (1, L + T - 1, D)
+            out.append(h[0, -tgt_in.shape[1]:])
+        return torch.stack(out)
 
     def forward(self, tokens: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Training: token sequences (B, T) (and their 0/1 mask) -> the last hidden states (B, T, D)."""
