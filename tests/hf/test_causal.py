@@ -239,3 +239,99 @@ def test_min_length_counts_the_padded_prompt(family):
     assert greedy_decode_reference(model, src, MAX_LEN).sequences() == want
     one = src[-1:, :1]
     assert blockwise_decode(model, one, Exact(), MAX_LEN).sequences() == hf_greedy(base, one)
+
+
+@pytest.mark.parametrize("family, extra", [("mistral", {"sliding_window": 4}),
+                                           ("qwen2", {"use_sliding_window": True, "sliding_window": 4,
+                                                      "max_window_layers": 1})])
+def test_sliding_windows_equal_generate(family, extra):
+    """A window shorter than the prompts: Mistral's on every layer, Qwen2's on some layers only (a mask per layer
+    type); the cached steps and exact blockwise decoding still equal the full pass and generate."""
+    base, src = tiny_lm(family, **extra), prompts()
+    assert len(HFCausalBlockwise(base).windows) == (2 if family == "qwen2" else 1)
+    pick_eos(base, src)
+    model = HFCausalBlockwise(base, k=4, head_type="chained")
+    scramble_head(model, std=0.05)
+    want = hf_greedy(base, src)
+    assert want != hf_greedy(tiny_lm(family), src), "the window should change the output"
+    assert blockwise_decode(model, src, Exact(), MAX_LEN).sequences() == want
+    assert greedy_decode_reference(model, src, MAX_LEN).sequences() == want
+
+
+def test_a_training_step_of_the_heads_leaves_the_frozen_base_bit_identical():
+    from lightning_bpd.nn.loss import blockwise_loss, shifted_targets
+
+    model = HFCausalBlockwise(tiny_lm("llama"), k=3, head_type="chained")
+    before = {name: p.clone() for name, p in model.base.state_dict().items()}
+    heads_before = [p.clone() for p in model.head.parameters()]
+    assert all(p.requires_grad for p in model.head.parameters())
+    assert not any(p.requires_grad for p in model.base.parameters())
+    tokens = torch.randint(3, VOCAB, (4, 10), generator=torch.Generator().manual_seed(0))
+    targets = tokens[:, 1:]  # (B, T): position t predicts token t + 1 (head 1), t + i (head i)
+    prev = torch.stack([shifted_targets(targets, i, PAD) for i in range(2)], dim=-1)  # (B, T, 2): teacher forcing
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    h = model(tokens[:, :-1])  # (B, T, D)
+    blockwise_loss(model.logits_heads(h, range(3), prev), targets, range(3), PAD, weights=None).loss.backward()
+    optimizer.step()
+    assert all(torch.equal(p, before[name]) for name, p in model.base.state_dict().items())
+    assert any(not torch.equal(p, q) for p, q in zip(model.head.parameters(), heads_before))
+
+
+def test_a_runtime_decodes_as_the_model():
+    from lightning_bpd.inference import InferenceOptions, build_runtime
+
+    base, src = tiny_lm("qwen3"), prompts()
+    pick_eos(base, src)
+    model = HFCausalBlockwise(base, k=4)
+    scramble_head(model, std=0.05)
+    runtime = build_runtime(model, InferenceOptions())
+    assert blockwise_decode(runtime, src, Exact(), MAX_LEN).sequences() == hf_greedy(base, src)
+
+
+def test_load_causal_from_a_directory(tmp_path):
+    from lightning_bpd.hf import load_causal
+
+    base, src = tiny_lm("llama"), prompts()
+    pick_eos(base, src)
+    base.save_pretrained(tmp_path / "llama")
+    model = load_causal(tmp_path / "llama", k=3, head_type="chained")
+    assert model.k == 3 and model.chained_heads and not any(p.requires_grad for p in model.base.parameters())
+    assert model.eos_id == base.config.eos_token_id and model.pad_id == PAD
+    assert blockwise_decode(model, src, Exact(), MAX_LEN).sequences() == hf_greedy(base, src)
+    assert load_causal(base, k=2).base is base
+
+
+def one_line(match: str, call) -> None:
+    with pytest.raises(ValueError, match=match) as err:
+        call()
+    assert "\n" not in str(err.value)
+
+
+def test_bad_input_is_one_line(tmp_path):
+    from transformers import AutoModelForSeq2SeqLM, BartConfig
+
+    from lightning_bpd.hf import HFSeq2SeqBlockwise, load_base, load_causal
+
+    gpt2 = tiny_lm("gpt2")
+    one_line("k must be an integer >= 1", lambda: HFCausalBlockwise(gpt2, k=0))
+    one_line("head_type must be one of", lambda: HFCausalBlockwise(gpt2, k=2, head_type="chained_attn"))
+    one_line("decoder-only checkpoint.*HFCausalBlockwise", lambda: HFSeq2SeqBlockwise(gpt2, k=2))
+    bart = AutoModelForSeq2SeqLM.from_config(BartConfig(vocab_size=VOCAB, d_model=16, encoder_layers=1,
+                                                        decoder_layers=1, encoder_attention_heads=2,
+                                                        decoder_attention_heads=2, encoder_ffn_dim=16,
+                                                        decoder_ffn_dim=16))
+    one_line("encoder-decoder checkpoint: use HFSeq2SeqBlockwise", lambda: HFCausalBlockwise(bart, k=2))
+    one_line("not a directory", lambda: load_causal(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    one_line("not a Hugging Face checkpoint", lambda: load_causal(tmp_path / "empty"))
+    bart.save_pretrained(tmp_path / "bart")
+    one_line("encoder-decoder .*load_base", lambda: load_causal(tmp_path / "bart"))
+    gpt2.save_pretrained(tmp_path / "gpt2")
+    one_line("decoder-only.*load_causal", lambda: load_base(tmp_path / "gpt2"))
+    model = HFCausalBlockwise(gpt2, k=2)  # 64 positions
+    long = torch.randint(3, VOCAB, (2, 70))
+    one_line("a prompt of 70 tokens is longer than the model's context \\(64 positions\\)",
+             lambda: greedy_decode(model, long, 4))
+    one_line("plus the tokens decoded exceed the model's context", lambda: greedy_decode(model, long[:, :60], 8))
+    gpt2.generation_config.bad_words_ids = [[5, 6]]
+    one_line("bad_words_ids has words of several tokens", lambda: blockwise_decode(model, prompts(), Exact(), 4))
