@@ -44,8 +44,9 @@ from lightning_bpd.hf.generation_rules import ids, rules_from_config
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead
 from lightning_bpd.nn.kv_cache import KVCache
+from lightning_bpd.nn.medusa_head import MedusaHead
 
-HEAD_TYPES = ("paper", "chained")
+HEAD_TYPES = ("paper", "chained", "medusa")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -124,13 +125,14 @@ class HFCausalBlockwise(OptionalCapabilities, nn.Module):
     """A transformers causal LM (``base``) with k blockwise heads, implementing the decoding protocol
     (:class:`~lightning_bpd.decoding.protocol.BlockwiseModel`); sources are prompts, outputs their continuations.
 
-    ``head_type``: ``paper`` (:class:`BlockwiseHead`, p_1 the base itself) or ``chained`` (:class:`ChainedHead`).
-    ``head_hidden``: the head's hidden size (default the base's). ``frozen``: the base does not train. ``pad_id``:
+    ``head_type``: ``paper`` (:class:`BlockwiseHead`, p_1 the base itself), ``chained`` (:class:`ChainedHead`) or
+    ``medusa`` (:class:`MedusaHead`, ``medusa_layers`` residual blocks per head). ``head_hidden``: the paper or
+    chained head's hidden size (default the base's). ``frozen``: the base does not train. ``pad_id``:
     the id that pads prompts (default the config's pad id, else its first EOS id); prompts must not contain it.
     """
 
     def __init__(self, base: PreTrainedModel, k: int = 1, head_type: str = "paper", head_hidden: int | None = None,
-                 frozen: bool = True, pad_id: int | None = None) -> None:
+                 frozen: bool = True, pad_id: int | None = None, medusa_layers: int = 1) -> None:
         super().__init__()
         config = getattr(base, "config", None)
         if not isinstance(k, int) or k < 1:
@@ -164,7 +166,9 @@ class HFCausalBlockwise(OptionalCapabilities, nn.Module):
         self.head_hidden = hidden
         self.chained_heads = head_type == "chained"
         if self.chained_heads:
-            self.head: BlockwiseHead | ChainedHead = ChainedHead(d, hidden, k)
+            self.head: BlockwiseHead | ChainedHead | MedusaHead = ChainedHead(d, hidden, k)
+        elif head_type == "medusa":
+            self.head = MedusaHead(d, k, medusa_layers)
         else:
             self.head = BlockwiseHead(d, hidden, k, identity_first=True)
         weight = base.get_output_embeddings().weight

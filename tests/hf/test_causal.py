@@ -41,11 +41,12 @@ LLAMA_LIKE = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "
 
 def config_of(family: str, **extra):
     if family == "gpt2":  # absolute positions, tied LM head, no grouped-query attention
-        return GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, pad_token_id=PAD,
-                          bos_token_id=1, eos_token_id=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **extra)
+        return GPT2Config(**{"vocab_size": VOCAB, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64,
+                             "pad_token_id": PAD, "bos_token_id": 1, "eos_token_id": 2, "resid_pdrop": 0.0,
+                             "embd_pdrop": 0.0, "attn_pdrop": 0.0, **extra})
     kind = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig}[family]
     more = {"head_dim": 8} if family == "qwen3" else {}
-    return kind(**LLAMA_LIKE, **more, **extra)
+    return kind(**{**LLAMA_LIKE, **more, **extra})
 
 
 def tiny_lm(family: str, seed: int = 0, dtype: torch.dtype = torch.float64, attention: str = "sdpa", **extra):
@@ -173,7 +174,7 @@ def test_greedy_equals_generate_on_a_ragged_batch(family, dtype):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("head_type", ["paper", "chained"])
+@pytest.mark.parametrize("head_type", ["paper", "chained", "medusa"])
 @pytest.mark.parametrize("scrambled", [False, True])
 def test_exact_blockwise_equals_generate(family, head_type, scrambled):
     """A zero-initialized head proposes p_1's token again (accepted on repeats), a scrambled one random tokens:
@@ -208,7 +209,7 @@ def configure(base, src: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("head_type", ["paper", "chained"])
+@pytest.mark.parametrize("head_type", ["paper", "chained", "medusa"])
 def test_generation_config_rules_at_batch_one_and_ragged(family, head_type):
     base, src = tiny_lm(family, seed=1), prompts(seed=2)
     configure(base, src)
