@@ -243,7 +243,7 @@ class HFCausalBlockwise(OptionalCapabilities, nn.Module):
         n_new = tokens.shape[1]
         cache.check_room(n_new)
         slots = cache.positions(n_new)  # (B, T) cache slots
-        stop = cache.length_bounds()[1] + n_new
+        stop = min(cache.length_bounds()[1] + n_new, cache.capacity)  # a static cache: every slot
         if self.n_positions is not None and context.longest - 1 + stop > self.n_positions:
             raise ValueError(f"prompt ({context.longest} tokens) plus the tokens decoded exceed the model's context "
                              f"({self.n_positions} positions)")

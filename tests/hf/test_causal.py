@@ -190,6 +190,10 @@ def test_exact_blockwise_equals_generate(family, head_type, scrambled):
     assert blockwise_decode(model, left_padded(src), Exact(), MAX_LEN).sequences() == want
     if not scrambled:
         assert max(max(sizes) for sizes in got.block_sizes) > 1
+        return
+    for row in range(src.shape[0]):  # batch 1: the prompt alone, unpadded
+        one = src[row : row + 1, : int((src[row] != PAD).sum())]
+        assert blockwise_decode(model, one, Exact(), MAX_LEN).sequences() == hf_greedy(base, one) == [want[row]]
 
 
 def configure(base, src: torch.Tensor) -> None:
@@ -336,3 +340,20 @@ def test_bad_input_is_one_line(tmp_path):
     one_line("plus the tokens decoded exceed the model's context", lambda: greedy_decode(model, long[:, :60], 8))
     gpt2.generation_config.bad_words_ids = [[5, 6]]
     one_line("bad_words_ids has words of several tokens", lambda: blockwise_decode(model, prompts(), Exact(), 4))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gpt2"])
+def test_forced_eos_begin_suppress_and_single_bad_words(family):
+    base, src = tiny_lm(family), prompts()
+    eos = pick_eos(base, src)
+    plain = hf_greedy(base, src)
+    gc = base.generation_config
+    gc.forced_eos_token_id = eos
+    gc.begin_suppress_tokens = sorted({row[0] for row in plain})[:2]
+    gc.bad_words_ids = [[next(row[1] for row in plain if len(row) > 1 and row[1] != eos)]]
+    model = HFCausalBlockwise(base, k=4, head_type="medusa")
+    scramble_head(model, std=0.05)
+    want = hf_greedy(base, src)
+    assert want != plain and all(row[-1] == eos for row in want)
+    assert blockwise_decode(model, src, Exact(), MAX_LEN).sequences() == want
+    assert greedy_decode_reference(model, src, MAX_LEN).sequences() == want
