@@ -241,21 +241,47 @@ class HFCausalBlockwise(OptionalCapabilities, nn.Module):
         """T >= 1 new inputs per row (B, T) after what ``cache`` holds -> hidden (B, T, D); an input at cache slot 0
         (the loop's start token) is the row's last prompt token."""
         n_new = tokens.shape[1]
+        slots, stop = self.room(n_new, context, cache)  # (B, T)
+        tokens = torch.where(slots == 0, context.last[:, None], tokens)
+        held = torch.arange(stop, device=tokens.device)  # (S',) cache slots
+        k_pos = context.start[:, None] + held  # (B, S')
+        return self.step(tokens, slots, context.start[:, None] + slots, k_pos, k_pos >= 0, stop, context, cache)
+
+    def decode_tree(self, tokens: Tensor, depths: Tensor, ancestors: Tensor, context: CausalContext,  # type: ignore[override]
+                    cache: KVCache) -> Tensor:
+        """The verify pass over a tree's N nodes per row (B, N): node i at the row's position + ``depths[i]`` (N,),
+        seeing the prompt, the cached prefix and the nodes j with ``ancestors[i, j]`` (N, N) -> hidden (B, N, D);
+        appends N slots to the cache (:meth:`KVCache.keep_path` keeps the accepted ones)."""
+        n = tokens.shape[1]
+        slots, stop = self.room(n, context, cache)  # (B, N)
+        held = torch.arange(stop, device=tokens.device)  # (S',)
+        rel = held[None, :] - cache.lengths[:, None]  # (B, S'): the node in each slot of the tree, < 0 in the prefix
+        node = rel.clamp(0, n - 1)
+        visible = (rel < 0)[:, None, :] | ((rel < n)[:, None, :] & ancestors[:, node].permute(1, 0, 2))  # (B, N, S')
+        k_pos = context.start[:, None] + torch.where(rel < 0, held[None, :], cache.lengths[:, None] + depths[node])
+        q_pos = context.start[:, None] + cache.lengths[:, None] + depths  # (B, N)
+        return self.step(tokens, slots, q_pos, k_pos, visible, stop, context, cache)
+
+    def room(self, n_new: int, context: CausalContext, cache: KVCache) -> tuple[Tensor, int]:
+        """The cache slots (B, n_new) the next inputs take and the slots a query may read (a host int); raises
+        where the cache or the model's context has no room for them."""
         cache.check_room(n_new)
-        slots = cache.positions(n_new)  # (B, T) cache slots
         stop = min(cache.length_bounds()[1] + n_new, cache.capacity)  # a static cache: every slot
         if self.n_positions is not None and context.longest - 1 + stop > self.n_positions:
             raise ValueError(f"prompt ({context.longest} tokens) plus the tokens decoded exceed the model's context "
                              f"({self.n_positions} positions)")
-        tokens = torch.where(slots == 0, context.last[:, None], tokens)
-        q_pos = context.start[:, None] + slots  # (B, T)
-        held = torch.arange(stop, device=tokens.device)  # (S',) cache slots
-        k_pos = context.start[:, None] + held  # (B, S')
+        return cache.positions(n_new), stop
+
+    def step(self, tokens: Tensor, slots: Tensor, q_pos: Tensor, k_pos: Tensor, visible: Tensor, stop: int,
+             context: CausalContext, cache: KVCache) -> Tensor:
+        """Inputs (B, T) written at cache ``slots`` (B, T), at positions ``q_pos`` (B, T), seeing the prompt and
+        the cache slots 0..stop-1 at positions ``k_pos`` (B, S') where ``visible`` ((B, S') or (B, T, S')) ->
+        hidden (B, T, D)."""
+        vis = visible if visible.dim() == 3 else visible[:, None, :]
         seen = {t: torch.cat([allowed_keys(q_pos, context.key_positions, context.attend[:, None, :], w),
-                              allowed_keys(q_pos, k_pos, torch.ones_like(k_pos, dtype=torch.bool)[:, None, :], w)],
-                             dim=2) for t, w in self.windows.items()}  # (B, T, P + S')
-        h = self.run(tokens, q_pos, seen, PromptStepCache(cache, slots, stop, context.kv))
-        cache.advance(n_new)
+                              allowed_keys(q_pos, k_pos, vis, w)], dim=2) for t, w in self.windows.items()}
+        h = self.run(tokens, q_pos, seen, PromptStepCache(cache, slots, stop, context.kv))  # seen: (B, T, P + S')
+        cache.advance(tokens.shape[1])
         return h
 
     def decode_full(self, tgt_in: Tensor, context: CausalContext) -> Tensor:

@@ -357,3 +357,29 @@ def test_forced_eos_begin_suppress_and_single_bad_words(family):
     assert want != plain and all(row[-1] == eos for row in want)
     assert blockwise_decode(model, src, Exact(), MAX_LEN).sequences() == want
     assert greedy_decode_reference(model, src, MAX_LEN).sequences() == want
+
+
+TREES = {"medusa": [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (1, 0, 0)],
+         "wide": [(0,), (1,), (2,), (3,)]}
+
+
+@pytest.mark.parametrize("family, extra", [("llama", {}), ("gpt2", {}), ("mistral", {"sliding_window": 4})])
+@pytest.mark.parametrize("head_type", ["paper", "chained", "medusa"])
+def test_trees_equal_generate_and_the_tree_reference(family, extra, head_type):
+    """Tree decoding (issue 47) on a causal base: each node at its row's own position, seeing the prompt, the
+    cached prefix and its ancestors; exact equals generate, top2 equals the tree reference."""
+    from lightning_bpd.decoding.tree import Tree
+    from lightning_bpd.decoding.tree_reference import tree_decode_reference
+
+    base, src = tiny_lm(family, **extra), prompts()
+    pick_eos(base, src)
+    model = HFCausalBlockwise(base, k=4, head_type=head_type)
+    scramble_head(model, std=0.05)
+    want = hf_greedy(base, src)
+    for name, paths in TREES.items():
+        tree = Tree.from_paths(paths)
+        out = blockwise_decode(model, src, Exact(), MAX_LEN, tree=tree)
+        assert out.sequences() == want, name
+        fast = blockwise_decode(model, src, TopK(2), MAX_LEN, tree=tree)
+        slow = tree_decode_reference(model, src, TopK(2), MAX_LEN, tree=tree)
+        assert fast.sequences() == slow.sequences() and fast.block_sizes == slow.block_sizes, name
