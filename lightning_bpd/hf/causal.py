@@ -16,8 +16,8 @@ Every step is the base model's own forward (``model.base_model``: its embeddings
 layers, final norm) with ``position_ids`` at each row's own positions, a 4-D mask (causal, a row's own length, its
 prompt's pads hidden, sliding windows where the config has them) and a cache object of ours
 (:class:`PromptStepCache`) through which every attention layer writes its keys and values into our per-row
-:class:`~lightning_bpd.nn.kv_cache.KVCache` (``n_kv_heads`` heads: grouped-query attention as the layers do it)
-and reads the prompt's before them. Nothing here is family-specific, so a family whose attention layers call
+:class:`~lightning_bpd.nn.kv_cache.KVCache` (as many heads as the layers' keys: grouped- or multi-query
+attention as the layers do it) and reads the prompt's before them. Nothing here is family-specific, so a family whose attention layers call
 ``cache.update`` and whose base model takes ``position_ids`` and a 4-D mask is exact without new code.
 :meth:`HFCausalBlockwise.decode_full` is the reference: the base's own uncached forward over each row's prompt
 and decoder inputs, left-padded as ``generate`` lays them out.
@@ -141,7 +141,8 @@ class HFCausalBlockwise(OptionalCapabilities, nn.Module):
             raise ValueError(f"head_type must be one of {HEAD_TYPES} on a causal LM, got {head_type!r}")
         if config is None or getattr(config, "is_encoder_decoder", False):
             name = getattr(config, "model_type", type(base).__name__)
-            raise ValueError(f"{name} is an encoder-decoder checkpoint: use HFSeq2SeqBlockwise (lightning_bpd.hf.load_base)")
+            raise ValueError(f"{name} is an encoder-decoder checkpoint: use HFSeq2SeqBlockwise "
+                             "(lightning_bpd.hf.load_base)")
         implementation = config._attn_implementation or "eager"
         if implementation not in ATTENTION:
             raise ValueError(f"attention implementation {implementation!r} is not supported (use one of {ATTENTION})")
@@ -157,10 +158,8 @@ class HFCausalBlockwise(OptionalCapabilities, nn.Module):
             raise ValueError(f"{config.model_type}: the config has no pad or EOS id: pass pad_id")
         self.pad_id = int(pad)
         self.bos_id = self.pad_id  # a placeholder: the first step feeds each row's last prompt token in its place
-        heads = config.num_attention_heads
-        self.n_kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         self.n_layers = config.num_hidden_layers
+        self._kv_shape: tuple[int, int] | None = None  # (KV heads, head dim): read off the layers' own keys
         self.n_positions: int | None = getattr(config, "max_position_embeddings", None)
         d, hidden = config.hidden_size, head_hidden or config.hidden_size
         self.head_hidden = hidden
@@ -213,13 +212,33 @@ class HFCausalBlockwise(OptionalCapabilities, nn.Module):
         # the prefill: slot j sees the prompt slots before it, and itself (a pad slot must see something)
         seen = {t: allowed_keys(positions, positions, attend[:, None, :], w) | torch.eye(src.shape[1], dtype=torch.bool,
                 device=src.device) for t, w in self.windows.items()}
+        return CausalContext(src, valid, attend, positions, src[rows, last_slot], n - 1, self.prefill(src, positions,
+                             seen), longest)
+
+    def prefill(self, tokens: Tensor, positions: Tensor, seen: dict[str, Tensor]) -> list[tuple[Tensor, Tensor]]:
+        """Every layer's keys and values (B, Hkv, P, Dh) of ``tokens`` (B, P) at ``positions``, queries seeing
+        ``seen`` (B, P, P) by layer type; one clear line where the layers' keys are not one shape."""
         cache = PrefillCache()
-        self.run(src, positions, seen, cache)
-        kv = [cache.kv[i] for i in range(self.n_layers)]
-        if kv[0][0].shape[1] != self.n_kv_heads or kv[0][0].shape[-1] != self.head_dim:
-            raise ValueError(f"{self.base.config.model_type}: keys of shape {tuple(kv[0][0].shape)}, expected "
-                             f"{self.n_kv_heads} heads of {self.head_dim}")
-        return CausalContext(src, valid, attend, positions, src[rows, last_slot], n - 1, kv, longest)
+        self.run(tokens, positions, seen, cache)
+        shapes = {(k.shape[1], k.shape[3]) for k, _ in cache.kv.values()}
+        if sorted(cache.kv) != list(range(self.n_layers)) or len(shapes) != 1:
+            raise ValueError(f"{self.base.config.model_type}: its attention layers cache keys of shapes "
+                             f"{sorted(shapes)} in layers {sorted(cache.kv)}, not one shape in all {self.n_layers} "
+                             "layers: not supported")
+        return [cache.kv[i] for i in range(self.n_layers)]
+
+    @property
+    def kv_shape(self) -> tuple[int, int]:
+        """(KV heads, head dim) of the layers' keys, read once off a one-token prefill (configs name them
+        differently: grouped- and multi-query attention as the layers do it)."""
+        if self._kv_shape is None:
+            device = self.base.get_output_embeddings().weight.device
+            one = torch.full((1, 1), self.pad_id, dtype=torch.long, device=device)
+            with torch.no_grad():
+                keys = self.prefill(one, torch.zeros_like(one), {t: torch.ones(1, 1, 1, dtype=torch.bool,
+                                    device=device) for t in self.windows})[0][0]
+            self._kv_shape = (keys.shape[1], keys.shape[3])
+        return self._kv_shape
 
     def run(self, tokens: Tensor, positions: Tensor, seen: dict[str, Tensor], cache: object) -> Tensor:
         """The base's own forward over ``tokens`` (B, T) at ``positions`` (B, T), each layer type's queries seeing
@@ -227,15 +246,21 @@ class HFCausalBlockwise(OptionalCapabilities, nn.Module):
         dtype = self.base.get_output_embeddings().weight.dtype
         masks = {t: as_mask(s[:, None], dtype, self.attention) for t, s in seen.items()}  # (B, 1, T, S)
         mask = masks if len(masks) > 1 else next(iter(masks.values()))
-        out = self.trunk(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        try:
+            out = self.trunk(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        except AttributeError as err:
+            if type(cache).__name__ not in str(err):
+                raise
+            raise ValueError(f"{self.base.config.model_type}: its model asks the cache for more than update() "
+                             f"({err}): not supported (positions or ALiBi biases derived from the cache)") from None
         return out.last_hidden_state
 
     # ---- decoder ------------------------------------------------------------------------------------------------
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         """A per-row KV cache of the decoded positions (the last prompt token and what follows it)."""
         w = self.base.get_output_embeddings().weight
-        return KVCache(self.n_layers, batch_size, capacity, self.n_kv_heads, self.head_dim, dtype=w.dtype,
-                       device=w.device)
+        heads, dim = self.kv_shape
+        return KVCache(self.n_layers, batch_size, capacity, heads, dim, dtype=w.dtype, device=w.device)
 
     def decode_step(self, tokens: Tensor, context: CausalContext, cache: KVCache) -> Tensor:
         """T >= 1 new inputs per row (B, T) after what ``cache`` holds -> hidden (B, T, D); an input at cache slot 0
@@ -247,8 +272,8 @@ class HFCausalBlockwise(OptionalCapabilities, nn.Module):
         k_pos = context.start[:, None] + held  # (B, S')
         return self.step(tokens, slots, context.start[:, None] + slots, k_pos, k_pos >= 0, stop, context, cache)
 
-    def decode_tree(self, tokens: Tensor, depths: Tensor, ancestors: Tensor, context: CausalContext,  # type: ignore[override]
-                    cache: KVCache) -> Tensor:
+    def decode_tree(self, tokens: Tensor, depths: Tensor, ancestors: Tensor,  # type: ignore[override]
+                    context: CausalContext, cache: KVCache) -> Tensor:
         """The verify pass over a tree's N nodes per row (B, N): node i at the row's position + ``depths[i]`` (N,),
         seeing the prompt, the cached prefix and the nodes j with ``ancestors[i, j]`` (N, N) -> hidden (B, N, D);
         appends N slots to the cache (:meth:`KVCache.keep_path` keeps the accepted ones)."""
