@@ -210,10 +210,10 @@ class HFCausalBlockwise(OptionalCapabilities, nn.Module):
         attend = valid.clone()
         attend[rows, last_slot] = False
         # the prefill: slot j sees the prompt slots before it, and itself (a pad slot must see something)
-        seen = {t: allowed_keys(positions, positions, attend[:, None, :], w) | torch.eye(src.shape[1], dtype=torch.bool,
-                device=src.device) for t, w in self.windows.items()}
-        return CausalContext(src, valid, attend, positions, src[rows, last_slot], n - 1, self.prefill(src, positions,
-                             seen), longest)
+        itself = torch.eye(src.shape[1], dtype=torch.bool, device=src.device)  # (P, P)
+        seen = {t: allowed_keys(positions, positions, attend[:, None, :], w) | itself for t, w in self.windows.items()}
+        kv = self.prefill(src, positions, seen)
+        return CausalContext(src, valid, attend, positions, src[rows, last_slot], n - 1, kv, longest)
 
     def prefill(self, tokens: Tensor, positions: Tensor, seen: dict[str, Tensor]) -> list[tuple[Tensor, Tensor]]:
         """Every layer's keys and values (B, Hkv, P, Dh) of ``tokens`` (B, P) at ``positions``, queries seeing
@@ -234,9 +234,9 @@ class HFCausalBlockwise(OptionalCapabilities, nn.Module):
         if self._kv_shape is None:
             device = self.base.get_output_embeddings().weight.device
             one = torch.full((1, 1), self.pad_id, dtype=torch.long, device=device)
+            seen = {t: torch.ones(1, 1, 1, dtype=torch.bool, device=device) for t in self.windows}
             with torch.no_grad():
-                keys = self.prefill(one, torch.zeros_like(one), {t: torch.ones(1, 1, 1, dtype=torch.bool,
-                                    device=device) for t in self.windows})[0][0]
+                keys = self.prefill(one, torch.zeros_like(one), seen)[0][0]  # (1, Hkv, 1, Dh)
             self._kv_shape = (keys.shape[1], keys.shape[3])
         return self._kv_shape
 
