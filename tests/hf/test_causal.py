@@ -383,3 +383,12 @@ def test_trees_equal_generate_and_the_tree_reference(family, extra, head_type):
         fast = blockwise_decode(model, src, TopK(2), MAX_LEN, tree=tree)
         slow = tree_decode_reference(model, src, TopK(2), MAX_LEN, tree=tree)
         assert fast.sequences() == slow.sequences() and fast.block_sizes == slow.block_sizes, name
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_exact_blockwise_equals_generate_in_float32(family):
+    base, src = tiny_lm(family, dtype=torch.float32), prompts()
+    pick_eos(base, src)
+    model = HFCausalBlockwise(base, k=4)
+    scramble_head(model, std=0.05)
+    assert blockwise_decode(model, src, Exact(), MAX_LEN).sequences() == hf_greedy(base, src)
