@@ -17,7 +17,7 @@ from lightning_bpd.decoding.blockwise import chain_source, check_stop_below, res
 from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source, check_decode_args, pack_rows
-from lightning_bpd.decoding.rules import BoundRules, bind_rules, history_tail, rules_of, stop_ids
+from lightning_bpd.decoding.rules import BoundRules, bind_rules, histories, history_tail, rules_of, stop_ids
 
 
 def chained(model: BlockwiseModel) -> bool:
@@ -69,7 +69,8 @@ def blockwise_decode_reference(
     bound = bind_rules(rules, max_len, model.vocab_size, src.device)
     stops = stop_ids(model.eos_id, rules)
     rows, blocks = [], []
-    for row_src in strip_padding(src, model.pad_id):
+    befores = histories(model, src, 0 if bound is None else bound.window)  # what the rules see before token 0
+    for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
         context = model.encode(row_src)
         out: list[int] = []
         row_blocks: list[int] = []
@@ -77,7 +78,7 @@ def blockwise_decode_reference(
             prefix = [model.bos_id, *out]
             # Predict: every head at the last prefix position.
             h = model.decode_full(torch.tensor([prefix], device=src.device), context)  # (1, T, D)
-            rule = None if bound is None else ruled_at(bound, prefix, len(out))
+            rule = None if bound is None else ruled_at(bound, [*before, *out], len(out))
             proposals = reference_proposals(model, criterion, h[:, -1], k, chain_source(model, context),
                                             stop_below, rule)  # (1, m), m <= k
             # Verify: the extended prefix, every head everywhere (the paper's head; head 1 only for
@@ -88,7 +89,7 @@ def blockwise_decode_reference(
             all_heads = model.logits_heads(h, [0] if chained(model) else range(k))  # (1, T + m, k or 1, V)
             verify = all_heads[:, len(prefix) : len(prefix) + m - 1, 0]  # (1, m - 1, V)
             if bound is not None:  # p_1 after proposal j under the rules, as greedy would have seen it there
-                verify = torch.cat([ruled_at(bound, prefix + proposals[0, : j + 1].tolist(), len(out) + j + 1)(
+                verify = torch.cat([ruled_at(bound, [*before, *out, *proposals[0, : j + 1].tolist()], len(out) + j + 1)(
                     verify[:, j : j + 1]) for j in range(m - 1)], dim=1) if m > 1 else verify
             n = min(int(criterion.accept(proposals, verify)[0]), m)
             # Accept: up to n tokens, stopping after an EOS id and at max_len.
@@ -108,7 +109,7 @@ def blockwise_decode_reference(
 
 
 def ruled_at(bound: BoundRules, prefix: list[int], index: int) -> Callable[[Tensor], Tensor]:
-    """The generation rules on p_1's logits (..., V) of the token at generated ``index`` after the decoder input
-    ``prefix`` (start token first)."""
+    """The generation rules on p_1's logits (..., V) of the token at generated ``index`` after ``prefix``: what the
+    rules see before the first generated token (the start token, or a prompt's tail) and the tokens since."""
     at = torch.tensor(index)
     return lambda logits: bound.apply(logits, at.to(logits.device), history_tail(prefix, bound.window, logits.device))

@@ -257,6 +257,23 @@ def p1_reader(model: Any, rules: BoundRules | None, index: Tensor, tail: Tensor 
     return model if rules is None else RuledFirst(model, rules, index, tail)
 
 
+def start_tail(model: Any, src: Tensor, window: int) -> Tensor | None:
+    """The ``window`` tokens before the first generated token of each row of a decode of ``src`` (B, S), as the
+    rules see them (B, window): ``model.rules_history`` where offered, else the start token, -1 before it; None
+    without a window."""
+    if window == 0:
+        return None
+    own = model.rules_history
+    return own(src, window) if own is not None else opening_tail(src.shape[0], model.bos_id, window, src.device)
+
+
+def histories(model: Any, src: Tensor, window: int) -> list[list[int]]:
+    """Each row's tokens before its first generated token as the references' rules read them (a list per row: the
+    start token alone without a window)."""
+    tail = start_tail(model, src, window)
+    return [[model.bos_id] for _ in range(src.shape[0])] if tail is None else tail.tolist()
+
+
 def opening_tail(batch: int, bos_id: int, window: int, device: torch.device | str) -> Tensor | None:
     """The tail before the first generated token (batch, window): the start token, -1 before it (None: no window)."""
     if window == 0:
@@ -271,22 +288,25 @@ class RuleBook:
     tokens: the ids that end a row (``stops``, for :meth:`~lightning_bpd.decoding.row_book.RowBook.commit`) and
     what reads p_1 at each read site of a blockwise loop (None everywhere when no rule changes p_1's argmax)."""
 
-    def __init__(self, model: Any, max_len: int, device: torch.device | str, width: int = 1) -> None:
+    def __init__(self, model: Any, max_len: int, device: torch.device | str, src: Tensor | None = None) -> None:
         given = model.generation_rules
-        given = None if given is None else given.at_width(width)  # width: the sources' (B, width)
+        if given is not None and src is not None:
+            given = given.at_width(src.shape[1])  # src: the sources (B, S)
         self.bound = bind_rules(given, max_len, model.vocab_size, device)
         ids = stop_ids(model.eos_id, given)
         self.stops: int | Tensor | None = (None if not ids else ids[0] if len(ids) == 1
                                            else torch.tensor(ids, dtype=torch.long, device=device))
         self.model, self.bos_id, self.device = model, model.bos_id, device
         self.window = 0 if self.bound is None else self.bound.window
+        self.start = None if src is None else start_tail(model, src, self.window)  # (B, window): before token 0
 
     def opening(self, batch: int) -> Any:
         """p_1 for the first generated token of every row (index 0)."""
         if self.bound is None:
             return None
         index = torch.zeros(batch, dtype=torch.long, device=self.device)  # (B,)
-        return RuledFirst(self.model, self.bound, index, opening_tail(batch, self.bos_id, self.window, self.device))
+        tail = self.start if self.start is not None else opening_tail(batch, self.bos_id, self.window, self.device)
+        return RuledFirst(self.model, self.bound, index, tail)
 
     def verifying(self, book: Any, block: Tensor) -> Any:
         """p_1 at every position of a verify pass over ``block`` (b, m): position j predicts the token after
@@ -295,14 +315,14 @@ class RuleBook:
             return None
         m = block.shape[1]
         index = book.committed()[:, None] + 1 + torch.arange(m, device=block.device)  # (b, m)
-        tail = tails(book.tail(self.window, self.bos_id), block, self.window) if self.window else None
+        tail = tails(book.tail(self.window, self.bos_id, self.start), block, self.window) if self.window else None
         return RuledFirst(self.model, self.bound, index, tail)
 
     def next(self, book: Any) -> Any:
         """p_1 for the next token of every live row, after what it committed."""
         if self.bound is None:
             return None
-        tail = book.tail(self.window, self.bos_id) if self.window else None
+        tail = book.tail(self.window, self.bos_id, self.start) if self.window else None
         return RuledFirst(self.model, self.bound, book.committed(), tail)
 
     def on_tree(self, book: Any, tokens: Tensor, depths: Tensor, paths: Tensor) -> Any:
@@ -317,7 +337,7 @@ class RuleBook:
             w = self.window
             at = depths[:, None] - (w - 1) + torch.arange(w, device=tokens.device)  # (N, w): depth along the path
             slot = torch.where(at >= 0, w + paths.gather(1, at.clamp(min=0)), w + at)  # (N, w) into before ++ tokens
-            tail = torch.cat([book.tail(w, self.bos_id), tokens], dim=1)[:, slot]  # (b, N, w)
+            tail = torch.cat([book.tail(w, self.bos_id, self.start), tokens], dim=1)[:, slot]  # (b, N, w)
         return RuledFirst(self.model, self.bound, index, tail)
 
 

@@ -19,19 +19,20 @@ prompt's pads hidden, sliding windows where the config has them) and a cache obj
 :class:`~lightning_bpd.nn.kv_cache.KVCache` (as many heads as the layers' keys: grouped- or multi-query
 attention as the layers do it) and reads the prompt's before them. Nothing here is family-specific, so a family whose attention layers call
 ``cache.update`` and whose base model takes ``position_ids`` and a 4-D mask is exact without new code.
-:meth:`HFCausalBlockwise.decode_full` is the reference: the base's own uncached forward over each row's prompt
-and decoder inputs, left-padded as ``generate`` lays them out.
+:meth:`HFCausalBlockwise.decode_full` is the reference: the base's own uncached forward over each row alone, its
+prompt followed by its decoder inputs, no padding.
 
 The generation config's rules on p_1 (:mod:`lightning_bpd.hf.generation_rules`) count the padded prompt width as
 ``generate``'s ``start`` (``prompt_start``): several EOS ids, ``min_length`` / ``min_new_tokens``, suppressed
-tokens, single-token bad words. Bad words of several tokens would need the prompt's tail and are refused.
+tokens, bad words of one or several tokens (matched against each prompt's tail as ``generate`` does:
+:meth:`HFCausalBlockwise.rules_history`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -180,13 +181,17 @@ class HFCausalBlockwise(OptionalCapabilities, nn.Module):
     @property
     def generation_rules(self) -> GenerationRules:  # type: ignore[override]
         """The base's generation config as rules on p_1, ``start`` the padded prompt width of each decode."""
-        rules = rules_from_config(self.base.generation_config, fallback_eos=self.base.config.eos_token_id,
-                                  prompt_start=True)
-        if any(len(w) > 1 for w in rules.bad_words):
-            line = ("generation_config.bad_words_ids has words of several tokens, which generate matches against the "
-                    "prompt too: not applied on a causal LM yet (keep single-token bad words, or remove them)")
-            rules = replace(rules, refused=(*rules.refused, line))
-        return rules
+        return rules_from_config(self.base.generation_config, fallback_eos=self.base.config.eos_token_id,
+                                 prompt_start=True)
+
+    def rules_history(self, src: Tensor, window: int) -> Tensor:  # type: ignore[override]
+        """What ``generate`` matches banned words of several tokens against before the first new token: the last
+        ``window`` columns of the prompts ``src`` (B, S) left-padded (pad ids included), -1 before them."""
+        valid = src != self.pad_id
+        order = torch.argsort(valid.long(), dim=1, stable=True)  # (B, S): pads first, then the prompt in order
+        left = src.gather(1, order)  # (B, S) left-padded
+        before = torch.full((src.shape[0], max(0, window - src.shape[1])), -1, dtype=torch.long, device=src.device)
+        return torch.cat([before, left], dim=1)[:, -window:]
 
     @property
     def trunk(self) -> nn.Module:

@@ -100,6 +100,10 @@ class Runtime:
         return offered(self.model, "generation_rules")
 
     @property
+    def rules_history(self) -> Callable[[Tensor, int], Tensor] | None:
+        return offered(self.model, "rules_history")
+
+    @property
     def restrict_draft(self) -> Callable[[Tensor], Tensor] | None:
         return offered(self.model, "restrict_draft")
 

@@ -39,6 +39,7 @@ class BlockwiseTransformer(nn.Module):
     # offers them (:mod:`lightning_bpd.inference.proposer`).
     argmax_first = draft_tokens = chain_draft = chain_drafts = None
     generation_rules = None  # greedy decoding of p_1 as it is, ending at eos_id (a user may set rules)
+    rules_history = None  # the rules' history before the first token: the start token (bos_id)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

@@ -9,7 +9,7 @@ from lightning_bpd.decoding.rules import GenerationRules, RuleBook, rules_of
 
 
 class Stub:
-    eos_id, bos_id, vocab_size = 2, 0, 10
+    eos_id, bos_id, vocab_size, rules_history = 2, 0, 10, None
 
     def __init__(self, rules: GenerationRules) -> None:
         self.generation_rules = rules
@@ -24,6 +24,6 @@ def test_prompt_start_is_the_width_of_the_sources():
     src = torch.ones(4, 6, dtype=torch.long)
     assert rules_of(Stub(rules), src).start == 6
     assert rules_of(Stub(fixed), src).start == 1
-    book = RuleBook(Stub(rules), max_len=10, device="cpu", width=6)
+    book = RuleBook(Stub(rules), max_len=10, device="cpu", src=src)
     assert book.bound is not None and book.bound.eos_ban_until == 2
-    assert RuleBook(Stub(rules), max_len=10, device="cpu", width=8).bound is None  # min_length already reached
+    assert RuleBook(Stub(rules), max_len=10, device="cpu", src=torch.ones(4, 8, dtype=torch.long)).bound is None

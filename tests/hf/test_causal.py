@@ -25,6 +25,7 @@ from lightning_bpd.decoding import (
     greedy_decode,
     greedy_decode_reference,
 )
+from lightning_bpd.decoding.criteria import parse_criterion
 from lightning_bpd.hf.causal import HFCausalBlockwise
 from lightning_bpd.hf.generation_rules import ids
 from tests.models import assert_close_to_rounding
@@ -338,8 +339,6 @@ def test_bad_input_is_one_line(tmp_path):
     one_line("a prompt of 70 tokens is longer than the model's context \\(64 positions\\)",
              lambda: greedy_decode(model, long, 4))
     one_line("plus the tokens decoded exceed the model's context", lambda: greedy_decode(model, long[:, :60], 8))
-    gpt2.generation_config.bad_words_ids = [[5, 6]]
-    one_line("bad_words_ids has words of several tokens", lambda: blockwise_decode(model, prompts(), Exact(), 4))
 
 
 @pytest.mark.parametrize("family", ["qwen2", "gpt2"])
@@ -392,3 +391,34 @@ def test_exact_blockwise_equals_generate_in_float32(family):
     model = HFCausalBlockwise(base, k=4)
     scramble_head(model, std=0.05)
     assert blockwise_decode(model, src, Exact(), MAX_LEN).sequences() == hf_greedy(base, src)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_bad_words_of_several_tokens_see_the_prompt(family):
+    """generate matches banned words against its left-padded input: a word whose first token ends a prompt bans
+    that row's first new token, one of three tokens may start inside the prompt, and one inside the output."""
+    base, src = tiny_lm(family), prompts()
+    pick_eos(base, src)
+    plain = hf_greedy(base, src)
+    lefts = left_padded(src)
+    row = next(r for r in range(6) if len(plain[r]) > 2)
+    gc = base.generation_config
+    gc.bad_words_ids = [[int(lefts[0, -1]), plain[0][0]], [*lefts[1, -2:].tolist(), plain[1][0]],
+                        plain[row][1:3]]
+    model = HFCausalBlockwise(base, k=4, head_type="chained")
+    scramble_head(model, std=0.05)
+    want = hf_greedy(base, src)
+    assert want[0][0] != plain[0][0] and want[1][0] != plain[1][0] and want != plain
+    assert blockwise_decode(model, src, Exact(), MAX_LEN).sequences() == want
+    assert greedy_decode(model, src, MAX_LEN).sequences() == want
+    assert greedy_decode_reference(model, src, MAX_LEN).sequences() == want
+    from lightning_bpd.decoding.methods import make_method
+    from lightning_bpd.decoding.tree import Tree
+
+    assert blockwise_decode(model, src, Exact(), MAX_LEN, tree=Tree.from_paths(TREES["medusa"])).sequences() == want
+    assert make_method("sample_t0", parse_criterion, model, seed=3)(model, src, MAX_LEN).sequences() == want
+    for r in range(2):  # batch 1: the prompt alone, unpadded
+        one = src[r : r + 1, : int((src[r] != PAD).sum())]
+        assert blockwise_decode(model, one, Exact(), MAX_LEN).sequences() == hf_greedy(base, one)
+    fast, slow = (decode(model, src, TopK(2), MAX_LEN) for decode in (blockwise_decode, blockwise_decode_reference))
+    assert fast.sequences() == slow.sequences() and fast.block_sizes == slow.block_sizes
