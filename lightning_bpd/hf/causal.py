@@ -31,7 +31,6 @@ tokens, bad words of one or several tokens (matched against each prompt's tail a
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +40,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from lightning_bpd.decoding.protocol import OptionalCapabilities
 from lightning_bpd.decoding.rules import GenerationRules
 from lightning_bpd.hf.base import ATTENTION, as_mask
+from lightning_bpd.hf.causal_heads import CausalHeads
 from lightning_bpd.hf.generation_rules import ids, rules_from_config
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead
@@ -122,7 +122,7 @@ def allowed_keys(q_pos: Tensor, k_pos: Tensor, k_ok: Tensor, window: int | None)
     return seen
 
 
-class HFCausalBlockwise(OptionalCapabilities, nn.Module):
+class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
     """A transformers causal LM (``base``) with k blockwise heads, implementing the decoding protocol
     (:class:`~lightning_bpd.decoding.protocol.BlockwiseModel`); sources are prompts, outputs their continuations.
 
@@ -174,6 +174,7 @@ class HFCausalBlockwise(OptionalCapabilities, nn.Module):
         weight = base.get_output_embeddings().weight
         self.head.to(dtype=weight.dtype, device=weight.device)
         self.vocab_size = weight.shape[0]
+        self.draft_vocab = None
         self.frozen = frozen
         if frozen:
             base.requires_grad_(False)
@@ -327,35 +328,6 @@ class HFCausalBlockwise(OptionalCapabilities, nn.Module):
     def forward(self, tokens: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Training: token sequences (B, T) (and their 0/1 mask) -> the last hidden states (B, T, D)."""
         return self.trunk(input_ids=tokens, attention_mask=attention_mask, use_cache=False).last_hidden_state
-
-    # ---- heads --------------------------------------------------------------------------------------------------
-    def embed_tokens(self, tokens: Tensor) -> Tensor:
-        """The base's token embeddings (...) -> (..., D): what chained heads are fed."""
-        return self.base.get_input_embeddings()(tokens)
-
-    def project(self, h: Tensor) -> Tensor:
-        """The base's LM head: (..., D) -> (..., V)."""
-        return self.base.get_output_embeddings()(h)
-
-    def logits_first(self, h: Tensor) -> Tensor:
-        """p_1, the base's own logits: (..., D) -> (..., V)."""
-        return self.project(h)
-
-    def logits_heads(self, h: Tensor, heads: Sequence[int] | None = None, prev_tokens: Tensor | None = None,
-                     source: object = None) -> Tensor:
-        """Logits of the listed heads (all k by default): (..., D) -> (..., len(heads), V). Chained heads also
-        take the tokens proposed for heads 1..m (..., m)."""
-        heads = list(range(self.k) if heads is None else heads)
-        if self.chained_heads:
-            states = self.head.select(h, heads, prev_tokens, self.embed_tokens)  # type: ignore[call-arg]
-        else:
-            states = self.head.select(h, heads)  # type: ignore[call-arg]
-        return self.project(states)
-
-    def chain_step(self, z: Tensor, token: Tensor, i: int, source: object = None) -> tuple[Tensor, Tensor]:
-        """Chained heads: head ``i``'s state (b, D) and logits (b, V) from head i-1's state z and its token (b,)."""
-        z = self.head.step(z, self.embed_tokens(token), i)  # type: ignore[union-attr,operator]
-        return z, self.project(z)
 
 
 def load_causal(path_or_model: str | os.PathLike | PreTrainedModel, k: int = 1, head_type: str = "paper",
