@@ -259,7 +259,7 @@ def blockwise_decode(
     criterion.validate(k)
     check_stop_below(stop_below, criterion)
     criterion.reset(src.device)
-    rules = RuleBook(model, max_len, src.device)
+    rules = RuleBook(model, max_len, src.device, src)
     batch = src.shape[0]
     context = model.encode(src)
     cache = model.new_cache(batch, capacity=1 + max_len + k)

@@ -99,7 +99,7 @@ def draft_decode(
     t_cache = target.new_cache(batch, capacity=1 + max_len + k)
     d_cache = draft.new_cache(batch, capacity=1 + max_len + k)
     book = RowBook(batch, max_len, k, target.pad_id, device)
-    rules = RuleBook(target, max_len, device)
+    rules = RuleBook(target, max_len, device, src)
     last_token = torch.full((batch,), target.bos_id, dtype=torch.long, device=device)  # (B,)
     h = target.decode_step(last_token[:, None], t_context, t_cache)[:, -1]  # (B, D)
     logits = (rules.opening(batch) or target).logits_first(h)  # (B, V)

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, first_argmax, pack_rows
-from lightning_bpd.decoding.rules import RuledFirst, bind_rules, history_tail, stop_ids
+from lightning_bpd.decoding.rules import RuledFirst, bind_rules, histories, history_tail, rules_of, start_tail, stop_ids
 from lightning_bpd.nn.argmax import argmax
 
 
@@ -33,7 +33,7 @@ def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int,
     Shared by greedy decoding (argmax) and ancestral sampling (a draw). Rows stop after an EOS id or at
     ``max_len`` and leave the batch.
     """
-    rules = model.generation_rules
+    rules = rules_of(model, src)
     bound = bind_rules(rules, max_len, model.vocab_size, src.device)
     stops = stop_ids(model.eos_id, rules)
     batch, device = src.shape[0], src.device
@@ -46,7 +46,7 @@ def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int,
     window = 0 if bound is None else bound.window
     history = torch.full((batch, window + max_len), -1, dtype=torch.long, device=device)  # (B, window + max_len)
     if window:
-        history[:, window - 1] = model.bos_id
+        history[:, :window] = start_tail(model, src, window)
     stop = torch.tensor(stops, dtype=torch.long, device=device)
     steps = 0
     for step in range(max_len):
@@ -87,10 +87,12 @@ def greedy_decode_reference(model: BlockwiseModel, src: Tensor, max_len: int) ->
     """Slow, obviously correct greedy: one row at a time, no padding, the whole prefix re-run each step, the
     generation rules applied to p_1's logits in ``generate``'s order."""
     check_decode_args(model, src, max_len)
-    bound = bind_rules(model.generation_rules, max_len, model.vocab_size, src.device)
-    stops = stop_ids(model.eos_id, model.generation_rules)
+    rules = rules_of(model, src)
+    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
+    stops = stop_ids(model.eos_id, rules)
     rows: list[list[int]] = []
-    for row_src in strip_padding(src, model.pad_id):
+    befores = histories(model, src, 0 if bound is None else bound.window)  # what the rules see before token 0
+    for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
         context = model.encode(row_src)
         out: list[int] = []
         while len(out) < max_len:
@@ -100,7 +102,7 @@ def greedy_decode_reference(model: BlockwiseModel, src: Tensor, max_len: int) ->
                 nxt = int(first_argmax(model, h)[0])
             else:  # the rules on p_1's logits, then their argmax
                 nxt = int(argmax(bound.apply(model.logits_first(h), torch.tensor([len(out)], device=src.device),
-                                             history_tail(prefix, bound.window, src.device)))[0])
+                                             history_tail([*before, *out], bound.window, src.device)))[0])
             out.append(nxt)
             if nxt in stops:
                 break

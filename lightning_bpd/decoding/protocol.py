@@ -125,6 +125,12 @@ class BlockwiseModel(Protocol):
     banned tokens, minimum lengths) that its own greedy ``generate`` applies; every decoder applies them wherever
     p_1 is read. None: greedy decoding of p_1 as it is, ending at ``eos_id``."""
 
+    rules_history: Callable[[Tensor, int], Tensor] | None
+    """The tokens before the first generated token as the generation rules match banned words of several tokens
+    against them: ``rules_history(src (B, S), window)`` -> (B, window) long, -1 where there is none (a causal LM:
+    each prompt's last tokens as ``generate`` sees its left-padded input). None: the start token ``bos_id``, -1
+    before it (an encoder-decoder's decoder input)."""
+
     chain_source: Callable[[Context], Source | None] | None
     """What source-attending chained heads read for the sources of a context; None (or a None result):
     nothing."""
@@ -167,6 +173,7 @@ class OptionalCapabilities:
     draft_ranks: Callable[..., Tensor] | None = None
     restrict_draft: Callable[[Tensor], Tensor] | None = None
     generation_rules: GenerationRules | None = None
+    rules_history: Callable[[Tensor, int], Tensor] | None = None
     chain_source: Callable[[Any], Any] | None = None
     chain_draft: Callable[..., tuple[Tensor, ...]] | None = None
     chain_drafts: Callable[..., Tensor | None] | None = None

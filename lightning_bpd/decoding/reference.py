@@ -17,7 +17,7 @@ from lightning_bpd.decoding.blockwise import chain_source, check_stop_below, res
 from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source, check_decode_args, pack_rows
-from lightning_bpd.decoding.rules import BoundRules, bind_rules, history_tail, stop_ids
+from lightning_bpd.decoding.rules import BoundRules, bind_rules, histories, history_tail, rules_of, stop_ids
 
 
 def chained(model: BlockwiseModel) -> bool:
@@ -65,10 +65,12 @@ def blockwise_decode_reference(
     k = resolve_k(model, k)
     criterion.validate(k)
     check_stop_below(stop_below, criterion)
-    bound = bind_rules(model.generation_rules, max_len, model.vocab_size, src.device)
-    stops = stop_ids(model.eos_id, model.generation_rules)
+    rules = rules_of(model, src)
+    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
+    stops = stop_ids(model.eos_id, rules)
     rows, blocks = [], []
-    for row_src in strip_padding(src, model.pad_id):
+    befores = histories(model, src, 0 if bound is None else bound.window)  # what the rules see before token 0
+    for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
         context = model.encode(row_src)
         out: list[int] = []
         row_blocks: list[int] = []
@@ -76,7 +78,7 @@ def blockwise_decode_reference(
             prefix = [model.bos_id, *out]
             # Predict: every head at the last prefix position.
             h = model.decode_full(torch.tensor([prefix], device=src.device), context)  # (1, T, D)
-            rule = None if bound is None else ruled_at(bound, prefix, len(out))
+            rule = None if bound is None else ruled_at(bound, [*before, *out], len(out))
             proposals = reference_proposals(model, criterion, h[:, -1], k, chain_source(model, context),
                                             stop_below, rule)  # (1, m), m <= k
             # Verify: the extended prefix, every head everywhere (the paper's head; head 1 only for
@@ -86,7 +88,7 @@ def blockwise_decode_reference(
             h = model.decode_full(extended, context)  # (1, T + m, D)
             all_heads = model.logits_heads(h, [0] if chained(model) else range(k))  # (1, T + m, k or 1, V)
             verify = all_heads[:, len(prefix) : len(prefix) + m - 1, 0]  # (1, m - 1, V)
-            verify = ruled_verify(bound, prefix, proposals[0].tolist(), verify)
+            verify = ruled_verify(bound, [*before, *out], proposals[0].tolist(), verify, len(out))
             n = min(int(criterion.accept(proposals, verify)[0]), m)
             # Accept: up to n tokens, stopping after an EOS id and at max_len.
             block = accepted_block(proposals[0, :n].tolist(), stops, max_len - len(out))
@@ -97,13 +99,14 @@ def blockwise_decode_reference(
     return reference_result(rows, blocks, model.pad_id, src.device, calls_per_iteration=2)
 
 
-def ruled_verify(bound: BoundRules | None, prefix: list[int], candidate: list[int], verify: Tensor) -> Tensor:
-    """p_1's logits (1, m - 1, V) after each token but the last of ``candidate`` (m tokens after the decoder input
-    ``prefix``), under the generation rules as greedy would have seen them there (``bound`` None: as they are)."""
+def ruled_verify(bound: BoundRules | None, history: list[int], candidate: list[int], verify: Tensor,
+                 done: int) -> Tensor:
+    """p_1's logits (1, m - 1, V) after each token but the last of ``candidate`` (m tokens after ``done`` generated
+    ones), under the generation rules as greedy would have seen them there: after ``history`` (what the rules see
+    before the candidate) and the candidate's tokens so far. ``bound`` None: as they are."""
     if bound is None or len(candidate) < 2:
         return verify
-    done = len(prefix) - 1  # tokens generated before the candidate
-    return torch.cat([ruled_at(bound, prefix + candidate[: j + 1], done + j + 1)(verify[:, j : j + 1])
+    return torch.cat([ruled_at(bound, history + candidate[: j + 1], done + j + 1)(verify[:, j : j + 1])
                       for j in range(len(candidate) - 1)], dim=1)
 
 
@@ -123,7 +126,7 @@ def reference_result(rows: list[list[int]], blocks: list[list[int]], pad_id: int
 
 
 def ruled_at(bound: BoundRules, prefix: list[int], index: int) -> Callable[[Tensor], Tensor]:
-    """The generation rules on p_1's logits (..., V) of the token at generated ``index`` after the decoder input
-    ``prefix`` (start token first)."""
+    """The generation rules on p_1's logits (..., V) of the token at generated ``index`` after ``prefix``: what the
+    rules see before the first generated token (the start token, or a prompt's tail) and the tokens since."""
     at = torch.tensor(index)
     return lambda logits: bound.apply(logits, at.to(logits.device), history_tail(prefix, bound.window, logits.device))

@@ -67,12 +67,15 @@ class RowBook:
         self.live_lengths = [self.live_lengths[i] for i in keep]
         return keep
 
-    def tail(self, window: int, bos_id: int) -> Tensor:
+    def tail(self, window: int, bos_id: int, start: Tensor | None = None) -> Tensor:
         """The last ``window`` decoder inputs of each live row (b, window): the start token ``bos_id`` and the
-        committed tokens, -1 before the start token."""
+        committed tokens, -1 before the start token; with ``start`` (B, window), what comes before each original
+        row's committed tokens instead (:func:`~lightning_bpd.decoding.rules.start_tail`)."""
         lengths = self.lengths[self.live]  # (b,)
         at = lengths[:, None] - window + torch.arange(window, device=lengths.device)  # (b, window); -1: the start
         got = self.tokens[self.live[:, None], at.clamp(min=0)]  # (b, window)
+        if start is not None:
+            return torch.where(at >= 0, got, start[self.live].gather(1, (at + window).clamp(0, window - 1)))
         return torch.where(at >= 0, got, torch.where(at == -1, bos_id, -1))
 
     def committed(self) -> Tensor:

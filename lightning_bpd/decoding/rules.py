@@ -23,7 +23,7 @@ lists them in ``refused`` and every decoder refuses to run with one line naming 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -39,7 +39,8 @@ class GenerationRules:
 
     ``start``: decoder inputs before the first generated token, as ``generate`` counts its ``input_ids`` (1 for
     an encoder-decoder: the decoder start token). ``min_length`` counts them too (``generate``'s ``min_length``);
-    ``min_new_tokens`` does not. ``forced_eos``: the EOS ids forced at the last index the cap allows (empty: no
+    ``min_new_tokens`` does not. ``prompt_start``: ``start`` is the width of the padded sources of each decode (a
+    causal LM's prompts, left-padded as ``generate`` takes them), set by :meth:`at_width`. ``forced_eos``: the EOS ids forced at the last index the cap allows (empty: no
     forced EOS). ``refused``: one line per setting that changes greedy's output and is not applied.
     """
 
@@ -53,6 +54,7 @@ class GenerationRules:
     min_new_tokens: int = 0
     start: int = 1
     refused: tuple[str, ...] = ()
+    prompt_start: bool = False
 
     def __post_init__(self) -> None:
         ids = [*self.eos_ids, *self.forced_eos, *self.suppress, *self.begin_suppress,
@@ -81,6 +83,10 @@ class GenerationRules:
     def window(self) -> int:
         """Tokens of history the banned words of several tokens look at (0: none)."""
         return max((len(w) - 1 for w in self.bad_words), default=0)
+
+    def at_width(self, width: int) -> GenerationRules:
+        """The rules of a decode of sources (B, ``width``): ``start`` is that width where ``prompt_start``."""
+        return replace(self, start=width) if self.prompt_start else self
 
     def check(self) -> None:
         """Raise ValueError with the first setting that is not applied (see ``refused``)."""
@@ -203,6 +209,13 @@ def bind_rules(rules: GenerationRules | None, max_len: int, vocab_size: int | No
     return rules.bind(max_len, vocab_size, device)
 
 
+def rules_of(model: Any, src: Tensor) -> GenerationRules | None:
+    """``model.generation_rules`` for a decode of the sources ``src`` (B, S) (a causal LM counts their padded
+    width as generate's ``start``: :meth:`GenerationRules.at_width`)."""
+    rules = model.generation_rules
+    return None if rules is None else rules.at_width(src.shape[1])
+
+
 def stop_ids(eos_id: int | None, rules: GenerationRules | None) -> tuple[int, ...]:
     """The ids that end a row: the rules' EOS ids when given, else the model's own EOS (none: no id)."""
     if rules is not None and rules.eos_ids:
@@ -245,6 +258,23 @@ def p1_reader(model: Any, rules: BoundRules | None, index: Tensor, tail: Tensor 
     return model if rules is None else RuledFirst(model, rules, index, tail)
 
 
+def start_tail(model: Any, src: Tensor, window: int) -> Tensor | None:
+    """The ``window`` tokens before the first generated token of each row of a decode of ``src`` (B, S), as the
+    rules see them (B, window): ``model.rules_history`` where offered, else the start token, -1 before it; None
+    without a window."""
+    if window == 0:
+        return None
+    own = model.rules_history
+    return own(src, window) if own is not None else opening_tail(src.shape[0], model.bos_id, window, src.device)
+
+
+def histories(model: Any, src: Tensor, window: int) -> list[list[int]]:
+    """Each row's tokens before its first generated token as the references' rules read them (a list per row: the
+    start token alone without a window)."""
+    tail = start_tail(model, src, window)
+    return [[model.bos_id] for _ in range(src.shape[0])] if tail is None else tail.tolist()
+
+
 def opening_tail(batch: int, bos_id: int, window: int, device: torch.device | str) -> Tensor | None:
     """The tail before the first generated token (batch, window): the start token, -1 before it (None: no window)."""
     if window == 0:
@@ -259,21 +289,25 @@ class RuleBook:
     tokens: the ids that end a row (``stops``, for :meth:`~lightning_bpd.decoding.row_book.RowBook.commit`) and
     what reads p_1 at each read site of a blockwise loop (None everywhere when no rule changes p_1's argmax)."""
 
-    def __init__(self, model: Any, max_len: int, device: torch.device | str) -> None:
+    def __init__(self, model: Any, max_len: int, device: torch.device | str, src: Tensor | None = None) -> None:
         given = model.generation_rules
+        if given is not None and src is not None:
+            given = given.at_width(src.shape[1])  # src: the sources (B, S)
         self.bound = bind_rules(given, max_len, model.vocab_size, device)
         ids = stop_ids(model.eos_id, given)
         self.stops: int | Tensor | None = (None if not ids else ids[0] if len(ids) == 1
                                            else torch.tensor(ids, dtype=torch.long, device=device))
         self.model, self.bos_id, self.device = model, model.bos_id, device
         self.window = 0 if self.bound is None else self.bound.window
+        self.start = None if src is None else start_tail(model, src, self.window)  # (B, window): before token 0
 
     def opening(self, batch: int) -> Any:
         """p_1 for the first generated token of every row (index 0)."""
         if self.bound is None:
             return None
         index = torch.zeros(batch, dtype=torch.long, device=self.device)  # (B,)
-        return RuledFirst(self.model, self.bound, index, opening_tail(batch, self.bos_id, self.window, self.device))
+        tail = self.start if self.start is not None else opening_tail(batch, self.bos_id, self.window, self.device)
+        return RuledFirst(self.model, self.bound, index, tail)
 
     def verifying(self, book: Any, block: Tensor) -> Any:
         """p_1 at every position of a verify pass over ``block`` (b, m): position j predicts the token after
@@ -282,14 +316,14 @@ class RuleBook:
             return None
         m = block.shape[1]
         index = book.committed()[:, None] + 1 + torch.arange(m, device=block.device)  # (b, m)
-        tail = tails(book.tail(self.window, self.bos_id), block, self.window) if self.window else None
+        tail = tails(book.tail(self.window, self.bos_id, self.start), block, self.window) if self.window else None
         return RuledFirst(self.model, self.bound, index, tail)
 
     def next(self, book: Any) -> Any:
         """p_1 for the next token of every live row, after what it committed."""
         if self.bound is None:
             return None
-        tail = book.tail(self.window, self.bos_id) if self.window else None
+        tail = book.tail(self.window, self.bos_id, self.start) if self.window else None
         return RuledFirst(self.model, self.bound, book.committed(), tail)
 
     def on_tree(self, book: Any, tokens: Tensor, depths: Tensor, paths: Tensor) -> Any:
@@ -304,7 +338,7 @@ class RuleBook:
             w = self.window
             at = depths[:, None] - (w - 1) + torch.arange(w, device=tokens.device)  # (N, w): depth along the path
             slot = torch.where(at >= 0, w + paths.gather(1, at.clamp(min=0)), w + at)  # (N, w) into before ++ tokens
-            tail = torch.cat([book.tail(w, self.bos_id), tokens], dim=1)[:, slot]  # (b, N, w)
+            tail = torch.cat([book.tail(w, self.bos_id, self.start), tokens], dim=1)[:, slot]  # (b, N, w)
         return RuledFirst(self.model, self.bound, index, tail)
 
 

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from lightning_bpd.decoding.greedy import strip_padding, token_by_token
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
-from lightning_bpd.decoding.rules import bind_rules, history_tail, stop_ids
+from lightning_bpd.decoding.rules import bind_rules, histories, history_tail, rules_of, stop_ids
 
 
 def check_sampling_args(temperature: float, top_p: float) -> None:
@@ -109,10 +109,12 @@ def ancestral_sample(
     """
     check_decode_args(model, src, max_len)
     check_sampling_args(temperature, top_p)
-    bound = bind_rules(model.generation_rules, max_len, model.vocab_size, src.device)
-    stops = stop_ids(model.eos_id, model.generation_rules)
+    rules = rules_of(model, src)
+    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
+    stops = stop_ids(model.eos_id, rules)
     rows: list[list[int]] = []
-    for row_src in strip_padding(src, model.pad_id):
+    befores = histories(model, src, 0 if bound is None else bound.window)  # what the rules see before token 0
+    for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
         context = model.encode(row_src)
         out: list[int] = []
         while len(out) < max_len and (not out or out[-1] not in stops):
@@ -120,7 +122,7 @@ def ancestral_sample(
             logits = model.logits_first(model.decode_full(torch.tensor([prefix], device=src.device), context)[0, -1:])
             if bound is not None:  # (1, V): the generation rules, then the distribution
                 logits = bound.apply(logits, torch.tensor([len(out)], device=src.device),
-                                     history_tail(prefix, bound.window, src.device))
+                                     history_tail([*before, *out], bound.window, src.device))
             logits = logits[0]  # (V,)
             out.append(int(sample(probabilities(logits, temperature, top_p), generator)))
         rows.append(out)

@@ -50,7 +50,7 @@ class StaticDecoder:
                              f"not {criterion.name}: use blockwise_decode for sampling")
         if not isinstance(sync_every, int) or sync_every < 1:
             raise ValueError(f"sync_every must be an integer >= 1, got {sync_every!r}")
-        rules = RuleBook(model, max_len, src.device)
+        rules = RuleBook(model, max_len, src.device, src)
         if rules.bound is not None:
             raise ValueError("fixed-shape decoding does not apply the generation config's rules on p_1 (forced "
                              "BOS/EOS, suppressed or banned tokens, minimum lengths) yet: use blockwise_decode")

@@ -136,7 +136,7 @@ def tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_le
     criterion.validate(tree.depth + 1)
     criterion.reset(src.device)
     batch, device, n = src.shape[0], src.device, tree.size
-    rules = RuleBook(model, max_len, device)  # the generation rules on p_1 (None where there are none)
+    rules = RuleBook(model, max_len, device, src)  # the generation rules on p_1 (None where there are none)
     depths, ancestors, table = tree.table("depths", device), tree.ancestors(device), tree.path_table(device)
     context = model.encode(src)
     cache = model.new_cache(batch, capacity=1 + max_len + tree.depth + 1, extra_slots=n - tree.depth - 1)

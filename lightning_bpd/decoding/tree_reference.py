@@ -19,7 +19,7 @@ from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args
 from lightning_bpd.decoding.reference import accepted_block, reference_result, ruled_at, ruled_verify
-from lightning_bpd.decoding.rules import BoundRules, bind_rules, stop_ids
+from lightning_bpd.decoding.rules import BoundRules, bind_rules, histories, rules_of, stop_ids
 from lightning_bpd.decoding.tree import Tree
 from lightning_bpd.decoding.tree_decode import check_tree_args
 
@@ -46,15 +46,18 @@ def reference_tree_tokens(model: BlockwiseModel, criterion: Criterion, tree: Tre
 
 
 def check_candidates(model: BlockwiseModel, criterion: Criterion, tree: Tree, prefix: list[int], tokens: list[int],
-                     context: Context, device: torch.device, bound: BoundRules | None = None) -> int:
+                     context: Context, device: torch.device, bound: BoundRules | None = None,
+                     history: list[int] | None = None) -> int:
     """The accepted node: every root-to-leaf candidate checked on its own through the uncached decoder (p_1 under
-    the generation rules ``bound``, at each position as greedy would have seen it)."""
+    the generation rules ``bound``, at each position as greedy would have seen it; ``history``: what the rules see
+    in place of ``prefix``, default ``prefix``)."""
+    history = prefix if history is None else history
     best = (0, 0)  # (accepted tokens, -node)
     for path in tree.leaf_paths():
         candidate = [tokens[i] for i in path]
         h = model.decode_full(torch.tensor([prefix + candidate], device=device), context)  # (1, T + m, D)
         verify = model.logits_first(h[:, len(prefix) : len(prefix) + len(candidate) - 1])  # (1, m - 1, V)
-        verify = ruled_verify(bound, prefix, candidate, verify)
+        verify = ruled_verify(bound, history, candidate, verify, len(prefix) - 1)
         n = int(criterion.accept(torch.tensor([candidate], device=device), verify)[0])
         best = max(best, (n, -path[n - 1]))
     return -best[1]
@@ -68,19 +71,22 @@ def tree_decode_reference(model: BlockwiseModel, src: Tensor, criterion: Criteri
     tree = tree if tree is not None else Tree.path(model.k - 1)
     check_decode_args(model, src, max_len)
     check_tree_args(model, criterion, tree, k, verify_pass=False)
-    bound = bind_rules(model.generation_rules, max_len, model.vocab_size, src.device)
-    stops = stop_ids(model.eos_id, model.generation_rules)
+    rules = rules_of(model, src)
+    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
+    stops = stop_ids(model.eos_id, rules)
     rows, blocks, calls = [], [], 0
-    for row_src in strip_padding(src, model.pad_id):
+    befores = histories(model, src, 0 if bound is None else bound.window)  # what the rules see before token 0
+    for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
         context = model.encode(row_src)
         out: list[int] = []
         row_blocks: list[int] = []
         while len(out) < max_len and (not out or out[-1] not in stops):
             prefix = [model.bos_id, *out]
             h = model.decode_full(torch.tensor([prefix], device=src.device), context)[:, -1]  # (1, D)
-            rule = None if bound is None else ruled_at(bound, prefix, len(out))
+            rule = None if bound is None else ruled_at(bound, [*before, *out], len(out))
             tokens = reference_tree_tokens(model, criterion, tree, h, context, rule)
-            node = check_candidates(model, criterion, tree, prefix, tokens, context, src.device, bound)
+            node = check_candidates(model, criterion, tree, prefix, tokens, context, src.device, bound,
+                                    [*before, *out])
             calls += 1 + len(tree.leaves())
             block = accepted_block([tokens[i] for i in tree.root_path(node)], stops, max_len - len(out))
             out.extend(block)

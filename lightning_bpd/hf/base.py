@@ -92,8 +92,8 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, RuntimeParts, nn.Module):
             raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {head_type!r}")
         if config is None or not getattr(config, "is_encoder_decoder", False):
             name = getattr(config, "model_type", type(base).__name__)
-            raise ValueError(f"{name} is a decoder-only checkpoint: blockwise heads on Hugging Face models need an "
-                             "encoder-decoder (seq2seq) one")
+            raise ValueError(f"{name} is a decoder-only checkpoint, not an encoder-decoder (seq2seq) one: use "
+                             "HFCausalBlockwise (lightning_bpd.hf.load_causal)")
         if config.model_type not in SUPPORTED:
             raise ValueError(f"model type {config.model_type!r} is not supported yet (supported: {', '.join(SUPPORTED)})")
         implementation = attention_implementation(config)
@@ -410,7 +410,8 @@ def load_base(path_or_model: str | os.PathLike | PreTrainedModel, k: int = 1, he
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ValueError(f"{path}: not a Hugging Face checkpoint ({first})") from None
         if not getattr(config, "is_encoder_decoder", False):
-            raise ValueError(f"{path}: a {config.model_type} checkpoint is decoder-only, not a seq2seq one")
+            raise ValueError(f"{path}: a {config.model_type} checkpoint is decoder-only, not a seq2seq one: load it "
+                             "with lightning_bpd.hf.load_causal")
         try:
             model = AutoModelForSeq2SeqLM.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError, KeyError) as err:

@@ -59,10 +59,11 @@ def refusals(config: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def rules_from_config(config: Any, fallback_eos: int | None = None, start: int = 1) -> GenerationRules:
+def rules_from_config(config: Any, fallback_eos: int | None = None, start: int = 1,
+                      prompt_start: bool = False) -> GenerationRules:
     """The rules of a transformers ``GenerationConfig`` (``start``: decoder inputs before the first generated
-    token, 1 for an encoder-decoder). ``fallback_eos``: the model config's EOS id where the generation config
-    has none."""
+    token, 1 for an encoder-decoder; ``prompt_start``: the padded prompt width of each decode, for a causal LM).
+    ``fallback_eos``: the model config's EOS id where the generation config has none."""
     eos = ids(getattr(config, "eos_token_id", None)) or ids(fallback_eos)
     forced_bos = getattr(config, "forced_bos_token_id", None)
     bad = getattr(config, "bad_words_ids", None) or []
@@ -77,4 +78,5 @@ def rules_from_config(config: Any, fallback_eos: int | None = None, start: int =
         min_new_tokens=int(getattr(config, "min_new_tokens", None) or 0),
         start=start,
         refused=refusals(config),
+        prompt_start=prompt_start,
     )

@@ -114,6 +114,10 @@ class Runtime:
     def generation_rules(self) -> Any:
         return self.model.generation_rules
 
+    @property
+    def rules_history(self) -> Callable[[Tensor, int], Tensor] | None:
+        return self.model.rules_history
+
     @functools.cached_property
     def restrict_draft(self) -> Callable[[Tensor], Tensor] | None:
         return without_grad(self.model.restrict_draft)

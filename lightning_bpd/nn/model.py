@@ -40,6 +40,7 @@ class BlockwiseTransformer(RuntimeParts, nn.Module):
     # offers them (:mod:`lightning_bpd.inference.proposer`).
     argmax_first = draft_tokens = draft_ranks = chain_draft = chain_drafts = chain_ranks = None
     generation_rules = None  # greedy decoding of p_1 as it is, ending at eos_id (a user may set rules)
+    rules_history = None  # the rules' history before the first token: the start token (bos_id)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
