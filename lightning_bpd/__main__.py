@@ -1,6 +1,6 @@
-"""``python -m lightning_bpd``: see :mod:`lightning_bpd.cli`."""
+"""``python -m lightning_bpd``: see :mod:`lightning_bpd.commands.cli`."""
 
-from lightning_bpd.cli import main
+from lightning_bpd.commands.cli import main
 
 if __name__ == "__main__":
     main()

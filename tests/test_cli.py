@@ -13,7 +13,7 @@ import pytest
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import WandbLogger
 
-from lightning_bpd.cli import (
+from lightning_bpd.commands.cli import (
     CONF_DIR,
     DEFAULT_CONFIG,
     REPO_ROOT,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_bpd.cli import CONF_DIR, main
+from lightning_bpd.commands.cli import CONF_DIR, main
 from lightning_bpd.config_bases import base_files
 from tests.test_configs import CONFIGS, parse, resolved
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_bpd.cli import BPDCLI, CONF_DIR, to_plain
+from lightning_bpd.commands.cli import BPDCLI, CONF_DIR, to_plain
 
 # conf/common/ holds the shared parts that recipes name in their _base_, not configs to run; conf/recipes/*.yaml
 # are pipelines (python -m lightning_bpd recipe), their stage configs are in conf/recipes/<recipe>/

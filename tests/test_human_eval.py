@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lightning_bpd import human_eval
+from lightning_bpd.commands import human_eval
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
 from lightning_bpd.tasks.superres import SuperResolutionModule
 from lightning_bpd.tasks.superres.pixels import image_to_tokens, tokens_to_image

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_bpd import recipe as rc
-from lightning_bpd.cli import CONF_DIR, REPO_ROOT, moved_option, to_plain
+from lightning_bpd.commands import recipe as rc
+from lightning_bpd.commands.cli import CONF_DIR, REPO_ROOT, moved_option, to_plain
 from tests.test_config_bases import differences
 from tests.test_configs import parse
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from lightning_bpd.cli import CONF_DIR, REPO_ROOT, import_object, to_plain
+from lightning_bpd.commands.cli import CONF_DIR, REPO_ROOT, import_object, to_plain
 from tests.test_configs import ParseOnly, resolved
 
 SWEEPS = sorted((CONF_DIR / "sweeps").glob("*.yaml"))

@@ -1,6 +1,6 @@
 """CTranslate2 beside a Hugging Face base: its conversions, each decoding batches of the checkpoint's token ids.
 
-The peers of ``bench-generate`` (:mod:`lightning_bpd.benchmarks.hf_generate`), a library below the command: the
+The peers of ``bench-generate`` (:mod:`lightning_bpd.commands.bench_generate`), a library below the command: the
 base is converted from its directory, or from a copy saved with ``save_pretrained`` (a fine-tuned base; a Marian
 whose ``<pad>`` is not the last id, moved last by :mod:`lightning_bpd.hf.pad_last`, since the converter drops the
 last row). :func:`start_ct2` never raises: a missing package or a refused conversion is a reason per peer.

@@ -42,6 +42,7 @@ def build_ours(args: argparse.Namespace) -> BlockwiseTransformer:
                          n_decoder_layers=args.layers, d_ff=args.d_ff, dropout=0.0, share_embeddings=True)
     model = BlockwiseTransformer(config).eval()
     model.eos_id = None  # decode exactly --tokens tokens
+    model.use_lean_steps(True)  # the lean steps, as a runtime's snapshot runs them
     return model
 
 

@@ -30,6 +30,7 @@ def build(k: int, vocab: int, identity_first: bool, head_hidden: int | None = No
                       dropout=0.0, k=k, identity_first=identity_first, head_hidden=head_hidden)
     model = BlockwiseTransformer(cfg).eval()
     model.eos_id = None  # decode exactly max_len tokens
+    model.use_lean_steps(True)  # the lean steps, as a runtime's snapshot runs them
     if k > 1:  # untrained heads that disagree with p_1: one accepted token per iteration, as in the worst case
         torch.nn.init.normal_(model.head.out.weight, std=1.0)
     return model

@@ -268,6 +268,8 @@ def blockwise_decode(
     block = propose(model, criterion, model.decode_step(bos, context, cache)[:, -1], k,
                     source=chain_source(model, context), stop_below=stop_below,
                     p1=rules.opening(batch))  # tokens (B, <= k)
+    if not criterion.stochastic:
+        block.tokens = rules.forced_proposals(book, block.tokens)
     calls = 1
     while True:
         width = block.tokens.shape[1]  # k, or fewer after a confidence stop
@@ -288,4 +290,6 @@ def blockwise_decode(
         cache.crop(cache.lengths - width + accepted, bounds=book.length_bounds(offset=1), check=False)
         opening = rules.next(book) if criterion.stochastic else None  # p_1 for a sampled token 1
         block = propose(model, criterion, last, k, first, chain_source(model, context), stop_below, opening)
+        if not criterion.stochastic:  # a forced token where a rule forces one (a draw keeps its own distribution)
+            block.tokens = rules.forced_proposals(book, block.tokens)
     return book.result(calls)

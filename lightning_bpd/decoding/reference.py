@@ -81,6 +81,10 @@ def blockwise_decode_reference(
             rule = None if bound is None else ruled_at(bound, [*before, *out], len(out))
             proposals = reference_proposals(model, criterion, h[:, -1], k, chain_source(model, context),
                                             stop_below, rule)  # (1, m), m <= k
+            if bound is not None and not criterion.stochastic:  # the forced token where a rule forces one
+                index = len(out) + torch.arange(proposals.shape[1], device=src.device)[None]  # (1, m)
+                forced = bound.forced_tokens(index)
+                proposals = torch.where(forced >= 0, forced, proposals)
             # Verify: the extended prefix, every head everywhere (the paper's head; head 1 only for
             # chained heads, whose other heads need proposals), then keep p_1 after each proposal.
             m = proposals.shape[1]

@@ -128,6 +128,10 @@ class BoundRules:
         self.bos_at = 1 - rules.start if rules.forced_bos is not None and rules.start <= 1 else -1
         self.begin_at = 1 if rules.start == 1 and rules.forced_bos is not None else 0
         self.eos_at = max_len - 1 if rules.forced_eos else -1
+        # the tokens greedy emits there: the forced ids all score 0, suppressed ones -inf after; ties to the lowest id
+        self.bos_token = -1 if rules.forced_bos is None else rules.forced_bos
+        kept = sorted(t for t in rules.forced_eos if t not in rules.suppress and t < vocab_size)
+        self.eos_token = kept[0] if kept else 0
         self.window = rules.window
         groups: dict[int, list[tuple[int, ...]]] = {}
         for w in rules.bad_words:
@@ -140,6 +144,20 @@ class BoundRules:
     @property
     def active(self) -> bool:
         return self.rules.active
+
+    @property
+    def forces(self) -> bool:
+        """Whether a rule forces a token somewhere (BOS first, EOS at the cap)."""
+        return self.bos_at >= 0 or self.eos_at >= 0
+
+    def forced_tokens(self, index: Tensor) -> Tensor:
+        """The token greedy emits at generated ``index`` (...) where a rule forces one, -1 elsewhere (...)."""
+        out = torch.full_like(index, -1)
+        if self.bos_at >= 0:
+            out = torch.where(index == self.bos_at, self.bos_token, out)
+        if self.eos_at >= 0:
+            out = torch.where(index == self.eos_at, self.eos_token, out)
+        return out
 
     # ---- the rules on logits, in generate's order: the reference ----------------------------------------------
     def apply(self, logits: Tensor, index: Tensor, tail: Tensor | None = None) -> Tensor:
@@ -308,6 +326,16 @@ class RuleBook:
         index = torch.zeros(batch, dtype=torch.long, device=self.device)  # (B,)
         tail = self.start if self.start is not None else opening_tail(batch, self.bos_id, self.window, self.device)
         return RuledFirst(self.model, self.bound, index, tail)
+
+    def forced_proposals(self, book: Any, tokens: Tensor) -> Tensor:
+        """A block's proposals ``tokens`` (b, m) (token j at generated index committed + j) with the token a rule
+        forces put in place wherever one does: a head's other guess there could only be rejected (the cap's forced
+        EOS would cost an iteration of its own). Verification decides as before."""
+        if self.bound is None or not self.bound.forces:
+            return tokens
+        index = book.committed()[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # (b, m)
+        forced = self.bound.forced_tokens(index)
+        return torch.where(forced >= 0, forced, tokens)
 
     def verifying(self, book: Any, block: Tensor) -> Any:
         """p_1 at every position of a verify pass over ``block`` (b, m): position j predicts the token after

@@ -44,7 +44,7 @@ from lightning_bpd.decoding.rules import GenerationRules
 from lightning_bpd.decoding.runtime_parts import RuntimeParts
 from lightning_bpd.hf.compat import attention_implementation, relative_position_buckets
 from lightning_bpd.hf.generation_rules import ids, rules_from_config
-from lightning_bpd.hf.lean_step import LeanDecoder, LeanEncoderLayer
+from lightning_bpd.hf.lean_layers import LeanDecoder, LeanEncoderLayer
 from lightning_bpd.hf.step_cache import HFContext, SelfAttentionCache, StepCache, as_mask, tree_positions
 from lightning_bpd.nn.attention import tree_span
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
@@ -272,7 +272,7 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, RuntimeParts, nn.Module):
         return self.lean and not self.t5 and not torch.is_grad_enabled()
 
     def lean_decoder(self) -> LeanDecoder:
-        """The decoder layers as one :class:`~lightning_bpd.hf.lean_step.LeanDecoder` (listed on first use: a
+        """The decoder layers as one :class:`~lightning_bpd.hf.lean_layers.LeanDecoder` (listed on first use: a
         runtime's snapshot, whose parameters do not change)."""
         if self._lean is None:
             self._lean = LeanDecoder(self.layers, self.base.config.model_type == "mbart", self.n_heads,

@@ -20,8 +20,8 @@ What the adapter uses that is not transformers' public API (checked on 5.24.0):
   ``layer(hidden, mask, encoder_hidden, encoder_attention_mask=, cache=, use_cache=)`` returning the hidden
   states; T5 ``block(hidden, mask, position_bias, encoder_hidden, encoder_mask, None, cache=)[0]``; and the
   encoder layers' ``forward(hidden_states, attention_mask, **kwargs)`` that
-  :class:`~lightning_bpd.hf.lean_step.LeanEncoderLayer` replaces on a runtime's snapshot.
-- Module attribute names read by :mod:`lightning_bpd.hf.base` and :mod:`lightning_bpd.hf.lean_step`: the decoder's
+  :class:`~lightning_bpd.hf.lean_layers.LeanEncoderLayer` replaces on a runtime's snapshot.
+- Module attribute names read by :mod:`lightning_bpd.hf.base` and :mod:`lightning_bpd.hf.lean_layers`: the decoder's
   ``embed_tokens``, ``embed_positions`` (``weight``, ``offset``), ``embed_scale`` (Marian), ``layernorm_embedding``,
   ``layer_norm``, ``layers`` / ``block``; a BART layer's ``self_attn`` / ``encoder_attn`` (``q_proj``, ``k_proj``,
   ``v_proj``, ``out_proj``, ``num_heads``, ``head_dim``, ``scaling``), ``*_layer_norm``, ``fc1``, ``fc2``,

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from lightning_bpd.inference.products import CopiedProducts, WideProducts
+from lightning_bpd.inference.product_kinds import CopiedProducts, WideProducts
 from lightning_bpd.inference.shared_copy import own_bytes, tensor_bytes
 from lightning_bpd.kernels.int8 import RowInt8
 

@@ -5,7 +5,7 @@ mode), so it needs modules of its own; it does not need weights of its own. :fun
 object of the tree (each keeps its attributes, a shallow copy of them) and hands the copies the original's own
 parameter and buffer tensors: the copy adds the module objects' few bytes, not the weights. Weights are copied only
 where the runtime's dtype is not theirs (:func:`cast_copy`), and a runtime's products make their own packed, int8 or
-float64 copies (:mod:`lightning_bpd.inference.products`).
+float64 copies (:mod:`lightning_bpd.inference.product_kinds`).
 
 The copy reads the live weights: a training step changes what it decodes (in place, as optimizers step), while the
 products' packed copies, made when the runtime is built, stay as they were: build another runtime after training.

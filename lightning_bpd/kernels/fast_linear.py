@@ -24,7 +24,7 @@ LARGE = 1 << 20  # weight entries from which 8 rows already favour (W @ x.T).T
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``: (..., in) -> (..., out), the plain products of
-    :data:`~lightning_bpd.nn.products.FLOAT` (other kinds: :mod:`lightning_bpd.inference.products`)."""
+    :data:`~lightning_bpd.nn.products.FLOAT` (other kinds: :mod:`lightning_bpd.inference.product_kinds`)."""
     rows = x.numel() // max(1, x.shape[-1])
     if torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32 or rows > MAX_ROWS or rows < (
             8 if weight.numel() >= LARGE else 16):

@@ -19,7 +19,7 @@ CTranslate2's int8 (per-row activation scales, per-channel weight scales). :func
 the first construction of the same product (two constant columns +1, -1 appended so that the dynamic product
 picks that grid), kept as the check that the fixed grid is fbgemm's.
 
-Weights stay float32 in the model: an int8 runtime (:class:`~lightning_bpd.inference.products.Int8Products`,
+Weights stay float32 in the model: an int8 runtime (:class:`~lightning_bpd.inference.product_kinds.Int8Products`,
 precision ``int8`` of ``decode``, ``bench`` and the validation callback) packs its own copy of every weight once,
 when it is built; :func:`reference_linear` is the slow, obviously correct version the tests compare.
 """
@@ -85,7 +85,7 @@ class RowInt8:
 
 
 def row_int8(x: Tensor, packed: torch.classes.quantized.LinearPackedParamsBase, bias: Tensor) -> Tensor:
-    """The product of :class:`RowInt8` (also compiled into :mod:`~lightning_bpd.nn.lean_step`'s TorchScript):
+    """The product of :class:`RowInt8` (also compiled into :mod:`~lightning_bpd.inference.lean_step`'s TorchScript):
     x (..., in) scaled per row to [-1, 1], quantized on [-1, 1]'s fixed grid, the exact int8 product with the
     packed weight (out, in), the row's scale multiplied back and ``bias`` (out,) added -> (..., out)."""
     flat = x.reshape(-1, x.shape[-1])  # (N, in)

@@ -7,7 +7,7 @@ from 1, so results differ by ~1e-7 relative. A categorical output rarely has a n
 Gaussian intensity output (:mod:`~lightning_bpd.nn.intensity_prior`) has one wherever the predicted mean
 sits near a half level, so exact decoding of a 3,072-intensity image drifts from greedy on many faces.
 
-With these products (:class:`~lightning_bpd.inference.products.WideProducts`, precision ``float32-invariant``), every product of the model (:func:`linear`, :func:`attention`) casts its
+With these products (:class:`~lightning_bpd.inference.product_kinds.WideProducts`, precision ``float32-invariant``), every product of the model (:func:`linear`, :func:`attention`) casts its
 float32 operands to float64, multiplies there and rounds the result to float32. The float64 results of
 two kernels differ by ~1e-16 relative, so after rounding to float32 they agree unless a value falls
 within that distance of a float32 rounding boundary (a chance of ~2^-29 per value), and the rest of the

@@ -235,8 +235,11 @@ class BlockwiseTransformer(RuntimeParts, nn.Module):
         return (weight, bias) if self.prior is None else (self.prior.output_weight(weight), bias)
 
     def use_lean_steps(self, on: bool) -> None:
-        """The encoder and the cached decoder step through their TorchScript lean functions (or not)."""
-        self.encoder.lean = self.decoder.lean = on
+        """The encoder and the cached decoder step through the runtime's TorchScript lean functions
+        (:mod:`lightning_bpd.inference.lean_step`), or through the modules (a model as built)."""
+        from lightning_bpd.inference.lean_step import encode, step  # inference-only code, asked for by a runtime
+
+        self.encoder.lean, self.decoder.lean = (encode, step) if on else (None, None)
 
     def use_draft_vocab(self, ids: Tensor) -> None:
         """Let the heads propose only these token ids (:mod:`lightning_bpd.nn.draft_vocab`)."""

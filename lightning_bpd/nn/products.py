@@ -5,7 +5,7 @@ Every module that multiplies (attention, feed-forward, heads, the vocabulary pro
 model holds :data:`FLOAT`: plain float products in the model's own dtype (:func:`~lightning_bpd.kernels.fast_linear.linear`
 and ``F.scaled_dot_product_attention``), the reference arithmetic of training and of a model decoded directly.
 An inference runtime (:func:`lightning_bpd.inference.build_runtime`) gives *its own copy* of the model another
-kind (:mod:`lightning_bpd.inference.products`: float64-accumulated ``float32-invariant``, batch-invariant int8),
+kind (:mod:`lightning_bpd.inference.product_kinds`: float64-accumulated ``float32-invariant``, batch-invariant int8),
 built once with every packed or widened weight it needs, so two runtimes of one model in two precisions live
 in one process and neither changes the other's arithmetic, nor the model's. Torch only.
 
@@ -80,27 +80,3 @@ FLOAT = Products()  # stateless: the default of every module
 def inference(x: Tensor) -> bool:
     """Whether a product of ``x`` happens at inference (no gradients), where a kind may differ from FLOAT."""
     return not torch.is_grad_enabled()
-
-
-class ProductLinear(torch.nn.Linear):
-    """An ``nn.Linear`` whose forward multiplies through ``self.products``: a runtime turns every plain
-    ``nn.Linear`` of its snapshot into one (:func:`use_products`), so that a model whose modules call their
-    linear layers directly (a Hugging Face base) takes the runtime's precision too. Same parameters, same
-    state dict."""
-
-    products: Products = FLOAT
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.products.linear(x, self.weight, self.bias)
-
-
-def use_products(model: torch.nn.Module, products: Products) -> torch.nn.Module:
-    """Give every module of ``model`` that multiplies ``products`` (in place; a runtime does it to its own snapshot):
-    modules that hold ``products`` get these, and every plain ``nn.Linear`` becomes a :class:`ProductLinear`.
-    Returns ``model``."""
-    for module in model.modules():
-        if type(module) is torch.nn.Linear:
-            module.__class__ = ProductLinear
-        if hasattr(type(module), "products"):
-            module.products = products
-    return model

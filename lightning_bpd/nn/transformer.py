@@ -8,12 +8,12 @@ verify pass of blockwise decoding).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.nn import lean_step
 from lightning_bpd.nn.attention import (
     MultiHeadAttention,
     additive,
@@ -62,11 +62,12 @@ class EncoderContext:
 
 
 def lean_applies(stack: nn.Module, x: Tensor, invariant_ok: bool = False) -> bool:
-    """Whether an encoder or decoder may run ``x`` through :mod:`~lightning_bpd.nn.lean_step`: inference
+    """Whether an encoder or decoder may run ``x`` through its lean path (``stack.lean``: a runtime installs
+    :mod:`~lightning_bpd.inference.lean_step`'s, none otherwise): inference
     (eval mode, no gradients), with products the lean encoder takes unless ``invariant_ok`` (the decoder step
     takes float64 ones too), and that apply to ``x`` (int8: float32 on CPU)."""
     products = stack.products
-    return (stack.lean and not stack.training and not torch.is_grad_enabled()
+    return (stack.lean is not None and not stack.training and not torch.is_grad_enabled()
             and (invariant_ok or products.lean_encoder) and products.applies(x))
 
 
@@ -106,12 +107,13 @@ class Encoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(d_model, n_heads, d_ff, dropout) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model)
-        self.lean = True  # inference through lean_step.lean_encoder (see forward)
+        # a runtime's snapshot: the encoder as one TorchScript function (inference.lean_step.encode); None: the modules
+        self.lean: Callable[..., Tensor] | None = None
 
     def forward(self, x: Tensor, src_valid: Tensor) -> Tensor:
         mask = padding_mask(src_valid)
         if self.layers and lean_applies(self, x):  # the same ops as one TorchScript function
-            return lean_step.encode(self, x, mask)
+            return self.lean(self, x, mask)  # type: ignore[misc]
         for layer in self.layers:
             x = layer(x, mask)
         return self.norm(x)
@@ -146,7 +148,8 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, dropout) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model)
         self.window = window
-        self.lean = True  # cached inference steps through lean_step (see step)
+        # a runtime's snapshot: cached steps as one TorchScript function (inference.lean_step.step); None: the modules
+        self.lean: Callable[..., Tensor] | None = None
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
 
@@ -176,8 +179,8 @@ class Decoder(nn.Module):
 
     def step(self, x: Tensor, context: EncoderContext, cache: KVCache, ancestors: Tensor | None = None) -> Tensor:
         """Cached pass over T new inputs per row ``x`` (B, T, D); appends them to ``cache``. At inference
-        without a static cache the same ops run as one TorchScript function (:mod:`~lightning_bpd.nn.lean_step`;
-        ``lean = False`` turns it off). ``ancestors`` (T, T) bool: the inputs are a tree's nodes, node i seeing
+        without a static cache, in a runtime's snapshot, the same ops run as one TorchScript function (``lean``:
+        :mod:`~lightning_bpd.inference.lean_step`'s, installed by the runtime). ``ancestors`` (T, T) bool: the inputs are a tree's nodes, node i seeing
         the cached prefix and the nodes j with ``ancestors[i, j]`` (:func:`~lightning_bpd.nn.attention.tree_span`);
         x then carries each node's own position already."""
         n_new = x.shape[1]
@@ -188,8 +191,8 @@ class Decoder(nn.Module):
         span, tree_visible = tree_span(positions, ancestors, cache) if ancestors is not None else (None, None)
         if self.lean_applies(x, cache):
             cross_bias = additive(padding_mask(context.src_valid), x.dtype)  # (B, 1, 1, S)
-            out = lean_step.step(self, x, context, cache, positions, cache.length_bounds()[1] + n_new, cross_bias,
-                                 tree_visible)
+            out = self.lean(self, x, context, cache, positions, cache.length_bounds()[1] + n_new,  # type: ignore[misc]
+                            cross_bias, tree_visible)
             cache.advance(n_new)
             return out
         if span is not None:
@@ -210,7 +213,7 @@ class Decoder(nn.Module):
         return self.norm(x)
 
     def lean_applies(self, x: Tensor, cache: KVCache) -> bool:
-        """Whether :meth:`step` may run as :func:`~lightning_bpd.nn.lean_step.lean_decoder_step` (local windows,
+        """Whether :meth:`step` may run as :func:`~lightning_bpd.inference.lean_step.lean_decoder_step` (local windows,
         ring caches and the float64 products of float32-invariant included; not static caches)."""
         return not cache.static and cache.k.dtype == x.dtype and lean_applies(self, x, invariant_ok=True)
 

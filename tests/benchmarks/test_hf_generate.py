@@ -1,4 +1,4 @@
-"""``python -m lightning_bpd.benchmarks.hf_generate``: our exact decoding of a tiny Hugging Face heads checkpoint
+"""``python -m lightning_bpd bench-generate``: our exact decoding of a tiny Hugging Face heads checkpoint
 against the base's greedy ``generate`` and prompt-lookup ``generate`` (and CTranslate2, when installed)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from lightning_bpd.benchmarks import ctranslate2_hf
-from lightning_bpd.benchmarks.hf_generate import GENERATE, LOOKUP, METHODS, OURS, cut, hf_generate
-from lightning_bpd.benchmarks.hf_generate import main as hf_bench
+from lightning_bpd.commands.bench_generate import GENERATE, LOOKUP, METHODS, OURS, cut, hf_generate
+from lightning_bpd.commands.bench_generate import main as hf_bench
 from lightning_bpd.decoding import greedy_decode
 from lightning_bpd.kernels import int8
 from lightning_bpd.tasks.translation.hf_module import HFTranslationModule, save_heads

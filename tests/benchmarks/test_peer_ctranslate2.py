@@ -9,7 +9,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from lightning_bpd.bench import main as bench
+from lightning_bpd.commands.bench import main as bench
 from lightning_bpd.tasks.translation.tokenizer import Tokenizer
 from tests.task_modules import translation_module
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_bpd.cli import REPO_ROOT, main
+from lightning_bpd.commands.cli import REPO_ROOT, main
 
 TINY = [
     "--model.init_args.architecture.d_model=32", "--model.init_args.architecture.n_heads=2", "--model.init_args.architecture.d_ff=64",

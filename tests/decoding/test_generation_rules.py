@@ -220,3 +220,21 @@ def test_trees_verify_under_the_rules(setting, head_type):
     assert fast.sequences() == greedy == slow.sequences() and fast.block_sizes == slow.block_sizes
     top = blockwise_decode(model, src, TopK(2), MAX_LEN, tree=tree)
     assert top.sequences() == tree_decode_reference(model, src, TopK(2), MAX_LEN, tree=tree).sequences()
+
+
+def test_a_forced_token_is_proposed_so_the_cap_costs_no_iteration_of_its_own():
+    """Heads that are always right reach the cap in ceil(max_len / k) iterations; with EOS forced at the cap the
+    proposal there is the forced EOS (a head's other guess could only be rejected), so it takes no more."""
+    from tests.models import StubModel, stub_sources
+
+    targets = [[5 + (t % 7) for t in range(40)], [9 + (t % 5) for t in range(40)]]  # no EOS before the cap
+    stub = StubModel(targets, k=4)
+    stub.vocab_size = stub.vocab
+    src = stub_sources(2)
+    plain = blockwise_decode(stub, src, Exact(), 8)
+    stub.generation_rules = GenerationRules(eos_ids=(stub.eos_id,), forced_eos=(stub.eos_id,))
+    forced = blockwise_decode(stub, src, Exact(), 8)
+    assert plain.block_sizes == forced.block_sizes == [[4, 4], [4, 4]]
+    assert [row[-1] for row in forced.sequences()] == [stub.eos_id] * 2
+    assert forced.sequences() == greedy_decode(stub, src, 8).sequences()
+    assert forced.sequences() == blockwise_decode_reference(stub, src, Exact(), 8).sequences()

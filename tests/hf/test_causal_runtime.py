@@ -53,7 +53,7 @@ def test_a_runtimes_fast_proposals_stay_exact(head_type, options):
 
 def test_an_invariant_runtime_decodes_like_generate():
     """float64 products in a float32 runtime: every nn.Linear of the causal base through the runtime's products."""
-    from lightning_bpd.nn.products import ProductLinear
+    from lightning_bpd.inference.product_swap import ProductLinear
 
     base, src = tiny_lm("qwen2", dtype=torch.float32), prompts()
     pick_eos(base, src)

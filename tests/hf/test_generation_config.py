@@ -150,7 +150,7 @@ def test_sampling_settings_are_ignored_as_generate_ignores_them():
 def test_decode_command_equals_generate_with_the_checkpoints_forced_eos(tmp_path, capsys):
     """A heads folder on a Marian whose generation config forces EOS at the cap (as opus-mt's does): ``decode
     --max-new-tokens N`` writes what ``generate(max_new_tokens=N)`` decodes, capped rows ending in EOS."""
-    from lightning_bpd.cli import main
+    from lightning_bpd.commands.cli import main
     from lightning_bpd.tasks.translation.hf_module import HFTranslationModule, save_heads
     from tests.hf.tiny_checkpoint import EOS, sentence_pairs, tiny_marian, tiny_tokenizer
 

@@ -15,7 +15,7 @@ pytest.importorskip("safetensors")
 
 from transformers import AutoTokenizer, MarianMTModel
 
-from lightning_bpd.hf.export_base import export_base
+from lightning_bpd.commands.export_base import export_base
 from lightning_bpd.hf.pad_last import move_pad_last, swap_ids
 from lightning_bpd.tasks.translation.hf_module import HFTranslationModule
 from tests.hf.tiny_checkpoint import PAD, sentence_pairs, write_checkpoint, write_pad_last_checkpoint

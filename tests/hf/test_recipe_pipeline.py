@@ -14,10 +14,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 import lightning_bpd
-from lightning_bpd.cli import CONF_DIR, main
+from lightning_bpd.commands.cli import CONF_DIR, main
+from lightning_bpd.commands.recipe import load_recipe
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.hf.pad_last import swap_ids
-from lightning_bpd.recipe import load_recipe
 from tests.hf.tiny_checkpoint import sentence_pairs, write_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -8,9 +8,10 @@ import torch
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.hf import HFSeq2SeqBlockwise
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.inference.products import Int8Products
+from lightning_bpd.inference.product_kinds import Int8Products
+from lightning_bpd.inference.product_swap import ProductLinear
 from lightning_bpd.kernels import int8, onednn
-from lightning_bpd.nn.products import FLOAT, ProductLinear
+from lightning_bpd.nn.products import FLOAT
 from tests.hf.test_base import generated, pick_eos, sources, tiny_base
 
 MAX_LEN = 12

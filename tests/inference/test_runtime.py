@@ -8,7 +8,7 @@ import torch
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.protocol import OptionalCapabilities
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.inference.products import Int8Products, PackedProducts, WideProducts
+from lightning_bpd.inference.product_kinds import Int8Products, PackedProducts, WideProducts
 from lightning_bpd.kernels import int8, onednn
 from lightning_bpd.nn.products import FLOAT
 from tests.models import float32_model, random_sources
@@ -108,12 +108,12 @@ def test_the_packed_runtime_multiplies_like_float32_up_to_rounding_and_its_lean_
     with torch.no_grad():
         for name, m in (("plain", model), ("packed", runtime.model)):
             for lean in (True, False):
-                m.decoder.lean = m.encoder.lean = lean
+                m.use_lean_steps(lean)
                 context = m.encode(src)
                 cache = m.new_cache(4, 12)
                 outs[name, lean] = torch.cat([m.decode_step(tokens[:, :1], context, cache),
                                               m.decode_step(tokens[:, 1:], context, cache)], dim=1)
-                m.decoder.lean = m.encoder.lean = True
+                m.use_lean_steps(True)
         heads = runtime.logits_heads(outs["packed", True][:, -1], range(4), tokens[:, :3],
                                      runtime.chain_source(runtime.encode(src)))
     assert torch.equal(outs["packed", True], outs["packed", False])  # the same kernels in the same order

@@ -5,7 +5,7 @@ import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.inference.products import Int8Products
+from lightning_bpd.inference.product_kinds import Int8Products
 from lightning_bpd.kernels import int8
 from tests.models import float32_model, random_model, random_sources
 

@@ -7,7 +7,7 @@ from torch.nn import functional as F
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.inference.precision import canonical_precision, parse_precision
-from lightning_bpd.inference.products import WideProducts
+from lightning_bpd.inference.product_kinds import WideProducts
 from lightning_bpd.nn.products import FLOAT
 from tests.task_modules import superres_module
 

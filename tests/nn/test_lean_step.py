@@ -7,16 +7,16 @@ import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.inference.products import Int8Products, WideProducts
+from lightning_bpd.inference.product_kinds import Int8Products, WideProducts
+from lightning_bpd.inference.product_swap import use_products
 from lightning_bpd.kernels import int8
-from lightning_bpd.nn.products import use_products
 from lightning_bpd.nn.transformer import lean_applies
 from tests.models import random_model, random_sources
 
 
 def run_steps(model, src, chunks, crops, lean: bool, capacity: int = 40) -> list[torch.Tensor]:
     """Cached steps of ``chunks`` (token blocks (B, T)), cropping to ``crops[i]`` (or not) after step i."""
-    model.decoder.lean = lean
+    model.use_lean_steps(lean)
     context = model.encode(src)
     cache = model.new_cache(src.shape[0], capacity=capacity)
     outs = []
@@ -26,7 +26,7 @@ def run_steps(model, src, chunks, crops, lean: bool, capacity: int = 40) -> list
             outs.append(model.decode_step(tokens, context, cache))
             if crop is not None:
                 cache.crop(torch.tensor(crop))
-    model.decoder.lean = True
+    model.use_lean_steps(True)
     return outs
 
 
@@ -55,9 +55,9 @@ def test_decoding_is_the_same_with_and_without_the_lean_step(head_type):
     src = random_sources(6, vocab=40, seed=4)
     outs = {}
     for lean in (True, False):
-        model.decoder.lean = lean
+        model.use_lean_steps(lean)
         outs[lean] = (greedy_decode(model, src, 20), blockwise_decode(model, src, Exact(), 20))
-    model.decoder.lean = True
+    model.use_lean_steps(True)
     for a, b in zip(outs[True], outs[False]):
         assert torch.equal(a.tokens, b.tokens) and a.block_sizes == b.block_sizes
 
@@ -92,6 +92,8 @@ def test_the_reference_keeps_what_the_lean_step_does_not_take():
     with torch.no_grad():
         plain = random_model(k=2, vocab=30)
         cache = plain.new_cache(1, 40)
+        assert not plain.decoder.lean_applies(x, cache)  # a model as built runs its modules
+        plain.use_lean_steps(True)  # as a runtime's snapshot does
         assert plain.decoder.lean_applies(x, cache)
         wide = use_products(copy.deepcopy(plain), WideProducts())
         assert wide.decoder.lean_applies(x, cache)  # the step takes the float64 products
@@ -131,9 +133,9 @@ def test_lean_encoder_equals_the_reference_bitwise(precision):
     model = build_runtime(model, InferenceOptions(precision=precision)).model
     with torch.no_grad():
         lean = model.encode(src)
-        model.encoder.lean = False
+        model.use_lean_steps(False)
         ref = model.encode(src)
-        model.encoder.lean = True
+        model.use_lean_steps(True)
     assert model.encoder.lean_tensors is not None  # the lean path ran
     assert torch.equal(lean.memory, ref.memory)
     for (k1, v1), (k2, v2) in zip(lean.cross_kv, ref.cross_kv):
@@ -143,8 +145,7 @@ def test_lean_encoder_equals_the_reference_bitwise(precision):
 @pytest.mark.skipif(not int8.available(), reason="no fbgemm/x86 quantized engine")
 def test_the_lean_functions_compile():
     """`script` falls back to plain Python where TorchScript fails: here it must not, or the speed is gone quietly."""
-    from lightning_bpd.inference import fused_chain
-    from lightning_bpd.nn import lean_step
+    from lightning_bpd.inference import fused_chain, lean_step
 
     for fn in (lean_step.lean_decoder_step, lean_step.lean_encoder, fused_chain.chain_links_scripted):
         assert isinstance(fn, torch.jit.ScriptFunction), fn

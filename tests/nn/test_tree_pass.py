@@ -100,11 +100,11 @@ def test_the_lean_tree_pass_is_the_module_pass_bitwise(dtype):
     tokens = torch.randint(3, 30, (4, TREE.size), generator=g)
     outs = []
     for lean in (True, False):
-        model.decoder.lean = lean
+        model.use_lean_steps(lean)
         with torch.no_grad():
             context = model.encode(src)
             cache = ragged_cache(model, context, prefixes, [5, 3, 4, 5])
             assert model.decoder.lean_applies(tokens.new_zeros((), dtype=dtype), cache) == lean
             outs.append(model.decode_tree(tokens, TREE.table("depths"), TREE.ancestors(), context, cache))
-    model.decoder.lean = True
+    model.use_lean_steps(True)
     assert torch.equal(outs[0], outs[1])

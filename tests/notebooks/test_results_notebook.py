@@ -11,7 +11,7 @@ import torch
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-from lightning_bpd.results import load, markdown_tables
+from lightning_bpd.commands.results import load, markdown_tables
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "results.ipynb"
 
@@ -79,10 +79,10 @@ ROOT = NOTEBOOK.parents[1]
 
 
 def test_readme_and_docs_are_generated_from_the_repository_results():
-    from lightning_bpd.results import GENERATED, readme_block
+    from lightning_bpd.commands.results import GENERATED, readme_block
 
     records = load(ROOT / "results")
-    stale = "out of date: run `python -m lightning_bpd.results readme`"
+    stale = "out of date: run `python -m lightning_bpd results readme`"
     docs = (ROOT / "docs" / "results.md").read_text()
     assert readme_block(docs) == markdown_tables(records), f"docs/results.md {stale}"
     readme = (ROOT / "README.md").read_text()
@@ -113,7 +113,7 @@ def test_relative_links_in_readme_and_docs_resolve():
 
 
 def test_update_readme_rewrites_only_the_marked_block(tmp_path):
-    from lightning_bpd.results import BEGIN, END, readme_block, update_readme
+    from lightning_bpd.commands.results import BEGIN, END, readme_block, update_readme
 
     write_results(tmp_path / "results")
     readme = tmp_path / "README.md"
@@ -126,7 +126,7 @@ def test_update_readme_rewrites_only_the_marked_block(tmp_path):
 
 
 def test_ablation_rows_from_records_filed_with_meta(tmp_path):
-    from lightning_bpd.results import add, parse_meta
+    from lightning_bpd.commands.results import add, parse_meta
 
     run = tmp_path / "decode_test.json"
     run.write_text(json.dumps({"stage": "test", "k": 8, "metrics": {
@@ -146,7 +146,7 @@ def test_ablation_rows_from_records_filed_with_meta(tmp_path):
 
 
 def test_headline_cells_come_from_records_and_missing_ones_print_a_dash(tmp_path):
-    from lightning_bpd.results import default_run_printout, headline_tables
+    from lightning_bpd.commands.results import default_run_printout, headline_tables
 
     results = tmp_path / "results"
     cell = {"label": "k=8 paper gold frozen", "command": "python -m lightning_bpd test ...", "stage": "test", "k": 8,
@@ -168,7 +168,7 @@ def test_headline_cells_come_from_records_and_missing_ones_print_a_dash(tmp_path
 
 
 def test_peer_rows_from_peer_and_bench_records(tmp_path):
-    from lightning_bpd.results import HEADLINE_BENCH, headline_tables, peer_rows
+    from lightning_bpd.commands.results import HEADLINE_BENCH, headline_tables, peer_rows
 
     peer = {"label": "peer toy", "command": "python -m lightning_bpd.benchmarks.peer", "batch": 1, "tokens": 40,
             "lightning_bpd": {"ms_per_token_median": 2.0}, "transformers": {"ms_per_token_median": 3.0},
@@ -199,7 +199,7 @@ def test_peer_rows_from_peer_and_bench_records(tmp_path):
 
 
 def test_table2_rows_and_lines_come_from_the_cell_records(tmp_path):
-    from lightning_bpd.results import headline_tables, table2_rows
+    from lightning_bpd.commands.results import headline_tables, table2_rows
 
     write_results(tmp_path)
     rows = table2_rows(load(tmp_path))
@@ -211,7 +211,7 @@ def test_table2_rows_and_lines_come_from_the_cell_records(tmp_path):
 
 
 def test_table2_readout_rows_read_the_frozen_cells_and_the_readout_stage(tmp_path):
-    from lightning_bpd.results import table2_rows
+    from lightning_bpd.commands.results import table2_rows
 
     write_results(tmp_path)
     for name, exact, eps2 in [("frozen", 1.3, 3.6), ("readout", 1.4, 3.8)]:

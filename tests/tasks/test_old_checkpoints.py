@@ -11,7 +11,7 @@ import pytorch_lightning as pl
 import torch
 
 from lightning_bpd.checkpoints import load_model
-from lightning_bpd.cli import BPDCLI, CONF_DIR, to_plain
+from lightning_bpd.commands.cli import BPDCLI, CONF_DIR, to_plain
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
 from lightning_bpd.tasks.superres import SuperResolutionModule
 from lightning_bpd.tasks.training_options import TrainingOptions

@@ -16,8 +16,8 @@ from lightning_bpd.tasks import STAGE_SPLITS
 from lightning_bpd.tasks.eval_sampler import UnrepeatedSampler
 from lightning_bpd.tasks.resumable import ResumableLoader, ShuffledSampler
 from lightning_bpd.tasks.superres.celeba import check_split, load_split
-from lightning_bpd.tasks.superres.distill import load_targets, targets_file
 from lightning_bpd.tasks.superres.pixels import image_to_tokens
+from lightning_bpd.tasks.superres.self_distilled import load_targets, targets_file
 from lightning_bpd.tasks.superres.synthetic_faces import synthetic_split
 
 

@@ -30,7 +30,7 @@ from lightning_bpd.tasks.superres.architecture import (
     check_architecture,
     design_of,
 )
-from lightning_bpd.tasks.superres.conditioning import conditioning_diagnostic, nearest_upsample, smooth_upsample
+from lightning_bpd.tasks.superres.input_use import conditioning_diagnostic, nearest_upsample, smooth_upsample
 from lightning_bpd.tasks.superres.pixels import (
     OFFSET,
     PAD_ID,

@@ -30,7 +30,7 @@ from lightning_bpd.tasks.translation.tokenizer import BOS_ID, EOS_ID, PAD_ID, To
 class TranslationConfig(ModelConfig):
     """A :class:`ModelConfig` with the translation model's defaults: one embedding table for both languages (their
     joint vocabulary). A config leaves the vocabulary sizes null: they are the data module's tokenizer's
-    (``lightning_bpd/cli.py`` links them)."""
+    (``lightning_bpd/commands/cli.py`` links them)."""
 
     src_vocab_size: int = 8000
     tgt_vocab_size: int = 8000

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_bpd.tasks.superres.conditioning import conditioning_diagnostic, nearest_upsample
+from lightning_bpd.tasks.superres.input_use import conditioning_diagnostic, nearest_upsample
 from lightning_bpd.tasks.superres.module import GREY_ID
 from tests.task_modules import superres_module
 

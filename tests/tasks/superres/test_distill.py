@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from lightning_bpd import load_model
-from lightning_bpd.cli import REPO_ROOT
-from lightning_bpd.cli import main as cli_main
-from lightning_bpd.distill import main as distill_main
+from lightning_bpd.commands.cli import REPO_ROOT
+from lightning_bpd.commands.cli import main as cli_main
+from lightning_bpd.commands.distill import main as distill_main
 from lightning_bpd.tasks.superres.datamodule import SuperResolutionDataModule
-from lightning_bpd.tasks.superres.distill import TARGETS, greedy_images, load_targets, shard_file
+from lightning_bpd.tasks.superres.self_distilled import TARGETS, greedy_images, load_targets, shard_file
 from tests.tasks.superres.test_superres_pipeline import TINY
 
 BASE = [a for a in TINY if not a.startswith(("--model.init_args.architecture.k=", "--data.init_args.synthetic_sizes"))] + [

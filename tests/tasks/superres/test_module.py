@@ -15,7 +15,7 @@ from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
 from lightning_bpd.evaluation import EvalBatch
 from lightning_bpd.tasks.superres import SuperResolutionModule
-from lightning_bpd.tasks.superres.conditioning import nearest_upsample, smooth_upsample
+from lightning_bpd.tasks.superres.input_use import nearest_upsample, smooth_upsample
 from lightning_bpd.tasks.superres.module import LEGACY_DESIGN, image_quality
 from lightning_bpd.tasks.superres.pixels import image_to_tokens
 from tests.task_modules import superres_config, superres_module

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lightning_bpd.cli import main
+from lightning_bpd.commands.cli import main
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
 from tests.task_modules import superres_module
 from tests.wandb_reader import rows_with
@@ -25,7 +25,7 @@ TINY = [
 
 
 def test_superres_fit_logs_per_eps_acceptance(tmp_path, monkeypatch):
-    from lightning_bpd.cli import REPO_ROOT
+    from lightning_bpd.commands.cli import REPO_ROOT
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")

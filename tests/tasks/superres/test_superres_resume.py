@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_bpd.cli import REPO_ROOT, main
+from lightning_bpd.commands.cli import REPO_ROOT, main
 from tests.batch_recorder import CLASS_PATH, seen_batches
 
 TINY = [

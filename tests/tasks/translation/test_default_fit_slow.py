@@ -2,7 +2,7 @@
 
 import pytest
 
-from lightning_bpd.cli import main
+from lightning_bpd.commands.cli import main
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from lightning_bpd.cli import REPO_ROOT, main
+from lightning_bpd.commands.cli import REPO_ROOT, main
 from lightning_bpd.evaluation import EvalBatch
 from tests.task_modules import translation_module
 from tests.wandb_reader import find_run_file, history, rows_with

@@ -65,7 +65,7 @@ import yaml
 
 from lightning_bpd.config_bases import base_files
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 RECIPES_DIR = REPO_ROOT / "conf" / "recipes"
 DEFAULT_FIT_CONFIG = REPO_ROOT / "conf" / "translation" / "default.yaml"  # what fit uses without --config
 STAGE_COMMANDS = ("fit", "validate", "test", "decode", "bench", "bench-generate", "distill", "human-eval", "make-base",

@@ -14,7 +14,7 @@ run that is killed and started again skips the finished shards. With ``--devices
 
 A super-resolution checkpoint is distilled greedily (``--beam 1``) on its own training faces (the data
 of the checkpoint's run; ``--data-root`` points at another CelebA copy) into ``<out>/train_targets.pt``,
-which ``fit`` reads with ``--data.init_args.distilled=<out>`` (:mod:`lightning_bpd.tasks.superres.distill`).
+which ``fit`` reads with ``--data.init_args.distilled=<out>`` (:mod:`lightning_bpd.tasks.superres.self_distilled`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from tqdm import tqdm
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.methods import make_method
+from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.tasks.translation.module import translate
 from lightning_bpd.tasks.translation.text_files import read_lines, resolve_split_files
 
@@ -67,8 +68,9 @@ def shard_path(out: Path, prefix: str, lang: str, i: int) -> Path:
 def translate_lines(module, lines: list[str], beam: int, alpha: float, batch_size: int,
                     progress: Callable[[int], object] | None = None) -> list[str]:
     """Beam-decode ``lines`` (greedy for beam 1; empty lines stay empty); ``progress(n)`` after each batch."""
-    method = make_method("greedy" if beam == 1 else f"beam{beam}_a{alpha}", parse_criterion, module.model)
-    texts, _ = translate(module, lines, method, batch_size, progress)
+    runtime = build_runtime(module.model, InferenceOptions())  # the model's own weights, lean steps
+    method = make_method("greedy" if beam == 1 else f"beam{beam}_a{alpha}", parse_criterion, runtime)
+    texts, _ = translate(module, lines, method, batch_size, progress, model=runtime)
     return [text.replace("\n", " ") for text in texts]
 
 
@@ -132,7 +134,7 @@ def merge(args: argparse.Namespace, lines: list[str], src_path: Path) -> None:
 def distill_superres(module, args: argparse.Namespace) -> None:
     """Greedy targets of a super-resolution base for its training faces (one process)."""
     from lightning_bpd.tasks.superres.datamodule import SuperResolutionDataModule
-    from lightning_bpd.tasks.superres.distill import distill_images
+    from lightning_bpd.tasks.superres.self_distilled import distill_images
 
     if args.beam != 1 or args.devices != 1:
         sys.exit("distill: super-resolution targets are the base's greedy outputs: use --beam 1 --devices 1")
@@ -151,7 +153,7 @@ def distill_superres(module, args: argparse.Namespace) -> None:
         sys.exit(f"distill: the training faces of {args.ckpt}: {err}")
     out = Path(args.out)
     start = time.perf_counter()
-    high = distill_images(module.model, low, out, args.batch_size, args.shard_size)
+    high = distill_images(build_runtime(module.model, InferenceOptions()), low, out, args.batch_size, args.shard_size)
     print(f"distilled {high.shape[0]} training faces ({data.root or 'synthetic'}) into {out / 'train_targets.pt'} "
           f"in {time.perf_counter() - start:.1f} s ({torch.get_num_threads()} thread(s)); train on them with "
           f"--data.init_args.distilled={out}", file=sys.stderr)

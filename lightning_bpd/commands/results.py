@@ -11,9 +11,9 @@ beside the data of one of five kinds:
 - ``where_time_goes``: the JSON of ``python -m lightning_bpd.benchmarks.where_time_goes``;
 - ``peer``: the JSON of ``python -m lightning_bpd.benchmarks.peer`` (our greedy against peer systems).
 
-``python -m lightning_bpd.results add RUN/decode_test.json results/x.json --label L --command C`` files a
-run's record with its provenance; ``python -m lightning_bpd.results table [results]`` prints the
-Markdown tables of every record, and ``python -m lightning_bpd.results readme`` rewrites the generated
+``python -m lightning_bpd results add RUN/decode_test.json results/x.json --label L --command C`` files a
+run's record with its provenance; ``python -m lightning_bpd results table [results]`` prints the
+Markdown tables of every record, and ``python -m lightning_bpd results readme`` rewrites the generated
 blocks of README.md (the default run's printout and the headline tables, :func:`headline_tables`) and
 of docs/results.md (every record, :func:`markdown_tables`) between their markers.
 """
@@ -508,7 +508,7 @@ GENERATED_FILES = ("README.md", "docs/results.md")
 
 def markers(name: str) -> tuple[str, str]:
     """The begin and end markers of the generated block ``name``."""
-    return f"<!-- {name}:begin (python -m lightning_bpd.results readme) -->", f"<!-- {name}:end -->"
+    return f"<!-- {name}:begin (python -m lightning_bpd results readme) -->", f"<!-- {name}:end -->"
 
 
 BEGIN, END = markers("results")
@@ -542,7 +542,7 @@ def update_readme(readme: str | Path, folder: str | Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m lightning_bpd.results", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m lightning_bpd results", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("table", help="print the Markdown result tables")

@@ -1,6 +1,6 @@
 """Our blockwise decoding of a Hugging Face heads checkpoint against the base's own ``generate``.
 
-    python -m lightning_bpd.benchmarks.hf_generate --ckpt runs/opus-heads/last.ckpt --input newstest.en \\
+    python -m lightning_bpd bench-generate --ckpt runs/opus-heads/last.ckpt --input newstest.en \\
         --batch-sizes 1 32 --inputs 100 --precision float32-packed --json results/hf_generate.json \\
         [--peers ctranslate2]
 
@@ -74,7 +74,7 @@ METHODS = (GENERATE, LOOKUP, OURS)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lightning_bpd.benchmarks.hf_generate", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m lightning_bpd bench-generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint of a Hugging Face heads run, or a save_heads folder")
     p.add_argument("--base", default=None, help="the base directory, if it moved since the run (load_model's base=)")

@@ -5,7 +5,7 @@ data are chosen by ``class_path`` in the YAML config, so both tasks share one en
 ``--config`` the translation default (conf/translation/default.yaml) is used. A config may build on others
 (``_base_``, see :mod:`lightning_bpd.config_bases`). Every run gets a folder ``runs/<name>/`` with its resolved
 ``config.yaml`` beside its checkpoints and W&B files.
-``decode`` is a plain function (see :mod:`lightning_bpd.decode`).
+``decode`` is a plain function (see :mod:`lightning_bpd.commands.decode`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from lightning_bpd.tasks.translation.text_files import DataError
 # MisconfigurationException: a trainer setting it refuses, e.g. max_time "00:00:7:00").
 USER_ERRORS = (DataError, CheckpointMismatchError, FileNotFoundError, ValueError, MisconfigurationException)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO_ROOT / "conf"
 DEFAULT_CONFIG = CONF_DIR / "translation" / "default.yaml"
 VOCAB_KEYS = ("src_vocab_size", "tgt_vocab_size")  # a translation architecture's, both the data's tokenizer's
@@ -67,18 +67,20 @@ COMMANDS = {
     "make-base": "a fresh random Marian base and its own BPE tokenizer (a Hugging Face directory) from a corpus",
     "export-base": "the trained base of a Hugging Face run as a Hugging Face directory (save_pretrained)",
     "recipe": "run a whole pipeline from conf/recipes/<name>.yaml (stages resumable; --dry-run prints them)",
+    "results": "tables of the records in results/ (table), the README's cells from them (readme), add a record (add)",
 }
 
 # Commands that are plain functions: ``main(argv)`` of these modules.
 PLAIN_COMMANDS = {
-    "decode": "lightning_bpd.decode",
-    "bench": "lightning_bpd.bench",
-    "bench-generate": "lightning_bpd.benchmarks.hf_generate",
-    "distill": "lightning_bpd.distill",
-    "human-eval": "lightning_bpd.human_eval",
-    "make-base": "lightning_bpd.hf.make_base",
-    "export-base": "lightning_bpd.hf.export_base",
-    "recipe": "lightning_bpd.recipe",
+    "decode": "lightning_bpd.commands.decode",
+    "bench": "lightning_bpd.commands.bench",
+    "bench-generate": "lightning_bpd.commands.bench_generate",
+    "distill": "lightning_bpd.commands.distill",
+    "human-eval": "lightning_bpd.commands.human_eval",
+    "make-base": "lightning_bpd.commands.make_base",
+    "export-base": "lightning_bpd.commands.export_base",
+    "recipe": "lightning_bpd.commands.recipe",
+    "results": "lightning_bpd.commands.results",
 }
 
 USAGE = "usage: python -m lightning_bpd {" + ",".join(COMMANDS) + "} [options]\n\n" + "\n".join(
