@@ -112,3 +112,23 @@ def test_finetune_config_trains_the_base(checkpoint, data, tmp_path):
     trained = cli.model.model.base.state_dict()
     assert any(not torch.equal(value, trained[key]) for key, value in fresh.items())
     assert not cli.model.model.frozen
+
+
+def test_wandb_offline_run_has_the_decode_values(checkpoint, data, tmp_path, monkeypatch):
+    """The default logger of conf/lm (W&B, offline) gets what DecodeEval measured, the perplexity and the samples."""
+    from tests.wandb_reader import find_run_file, history, rows_with
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    cli = main(["fit", "--config", str(CONF_DIR / "lm" / "frozen_heads.yaml"), f"--model.init_args.pretrained={checkpoint}",
+                f"--data.init_args.root={data}", f"--run_dir={run}", *FAST, "--decode_eval.num_samples=2"])
+    expected = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "DecodeEval").last_metrics
+    rows_with(run, "val/exact/mean_accepted_block_size")  # wait for W&B's writer
+    rows = history(find_run_file(run))
+    logged = {key: value for row in rows for key, value in row.items()}
+    for key in ("exact/mean_accepted_block_size", "exact/model_calls", "exact/matches_greedy", "greedy/chrf",
+                "exact/speedup", "greedy/new_tokens"):
+        assert logged[f"val/{key}"] == pytest.approx(expected[key], rel=1e-6, abs=1e-6)
+    assert logged["val/exact/matches_greedy"] == 1.0 and math.isfinite(logged["val/ppl"])
+    assert logged["val/samples/nrows"] == 2  # the sample table: prompt, reference, greedy, exact, its blocks
