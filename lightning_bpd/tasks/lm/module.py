@@ -113,6 +113,14 @@ class LMModule(BlockwiseModule):
                              f"({len(self.tokenizer)}): leave data.init_args.tokenizer_path unset or set it to "
                              f"{self.hparams.pretrained}")
 
+    def setup(self, stage: str) -> None:
+        """A training sequence must fit the model's context (checked before any step)."""
+        super().setup(stage)
+        seq_len = getattr(getattr(self.trainer, "datamodule", None), "seq_len", None)
+        positions = self.model.n_positions
+        if seq_len is not None and positions is not None and seq_len > positions:
+            raise ValueError(f"data.seq_len {seq_len} is longer than the model's context ({positions} positions)")
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
         checkpoint["hf_pretrained"] = self.hparams.pretrained

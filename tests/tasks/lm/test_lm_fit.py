@@ -105,6 +105,33 @@ def test_fit_then_load_model_and_decode(checkpoint, data, tmp_path, capsys, monk
     assert "mean_accepted_block_size" in result.err
 
 
+def test_medusa_heads_train_on_the_frozen_base(checkpoint, data, tmp_path):
+    cli = fit(checkpoint, data, tmp_path / "run", "--trainer.max_steps=2", "--trainer.limit_val_batches=0",
+              "--model.init_args.head_type=medusa")
+    fresh = LMModule(str(checkpoint), head_type="medusa")
+    trained = cli.model.model
+    assert trained.head_type == "medusa" and trained.frozen
+    assert all(torch.equal(value, trained.base.state_dict()[key]) for key, value in fresh.model.base.state_dict().items())
+    moved = [not torch.equal(a, b) for a, b in zip(fresh.model.head.parameters(), trained.head.parameters())]
+    assert len(moved) == 2 * 3 and all(moved)  # every head's residual block (W and b) trained
+
+
+def test_the_test_command_decodes_the_test_prompts(checkpoint, data, tmp_path):
+    run = tmp_path / "run"
+    fit(checkpoint, data, run, "--trainer.max_steps=2", "--trainer.limit_val_batches=0")
+    cli = main(["test", "--config", str(CONF_DIR / "lm" / "frozen_heads.yaml"), f"--data.init_args.root={data}",
+                f"--model.init_args.pretrained={checkpoint}", f"--ckpt_path={run / 'last.ckpt'}",
+                f"--run_dir={tmp_path / 'test'}", *FAST, "--trainer.logger=false"])
+    metrics = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "DecodeEval").last_metrics
+    assert metrics["exact/matches_greedy"] == 1.0 and metrics["examples"] > 0
+    assert math.isfinite(float(cli.trainer.callback_metrics["test/ppl"]))
+
+
+def test_a_sequence_longer_than_the_context_is_one_error_line(checkpoint, data, tmp_path):
+    with pytest.raises(SystemExit, match=r"^error: data.seq_len 200 is longer than the model's context \(128"):
+        fit(checkpoint, data, tmp_path / "run", "--data.init_args.seq_len=200")
+
+
 def test_finetune_config_trains_the_base(checkpoint, data, tmp_path):
     cli = fit(checkpoint, data, tmp_path / "run", "--trainer.max_steps=2", "--trainer.limit_val_batches=0",
               config="finetune.yaml")
