@@ -107,7 +107,7 @@ def test_fit_then_load_model_and_decode(checkpoint, data, tmp_path, capsys, monk
 
 def test_medusa_heads_train_on_the_frozen_base(checkpoint, data, tmp_path):
     cli = fit(checkpoint, data, tmp_path / "run", "--trainer.max_steps=2", "--trainer.limit_val_batches=0",
-              "--model.init_args.head_type=medusa")
+              "--model.init_args.head_type=medusa", "--model.init_args.training.head_targets=own")
     fresh = LMModule(str(checkpoint), head_type="medusa")
     trained = cli.model.model
     assert trained.head_type == "medusa" and trained.frozen
