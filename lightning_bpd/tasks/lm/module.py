@@ -73,6 +73,7 @@ class LMModule(BlockwiseModule):
                           max_new_tokens=max_new_tokens)
         self.lm, self.max_new_tokens = lm, max_new_tokens
         self.nll: list[float] = [0.0, 0.0]  # an evaluation's summed p_1 loss and target count (its perplexity)
+        self.last_step: Any = None  # the last blockwise step's output
         self.train(self.training)  # load_causal hands the base in eval mode: a trained base needs its dropout
 
     @property
@@ -148,6 +149,18 @@ class LMModule(BlockwiseModule):
             return self.model(src)
         lengths = torch.full_like(index, src.shape[1])  # (B,): every position (padding's targets are ignored)
         return self.frozen_states.hidden(index, lengths, src.shape[1], lambda rows: self.model(src[rows]))
+
+    def blockwise_step(self, *args: Any, **kwargs: Any):
+        """The shared step; its output is kept for :meth:`training_step`'s perplexity."""
+        self.last_step = super().blockwise_step(*args, **kwargs)
+        return self.last_step
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        """The shared step, and ``train/ppl`` where p_1 trains (a fine-tuned base; a frozen one's is the base's)."""
+        loss = super().training_step(batch, batch_idx)
+        if 1 in self.last_step.head_loss and self.options.label_smoothing == 0:
+            self.log("train/ppl", torch.exp(self.last_step.head_loss[1]), batch_size=batch["src"].shape[0])
+        return loss
 
     def ordinary_argmax(self, logits: Tensor) -> Tensor:
         """The argmax of p_1's ``logits`` (..., V) over the tokenizer's ordinary tokens (special ones left out)."""

@@ -133,12 +133,15 @@ def test_a_sequence_longer_than_the_context_is_one_error_line(checkpoint, data, 
 
 
 def test_finetune_config_trains_the_base(checkpoint, data, tmp_path):
-    cli = fit(checkpoint, data, tmp_path / "run", "--trainer.max_steps=2", "--trainer.limit_val_batches=0",
-              config="finetune.yaml")
+    run = tmp_path / "run"
+    cli = fit(checkpoint, data, run, "--trainer.max_steps=2", "--trainer.limit_val_batches=0",
+              "--trainer.log_every_n_steps=1", config="finetune.yaml")
     fresh = LMModule(str(checkpoint)).model.base.state_dict()
     trained = cli.model.model.base.state_dict()
     assert any(not torch.equal(value, trained[key]) for key, value in fresh.items())
     assert not cli.model.model.frozen
+    metrics = logged(run)  # p_1 trains: its perplexity, of the last step's batch
+    assert metrics["train/ppl"] == pytest.approx(math.exp(metrics["train/head1_loss"]), rel=1e-5)
 
 
 def test_wandb_offline_run_has_the_decode_values(checkpoint, data, tmp_path, monkeypatch):
@@ -158,4 +161,6 @@ def test_wandb_offline_run_has_the_decode_values(checkpoint, data, tmp_path, mon
                 "exact/speedup", "greedy/new_tokens"):
         assert logged[f"val/{key}"] == pytest.approx(expected[key], rel=1e-6, abs=1e-6)
     assert logged["val/exact/matches_greedy"] == 1.0 and math.isfinite(logged["val/ppl"])
+    tokens = expected["exact/new_tokens"] * expected["examples"]
+    assert logged["val/exact/tokens_per_second"] == pytest.approx(tokens / expected["exact/seconds"], rel=1e-6)
     assert logged["val/samples/nrows"] == 2  # the sample table: prompt, reference, greedy, exact, its blocks
