@@ -204,6 +204,9 @@ class LMModule(BlockwiseModule):
     def decode_eval_batches(self, stage: str, limit: int | None, batch_size: int) -> list[EvalBatch]:
         """Held-out prompts of the data module's ``stage`` split (the first ``limit``), batched."""
         prompts, references = self.trainer.datamodule.eval_prompts(stage, limit)
+        pad = self.model.pad_id  # a held-out text may spell the pad token (e.g. an EOS used as pad): left out
+        kept = [i for i, ids in enumerate(self.tokenizer(prompts)["input_ids"]) if pad not in ids] if prompts else []
+        prompts, references = [prompts[i] for i in kept], [references[i] for i in kept]
         if not prompts:
             raise ValueError(f"the {stage} split has no held-out prompt (whole lines within data.prompt_tokens with "
                              "lines after them)")

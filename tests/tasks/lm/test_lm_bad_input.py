@@ -97,3 +97,28 @@ def test_decode_writes_one_line_per_prompt_in_order(heads, monkeypatch, capsys):
         out = module.model.base.generate(input_ids=src, do_sample=False, max_new_tokens=4, pad_token_id=0)
         expected += module.tokenizer.batch_decode(out[:, src.shape[1]:], skip_special_tokens=True)
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"completion": t} for t in expected]
+
+
+def test_bench_refuses_an_lm_checkpoint_in_one_line(heads):
+    with pytest.raises(SystemExit, match="language-modelling checkpoint is not benchmarked yet") as err:
+        main(["bench", "--ckpt", str(heads), "--device", "cpu"])
+    one_line(err)
+
+
+def test_a_held_out_prompt_that_spells_the_pad_token_is_left_out(heads, tmp_path):
+    from types import SimpleNamespace
+
+    from lightning_bpd.tasks.lm import LMDataModule
+
+    root = write_corpus(tmp_path / "data")
+    val = root / "val" / "mod_0.py"
+    val.write_text("x = '<pad>'\n" + val.read_text())  # the tokenizer reads "<pad>" as the pad id
+    module = lightning_bpd.load_model(heads)
+    dm = LMDataModule(root=str(root), tokenizer_path=json.loads((heads / "heads.json").read_text())["base"],
+                      prompt_tokens=40)
+    prompts, _ = dm.eval_prompts("val", None)
+    assert "<pad>" in prompts[0]
+    module._trainer = SimpleNamespace(datamodule=dm)
+    batches = module.decode_eval_batches("val", None, 4)
+    assert [s for b in batches for s in b.sources] == prompts[1:]
+    assert all(int(b.src.ne(module.model.pad_id).sum(dim=1).min()) > 0 for b in batches)
