@@ -31,13 +31,13 @@ HF_PREFIX = "hf:"
 
 class PackedDataset(Dataset):
     """Windows of one token stream: item i is ``{"src": stream[i L : i L + L], "tgt": stream[i L + 1 : i L + L + 1],
-    "index": i}`` (L = ``seq_len``), the last padded with ``pad_id``."""
+    "index": i, "length": its real targets}`` (L = ``seq_len``), the last padded with ``pad_id``."""
 
     def __init__(self, stream: list[int], seq_len: int, pad_id: int) -> None:
         n = max(1, -(-(len(stream) - 1) // seq_len))  # windows covering every target
         tokens = torch.full((n * seq_len + 1,), pad_id, dtype=torch.long)
         tokens[: len(stream)] = torch.tensor(stream, dtype=torch.long)
-        self.tokens, self.seq_len, self.n = tokens, seq_len, n
+        self.tokens, self.seq_len, self.n, self.targets = tokens, seq_len, n, len(stream) - 1
 
     def __len__(self) -> int:
         return self.n
@@ -45,7 +45,8 @@ class PackedDataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         start = i * self.seq_len
         window = self.tokens[start : start + self.seq_len + 1]  # (L + 1,)
-        return {"src": window[:-1], "tgt": window[1:], "index": i}
+        length = max(0, min(self.seq_len, self.targets - start))  # real targets (the model's pad marks the rest)
+        return {"src": window[:-1], "tgt": window[1:], "index": i, "length": length}
 
 
 class LMDataModule(pl.LightningDataModule):

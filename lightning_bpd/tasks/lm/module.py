@@ -155,8 +155,17 @@ class LMModule(BlockwiseModule):
         self.last_step = super().blockwise_step(*args, **kwargs)
         return self.last_step
 
+    def model_padded(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``tgt`` (B, T) with the model's pad id past each window's ``length`` real targets (B,): the loss ignores
+        them, whatever id the data padded with (a model may pad with its EOS where the tokenizer has a pad token)."""
+        if "length" not in batch:
+            return batch
+        past = torch.arange(batch["tgt"].shape[1], device=batch["tgt"].device) >= batch["length"][:, None]  # (B, T)
+        return {**batch, "tgt": batch["tgt"].masked_fill(past, self.model.pad_id)}
+
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         """The shared step, and ``train/ppl`` where p_1 trains (a fine-tuned base; a frozen one's is the base's)."""
+        batch = self.model_padded(batch)
         loss = super().training_step(batch, batch_idx)
         if 1 in self.last_step.head_loss and self.options.label_smoothing == 0:
             self.log("train/ppl", torch.exp(self.last_step.head_loss[1]), batch_size=batch["src"].shape[0])
@@ -169,6 +178,7 @@ class LMModule(BlockwiseModule):
 
     def eval_step(self, batch: dict[str, Tensor], prefix: str) -> None:
         """The loss of every head (plain cross-entropy), and p_1's summed loss for the perplexity."""
+        batch = self.model_padded(batch)
         options, self.options = self.options, replace(self.options, label_smoothing=0.0)
         try:
             out = self.blockwise_step(batch["src"], batch["tgt"], list(range(self.model.k)))

@@ -41,6 +41,7 @@ def test_packed_sequences_hold_every_token_once(tmp_path, tok_dir):
     targets = [t for r in rows for t in r["tgt"].tolist()]
     assert targets[: len(stream) - 1] == stream[1:] and set(targets[len(stream) - 1:]) <= {PAD}
     assert [r["src"][0].item() for r in rows] == stream[: len(stream) - 1 : 16]
+    assert sum(r["length"] for r in rows) == len(stream) - 1 and all(r["length"] == 16 for r in rows[:-1])
     batch = next(iter(dm.train_dataloader()))
     assert batch["src"].shape == (8, 16) and batch["index"].shape == (8,)
 

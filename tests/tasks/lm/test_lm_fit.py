@@ -20,7 +20,7 @@ import lightning_bpd
 from lightning_bpd.cli import CONF_DIR, main
 from lightning_bpd.decoding import Exact, blockwise_decode
 from lightning_bpd.tasks.lm import LMModule
-from tests.tasks.lm.tiny_lm import write_checkpoint, write_corpus
+from tests.tasks.lm.tiny_lm import EOS, PAD, write_checkpoint, write_corpus, write_gpt2
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -164,3 +164,19 @@ def test_wandb_offline_run_has_the_decode_values(checkpoint, data, tmp_path, mon
     tokens = expected["exact/new_tokens"] * expected["examples"]
     assert logged["val/exact/tokens_per_second"] == pytest.approx(tokens / expected["exact/seconds"], rel=1e-6)
     assert logged["val/samples/nrows"] == 2  # the sample table: prompt, reference, greedy, exact, its blocks
+
+
+def test_a_model_that_pads_with_its_eos(data, tmp_path):
+    """GPT-2 without a pad id pads with its EOS: the windows' padding becomes the model's pad id (ignored by the loss),
+    and the contract holds as on Llama."""
+    checkpoint = write_gpt2(tmp_path / "gpt2")
+    cli = fit(checkpoint, data, tmp_path / "run")
+    assert cli.model.model.pad_id == EOS and cli.datamodule.pad_id == PAD
+    batch = next(iter(cli.datamodule.val_dataloader()))
+    last = cli.datamodule.dataset("val")[len(cli.datamodule.dataset("val")) - 1]
+    assert last["length"] < 64 and set(last["tgt"][last["length"]:].tolist()) == {PAD}
+    padded = cli.model.model_padded({k: v[None] if torch.is_tensor(v) else torch.tensor([v]) for k, v in last.items()})
+    assert set(padded["tgt"][0, last["length"]:].tolist()) == {EOS} and batch["tgt"].shape[1] == 64
+    module = lightning_bpd.load_model(tmp_path / "run" / "last.ckpt")
+    out = blockwise_decode(module.model, module.encode_prompts(PROMPTS), Exact(), max_len=10)
+    assert module.detokenize(out.sequences()) == generated(module, PROMPTS, 10)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SPECIALS = ["<pad>", "<s>", "</s>"]  # pad 0, BOS 1 (the tokenizer puts it before every text), EOS 2
 PAD, BOS, EOS = 0, 1, 2
@@ -58,14 +58,31 @@ def tiny_llama(vocab_size: int, seed: int = 0, positions: int = 128) -> LlamaFor
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
                          pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).eval()
+    return scrambled(LlamaForCausalLM(config).eval(), seed)
+
+
+def scrambled(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """The model's matrices redrawn larger (embeddings std 1, attention 3 / sqrt(32), MLP 0.3 / sqrt(32))."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 2:
-                std = 1.0 if "embed" in name else (0.3 if "mlp" in name else 3.0) / 32**0.5
+                embedding = any(s in name for s in ("embed", "wte", "wpe"))
+                std = 1.0 if embedding else (0.3 if "mlp" in name else 3.0) / 32**0.5
                 p.copy_(torch.randn(p.shape, generator=g) * std)
     return model
+
+
+def write_gpt2(folder: Path, seed: int = 0) -> Path:
+    """A tiny random GPT-2 (absolute positions, tied LM head) whose config names no pad id, so that the model pads
+    with its EOS (2) while the tokenizer beside it has a pad token (0)."""
+    tok = tokenizer()
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=BOS,
+                        eos_token_id=EOS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    scrambled(GPT2LMHeadModel(config).eval(), seed).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
 
 
 def write_checkpoint(folder: Path, with_tokenizer: bool = True, vocab_extra: int = 0, seed: int = 0,
