@@ -103,6 +103,11 @@ def test_fit_then_load_model_and_decode(checkpoint, data, tmp_path, capsys, monk
     result = capsys.readouterr()
     assert [json.loads(line) for line in result.out.splitlines()] == [{"completion": t} for t in texts]
     assert "mean_accepted_block_size" in result.err
+    assert module.rank_agreement is not None and module.rank_agreement.shape == (3, 8)  # the decode eval's table
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
+    main(["decode", "--ckpt", str(run / "last.ckpt"), "--max-new-tokens", "10", "--tree-nodes", "6", "--batch-size",
+          "2", "--device", "cpu"])  # a tree built from it, two batches: the same completions, in order
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"completion": t} for t in texts]
 
 
 def test_medusa_heads_train_on_the_frozen_base(checkpoint, data, tmp_path):
