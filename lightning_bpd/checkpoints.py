@@ -12,17 +12,25 @@ import torch
 def load_model(path: str | Path, device: str | torch.device = "cpu", base: str | Path | None = None) -> pl.LightningModule:
     """The task module of a checkpoint written by ``python -m lightning_bpd fit``, in eval mode.
 
-    ``module.model`` is the :class:`~lightning_bpd.nn.model.BlockwiseTransformer` that the decoding
-    functions take; a translation module also carries its ``tokenizer``. A folder of heads saved on their own
+    ``module.model`` is the model that the decoding functions take (a
+    :class:`~lightning_bpd.nn.model.BlockwiseTransformer` or a Hugging Face adapter); a translation module also carries
+    its ``tokenizer``, a language-modelling one (:class:`~lightning_bpd.tasks.lm.LMModule`) ``encode_prompts`` and
+    ``detokenize``. A folder of heads saved on their own
     (:func:`~lightning_bpd.tasks.translation.hf_module.save_heads`) comes back on its Hugging Face base: the
     directory named in its ``heads.json``, or ``base``; ``base`` also replaces the base directory that the
     checkpoint of a Hugging Face run names (``model.pretrained``), should it have moved.
     """
     path = Path(path)
     if path.is_dir() and (path / "heads.json").is_file():
-        from lightning_bpd.tasks.translation.hf_module import HFTranslationModule
+        from lightning_bpd.tasks.translation.hf_module import HEADS_MODULES, read_heads_meta
 
-        return HFTranslationModule.from_heads(path, base, device)
+        module_name, _, name = str(read_heads_meta(path).get("module", HEADS_MODULES[0])).rpartition(".")
+        if f"{module_name}.{name}" not in HEADS_MODULES:
+            raise ValueError(f"{path}: heads.json names {module_name}.{name}, which re-attaches no heads")
+        return getattr(importlib.import_module(module_name), name).from_heads(path, base, device)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder, not a checkpoint: give a .ckpt file from a fit run, or a folder of "
+                         "heads written by save_heads (with heads.json)")
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {str(path)!r}: give the path of a .ckpt file from a fit run")
     try:

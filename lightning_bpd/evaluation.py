@@ -147,6 +147,9 @@ def draft_vocab_ids(module: Any, size: int | None, text: str | None) -> tuple[in
 
 def load_inputs(module: Any, args: Any) -> list[Tensor]:
     """The inputs as a list of single-row source tensors (1, S)."""
+    if hasattr(module, "encode_prompts"):
+        raise ValueError("a language-modelling checkpoint is not benchmarked yet (decode it: python -m lightning_bpd "
+                         "decode --ckpt CKPT reads JSON Lines of prompts)")
     if hasattr(module, "tokenizer"):
         if args.input is None:
             raise ValueError("a translation checkpoint needs --input (source sentences, one per line)")

@@ -3,7 +3,7 @@
 Shared by both tasks. On a fixed subset of the validation set (every example for ``validate`` and
 ``test``) it decodes greedily and blockwise with each criterion, in the same run and on the same
 inputs, and logs per method: the task's quality metrics (BLEU, PSNR, ...), the mean accepted block
-size, model calls, seconds, wall-clock speedup over greedy, and for exact acceptance the share of
+size, model calls, seconds, tokens per second, wall-clock speedup over greedy, and for exact acceptance the share of
 outputs identical to greedy. A task may add metrics of its own on the same examples (the optional
 ``decode_eval_extras`` hook: e.g. a trivial baseline's quality as a ``<name>/<quality>`` row, or
 diagnostics of the model). A sample table (with the accepted blocks of every iteration, as in
@@ -143,6 +143,7 @@ def summarize(task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[str
         metrics[f"{name}/mean_accepted_block_size"] = run.mean_accepted_block_size
         metrics[f"{name}/model_calls"] = float(run.model_calls)
         metrics[f"{name}/seconds"] = run.seconds
+        metrics[f"{name}/tokens_per_second"] = run.tokens / max(run.seconds, 1e-9)
         metrics[f"{name}/speedup"] = runs[method.baseline].seconds / max(run.seconds, 1e-9)
         if method.is_baseline:
             continue

@@ -1,6 +1,9 @@
-"""``python -m lightning_bpd decode``: translate a file (or stdin) with a checkpoint.
+"""``python -m lightning_bpd decode``: translate a file (or stdin) with a checkpoint, or continue prompts with a
+language-modelling one.
 
-One output line per input line; a stats line (sentences, iterations, mean accepted block size,
+Translation: one output line per input line. Language modelling (an :class:`~lightning_bpd.tasks.lm.LMModule`
+checkpoint or heads): JSON Lines in, each ``{"prompt": "..."}``, and one ``{"completion": "..."}`` line out per input,
+in order (:mod:`lightning_bpd.tasks.lm.jsonl`). Either way a stats line (sentences, iterations, mean accepted block size,
 seconds) goes to stderr. ``--criterion`` picks the method: ``greedy``; blockwise with the model's
 heads (``exact``, ``top2``, ``min2_top3``, ...); lossless speculative sampling with the heads
 (``sample_t0.7_p0.9``) or plain ancestral sampling (``ancestral_t0.7_p0.9``); or any rule with a
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -33,8 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint (.ckpt) of a translation run, or a folder of heads saved on their own "
                         "(save_heads: heads.json names their Hugging Face base)")
-    p.add_argument("--input", default="-", help="text file, one sentence per line (.gz allowed); - for stdin")
-    p.add_argument("--output", default="-", help="where to write the translations; - for stdout")
+    p.add_argument("--input", default="-", help="text file, one sentence per line (.gz allowed); a language model: "
+                        'JSON Lines, each {"prompt": "..."}; - for stdin')
+    p.add_argument("--output", default="-", help="where to write the translations (or completions); - for stdout")
     p.add_argument("--criterion", default="exact",
                    help="greedy, exact, topN (top2), minL[_<rule>], sample_tX[_pY], ancestral_tX[_pY], "
                         "or draft:<rule> (default: exact)")
@@ -66,6 +71,16 @@ def read_input(path: str) -> list[str]:
     return read_lines(path)
 
 
+def read_lm_input(module: Any, args: argparse.Namespace) -> list[str]:
+    """The prompts of a JSON Lines file or stdin, each checked against the model's context (one line naming the
+    input line where one is bad)."""
+    from lightning_bpd.tasks.lm.jsonl import check_prompts, read_prompts
+
+    prompts = read_prompts(args.input)
+    check_prompts(module, prompts, args.max_new_tokens or module.max_new_tokens)
+    return [prompt for _, prompt in prompts]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.batch_size < 1:
@@ -76,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("decode: give --tree or --tree-nodes, not both")
     try:
         module = load_model(args.ckpt, args.device)
+        lm = hasattr(module, "encode_prompts")  # a language-modelling checkpoint: JSON Lines in and out
         if not hasattr(module, "tokenizer"):
             raise ValueError(f"{args.ckpt} is not a translation checkpoint")
         options = options_from_args(args, module)
@@ -85,15 +101,17 @@ def main(argv: list[str] | None = None) -> None:
         if args.tree_nodes is not None:
             tree = budget_tree(args.tree_nodes, module.rank_agreement, args.k or module.model.k)
         method = make_method(args.criterion, parse_criterion, runtime, args.k, draft, seed=args.seed, tree=tree)
-        sentences = read_input(args.input)
+        sentences = read_lm_input(module, args) if lm else read_input(args.input)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"decode: {err}")
+    from lightning_bpd.tasks.lm.jsonl import as_lines, complete
     from lightning_bpd.tasks.translation.module import translate
 
     start = time.perf_counter()
     try:
-        texts, stats = translate(module, sentences, method, batch_size=args.batch_size, model=runtime,
-                                 max_new_tokens=args.max_new_tokens)
+        texts, stats = (complete if lm else translate)(module, sentences, method, batch_size=args.batch_size,
+                                                       model=runtime, max_new_tokens=args.max_new_tokens)
+        texts = as_lines(texts) if lm else texts
     except ValueError as err:  # a cap past the checkpoint's positions, a refused generation setting, ...
         sys.exit(f"decode: {err}")
     seconds = time.perf_counter() - start

@@ -17,27 +17,47 @@ from transformers import AutoTokenizer
 
 from lightning_bpd.hf.causal import HFCausalBlockwise, load_causal
 
+PAD_MULTIPLE = 64  # a model's vocabulary may be its tokenizer's padded up to a multiple of this
+PAD_MOST = 1024  # ... by fewer than this many rows (Qwen2.5: 151,665 tokens, 151,936 rows)
+
+
+def load_tokenizer(path: str | os.PathLike) -> Any:
+    """The tokenizer saved beside a local checkpoint (``AutoTokenizer``, never downloaded); one-line ValueError if
+    there is none."""
+    try:
+        return AutoTokenizer.from_pretrained(os.fspath(path), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{path}: no tokenizer beside the checkpoint ({first[:200]})") from None
+
+
+def check_vocabulary(tokenizer: Any, model: HFCausalBlockwise) -> None:
+    """The tokenizer must index the model's vocabulary: as many ids, or the model's rows padded up to a multiple of
+    64 (by fewer than 1024); and its EOS must be one of the model's."""
+    n, v = len(tokenizer), model.vocab_size
+    if n > v:
+        raise ValueError(f"the tokenizer has {n} tokens, more than the model's vocabulary ({v}): they do not "
+                         "belong together")
+    if n < v and not (v % PAD_MULTIPLE == 0 and v - n < PAD_MOST):
+        raise ValueError(f"the tokenizer has {n} tokens but the model's vocabulary has {v} (vocab_size mismatch): "
+                         "the tokenizer beside the checkpoint must be the model's own")
+    eos = tokenizer.eos_token_id
+    if eos is not None and model.eos_id is not None and eos not in (model.eos_id, *model.generation_rules.eos_ids):
+        raise ValueError(f"the tokenizer's EOS id {eos} is not the model's ({model.eos_id})")
+
 
 class CausalLM:
     """An :class:`HFCausalBlockwise` (``model``) and its ``tokenizer``: prompts to token tensors, tokens to text."""
 
     def __init__(self, model: HFCausalBlockwise, tokenizer: Any) -> None:
-        if len(tokenizer) > model.vocab_size:
-            raise ValueError(f"the tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary "
-                             f"({model.vocab_size}): they do not belong together")
+        check_vocabulary(tokenizer, model)
         self.model, self.tokenizer = model, tokenizer
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **kwargs: Any) -> CausalLM:
         """A local checkpoint directory with its tokenizer beside it; ``kwargs`` go to
         :func:`~lightning_bpd.hf.causal.load_causal` (k, head_type, ...)."""
-        model = load_causal(path, **kwargs)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(os.fspath(path), local_files_only=True)
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ValueError(f"{path}: no tokenizer beside the checkpoint ({first})") from None
-        return cls(model, tokenizer)
+        return cls(load_causal(path, **kwargs), load_tokenizer(path))
 
     def encode_prompts(self, prompts: list[str], device: torch.device | str | None = None) -> Tensor:
         """Prompts -> token ids (B, P) as the tokenizer makes them (its own BOS included), left-padded with the

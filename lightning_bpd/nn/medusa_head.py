@@ -58,6 +58,10 @@ class MedusaHead(nn.Module):
             raise ValueError(f"heads must lie in [0, {self.k - 1}], got {heads}")
         return torch.stack([h if i == 0 else self.blocks[i - 1](h) for i in heads], dim=-2)
 
+    def head_is_identity(self, i: int) -> bool:
+        """Head 1 (i = 0) is p_1 itself: nothing of it trains."""
+        return i == 0
+
     def first(self, h: Tensor) -> Tensor:
         """Head 1 only, p_1: the input itself (..., D)."""
         return h

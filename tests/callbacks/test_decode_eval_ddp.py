@@ -26,7 +26,7 @@ TINY = [
     "--data.init_args.synthetic_sizes={train: 300, val: 13, test: 13}",
     "--trainer.logger=false", "--decode_eval.batch_size=2", "--decode_eval.criteria=[exact, top2]",
 ]
-TIMING = ("seconds", "speedup")
+TIMING = ("seconds", "speedup", "tokens_per_second")
 
 
 def test_two_processes_count_every_example_once(tmp_path, monkeypatch):

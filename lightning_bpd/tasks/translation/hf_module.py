@@ -22,7 +22,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lightning_bpd import tree_budget
 from lightning_bpd.hf.base import HEAD_TYPES, HFSeq2SeqBlockwise, load_base
@@ -31,9 +31,12 @@ from lightning_bpd.tasks.training_options import TrainingOptions
 from lightning_bpd.tasks.translation.hf_tokenizer import HFTokenizer
 from lightning_bpd.tasks.translation.module import TranslationModule
 
-__all__ = ["HEADS_JSON", "HEADS_WEIGHTS", "HFTranslationModule", "config_hash", "save_heads"]
+__all__ = ["HEADS_JSON", "HEADS_WEIGHTS", "HFTranslationModule", "attach_heads", "config_hash", "read_heads_meta",
+           "save_heads"]
 
 HEADS_JSON, HEADS_WEIGHTS = "heads.json", "heads.safetensors"
+# heads.json's "module": the task module that re-attaches the heads (seq2seq, causal); older files name none (seq2seq)
+HEADS_MODULES = ("lightning_bpd.tasks.translation.hf_module.HFTranslationModule", "lightning_bpd.tasks.lm.module.LMModule")
 PAD_MULTIPLE = 64  # a model's vocabulary may be its tokenizer's padded up to a multiple of this (T5: 32100 -> 32128)
 
 
@@ -179,42 +182,55 @@ class HFTranslationModule(TranslationModule):
         """The heads saved by :func:`save_heads` in ``heads_dir`` re-attached to ``base`` (a checkpoint directory;
         default: the one named in ``heads.json``), in eval mode. ValueError if the base is not the one they
         were trained on (architecture or output layer)."""
-        from safetensors.torch import load_file
-
-        folder = Path(heads_dir)
-        meta_path = folder / HEADS_JSON
-        if not meta_path.is_file():
-            raise ValueError(f"{folder}: no {HEADS_JSON} (a folder written by save_heads is expected)")
-        meta = json.loads(meta_path.read_text())
+        folder, meta = Path(heads_dir), read_heads_meta(heads_dir)
         base_dir = os.fspath(base) if base is not None else meta["base"]
         module = cls(base_dir, k=meta["k"], head_type=meta["head_type"], head_hidden=meta["head_hidden"],
                      training=TRAINING, max_len_a=meta.get("max_len_a", 1.5),
                      max_len_b=meta.get("max_len_b", 10))
-        model = module.model
-        if model.vocab_size != meta["vocab_size"] or config_hash(model) != meta["config_hash"]:
-            raise ValueError(f"{base_dir}: not the base the heads of {folder} were trained on (its config or "
-                             f"vocabulary differs from {meta['base']}'s)")
-        if base_fingerprint(model) != meta["base_fingerprint"]:
-            raise ValueError(f"{base_dir}: not the base the heads of {folder} were trained on (same architecture, "
-                             f"other weights than {meta['base']}'s)")
-        state = load_file(str(folder / HEADS_WEIGHTS))
-        model.head.load_state_dict({key: value.to(head_dtype(model)) for key, value in state.items()})
-        module.rank_agreement = tree_budget.from_record(meta.get(tree_budget.KEY), str(meta_path))
-        return module.to(device).eval()
+        return attach_heads(module, folder, meta, base_dir).to(device).eval()
 
 
-def save_heads(module_or_model: pl.LightningModule | HFSeq2SeqBlockwise, out_dir: str | os.PathLike) -> Path:
-    """Write the heads of an :class:`HFTranslationModule` (or of its :class:`HFSeq2SeqBlockwise`) on their own:
+def read_heads_meta(heads_dir: str | os.PathLike) -> dict[str, Any]:
+    """The ``heads.json`` of a folder written by :func:`save_heads` (one-line ValueError without one)."""
+    meta_path = Path(heads_dir) / HEADS_JSON
+    if not meta_path.is_file():
+        raise ValueError(f"{heads_dir}: no {HEADS_JSON} (a folder written by save_heads is expected)")
+    return json.loads(meta_path.read_text())
+
+
+def attach_heads(module: pl.LightningModule, folder: Path, meta: dict[str, Any], base_dir: str) -> pl.LightningModule:
+    """Load the heads of ``folder`` into ``module`` (built on ``base_dir`` with the heads' shape) and their rank
+    agreement table; ValueError if the base is not the one they were trained on (architecture or output layer)."""
+    from safetensors.torch import load_file
+
+    model = module.model
+    if model.vocab_size != meta["vocab_size"] or config_hash(model) != meta["config_hash"]:
+        raise ValueError(f"{base_dir}: not the base the heads of {folder} were trained on (its config or "
+                         f"vocabulary differs from {meta['base']}'s)")
+    if base_fingerprint(model) != meta["base_fingerprint"]:
+        raise ValueError(f"{base_dir}: not the base the heads of {folder} were trained on (same architecture, "
+                         f"other weights than {meta['base']}'s)")
+    state = load_file(str(folder / HEADS_WEIGHTS))
+    model.head.load_state_dict({key: value.to(head_dtype(model)) for key, value in state.items()})
+    module.rank_agreement = tree_budget.from_record(meta.get(tree_budget.KEY), str(folder / HEADS_JSON))
+    return module
+
+
+def save_heads(module_or_model: pl.LightningModule | nn.Module, out_dir: str | os.PathLike) -> Path:
+    """Write the heads of an :class:`HFTranslationModule` or an :class:`~lightning_bpd.tasks.lm.LMModule` (or of their
+    Hugging Face model) on their own:
     ``heads.safetensors`` (the head's weights only) and ``heads.json`` (k, head type and size, the base's
     directory, config hash and output-layer fingerprint, vocabulary size, lightning_bpd version). Refused for a
     fine-tuned base: its heads need that base (save the whole checkpoint)."""
     from safetensors.torch import save_file
 
     import lightning_bpd
+    from lightning_bpd.hf.causal import HFCausalBlockwise
 
     model = getattr(module_or_model, "model", module_or_model)
-    if not isinstance(model, HFSeq2SeqBlockwise):
-        raise TypeError(f"save_heads takes an HFTranslationModule or an HFSeq2SeqBlockwise, got {type(model).__name__}")
+    if not isinstance(model, (HFSeq2SeqBlockwise, HFCausalBlockwise)):
+        raise TypeError("save_heads takes an HFTranslationModule, an LMModule or their Hugging Face model, got "
+                        f"{type(model).__name__}")
     if not model.frozen:
         raise ValueError("the base was fine-tuned with the heads: the heads alone do not fit the pretrained base "
                          "(keep the whole checkpoint)")
@@ -227,8 +243,9 @@ def save_heads(module_or_model: pl.LightningModule | HFSeq2SeqBlockwise, out_dir
     meta = {"k": model.k, "head_type": model.head_type, "head_hidden": model.head_hidden, "base": base,
             "model_type": model.base.config.model_type, "config_hash": config_hash(model),
             "base_fingerprint": base_fingerprint(model), "vocab_size": model.vocab_size,
-            "dtype": str(head_dtype(model)).removeprefix("torch."), "lightning_bpd_version": lightning_bpd.__version__}
-    for key in ("max_len_a", "max_len_b"):
+            "dtype": str(head_dtype(model)).removeprefix("torch."), "lightning_bpd_version": lightning_bpd.__version__,
+            "module": HEADS_MODULES[isinstance(model, HFCausalBlockwise)]}  # the class that re-attaches them
+    for key in ("max_len_a", "max_len_b", "max_new_tokens"):
         if key in hparams:
             meta[key] = hparams[key]
     table = getattr(module_or_model, "rank_agreement", None)
