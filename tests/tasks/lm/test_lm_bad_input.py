@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 import lightning_bpd
-from lightning_bpd.cli import CONF_DIR, main
+from lightning_bpd.commands.cli import CONF_DIR, main
 from lightning_bpd.tasks.lm import LMModule
 from lightning_bpd.tasks.translation.hf_module import save_heads
 from tests.hf.tiny_checkpoint import write_checkpoint as write_marian

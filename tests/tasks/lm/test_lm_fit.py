@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 import lightning_bpd
-from lightning_bpd.cli import CONF_DIR, main
+from lightning_bpd.commands.cli import CONF_DIR, main
 from lightning_bpd.decoding import Exact, blockwise_decode
 from lightning_bpd.tasks.lm import LMModule
 from tests.tasks.lm.tiny_lm import EOS, PAD, write_checkpoint, write_corpus, write_gpt2

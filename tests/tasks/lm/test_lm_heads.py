@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 import lightning_bpd
-from lightning_bpd.cli import main
+from lightning_bpd.commands.cli import main
 from lightning_bpd.decoding import Exact, blockwise_decode, parse_criterion
 from lightning_bpd.tasks.lm import LMModule
 from lightning_bpd.tasks.translation.hf_module import HEADS_JSON, save_heads
