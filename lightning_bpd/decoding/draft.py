@@ -67,9 +67,9 @@ def draft_block(
     inputs = torch.stack([last_token, parts[0].tokens[:, 0]], dim=1)  # (b, 2)
     for _ in range(k - 1):
         logits = draft.logits_first(draft.decode_step(inputs, context, cache)[:, -1])  # (b, V)
-        if rules is not None and rules.bound is not None and book is not None:
-            logits = rules.verifying(book, Block.cat(parts).tokens).rule(logits[:, None, :].expand(
-                -1, len(parts), -1))[:, -1]  # the rules at the draft token's index
+        reader = None if rules is None or book is None else rules.verifying(book, Block.cat(parts).tokens)
+        if reader is not None:  # the rules at the draft token's index
+            logits = reader.rule(logits[:, None, :].expand(-1, len(parts), -1))[:, -1]
         parts.append(criterion.draft(logits[:, None]))  # tokens (b, 1)
         inputs = parts[-1].tokens  # (b, 1)
     return Block.cat(parts)
@@ -130,8 +130,9 @@ def draft_decode(
             last_token, accepted = last_token[rows], accepted[rows]
             first = first[rows] if first is not None else None
             logits = logits[rows] if logits is not None else None
-        if logits is not None and rules.bound is not None:
-            logits = rules.next(book).rule(logits)
+        reader = rules.next(book) if logits is not None else None
+        if reader is not None:
+            logits = reader.rule(logits)
         t_cache.crop(t_cache.lengths - k + accepted, bounds=book.length_bounds(offset=1), check=False)  # BOS + committed
         if k > 1:  # BOS and every committed token but the newest
             d_cache.crop(d_cache.lengths - k + accepted, bounds=book.length_bounds(offset=0), check=False)

@@ -22,7 +22,7 @@ lists them in ``refused`` and every decoder refuses to run with one line naming 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -128,10 +128,12 @@ class BoundRules:
         self.bos_at = 1 - rules.start if rules.forced_bos is not None and rules.start <= 1 else -1
         self.begin_at = 1 if rules.start == 1 and rules.forced_bos is not None else 0
         self.eos_at = max_len - 1 if rules.forced_eos else -1
-        # the tokens greedy emits there: the forced ids all score 0, suppressed ones -inf after; ties to the lowest id
-        self.bos_token = -1 if rules.forced_bos is None else rules.forced_bos
-        kept = sorted(t for t in rules.forced_eos if t not in rules.suppress and t < vocab_size)
-        self.eos_token = kept[0] if kept else 0
+        # the tokens greedy emits there: the forced ids all score 0, then suppressed (and begin-suppressed) ones
+        # -inf; ties go to the lowest id, and all -inf to id 0
+        self.bos_token = self.forced_argmax([] if rules.forced_bos is None else [rules.forced_bos], self.bos_at)
+        self.eos_token = self.forced_argmax(rules.forced_eos, self.eos_at)
+        self.always = bool(self.banned.any()) or any(len(w) > 1 for w in rules.bad_words)  # rules at every index
+        self.begin_any = bool(self.begin.any())
         self.window = rules.window
         groups: dict[int, list[tuple[int, ...]]] = {}
         for w in rules.bad_words:
@@ -144,6 +146,21 @@ class BoundRules:
     @property
     def active(self) -> bool:
         return self.rules.active
+
+    def forced_argmax(self, ids: Sequence[int], at: int) -> int:
+        """Greedy's token where ``ids`` are forced at index ``at`` (suppressed afterwards, as generate orders it)."""
+        gone = set(self.rules.suppress) | (set(self.rules.begin_suppress) if at == self.begin_at else set())
+        kept = sorted(t for t in ids if t not in gone and t < self.vocab_size)
+        return kept[0] if kept else 0
+
+    def touches(self, lo: int, hi: int) -> bool:
+        """Whether a rule can change greedy's token at some generated index in [lo, hi] (host ints): a decode
+        skips the rules on passes they cannot touch (forced EOS: only the pass that reaches the cap)."""
+        if self.always or lo < self.eos_ban_until:
+            return True
+        if self.begin_any and lo <= self.begin_at <= hi:
+            return True
+        return any(at >= 0 and lo <= at <= hi for at in (self.bos_at, self.eos_at))
 
     @property
     def forces(self) -> bool:
@@ -193,9 +210,11 @@ class BoundRules:
         """Where a rule may change greedy's token: (...) bool for the plain argmax ``tokens`` (...) at ``index``.
 
         Elsewhere the rules only set other tokens' logits to -inf, so the plain argmax stays greedy's token."""
-        out = self.banned[tokens] | (self.eos[tokens] & (index < self.eos_ban_until))
-        out |= self.begin[tokens] & (index == self.begin_at)
-        out |= (index == self.bos_at) | (index == self.eos_at)
+        out = self.banned[tokens] if self.always else torch.zeros_like(tokens, dtype=torch.bool)
+        if self.eos_ban_until > 0:
+            out |= self.eos[tokens] & (index < self.eos_ban_until)
+        if self.begin_any:
+            out |= self.begin[tokens] & (index == self.begin_at)
         for prefixes, last in self.multi:
             n = prefixes.shape[1]
             hit = (self.need_tail(tail)[..., None, -n:] == prefixes).all(dim=-1)  # (..., g)
@@ -205,10 +224,14 @@ class BoundRules:
     def argmax(self, plain: Tensor, logits_of: Callable[[Tensor], Tensor], index: Tensor, tail: Tensor | None = None) -> Tensor:
         """Greedy's tokens (...) under the rules, from the plain argmax ``plain`` (...): where a rule touches one
         (:meth:`touched`), the argmax of the ruled logits ``logits_of(where)`` (n, V) of those positions."""
+        forced = self.forced_tokens(index) if self.forces else None  # (...): -1 where nothing is forced
         where = self.touched(plain, index, tail)  # (...)
+        if forced is not None:
+            where &= forced < 0  # a forced position's token is known without its logits
+        out = plain if forced is None else torch.where(forced >= 0, forced, plain)
         if not bool(where.any()):
-            return plain
-        out = plain.clone()
+            return out
+        out = out.clone()
         chosen = tail[where] if tail is not None else None
         out[where] = argmax(self.apply(logits_of(where), index[where], chosen))
         return out
@@ -321,7 +344,7 @@ class RuleBook:
 
     def opening(self, batch: int) -> Any:
         """p_1 for the first generated token of every row (index 0)."""
-        if self.bound is None:
+        if self.bound is None or not self.bound.touches(0, 0):
             return None
         index = torch.zeros(batch, dtype=torch.long, device=self.device)  # (B,)
         tail = self.start if self.start is not None else opening_tail(batch, self.bos_id, self.window, self.device)
@@ -333,6 +356,9 @@ class RuleBook:
         EOS would cost an iteration of its own). Verification decides as before."""
         if self.bound is None or not self.bound.forces:
             return tokens
+        lo, hi = book.length_bounds()  # host: committed tokens of the live rows
+        if not any(at >= 0 and lo <= at <= hi + tokens.shape[1] - 1 for at in (self.bound.bos_at, self.bound.eos_at)):
+            return tokens
         index = book.committed()[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # (b, m)
         forced = self.bound.forced_tokens(index)
         return torch.where(forced >= 0, forced, tokens)
@@ -340,16 +366,17 @@ class RuleBook:
     def verifying(self, book: Any, block: Tensor) -> Any:
         """p_1 at every position of a verify pass over ``block`` (b, m): position j predicts the token after
         block token j (generated index: committed + j + 1)."""
-        if self.bound is None:
-            return None
         m = block.shape[1]
+        lo, hi = book.length_bounds()  # host: committed tokens of the live rows
+        if self.bound is None or not self.bound.touches(lo + 1, hi + m):
+            return None
         index = book.committed()[:, None] + 1 + torch.arange(m, device=block.device)  # (b, m)
         tail = tails(book.tail(self.window, self.bos_id, self.start), block, self.window) if self.window else None
         return RuledFirst(self.model, self.bound, index, tail)
 
     def next(self, book: Any) -> Any:
         """p_1 for the next token of every live row, after what it committed."""
-        if self.bound is None:
+        if self.bound is None or not self.bound.touches(*book.length_bounds()):
             return None
         tail = book.tail(self.window, self.bos_id, self.start) if self.window else None
         return RuledFirst(self.model, self.bound, book.committed(), tail)
@@ -358,7 +385,8 @@ class RuleBook:
         """p_1 at every node of a tree verify pass over ``tokens`` (b, N): node j (``depths`` (N,), root-to-node
         ``paths`` (N, depth + 1)) predicts the token after it, at generated index committed + depth_j + 1, after
         the tokens of its own path."""
-        if self.bound is None:
+        lo, hi = book.length_bounds()
+        if self.bound is None or not self.bound.touches(lo + 1, hi + 1 + int(depths.max())):
             return None
         index = book.committed()[:, None] + 1 + depths  # (b, N)
         tail = None
