@@ -4,8 +4,8 @@
         [--precisions float32 float32-packed int8] [--json results/runtime/memory.json]
 
 Builds a random :class:`~lightning_bpd.nn.model.BlockwiseTransformer` in float32 (by default d_model 1024, 6+6
-layers, ffn 4096, vocab 32k, k = 8: 325M parameters, the shape issue 45 measured), then one runtime per precision,
-each measured alone and dropped before the next (:func:`~lightning_bpd.inference.memory.measured_build`: the
+layers, ffn 4096, vocab 32k, k = 8: 544M parameters, issue 45's d_model, layers and vocabulary), then one runtime
+per precision, each measured alone and dropped before the next (:func:`~lightning_bpd.inference.memory.measured_build`: the
 model's weights, the runtime's copies in another dtype and for its products, and the resident memory the process
 grew by while building it).
 """
