@@ -37,11 +37,12 @@ from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, PreTrainedModel
+from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
 from lightning_bpd.decoding.protocol import OptionalCapabilities
 from lightning_bpd.decoding.rules import GenerationRules
 from lightning_bpd.decoding.runtime_parts import RuntimeParts
+from lightning_bpd.hf.checkpoint_dir import load_weights, read_config
 from lightning_bpd.hf.compat import attention_implementation, relative_position_buckets
 from lightning_bpd.hf.generation_rules import ids, rules_from_config
 from lightning_bpd.hf.lean_layers import LeanDecoder, LeanEncoderLayer
@@ -401,22 +402,8 @@ def load_base(path_or_model: str | os.PathLike | PreTrainedModel, k: int = 1, he
               head_hidden: int | None = None, frozen: bool = True) -> HFSeq2SeqBlockwise:
     """A local checkpoint directory (never downloaded) or a loaded model -> :class:`HFSeq2SeqBlockwise`."""
     if isinstance(path_or_model, (str, os.PathLike)):
-        path = os.fspath(path_or_model)
-        if not os.path.isdir(path):
-            raise ValueError(f"{path}: not a directory (a local Hugging Face checkpoint is expected)")
-        try:
-            config = AutoConfig.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError, KeyError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ValueError(f"{path}: not a Hugging Face checkpoint ({first})") from None
-        if not getattr(config, "is_encoder_decoder", False):
-            raise ValueError(f"{path}: a {config.model_type} checkpoint is decoder-only, not a seq2seq one: load it "
-                             "with lightning_bpd.hf.load_causal")
-        try:
-            model = AutoModelForSeq2SeqLM.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError, KeyError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ValueError(f"{path}: not a seq2seq checkpoint ({first})") from None
+        read_config(path_or_model, seq2seq=True)
+        model = load_weights(path_or_model, AutoModelForSeq2SeqLM, "seq2seq")
     else:
         model = path_or_model
     return HFSeq2SeqBlockwise(model.eval(), k=k, head_type=head_type, head_hidden=head_hidden, frozen=frozen)

@@ -35,12 +35,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from lightning_bpd.decoding.protocol import OptionalCapabilities
 from lightning_bpd.decoding.rules import GenerationRules
 from lightning_bpd.hf.base import ATTENTION, as_mask
 from lightning_bpd.hf.causal_heads import CausalHeads
+from lightning_bpd.hf.checkpoint_dir import load_weights, read_config
 from lightning_bpd.hf.generation_rules import ids, rules_from_config
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead
@@ -335,22 +336,8 @@ def load_causal(path_or_model: str | os.PathLike | PreTrainedModel, k: int = 1, 
                 head_hidden: int | None = None, frozen: bool = True, pad_id: int | None = None) -> HFCausalBlockwise:
     """A local checkpoint directory (never downloaded) or a loaded model -> :class:`HFCausalBlockwise`."""
     if isinstance(path_or_model, (str, os.PathLike)):
-        path = os.fspath(path_or_model)
-        if not os.path.isdir(path):
-            raise ValueError(f"{path}: not a directory (a local Hugging Face checkpoint is expected)")
-        try:
-            config = AutoConfig.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError, KeyError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ValueError(f"{path}: not a Hugging Face checkpoint ({first})") from None
-        if getattr(config, "is_encoder_decoder", False):
-            raise ValueError(f"{path}: a {config.model_type} checkpoint is an encoder-decoder (seq2seq) one, not a "
-                             "causal LM: load it with lightning_bpd.hf.load_base")
-        try:
-            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError, KeyError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ValueError(f"{path}: not a causal LM checkpoint ({first})") from None
+        read_config(path_or_model, seq2seq=False)
+        model = load_weights(path_or_model, AutoModelForCausalLM, "causal LM")
     else:
         model = path_or_model
     return HFCausalBlockwise(model.eval(), k=k, head_type=head_type, head_hidden=head_hidden, frozen=frozen,
