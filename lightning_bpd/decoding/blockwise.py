@@ -187,7 +187,7 @@ def verify(model: BlockwiseModel, criterion: Criterion, block: Block, hidden: Te
     sampled.
 
     ``p1``: what reads p_1 at the block's positions (b, k) under the generation rules
-    (:func:`~lightning_bpd.decoding.rules.p1_reader`); None: the model itself. With rules the check is never
+    (:meth:`~lightning_bpd.decoding.rules.RuleBook.verifying`); None: the model itself. With rules the check is never
     lazy (the verdict is the same).
     """
     if criterion.stochastic:

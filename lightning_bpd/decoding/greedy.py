@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, first_argmax, pack_rows
-from lightning_bpd.decoding.rules import RuledFirst, bind_rules, histories, history_tail, rules_of, start_tail, stop_ids
+from lightning_bpd.decoding.rules import RuleBook, RuledFirst, reference_rules, ruled_at
 from lightning_bpd.nn.argmax import argmax
 
 
@@ -33,9 +33,8 @@ def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int,
     Shared by greedy decoding (argmax) and ancestral sampling (a draw). Rows stop after an EOS id or at
     ``max_len`` and leave the batch.
     """
-    rules = rules_of(model, src)
-    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
-    stops = stop_ids(model.eos_id, rules)
+    rules = RuleBook(model, max_len, src.device, src)
+    bound, stops = rules.bound, rules.stops
     batch, device = src.shape[0], src.device
     context = model.encode(src)
     cache = model.new_cache(batch, capacity=1 + max_len)
@@ -43,16 +42,15 @@ def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int,
     lengths = torch.full((batch,), max_len, dtype=torch.long, device=device)
     live = torch.arange(batch, device=device)  # original index of each live row
     inputs = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=device)
-    window = 0 if bound is None else bound.window
+    window = rules.window
     history = torch.full((batch, window + max_len), -1, dtype=torch.long, device=device)  # (B, window + max_len)
     if window:
-        history[:, :window] = start_tail(model, src, window)
-    stop = torch.tensor(stops, dtype=torch.long, device=device)
+        history[:, :window] = rules.start
     steps = 0
     for step in range(max_len):
         h = model.decode_step(inputs, context, cache)[:, -1]  # (b, D)
         steps += 1
-        if bound is None:
+        if bound is None or not bound.touches(step, step):  # no rule can change this step's token
             p1 = model
         else:
             tail = history[live, step : step + window] if window else None  # (b, window)
@@ -61,8 +59,8 @@ def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int,
         tokens[live, step] = nxt
         if window:
             history[live, window + step] = nxt
-        if stops:
-            done = nxt == stops[0] if len(stops) == 1 else torch.isin(nxt, stop)
+        if stops is not None:
+            done = torch.isin(nxt, stops) if isinstance(stops, Tensor) else nxt == stops
             if bool(done.any()):
                 lengths[live[done]] = step + 1
                 keep = (~done).nonzero().squeeze(1)
@@ -87,11 +85,8 @@ def greedy_decode_reference(model: BlockwiseModel, src: Tensor, max_len: int) ->
     """Slow, obviously correct greedy: one row at a time, no padding, the whole prefix re-run each step, the
     generation rules applied to p_1's logits in ``generate``'s order."""
     check_decode_args(model, src, max_len)
-    rules = rules_of(model, src)
-    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
-    stops = stop_ids(model.eos_id, rules)
+    bound, stops, befores = reference_rules(model, src, max_len)  # befores: what the rules see before token 0
     rows: list[list[int]] = []
-    befores = histories(model, src, 0 if bound is None else bound.window)  # what the rules see before token 0
     for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
         context = model.encode(row_src)
         out: list[int] = []
@@ -101,8 +96,7 @@ def greedy_decode_reference(model: BlockwiseModel, src: Tensor, max_len: int) ->
             if bound is None:
                 nxt = int(first_argmax(model, h)[0])
             else:  # the rules on p_1's logits, then their argmax
-                nxt = int(argmax(bound.apply(model.logits_first(h), torch.tensor([len(out)], device=src.device),
-                                             history_tail([*before, *out], bound.window, src.device)))[0])
+                nxt = int(argmax(ruled_at(bound, [*before, *out], len(out))(model.logits_first(h)))[0])
             out.append(nxt)
             if nxt in stops:
                 break

@@ -17,7 +17,7 @@ from lightning_bpd.decoding.blockwise import chain_source, check_stop_below, res
 from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source, check_decode_args, pack_rows
-from lightning_bpd.decoding.rules import BoundRules, bind_rules, histories, history_tail, rules_of, stop_ids
+from lightning_bpd.decoding.rules import BoundRules, reference_rules, ruled_at
 
 
 def chained(model: BlockwiseModel) -> bool:
@@ -65,11 +65,8 @@ def blockwise_decode_reference(
     k = resolve_k(model, k)
     criterion.validate(k)
     check_stop_below(stop_below, criterion)
-    rules = rules_of(model, src)
-    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
-    stops = stop_ids(model.eos_id, rules)
+    bound, stops, befores = reference_rules(model, src, max_len)  # befores: what the rules see before token 0
     rows, blocks = [], []
-    befores = histories(model, src, 0 if bound is None else bound.window)  # what the rules see before token 0
     for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
         context = model.encode(row_src)
         out: list[int] = []
@@ -82,9 +79,7 @@ def blockwise_decode_reference(
             proposals = reference_proposals(model, criterion, h[:, -1], k, chain_source(model, context),
                                             stop_below, rule)  # (1, m), m <= k
             if bound is not None and not criterion.stochastic:  # the forced token where a rule forces one
-                index = len(out) + torch.arange(proposals.shape[1], device=src.device)[None]  # (1, m)
-                forced = bound.forced_tokens(index)
-                proposals = torch.where(forced >= 0, forced, proposals)
+                proposals = bound.force(proposals, len(out) + torch.arange(proposals.shape[1], device=src.device))
             # Verify: the extended prefix, every head everywhere (the paper's head; head 1 only for
             # chained heads, whose other heads need proposals), then keep p_1 after each proposal.
             m = proposals.shape[1]
@@ -127,10 +122,3 @@ def reference_result(rows: list[list[int]], blocks: list[list[int]], pad_id: int
     iterations = torch.tensor([len(b) for b in blocks], device=device)
     made = calls if calls is not None else calls_per_iteration * int(iterations.sum())
     return DecodeResult(pack_rows(rows, pad_id, device), lengths, iterations, made, blocks)
-
-
-def ruled_at(bound: BoundRules, prefix: list[int], index: int) -> Callable[[Tensor], Tensor]:
-    """The generation rules on p_1's logits (..., V) of the token at generated ``index`` after ``prefix``: what the
-    rules see before the first generated token (the start token, or a prompt's tail) and the tokens since."""
-    at = torch.tensor(index)
-    return lambda logits: bound.apply(logits, at.to(logits.device), history_tail(prefix, bound.window, logits.device))

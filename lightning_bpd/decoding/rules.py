@@ -143,10 +143,6 @@ class BoundRules:
         self.multi = [(torch.tensor([w[:-1] for w in ws], dtype=torch.long, device=device),
                        torch.tensor([w[-1] for w in ws], dtype=torch.long, device=device)) for ws in groups.values()]
 
-    @property
-    def active(self) -> bool:
-        return self.rules.active
-
     def forced_argmax(self, ids: Sequence[int], at: int) -> int:
         """Greedy's token where ``ids`` are forced at index ``at`` (suppressed afterwards, as generate orders it)."""
         gone = set(self.rules.suppress) | (set(self.rules.begin_suppress) if at == self.begin_at else set())
@@ -154,12 +150,17 @@ class BoundRules:
         return kept[0] if kept else 0
 
     def touches(self, lo: int, hi: int) -> bool:
-        """Whether a rule can change greedy's token at some generated index in [lo, hi] (host ints): a decode
-        skips the rules on passes they cannot touch (forced EOS: only the pass that reaches the cap)."""
+        """Whether a rule changes p_1 (its logits, so greedy's token or a draw) at some generated index in [lo, hi]
+        (host ints). Elsewhere :meth:`apply` leaves the logits as they are, so a decode skips the rules on passes
+        they cannot touch (a forced EOS: only the pass that reaches the cap)."""
         if self.always or lo < self.eos_ban_until:
             return True
         if self.begin_any and lo <= self.begin_at <= hi:
             return True
+        return self.forces_in(lo, hi)
+
+    def forces_in(self, lo: int, hi: int) -> bool:
+        """Whether a rule forces the token at some generated index in [lo, hi] (host ints)."""
         return any(at >= 0 and lo <= at <= hi for at in (self.bos_at, self.eos_at))
 
     @property
@@ -175,6 +176,12 @@ class BoundRules:
         if self.eos_at >= 0:
             out = torch.where(index == self.eos_at, self.eos_token, out)
         return out
+
+    def force(self, tokens: Tensor, index: Tensor) -> Tensor:
+        """Proposals ``tokens`` (...) at generated ``index`` (...) with the forced token put in place wherever a
+        rule forces one: another guess there could only be rejected."""
+        forced = self.forced_tokens(index)
+        return torch.where(forced >= 0, forced, tokens)
 
     # ---- the rules on logits, in generate's order: the reference ----------------------------------------------
     def apply(self, logits: Tensor, index: Tensor, tail: Tensor | None = None) -> Tensor:
@@ -294,11 +301,6 @@ class RuledFirst:
         return self.rules.argmax(plain, lambda where: self.model.logits_first(h[where]), index, tail)
 
 
-def p1_reader(model: Any, rules: BoundRules | None, index: Tensor, tail: Tensor | None = None) -> Any:
-    """What reads p_1 at generated ``index`` (...): the model itself without rules, else a :class:`RuledFirst`."""
-    return model if rules is None else RuledFirst(model, rules, index, tail)
-
-
 def start_tail(model: Any, src: Tensor, window: int) -> Tensor | None:
     """The ``window`` tokens before the first generated token of each row of a decode of ``src`` (B, S), as the
     rules see them (B, window): ``model.rules_history`` where offered, else the start token, -1 before it; None
@@ -331,9 +333,7 @@ class RuleBook:
     what reads p_1 at each read site of a blockwise loop (None everywhere when no rule changes p_1's argmax)."""
 
     def __init__(self, model: Any, max_len: int, device: torch.device | str, src: Tensor | None = None) -> None:
-        given = model.generation_rules
-        if given is not None and src is not None:
-            given = given.at_width(src.shape[1])  # src: the sources (B, S)
+        given = model.generation_rules if src is None else rules_of(model, src)  # src: the sources (B, S)
         self.bound = bind_rules(given, max_len, model.vocab_size, device)
         ids = stop_ids(model.eos_id, given)
         self.stops: int | Tensor | None = (None if not ids else ids[0] if len(ids) == 1
@@ -354,14 +354,11 @@ class RuleBook:
         """A block's proposals ``tokens`` (b, m) (token j at generated index committed + j) with the token a rule
         forces put in place wherever one does: a head's other guess there could only be rejected (the cap's forced
         EOS would cost an iteration of its own). Verification decides as before."""
-        if self.bound is None or not self.bound.forces:
-            return tokens
         lo, hi = book.length_bounds()  # host: committed tokens of the live rows
-        if not any(at >= 0 and lo <= at <= hi + tokens.shape[1] - 1 for at in (self.bound.bos_at, self.bound.eos_at)):
+        if self.bound is None or not self.bound.forces_in(lo, hi + tokens.shape[1] - 1):
             return tokens
         index = book.committed()[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # (b, m)
-        forced = self.bound.forced_tokens(index)
-        return torch.where(forced >= 0, forced, tokens)
+        return self.bound.force(tokens, index)
 
     def verifying(self, book: Any, block: Tensor) -> Any:
         """p_1 at every position of a verify pass over ``block`` (b, m): position j predicts the token after
@@ -405,3 +402,21 @@ def history_tail(prefix: list[int], window: int, device: torch.device | str) -> 
         return None
     last = ([-1] * window + prefix)[-window:]
     return torch.tensor([last], dtype=torch.long, device=device)
+
+
+def ruled_at(bound: BoundRules, prefix: list[int], index: int) -> Callable[[Tensor], Tensor]:
+    """The generation rules on p_1's logits (..., V) of the token at generated ``index`` after ``prefix``: what the
+    rules see before the first generated token (the start token, or a prompt's tail) and the tokens since (the
+    references' form of :meth:`BoundRules.apply`)."""
+    at = torch.tensor(index)
+    return lambda logits: bound.apply(logits, at.to(logits.device), history_tail(prefix, bound.window, logits.device))
+
+
+def reference_rules(model: Any, src: Tensor, max_len: int) -> tuple[BoundRules | None, tuple[int, ...],
+                                                                      list[list[int]]]:
+    """What the slow references read of the rules of a decode of ``src`` (B, S): the bound rules (None: none that
+    change p_1's argmax), the ids that end a row, and each row's tokens before its first generated one."""
+    rules = rules_of(model, src)
+    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
+    befores = histories(model, src, 0 if bound is None else bound.window)
+    return bound, stop_ids(model.eos_id, rules), befores

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from lightning_bpd.decoding.greedy import strip_padding, token_by_token
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
-from lightning_bpd.decoding.rules import bind_rules, histories, history_tail, rules_of, stop_ids
+from lightning_bpd.decoding.rules import reference_rules, ruled_at
 
 
 def check_sampling_args(temperature: float, top_p: float) -> None:
@@ -109,11 +109,8 @@ def ancestral_sample(
     """
     check_decode_args(model, src, max_len)
     check_sampling_args(temperature, top_p)
-    rules = rules_of(model, src)
-    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
-    stops = stop_ids(model.eos_id, rules)
+    bound, stops, befores = reference_rules(model, src, max_len)  # befores: what the rules see before token 0
     rows: list[list[int]] = []
-    befores = histories(model, src, 0 if bound is None else bound.window)  # what the rules see before token 0
     for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
         context = model.encode(row_src)
         out: list[int] = []
@@ -121,8 +118,7 @@ def ancestral_sample(
             prefix = [model.bos_id, *out]
             logits = model.logits_first(model.decode_full(torch.tensor([prefix], device=src.device), context)[0, -1:])
             if bound is not None:  # (1, V): the generation rules, then the distribution
-                logits = bound.apply(logits, torch.tensor([len(out)], device=src.device),
-                                     history_tail([*before, *out], bound.window, src.device))
+                logits = ruled_at(bound, [*before, *out], len(out))(logits)
             logits = logits[0]  # (V,)
             out.append(int(sample(probabilities(logits, temperature, top_p), generator)))
         rows.append(out)

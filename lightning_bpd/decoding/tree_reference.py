@@ -18,8 +18,8 @@ from lightning_bpd.decoding.blockwise import chain_source
 from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args
-from lightning_bpd.decoding.reference import accepted_block, reference_result, ruled_at, ruled_verify
-from lightning_bpd.decoding.rules import BoundRules, bind_rules, histories, rules_of, stop_ids
+from lightning_bpd.decoding.reference import accepted_block, reference_result, ruled_verify
+from lightning_bpd.decoding.rules import BoundRules, reference_rules, ruled_at
 from lightning_bpd.decoding.tree import Tree
 from lightning_bpd.decoding.tree_decode import check_tree_args
 
@@ -71,11 +71,8 @@ def tree_decode_reference(model: BlockwiseModel, src: Tensor, criterion: Criteri
     tree = tree if tree is not None else Tree.path(model.k - 1)
     check_decode_args(model, src, max_len)
     check_tree_args(model, criterion, tree, k, verify_pass=False)
-    rules = rules_of(model, src)
-    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
-    stops = stop_ids(model.eos_id, rules)
+    bound, stops, befores = reference_rules(model, src, max_len)  # befores: what the rules see before token 0
     rows, blocks, calls = [], [], 0
-    befores = histories(model, src, 0 if bound is None else bound.window)  # what the rules see before token 0
     for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
         context = model.encode(row_src)
         out: list[int] = []
