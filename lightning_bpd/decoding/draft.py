@@ -102,11 +102,12 @@ def draft_decode(
     rules = RuleBook(target, max_len, device, src)
     last_token = torch.full((batch,), target.bos_id, dtype=torch.long, device=device)  # (B,)
     h = target.decode_step(last_token[:, None], t_context, t_cache)[:, -1]  # (B, D)
-    logits = (rules.opening(batch) or target).logits_first(h)  # (B, V)
+    opening = rules.opening(batch) or target  # p_1 of the first token, under the rules
+    logits = opening.logits_first(h)  # (B, V)
     check_draft_vocabulary(target, draft, logits)
     first: Tensor | None = None
     if not criterion.stochastic:  # greedy's first token (under the rules)
-        first = criterion.first_token(rules.opening(batch) or target, h)
+        first = criterion.first_token(opening, h)
     calls = 1
     while True:
         block = draft_block(draft, criterion, logits, first, last_token, d_context, d_cache, k, rules, book)

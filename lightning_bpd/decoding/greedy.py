@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, first_argmax, pack_rows
+from lightning_bpd.decoding.row_book import ends_row
 from lightning_bpd.decoding.rules import RuleBook, RuledFirst, reference_rules, ruled_at
 from lightning_bpd.nn.argmax import argmax
 
@@ -60,7 +61,7 @@ def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int,
         if window:
             history[live, window + step] = nxt
         if stops is not None:
-            done = torch.isin(nxt, stops) if isinstance(stops, Tensor) else nxt == stops
+            done = ends_row(nxt, stops)
             if bool(done.any()):
                 lengths[live[done]] = step + 1
                 keep = (~done).nonzero().squeeze(1)

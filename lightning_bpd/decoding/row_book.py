@@ -8,6 +8,11 @@ from torch import Tensor
 from lightning_bpd.decoding.protocol import DecodeResult
 
 
+def ends_row(tokens: Tensor, eos: int | Tensor) -> Tensor:
+    """Where ``tokens`` (...) end a row: equal to the EOS id ``eos``, or to any of a tensor of them (...) bool."""
+    return torch.isin(tokens, eos) if isinstance(eos, Tensor) else tokens == eos
+
+
 class RowBook:
     """Bookkeeping of a batched decode loop whose rows finish at different times.
 
@@ -42,8 +47,7 @@ class RowBook:
         start = self.lengths[self.live]  # (b,)
         first_eos = None
         if eos is not None:
-            ends = torch.isin(block, eos) if isinstance(eos, Tensor) else block == eos  # (b, T)
-            first_eos = torch.where(ends, arange, width).amin(dim=1)  # (b,): width when none
+            first_eos = torch.where(ends_row(block, eos), arange, width).amin(dim=1)  # (b,): width when none
             n = torch.minimum(n, first_eos + 1)
         n = torch.minimum(n, self.max_len - start)
         self.tokens[self.live[:, None], start[:, None] + arange] = block
@@ -71,8 +75,7 @@ class RowBook:
         """The last ``window`` decoder inputs of each live row (b, window): the start token ``bos_id`` and the
         committed tokens, -1 before the start token; with ``start`` (B, window), what comes before each original
         row's committed tokens instead (:func:`~lightning_bpd.decoding.rules.start_tail`)."""
-        lengths = self.lengths[self.live]  # (b,)
-        at = lengths[:, None] - window + torch.arange(window, device=lengths.device)  # (b, window); -1: the start
+        at = self.committed()[:, None] - window + torch.arange(window, device=self.tokens.device)  # (b, window); -1: the start
         got = self.tokens[self.live[:, None], at.clamp(min=0)]  # (b, window)
         if start is not None:
             return torch.where(at >= 0, got, start[self.live].gather(1, (at + window).clamp(0, window - 1)))

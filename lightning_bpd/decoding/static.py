@@ -31,6 +31,7 @@ from torch import Tensor
 from lightning_bpd.decoding.blockwise import chain_source, propose, resolve_k, verify
 from lightning_bpd.decoding.criteria import Block, Criterion, Exact
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args
+from lightning_bpd.decoding.row_book import ends_row
 from lightning_bpd.decoding.rules import RuleBook
 
 
@@ -87,8 +88,7 @@ class StaticDecoder:
         accepted, first = verify(model, self.criterion, Block(self.block), hidden)  # (B,), (B,)
         n = accepted
         if self.stops is not None:  # an EOS inside the accepted prefix ends the row there
-            ends = torch.isin(self.block, self.stops) if isinstance(self.stops, Tensor) else self.block == self.stops
-            first_eos = torch.where(ends, self.arange, k).amin(dim=1)  # (B,): k when none
+            first_eos = torch.where(ends_row(self.block, self.stops), self.arange, k).amin(dim=1)  # (B,): k when none
             n = torch.minimum(n, first_eos + 1)
         n = torch.minimum(n, self.max_len - self.lengths).masked_fill(self.done, 0)  # (B,) tokens kept
         # the whole block at each row's length (lengths <= max_len, the buffer holds max_len + k): what
