@@ -195,17 +195,16 @@ def build_runtime(model: nn.Module | Runtime, options: InferenceOptions | None =
     made = snapshot(model, options)
     products = make_products(options, made)
     use_products(made, products)
-    parts = isinstance(made, RuntimeParts)  # heads and an output layer to build fast paths from (ours, an HF base)
-    if parts:
-        made.use_lean_steps(options.lean_steps)
-    if options.draft_vocab is not None:
-        if not parts:
+    if not isinstance(made, RuntimeParts):  # the protocol alone (a stub): nothing to build fast paths from
+        if options.draft_vocab is not None:
             raise ValueError(f"{type(made).__name__} cannot take a draft vocabulary (it declares no RuntimeParts)")
+        if options.proposal_precision is not None or options.screened_argmax:
+            raise ValueError(f"{type(made).__name__} has no proposal path for a proposal precision or a screened "
+                             "argmax")
+        return Runtime(made, options, products)
+    made.use_lean_steps(options.lean_steps)
+    if options.draft_vocab is not None:
         made.draft_vocab = None  # a vocabulary of the runtime's own (the model's ids buffer stays as it is)
         made.use_draft_vocab(torch.tensor(options.draft_vocab, dtype=torch.long))
-    proposer = None
-    if parts:
-        proposer = Proposer(made, options.proposal_precision, options.fused_chain, options.screened_argmax)
-    elif options.proposal_precision is not None or options.screened_argmax:
-        raise ValueError(f"{type(made).__name__} has no proposal path for a proposal precision or a screened argmax")
+    proposer = Proposer(made, options.proposal_precision, options.fused_chain, options.screened_argmax)
     return Runtime(made, options, products, proposer)
