@@ -64,7 +64,7 @@ COMMANDS = {
     "bench-generate": "time a Hugging Face heads checkpoint against its base's own generate (greedy, prompt lookup)",
     "distill": "beam-decode a training corpus with a teacher (sequence-level distillation), sharded, resumable",
     "human-eval": "export side-by-side image pairs for raters (export) and score their answers (analyze)",
-    "make-base": "a fresh random Marian base and its own BPE tokenizer (a Hugging Face directory) from a corpus",
+    "make-base": "a fresh random Marian or Llama base and its own BPE tokenizer (a Hugging Face directory) from a corpus",
     "export-base": "the trained base of a Hugging Face run as a Hugging Face directory (save_pretrained)",
     "recipe": "run a whole pipeline from conf/recipes/<name>.yaml (stages resumable; --dry-run prints them)",
     "results": "tables of the records in results/ (table), the README's cells from them (readme), add a record (add)",

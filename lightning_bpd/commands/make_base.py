@@ -9,7 +9,14 @@ and ``AutoTokenizer.from_pretrained`` load the folder like a downloaded opus-mt 
     python -m lightning_bpd make-base --data ../shared/data/translation/multi30k --out runs/hf-base-init \\
         --vocab 8000 --shape multi30k
 
-Shapes: ``multi30k`` (d_model 256, 3+3 layers, 4 heads, ffn 1024, dropout 0.1: the shape of our own Multi30k
+``--arch llama`` writes a random ``LlamaForCausalLM`` and a byte-level BPE tokenizer learnt from the training split
+of a folder of source files instead (``lightning_bpd/hf/causal_base.py``; the code LM recipe)::
+
+    python -m lightning_bpd make-base --arch llama --data ../shared/data/code/python-stdlib --out runs/lm-init \\
+        --vocab 8192 --shape code
+    python -m lightning_bpd make-base --arch llama --tokenizer-from runs/lm-init --out runs/draft-init --shape code-draft
+
+Marian shapes: ``multi30k`` (d_model 256, 3+3 layers, 4 heads, ffn 1024, dropout 0.1: the shape of our own Multi30k
 base) and ``tiny`` (d_model 32, 2+2 layers: tests). As Marian: sinusoidal positions, post-norm layers, shared and
 tied embeddings scaled by sqrt(d_model), ``</s>`` 0, ``<unk>`` 1, ``<pad>`` 2 (the decoder's start token).
 """
@@ -104,10 +111,14 @@ def make_base(data: str | Path, out: str | Path, vocab: int = 8000, shape: str =
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd make-base", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="the corpus folder ({train}.{en,de}[.gz])")
+    p.add_argument("--arch", default="marian", choices=["marian", "llama"],
+                   help="marian (a translation base, default) or llama (a causal LM for the LM task)")
+    p.add_argument("--data", help="the corpus folder: {train}.{en,de}[.gz] (marian), or source files (llama)")
     p.add_argument("--out", required=True, help="the checkpoint directory to write")
-    p.add_argument("--vocab", type=int, default=8000, help="the joint BPE vocabulary size (default 8000)")
-    p.add_argument("--shape", default="multi30k", choices=sorted(SHAPES))
+    p.add_argument("--vocab", type=int, default=None, help="the BPE vocabulary size (default 8000 marian, 8192 llama)")
+    p.add_argument("--shape", default=None,
+                   help=f"marian: {', '.join(SHAPES)} (default multi30k); llama: code, code-draft, tiny (default code)")
+    p.add_argument("--tokenizer-from", default=None, help="llama: take this checkpoint's tokenizer (a draft model's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prefix", default="train", help="the split the tokenizer learns from")
     p.add_argument("--src-lang", default="en")
@@ -118,7 +129,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
-        make_base(args.data, args.out, args.vocab, args.shape, args.seed, args.prefix, (args.src_lang, args.tgt_lang))
+        if args.arch == "llama":
+            from lightning_bpd.hf.causal_base import make_causal_base
+
+            make_causal_base(args.data, args.out, args.vocab or 8192, args.shape or "code", args.seed,
+                             args.tokenizer_from)
+        else:
+            if args.data is None or args.tokenizer_from is not None:
+                raise ValueError("--arch marian needs --data (a translation corpus) and takes no --tokenizer-from")
+            make_base(args.data, args.out, args.vocab or 8000, args.shape or "multi30k", args.seed, args.prefix,
+                      (args.src_lang, args.tgt_lang))
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"make_base: {err}")
 
