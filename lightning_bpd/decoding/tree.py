@@ -6,7 +6,8 @@ paper's numbering), and its ``rank`` says which one: rank r is that head's (r+1)
 given as the list of its non-root nodes' paths of ranks, Medusa's "choices" format: ``(1,)`` is head 1's second
 choice, ``(1, 0)`` head 2's first choice after it. Parallel heads read every node of depth d from the same head
 (so node ``(1, 0)`` and ``(0, 0)`` hold the same token); chained heads expand each node's own link, fed the
-node's token.
+node's token. Sampling on a tree (:mod:`~lightning_bpd.decoding.tree_sampling`) draws each node's children
+instead: there the ranks only order a node's children (child j holds draw j).
 
 Nodes are numbered in Medusa's order, by depth and then by path, so a node's ancestors come before it and the
 path of rank 0s (today's single block) is nodes 0..depth when it is in the tree. From the paths a tree gives,
