@@ -14,6 +14,7 @@ from lightning_bpd.decoding import (
     greedy_decode,
     greedy_decode_reference,
 )
+from lightning_bpd.decoding.static import static_decode
 from lightning_bpd.decoding.tree import Tree
 from lightning_bpd.decoding.tree_reference import tree_decode_reference
 from lightning_bpd.inference import InferenceOptions, build_runtime
@@ -101,8 +102,8 @@ def test_cached_steps_equal_the_full_pass(side):
 @pytest.mark.parametrize("head_type", ["paper", "chained"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_greedy_equals_exact_blockwise_on_ragged_prompts(head_type, dtype):
-    """Greedy (cached and the reference) == exact blockwise (and its reference) token for token, on prompts padded on
-    either side and at batch 1, rows ending at EOS and rows reaching the cap."""
+    """Greedy (cached and the reference) == exact blockwise (its reference, the fixed-shape decoder) token for token,
+    on prompts padded on either side and at batch 1, rows ending at EOS and rows reaching the cap."""
     model, src = tiny(head_type=head_type, dtype=dtype), prompts()
     pick_eos(model, src)
     want = greedy_decode_reference(model, src, MAX_LEN).sequences()
@@ -112,6 +113,7 @@ def test_greedy_equals_exact_blockwise_on_ragged_prompts(head_type, dtype):
         got = blockwise_decode(model, padded, Exact(), MAX_LEN)
         assert got.sequences() == want
     assert blockwise_decode_reference(model, src, Exact(), MAX_LEN).sequences() == want
+    assert static_decode(model, src, Exact(), MAX_LEN).sequences() == want  # fixed shapes: a static cache
     assert max(max(sizes) for sizes in got.block_sizes) > 1 or head_type == "chained"
     fast, slow = blockwise_decode(model, src, TopK(2), MAX_LEN), blockwise_decode_reference(model, src, TopK(2), MAX_LEN)
     assert fast.sequences() == slow.sequences() and fast.block_sizes == slow.block_sizes

@@ -20,8 +20,8 @@ from lightning_bpd.nn.causal_model import CausalTransformer
 from lightning_bpd.tasks.lm import LMModule
 from lightning_bpd.tasks.training_options import TrainingOptions
 from tests.tasks.lm.test_lm_fit import FAST, PROMPTS, logged
-from tests.tasks.lm.tiny_lm import write_corpus
 from tests.tasks.lm.tiny_lm import tokenizer as tiny_tokenizer
+from tests.tasks.lm.tiny_lm import write_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
