@@ -47,8 +47,8 @@ class LMModule(BlockwiseModule):
     Args:
         pretrained: a local checkpoint directory (``save_pretrained`` output with its tokenizer; never downloaded).
         own: instead of ``pretrained``, our own decoder-only base trained from scratch
-            (:class:`~lightning_bpd.tasks.lm.own_base.OwnBase`: its shape and tokenizer directory; needs
-            ``training.freeze_base: false``).
+            (:class:`~lightning_bpd.tasks.lm.own_base.OwnBase`: its shape and tokenizer directory), with
+            ``training.freeze_base: false``; or frozen, warm-started from a run's checkpoint (``training.init_from``).
         k: number of heads (1 = the base alone, up to 16).
         head_type: ``paper``, ``chained`` (each head fed the token before it) or ``medusa`` (Medusa-1's residual
             blocks, exportable to vLLM's Medusa layout; Hugging Face bases only).
@@ -77,9 +77,10 @@ class LMModule(BlockwiseModule):
         if own is not None:
             own = OwnBase.of(own)
             own.tokenizer = tokenizer_dir(own)
-            if training.freeze_base:
-                raise ValueError("model.init_args.own trains our own base from scratch: set "
-                                 "model.init_args.training.freeze_base false")
+            if training.freeze_base and training.init_from is None:
+                raise ValueError("model.init_args.own: a frozen base needs training.init_from (a checkpoint of our own "
+                                 "base, trained); to train it from scratch set model.init_args.training.freeze_base "
+                                 "false")
             tokenizer = load_tokenizer(own.tokenizer)
             model = build_own(own, tokenizer, k, head_type, head_hidden)
         else:

@@ -72,6 +72,21 @@ def test_fit_from_scratch_then_load_model_and_decode(tokenizer_dir, data, tmp_pa
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"completion": t} for t in texts]
 
 
+def test_frozen_heads_on_a_trained_own_base(tokenizer_dir, data, tmp_path):
+    """Two stages: the base alone (k = 1) from scratch, then k = 3 heads on it frozen (``training.init_from``)."""
+    common = ["--config", str(CONF_DIR / "lm" / "own_base.yaml"), f"--data.init_args.tokenizer_path={tokenizer_dir}",
+              f"--data.init_args.root={data}", *FAST, *SHAPE, "--trainer.logger=false", "--trainer.max_steps=2",
+              "--trainer.limit_val_batches=0"]
+    base = main(["fit", *common, f"--run_dir={tmp_path / 'base'}", "--model.init_args.k=1",
+                 "--model.init_args.head_type=paper"]).model.model
+    heads = main(["fit", *common, f"--run_dir={tmp_path / 'heads'}", "--model.init_args.k=3", "--trainer.max_steps=7",
+                  "--model.init_args.training.freeze_base=true", "--model.init_args.training.frozen_cache_gb=0.1",
+                  f"--model.init_args.training.init_from={tmp_path / 'base' / 'last.ckpt'}"]).model
+    trained = heads.model.state_dict()
+    assert all(torch.equal(value, trained[key]) for key, value in base.state_dict().items())  # the base as trained
+    assert heads.frozen_states is not None and heads.frozen_states.hits > 0  # a second epoch skipped the base
+
+
 def one_line(err: pytest.ExceptionInfo) -> str:
     message = str(err.value)
     assert "\n" not in message
@@ -88,7 +103,7 @@ def test_bad_input_is_one_line(tokenizer_dir, tmp_path):
     assert "vocab_size mismatch" in one_line(err)
     with pytest.raises(ValueError) as err:
         LMModule(own=own)  # the LM task's default: a frozen base
-    assert "freeze_base false" in one_line(err)
+    assert "a frozen base needs training.init_from" in one_line(err)
     with pytest.raises(ValueError) as err:
         LMModule(pretrained=str(tokenizer_dir), own=own, training=TRAIN)
     assert "one of them" in one_line(err)
