@@ -76,7 +76,7 @@ class LMModule(BlockwiseModule):
                 raise ValueError(f"model.training.{name} is not supported on language models: leave it out")
         if own is not None:
             own = OwnBase.of(own)
-            own.tokenizer = tokenizer_dir(own)
+            own = replace(own, tokenizer=tokenizer_dir(own))  # absolute; the caller's object is left as it was
             if training.freeze_base and training.init_from is None:
                 raise ValueError("model.init_args.own: a frozen base needs training.init_from (a checkpoint of our own "
                                  "base, trained); to train it from scratch set model.init_args.training.freeze_base "

@@ -121,3 +121,10 @@ def test_bad_input_is_one_line(tokenizer_dir, tmp_path):
     assert "paper or chained on our own base" in one_line(err)
     padded = LMModule(own={**own, "vocab_size": 320}, training=TRAIN)  # the tokenizer's 300 padded to 320
     assert padded.model.vocab_size == 320
+    ckpt = tmp_path / "own.ckpt"
+    torch.save({"lightning_bpd_class": "lightning_bpd.tasks.lm.module.LMModule", "hyper_parameters": padded.hparams,
+                "state_dict": padded.state_dict()}, ckpt)
+    with pytest.raises(ValueError) as err:
+        lightning_bpd.load_model(ckpt, base=tmp_path)  # base= moves a Hugging Face base, not a tokenizer
+    assert "not a run on a Hugging Face base" in one_line(err)
+    assert lightning_bpd.load_model(ckpt).model.vocab_size == 320
