@@ -35,6 +35,9 @@ def export_base(ckpt: str | Path, out: str | Path) -> Path:
     module = load_model(ckpt)
     if not isinstance(module, (HFTranslationModule, LMModule)):
         raise ValueError(f"{ckpt}: not a run on a Hugging Face base ({type(module).__name__})")  # noqa: TRY004
+    if isinstance(module, LMModule) and module.hparams.get("pretrained") is None:
+        raise ValueError(f"{ckpt}: a run of our own decoder-only base (model.init_args.own), not of a Hugging Face "
+                         "one: its checkpoint is the base (load_model reads it); there is no HF directory to write")
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     base = module.model.base
