@@ -140,6 +140,9 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
     from lightning_bpd.tree_budget import budget_trees
 
     model = module.model
+    if not hasattr(model, "base"):
+        sys.exit(f"bench-generate: {args.ckpt}: a run of our own decoder-only base, which has no transformers generate "
+                 "to compare with (this bench needs a Hugging Face base)")
     try:
         if "ctranslate2" in args.peers:
             raise ValueError("--peers ctranslate2 benches seq2seq checkpoints; on a language model use --peers "

@@ -14,9 +14,10 @@ pytest.importorskip("safetensors")
 
 import lightning_bpd
 from lightning_bpd.benchmarks.ctranslate2_hf import cut
-from lightning_bpd.benchmarks.lm_generate import ASSISTED, GENERATE, LOOKUP, OURS
+from lightning_bpd.benchmarks.lm_generate import ASSISTED, GENERATE, LOOKUP, OURS, load_assistant
+from lightning_bpd.commands.bench_generate import build_parser
 from lightning_bpd.commands.bench_generate import main as bench
-from lightning_bpd.commands.bench_generate_lm import data_settings
+from lightning_bpd.commands.bench_generate_lm import data_settings, main_lm
 from lightning_bpd.commands.export_base import export_base
 from lightning_bpd.decoding import Exact, blockwise_decode
 from lightning_bpd.tasks.lm import LMDataModule, LMModule
@@ -99,15 +100,26 @@ def test_data_settings_come_from_the_checkpoint(tmp_path):
     assert data_settings(tmp_path) == {}  # a heads folder: the flags and defaults
 
 
-def test_export_base_writes_an_lm_run_as_an_assistant(tiny, tmp_path):
-    out = export_base(tiny / "heads", tmp_path / "export")
-    from transformers import AutoModelForCausalLM
+def test_an_exported_lm_run_or_its_checkpoint_is_an_assistant(tiny, tmp_path):
+    module = lightning_bpd.load_model(tiny / "heads")
+    out = export_base(tiny / "heads", tmp_path / "export")  # e.g. the recipe's export_draft stage
+    draft = load_assistant(out, module, PROMPTS, "cpu")
+    ours = module.model.base.state_dict()
+    assert all(torch.equal(value, ours[key]) for key, value in draft.state_dict().items()) and not draft.training
 
-    back = AutoModelForCausalLM.from_pretrained(str(out))
-    ours = lightning_bpd.load_model(tiny / "heads").model.base.state_dict()
-    assert all(torch.equal(value, ours[key]) for key, value in back.state_dict().items())
-    assert (out / "tokenizer.json").is_file()
-    assert json.loads((out / "export_base.json").read_text())["pad_moved_last"] is None
+
+def test_a_draft_run_checkpoint_is_an_assistant_and_names_its_data_split(tiny, tmp_path):
+    from tests.tasks.lm.test_lm_fit import fit
+
+    data = write_corpus(tmp_path / "code")
+    fit(tiny / "draft", data, tmp_path / "run", "--trainer.max_steps=1", "--trainer.limit_val_batches=0",
+        "--model.init_args.k=1", "--model.init_args.head_type=paper", "--model.init_args.training.freeze_base=false",
+        "--data.init_args.prompt_tokens=33")  # the recipe's draft: a whole model trained, k = 1
+    module = lightning_bpd.load_model(tiny / "heads")
+    draft = load_assistant(tmp_path / "run" / "last.ckpt", module, PROMPTS, "cpu")
+    assert draft.config.num_hidden_layers == 2 and not draft.training
+    settings = data_settings(tmp_path / "run" / "last.ckpt")  # what --data-root splits by
+    assert settings["prompt_tokens"] == 33 and settings["val_fraction"] == 0.05
 
 
 def one_line_exit(argv: list[str]) -> str:
@@ -133,3 +145,15 @@ def test_bad_input_is_one_line(tiny, tmp_path, monkeypatch):
     assert "--peers llamacpp" in one_line_exit([*base, *prompts, "--peers", "ctranslate2"])
     monkeypatch.setitem(__import__("sys").modules, "llama_cpp", None)  # as if not installed
     assert "llama_cpp is not installed" in one_line_exit([*base, *prompts, "--peers", "llamacpp"])
+
+
+def test_our_own_base_is_refused_in_one_line(tmp_path):
+    tokenizer().save_pretrained(tmp_path / "bpe")
+    from lightning_bpd.tasks.training_options import TrainingOptions
+
+    own = LMModule(own={"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64, "tokenizer": str(tmp_path / "bpe")},
+                   training=TrainingOptions(freeze_base=False))
+    with pytest.raises(SystemExit) as err:
+        main_lm(own, build_parser().parse_args(["--ckpt", "own.ckpt", "--input", "unused.jsonl"]))
+    assert str(err.value).startswith("bench-generate: own.ckpt: a run of our own decoder-only base")
+    assert len(own.draft_vocab_ids(PROMPTS, 10)) == 10  # its draft vocabulary: no generation rules, its EOS

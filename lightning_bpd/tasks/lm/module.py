@@ -122,7 +122,8 @@ class LMModule(BlockwiseModule):
         rows = self.tokenizer(chunks, add_special_tokens=False)["input_ids"] if chunks else []
         ids = [i for row in rows for i in row]
         counts = torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=self.model.vocab_size)
-        always = self.model.generation_rules.eos_ids or [self.model.eos_id]
+        rules = getattr(self.model, "generation_rules", None)  # none on our own base
+        always = (rules.eos_ids if rules is not None else ()) or [self.model.eos_id]
         return ids_from_counts(counts, size, always=[i for i in always if i is not None]).tolist()
 
     def max_decode_len(self, src: Tensor) -> int:
