@@ -131,8 +131,8 @@ def one_row_refusal(method: Callable, src: Tensor, max_new: int) -> str | None:
 def bench_methods(methods: dict[str, Callable], batches: Sequence[Tensor], max_new: int, warmup: int,
                   ours: Sequence[str], peers: Sequence[str] = ()) -> dict[str, Any]:
     """Every method (name -> method; :data:`GENERATE` first) on every batch, alternating, after ``warmup`` untimed
-    batches: the report of each (``ours``: the names of our decoders; ``peers``: the methods whose failure is a
-    ``skipped`` row rather than an error)."""
+    batches: the report of each (``ours``: the names of our decoders; ``peers``: llama.cpp's, which run at batch 1
+    only and whose failure is a ``skipped`` row rather than an error)."""
     methods, skipped, batch_size = dict(methods), {}, batches[0].shape[0]
     for name in ONE_ROW:
         if name in methods and batch_size > 1:

@@ -119,6 +119,14 @@ def assistant_record(draft: Any, path: str) -> dict[str, Any]:
             "parameters": sum(p.numel() for p in draft.parameters()), **settings}
 
 
+def print_header(result: dict[str, Any], precision: str) -> None:
+    print(f"device: {result['device_name']}; ours = exact blockwise decoding at precision {precision}; "
+          f"{result['inputs']} prompts, at most {result['max_new_tokens']} new tokens; x gen = generate's seconds over "
+          "the method's; x ours = the method's seconds over ours; differ = rows whose tokens differ from hf_generate's")
+    print(f"{'batch':>5s} {'method':22s} {'s/input':>9s} {'tok/s':>8s} {'ms/tok':>7s} {'x gen':>6s} {'x ours':>6s} "
+          f"{'block':>6s} {'differ':>6s}")
+
+
 def print_rows(batch_size: int, report: dict[str, Any]) -> None:
     for name, r in report.items():
         if "skipped" in r:
@@ -132,44 +140,59 @@ def print_rows(batch_size: int, report: dict[str, Any]) -> None:
               flush=True)
 
 
-def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """``bench-generate`` on a language-modelling ``module`` (loaded by the command from ``args.ckpt``)."""
-    from lightning_bpd.commands.bench_generate import ours, runtime_options
-    from lightning_bpd.inference import build_runtime
-    from lightning_bpd.inference.arguments import options_from_args
-    from lightning_bpd.tree_budget import budget_trees
+def lm_methods(model: Any, runtime: Any, args: argparse.Namespace, trees: dict[str, Any],
+               draft: Any) -> dict[str, Any]:
+    """generate greedy, prompt lookup, assisted generation (with ``draft``), ours and ours per tree, by name."""
+    from lightning_bpd.commands.bench_generate import ours
 
-    model = module.model
-    if not hasattr(model, "base"):
-        sys.exit(f"bench-generate: {args.ckpt}: a run of our own decoder-only base, which has no transformers generate "
-                 "to compare with (this bench needs a Hugging Face base)")
-    try:
-        if "ctranslate2" in args.peers:
-            raise ValueError("--peers ctranslate2 benches seq2seq checkpoints; on a language model use --peers "
-                             "llamacpp")
-        max_new = module.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens
-        if max_new < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {max_new}")
-        prompts = lm_prompts(module, args, max_new)
-        if args.k is not None and not 1 <= args.k <= model.k:
-            raise ValueError(f"--k must lie in [1, {model.k}] (the checkpoint's heads), got {args.k}")
-        options = options_from_args(args, module)
-        runtime = build_runtime(model, options)
-        singles = [module.encode_prompts([p]) for p in prompts]
-        budgets = budget_trees(module, runtime, singles, args.tree_nodes, args.k, "bench-generate")
-        trees = {f"{OURS}+{name}": tree for name, tree in budgets.items()}
-        draft = load_assistant(args.assistant, module, prompts, args.device) if args.assistant else None
-    except (ValueError, TypeError, OSError) as err:
-        sys.exit(f"bench-generate: {str(err).strip().splitlines()[0]}")
     eos = list(model.generation_rules.eos_ids or [model.eos_id])
-    methods: dict[str, Any] = {
+    return {
         GENERATE: LMGenerate(model.base, model.pad_id, eos),
         LOOKUP: LMGenerate(model.base, model.pad_id, eos, lookup=(args.prompt_lookup_tokens, args.max_matching_ngram)),
         **({ASSISTED: LMGenerate(model.base, model.pad_id, eos, assistant=draft)} if draft is not None else {}),
         OURS: ours(runtime, args.k),
         **{name: ours(runtime, args.k, tree) for name, tree in trees.items()},
     }
-    threads = args.llamacpp_threads or torch.get_num_threads()
+
+
+def prepare(module: Any, args: argparse.Namespace) -> tuple[int, list[str], Any, Any, dict[str, Any], Any]:
+    """The cap, the prompts, the inference options, the runtime, the trees and the draft model (or None); ValueError
+    (one line) on bad input."""
+    from lightning_bpd.inference import build_runtime
+    from lightning_bpd.inference.arguments import options_from_args
+    from lightning_bpd.tree_budget import budget_trees
+
+    model = module.model
+    if "ctranslate2" in args.peers:
+        raise ValueError("--peers ctranslate2 benches seq2seq checkpoints; on a language model use --peers llamacpp")
+    max_new = module.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens
+    if max_new < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new}")
+    prompts = lm_prompts(module, args, max_new)
+    if args.k is not None and not 1 <= args.k <= model.k:
+        raise ValueError(f"--k must lie in [1, {model.k}] (the checkpoint's heads), got {args.k}")
+    options = options_from_args(args, module)
+    runtime = build_runtime(model, options)
+    singles = [module.encode_prompts([p]) for p in prompts]
+    budgets = budget_trees(module, runtime, singles, args.tree_nodes, args.k, "bench-generate")
+    trees = {f"{OURS}+{name}": tree for name, tree in budgets.items()}
+    draft = load_assistant(args.assistant, module, prompts, args.device) if args.assistant else None
+    return max_new, prompts, options, runtime, trees, draft
+
+
+def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """``bench-generate`` on a language-modelling ``module`` (loaded by the command from ``args.ckpt``)."""
+    from lightning_bpd.commands.bench_generate import runtime_options
+
+    model = module.model
+    if not hasattr(model, "base"):
+        sys.exit(f"bench-generate: {args.ckpt}: a run of our own decoder-only base, which has no transformers generate "
+                 "to compare with (this bench needs a Hugging Face base)")
+    try:
+        max_new, prompts, options, runtime, trees, draft = prepare(module, args)
+    except (ValueError, TypeError, OSError) as err:
+        sys.exit(f"bench-generate: {str(err).strip().splitlines()[0]}")
+    methods = lm_methods(model, runtime, args, trees, draft)
     result: dict[str, Any] = {
         "ckpt": args.ckpt, "base": module.hparams.get("pretrained"), "model_type": model.base.config.model_type,
         "k": args.k or model.k, "head_type": model.head_type, "device": str(module.device),
@@ -184,6 +207,7 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
         if "llamacpp" in args.peers:
             from lightning_bpd.benchmarks.llamacpp_peer import LLAMACPP, start_llamacpp
 
+            threads = args.llamacpp_threads or torch.get_num_threads()
             peer, result["llamacpp"] = start_llamacpp(module, prompts, threads, args.gguf or Path(tmp) / "model.gguf")
             if peer is None:
                 sys.exit(f"bench-generate: llama.cpp peer refused: {result['llamacpp']['skipped']}")
@@ -191,11 +215,7 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
             print(f"bench-generate: the GGUF tokenizes all {len(prompts)} prompts as the checkpoint's tokenizer does",
                   file=sys.stderr)
         result["methods"] = list(methods)
-        print(f"device: {result['device_name']}; ours = exact blockwise decoding at precision {runtime.precision}; "
-              f"{len(prompts)} prompts, at most {max_new} new tokens; x gen = generate's seconds over the method's; "
-              "x ours = the method's seconds over ours; differ = rows whose tokens differ from hf_generate's")
-        print(f"{'batch':>5s} {'method':22s} {'s/input':>9s} {'tok/s':>8s} {'ms/tok':>7s} {'x gen':>6s} {'x ours':>6s} "
-              f"{'block':>6s} {'differ':>6s}")
+        print_header(result, runtime.precision)
         for bs in args.batch_sizes:
             batches = [module.encode_prompts(prompts[i : i + bs]) for i in range(0, len(prompts), bs)]
             report = bench_methods(methods, batches, max_new, args.warmup, [OURS, *trees],
