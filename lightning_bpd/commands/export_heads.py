@@ -30,37 +30,38 @@ __all__ = ["FORMATS", "export_heads"]
 FORMATS = ("heads", "vllm-medusa")
 
 
-def export_heads(ckpt: str | Path, out: str | Path, format: str = "heads") -> Path:  # noqa: A002 (the option's name)
-    """Write the heads of the LM run or heads folder ``ckpt`` to ``out`` in ``format``; ValueError (one line) for a
-    checkpoint that is no LM run, heads the format cannot take or a fine-tuned base."""
+def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads") -> Path:
+    """Write the heads of the LM run or heads folder ``ckpt`` to ``out`` in ``layout`` (a ``--format``); ValueError
+    (one line) for a checkpoint that is no LM run, heads the layout cannot take or a fine-tuned base."""
     from lightning_bpd.hf.medusa_export import write_vllm_medusa
     from lightning_bpd.tasks.lm import LMModule
     from lightning_bpd.tasks.translation.hf_module import save_heads
 
-    if format not in FORMATS:
-        raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if layout not in FORMATS:
+        raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {layout!r}")
     module = load_model(ckpt)
     if not isinstance(module, LMModule):
-        raise ValueError(f"{ckpt}: not a language-model run ({type(module).__name__}); export-heads takes the "  # noqa: TRY004
-                         "checkpoint of an LM fit (conf/lm/) or a folder of its heads")
+        message = (f"{ckpt}: not a language-model run ({type(module).__name__}); export-heads takes the checkpoint of "
+                   "an LM fit (conf/lm/) or a folder of its heads")
+        raise ValueError(message)  # noqa: TRY004 (bad input: one line, as every other)
     model = module.model
     if model.k < 2:
         raise ValueError(f"{ckpt}: k = 1, the base alone: there are no heads to export")
     if not model.frozen:
         raise ValueError(f"{ckpt}: the base was trained with the heads, which fit that fine-tuned base only (not "
                          "written here): keep the whole checkpoint")
-    if format == "vllm-medusa":
+    if layout == "vllm-medusa":
         if model.head_type != "medusa":
             raise ValueError(f"{ckpt}: --format vllm-medusa takes medusa heads (model.head_type: medusa), these are "
                              f"{model.head_type!r}: use --format heads")
         folder = write_vllm_medusa(model, out)
         (folder / "export_heads.json").write_text(json.dumps(
-            {"ckpt": str(Path(ckpt).resolve()), "base": module.hparams.get("pretrained"), "format": format,
+            {"ckpt": str(Path(ckpt).resolve()), "base": module.hparams.get("pretrained"), "format": layout,
              "k": model.k}, indent=2) + "\n")
     else:
         folder = save_heads(module, out)
     print(f"export-heads: {model.k - 1} {model.head_type} heads of {ckpt} (base {module.hparams.get('pretrained')}) "
-          f"in {folder} ({format})", file=sys.stderr)
+          f"in {folder} ({layout})", file=sys.stderr)
     return folder
 
 
