@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=64,
                    help="language model: at most this many tokens (whole lines) per training prefix")
     p.add_argument("--new-tokens", type=int, default=64, help="language model: tokens generated after each prefix")
+    p.add_argument("--suffixes", nargs="+", default=None,
+                   help="language model: only the data files with these suffixes (default: the run's data.suffixes)")
     p.add_argument("--decoder", choices=("exact", "greedy"), default="exact",
                    help="language model: exact blockwise decoding with the heads (greedy's output in fewer model "
                         "calls; greedy for k = 1) or greedy")
@@ -189,7 +191,7 @@ def lm_data(module, args: argparse.Namespace):
     if root is None:
         sys.exit(f"distill: {args.ckpt} names no training data (a folder of heads): give --data-root")
     data = LMDataModule(root=root, tokenizer_path=module.hparams.pretrained, prompt_tokens=args.prompt_tokens,
-                        suffixes=hp.get("suffixes"), val_fraction=hp.get("val_fraction", 0.05),
+                        suffixes=args.suffixes or hp.get("suffixes"), val_fraction=hp.get("val_fraction", 0.05),
                         test_fraction=hp.get("test_fraction", 0.05))
     data.check_data("fit")  # train and val (a run validates on the copies of val)
     return data
@@ -240,7 +242,7 @@ def distill_lm(module, args: argparse.Namespace) -> None:
 
     check_lm_args(module, args)
     data = lm_data(module, args)
-    prefixes, left_out = sd.training_prefixes(data, module.model.pad_id, args.limit)
+    prefixes, windows = sd.training_prefixes(data, module.model.pad_id, args.limit)
     if not prefixes:
         sys.exit(f"distill: the training split of {data.root} has no prefix within --prompt-tokens "
                  f"{args.prompt_tokens}")
@@ -268,7 +270,7 @@ def distill_lm(module, args: argparse.Namespace) -> None:
     continuations, totals = sd.read_shards(out, prefixes, args.shard_size)
     split_root = {s: data.root / s if (data.root / "train").is_dir() else data.root for s in ("val", "test")}
     files = sd.write_folder(out, prefixes, continuations, {s: data.files[s] for s in ("val", "test")}, split_root)
-    record = {**plan, "decoder": lm_method(module, args), "k": module.model.k, "windows_left_out": left_out,
+    record = {**plan, "decoder": lm_method(module, args), "k": module.model.k, **windows,
               "source_files": len(data.split_texts("train").names), "files": files, **totals,
               "mean_accepted_block_size": totals["tokens"] / max(1, totals["iterations"]),
               "tokens_per_second": totals["tokens"] / max(totals["seconds"], 1e-9),

@@ -40,11 +40,12 @@ class Prefix:
     text: str
 
 
-def training_prefixes(data: Any, pad_id: int, limit: int | None = None) -> tuple[list[Prefix], int]:
+def training_prefixes(data: Any, pad_id: int, limit: int | None = None) -> tuple[list[Prefix], dict[str, int]]:
     """The training prefixes of an :class:`~lightning_bpd.tasks.lm.datamodule.LMDataModule` ``data`` (its
-    ``prompt_tokens``, its tokenizer) and how many windows were left out: blank ones, and ones whose text tokenizes
-    past the budget (a line joined with the next may tokenize longer than apart) or spells ``pad_id``. ``limit``: that
-    many prefixes, evenly spaced over all of them (every file's share kept)."""
+    ``prompt_tokens``, its tokenizer) and their counts: ``windows`` (every usable one, before ``limit``) and
+    ``windows_left_out`` (blank ones, and ones whose text tokenizes past the budget, a line joined with the next may
+    tokenize longer than apart, or spells ``pad_id``). ``limit``: that many prefixes, evenly spaced over all of them
+    (every file's share kept)."""
     tok, split = data.tokenizer, data.split_texts("train")
     opening = len(tok("", add_special_tokens=True)["input_ids"])
     budget = data.prompt_tokens - opening
@@ -64,9 +65,10 @@ def training_prefixes(data: Any, pad_id: int, limit: int | None = None) -> tuple
                 out.append(Prefix(name, i, window))
             else:
                 left_out += 1
+    counts = {"windows": len(out), "windows_left_out": left_out}
     if limit is not None and limit < len(out):
         out = [out[i * len(out) // limit] for i in range(limit)]
-    return out, left_out
+    return out, counts
 
 
 def continue_prefixes(module: Any, model: Any, method: Any, texts: list[str], new_tokens: int,

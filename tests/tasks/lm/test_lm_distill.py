@@ -60,7 +60,7 @@ def test_the_folder_holds_greedy_continuations_of_prefixes_tiling_the_training_f
     assert record["decoder"] == "exact" and record["k"] == 4 and record["new_tokens"] == NEW
     assert record["windows_left_out"] == 0 and record["source_files"] == 3
     got = samples(distilled)
-    assert record["prefixes"] == len(got) == record["files"]["train"] > 3 * 2  # several prefixes per file
+    assert record["prefixes"] == record["windows"] == len(got) == record["files"]["train"] > 3 * 2  # several a file
     assert record["files"] == {"train": len(got), "val": 2, "test": 2} and record["tokens"] > 0
     for source in sorted((data / "train").iterdir()):  # whole lines within the budget, tiling each file
         windows = sorted((s["window"], s["text"]) for s in got if s["name"] == source.name)
@@ -90,7 +90,8 @@ def test_greedy_and_a_base_alone_give_the_same_folder(run, checkpoint, data, dis
     main(["distill", "--ckpt", str(base / "last.ckpt"), "--out", str(tmp_path / "k1"), *DISTILL, "--limit", "5"])
     k1 = samples(tmp_path / "k1")
     assert len(k1) == 5 and {s["name"] for s in k1} == {f"mod_{i}.py" for i in range(3)}  # spread over the files
-    assert json.loads((tmp_path / "k1" / "distill.json").read_text())["decoder"] == "greedy"
+    record = json.loads((tmp_path / "k1" / "distill.json").read_text())
+    assert record["decoder"] == "greedy" and record["prefixes"] == 5 and record["windows"] == len(samples(distilled))
     module = lightning_bpd.load_model(base / "last.ckpt")
     assert [s["continuation"] for s in k1] == generated(module, [s["text"] for s in k1], NEW)
 
