@@ -37,6 +37,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
@@ -47,6 +48,10 @@ from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.tasks.translation.module import translate
 from lightning_bpd.tasks.translation.text_files import read_lines, resolve_split_files
+
+if TYPE_CHECKING:  # the LM task imports transformers: only when a language model is distilled
+    from lightning_bpd.tasks.lm import LMDataModule
+    from lightning_bpd.tasks.lm.self_distill import Prefix
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,7 +184,7 @@ def distill_superres(module, args: argparse.Namespace) -> None:
           f"--data.init_args.distilled={out}", file=sys.stderr)
 
 
-def lm_data(module, args: argparse.Namespace):
+def lm_data(module, args: argparse.Namespace) -> LMDataModule:
     """The data module of the LM checkpoint's run (its root, split and suffixes), ``--data-root`` the root if given,
     read with the checkpoint's own tokenizer; ``--prompt-tokens`` its prefixes' budget."""
     from lightning_bpd.tasks.lm import LMDataModule
@@ -214,7 +219,7 @@ def check_lm_args(module, args: argparse.Namespace) -> None:
                  f"{f' + k = {margin}' if margin else ''} exceeds the model's context ({positions} positions)")
 
 
-def run_lm_rank(rank: int, world: int, args: argparse.Namespace, prefixes: list) -> None:
+def run_lm_rank(rank: int, world: int, args: argparse.Namespace, prefixes: list[Prefix]) -> None:
     """Continue the prefixes of every unfinished shard i with i % world == rank."""
     from lightning_bpd.tasks.lm import self_distill as sd
 

@@ -141,7 +141,9 @@ def check_plan(out: Path, plan: dict[str, Any]) -> None:
         raise ValueError(f"{out} already holds {', '.join(f'{s}/' for s in taken)} that no distill run made: give an "
                          "empty or new --out")
     out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(plan, indent=2) + "\n")
+    tmp = path.with_suffix(f".tmp{os.getpid()}")  # atomic: ranks started together may read it at once
+    tmp.write_text(json.dumps(plan, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def plan_of(prefixes: list[Prefix], **settings: Any) -> dict[str, Any]:
