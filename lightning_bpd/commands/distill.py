@@ -195,7 +195,9 @@ def lm_data(module, args: argparse.Namespace) -> LMDataModule:
     root = args.data_root if args.data_root is not None else hp.get("root")
     if root is None:
         sys.exit(f"distill: {args.ckpt} names no training data (a folder of heads): give --data-root")
-    data = LMDataModule(root=root, tokenizer_path=module.hparams.pretrained, prompt_tokens=args.prompt_tokens,
+    own = module.hparams.get("own")  # our own base: its tokenizer directory
+    tokenizer = module.hparams.pretrained if own is None else own["tokenizer"]
+    data = LMDataModule(root=root, tokenizer_path=tokenizer, prompt_tokens=args.prompt_tokens,
                         suffixes=args.suffixes or hp.get("suffixes"), val_fraction=hp.get("val_fraction", 0.05),
                         test_fraction=hp.get("test_fraction", 0.05))
     data.check_data("fit")  # train and val (a run validates on the copies of val)

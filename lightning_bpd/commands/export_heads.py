@@ -9,8 +9,10 @@ already saved; ``--format`` picks what is written to ``--out``:
   :func:`~lightning_bpd.hf.medusa_export.write_vllm_medusa`), the draft model of vLLM's Medusa speculative decoding on
   a GPU server beside the base directory.
 
-Either way the heads must have been trained on a frozen base: heads trained with their base fit that fine-tuned base
-only, which is not written here (keep the whole checkpoint).
+Heads trained with their base (fine-tuned, or multi-token prediction from scratch) fit that base only: ``vllm-medusa``
+writes them with a note to serve them beside ``export-base --ckpt <the same run>``'s directory; ``heads`` refuses
+them (``heads.json`` re-attaches to a pretrained directory). A run of our own base (``model.init_args.own``) keeps its
+heads in its checkpoint.
 
     python -m lightning_bpd export-heads --ckpt runs/code-lm/heads/last.ckpt --out runs/code-lm/medusa \\
         --format vllm-medusa
@@ -45,19 +47,27 @@ def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads") -> Pa
                    "an LM fit (conf/lm/) or a folder of its heads")
         raise ValueError(message)  # noqa: TRY004 (bad input: one line, as every other)
     model = module.model
+    if module.hparams.get("pretrained") is None:
+        raise ValueError(f"{ckpt}: a run of our own decoder-only base (model.init_args.own): its heads stay in its "
+                         "checkpoint (load_model reads it), neither layout takes them")
     if model.k < 2:
         raise ValueError(f"{ckpt}: k = 1, the base alone: there are no heads to export")
-    if not model.frozen:
-        raise ValueError(f"{ckpt}: the base was trained with the heads, which fit that fine-tuned base only (not "
-                         "written here): keep the whole checkpoint")
     if layout == "vllm-medusa":
         if model.head_type != "medusa":
             raise ValueError(f"{ckpt}: --format vllm-medusa takes medusa heads (model.head_type: medusa), these are "
                              f"{model.head_type!r}: use --format heads")
         folder = write_vllm_medusa(model, out)
+        base = module.hparams.pretrained if model.frozen else f"the base of {ckpt} (export-base --ckpt {ckpt})"
         (folder / "export_heads.json").write_text(json.dumps(
-            {"ckpt": str(Path(ckpt).resolve()), "base": module.hparams.get("pretrained"), "format": layout,
-             "k": model.k}, indent=2) + "\n")
+            {"ckpt": str(Path(ckpt).resolve()), "base": base, "base_trained_with_heads": not model.frozen,
+             "format": layout, "k": model.k}, indent=2) + "\n")
+        if not model.frozen:
+            print(f"export-heads: the base was trained with these heads: serve them beside the directory of "
+                  f"'python -m lightning_bpd export-base --ckpt {ckpt} --out DIR', not beside "
+                  f"{module.hparams.pretrained}", file=sys.stderr)
+    elif not model.frozen:
+        raise ValueError(f"{ckpt}: the base was trained with the heads, which fit that base only: keep the whole "
+                         "checkpoint, or --format vllm-medusa (medusa heads) beside export-base's directory")
     else:
         folder = save_heads(module, out)
     print(f"export-heads: {model.k - 1} {model.head_type} heads of {ckpt} (base {module.hparams.get('pretrained')}) "

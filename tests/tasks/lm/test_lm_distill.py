@@ -150,3 +150,25 @@ def test_self_distilled_config_trains_frozen_heads_on_the_folder(checkpoint, dis
     assert all(torch.equal(value, ours[key]) for key, value in fresh.model.base.state_dict().items())
     assert any(not torch.equal(a, b) for a, b in zip(fresh.model.head.parameters(), trained.head.parameters()))
     assert logged(run)["val/exact/matches_greedy"] == 1.0
+
+
+def test_our_own_base_is_distilled_with_its_tokenizer(data, tmp_path):
+    """A run of our own decoder-only base (conf/lm/own_base.yaml) names its tokenizer directory, not a pretrained one:
+    its continuations are its own greedy outputs."""
+    from lightning_bpd.commands.cli import CONF_DIR
+    from lightning_bpd.decoding import greedy_decode
+    from tests.tasks.lm.test_lm_fit import FAST
+    from tests.tasks.lm.tiny_lm import tokenizer
+
+    tokenizer().save_pretrained(tmp_path / "tok")
+    run = tmp_path / "run"
+    main(["fit", "--config", str(CONF_DIR / "lm" / "own_base.yaml"), f"--data.init_args.tokenizer_path={tmp_path / 'tok'}",
+          f"--data.init_args.root={data}", f"--run_dir={run}", *FAST, "--trainer.max_steps=2",
+          "--trainer.limit_val_batches=0", "--trainer.logger=false", "--model.init_args.own.d_model=32",
+          "--model.init_args.own.n_heads=4", "--model.init_args.own.n_layers=2", "--model.init_args.own.d_ff=64"])
+    main(["distill", "--ckpt", str(run / "last.ckpt"), "--out", str(tmp_path / "out"), *DISTILL, "--limit", "6"])
+    got = samples(tmp_path / "out")
+    module = lightning_bpd.load_model(run / "last.ckpt")
+    out = greedy_decode(module.model, module.encode_prompts([s["text"] for s in got]), NEW)
+    assert len(got) == 6 and [s["continuation"] for s in got] == module.detokenize(out.sequences())
+    assert all(s["continuation"] for s in got)

@@ -112,5 +112,28 @@ def test_bad_input_is_one_line(checkpoint, tmp_path):
     assert "no heads to export" in error_line(["export-heads", "--ckpt", str(base_only), *out])
     joint = save_ckpt(LMModule(str(checkpoint), head_type="medusa", training=replace(TRAINING, freeze_base=False)),
                       tmp_path / "joint.ckpt")
-    assert "fine-tuned base" in error_line(["export-heads", "--ckpt", str(joint), *out, "--format", "vllm-medusa"])
+    assert "trained with the heads" in error_line(["export-heads", "--ckpt", str(joint), *out])
+    tokenizer = tmp_path / "tok"
+    LMModule(str(checkpoint)).tokenizer.save_pretrained(tokenizer)
+    own = save_ckpt(LMModule(own={"d_model": 32, "n_heads": 4, "n_layers": 1, "d_ff": 64, "tokenizer": str(tokenizer)},
+                             training=replace(TRAINING, freeze_base=False)), tmp_path / "own.ckpt")
+    assert "our own decoder-only base" in error_line(["export-heads", "--ckpt", str(own), *out])
     assert not (tmp_path / "out").exists()
+
+
+def test_medusa_heads_of_a_base_trained_with_them_go_out_with_a_note(checkpoint, tmp_path, capsys):
+    module = LMModule(str(checkpoint), head_type="medusa", training=replace(TRAINING, freeze_base=False))
+    with torch.no_grad():
+        for p in module.parameters():  # the base and the heads trained together: both moved
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
+    joint = save_ckpt(module, tmp_path / "joint.ckpt")
+    capsys.readouterr()
+    main(["export-heads", "--ckpt", str(joint), "--out", str(tmp_path / "medusa"), "--format", "vllm-medusa"])
+    assert f"export-base --ckpt {joint}" in capsys.readouterr().err
+    record = json.loads((tmp_path / "medusa" / "export_heads.json").read_text())
+    assert record["base_trained_with_heads"] and "export-base" in record["base"]
+    config, state = read_vllm_medusa(tmp_path / "medusa")
+    with torch.no_grad():
+        h = module.model(module.encode_prompts(PROMPTS))
+        assert_close_to_rounding(vllm_medusa_logits(config, state, h), module.model.logits_heads(h, range(1, 4)))
+        assert torch.equal(state["lm_heads.0.weight"], module.model.base.get_output_embeddings().weight)  # its LM head
