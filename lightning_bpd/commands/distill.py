@@ -57,9 +57,10 @@ if TYPE_CHECKING:  # the LM task imports transformers: only when a language mode
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd distill", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="teacher checkpoint (a translation or super-resolution run)")
+    p.add_argument("--ckpt", required=True, help="teacher checkpoint (a translation, super-resolution or language-model "
+                   "run; a folder of LM heads)")
     p.add_argument("--data-root", default=None, help="folder of the gold corpus (translation: required; "
-                   "super-resolution: default the checkpoint's own data)")
+                   "super-resolution and language model: default the checkpoint's own data)")
     p.add_argument("--out", required=True, help="output data folder")
     p.add_argument("--prefix", default="train", help="split to distill (default: train)")
     p.add_argument("--copy", nargs="*", default=["val", "test", "test_2016_flickr"],
