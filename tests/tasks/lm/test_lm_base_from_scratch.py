@@ -18,7 +18,7 @@ from lightning_bpd.commands.cli import main
 from lightning_bpd.commands.export_base import main as export_main
 from lightning_bpd.commands.make_base import main as make_main
 from lightning_bpd.hf.causal_base import training_texts
-from tests.tasks.lm.test_lm_fit import FAST, logged
+from tests.tasks.lm.test_lm_fit import FAST
 from tests.tasks.lm.tiny_lm import write_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
