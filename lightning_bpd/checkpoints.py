@@ -45,7 +45,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", base: str |
     hparams = ckpt.get("hyper_parameters", {})
     init_args = cls.init_args_of_checkpoint(hparams)  # this layout, or the flat one of older checkpoints
     if base is not None:  # a Hugging Face run's base directory, moved since it was trained
-        if "pretrained" not in init_args:
+        if not init_args.get("pretrained"):  # an LM run on our own base holds pretrained: None
             raise ValueError(f"base={base}: {path} is not a run on a Hugging Face base (no model.pretrained)")
         init_args["pretrained"] = str(base)
     module = cls(**init_args)

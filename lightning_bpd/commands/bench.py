@@ -61,10 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
     add_draft_vocab_args(p)
     p.add_argument("--trees", nargs="+", default=None,
-                   help="also time each deterministic criterion verifying these trees of candidates (Medusa-format "
-                        "paths such as '0;1;0,0;0,1', or 'path:D'): methods <criterion>+tree<nodes>")
+                   help="also time each criterion of the model's heads verifying these trees of candidates "
+                        "(Medusa-format paths such as '0;1;0,0;0,1', or 'path:D'): methods <criterion>+tree<nodes>")
     p.add_argument("--tree-nodes", type=int, nargs="+", default=None,
-                   help="also time each deterministic criterion verifying the tree of N nodes built from the heads' "
+                   help="also time each criterion of the model's heads verifying the tree of N nodes built from their "
                         "rank agreement table (stored with them, else measured on the inputs first): methods "
                         "<criterion>+nodes<N>; 0 = the single path")
     p.add_argument("--lazy-verify", action="store_true",
@@ -86,7 +86,7 @@ def build_methods(module, runtime: Runtime, specs: list[str], ks: list[int] | No
                   trees: dict[str, Tree | None] | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
     """The methods to time, baselines first: ``(order, methods)``. With several ``ks`` every method
     runs at each k and is named ``<spec>@k<k>``; with ``trees`` (a name -> a tree, None: the single path) every
-    deterministic method of the model's own heads also verifies each tree, named ``<spec>+<name>``."""
+    method of the model's own heads (deterministic or sampling) also verifies each tree, named ``<spec>+<name>``."""
     options = runtime.options
 
     def make(spec: str, k: int | None = None, tree: Tree | None = None) -> DecodeMethod:

@@ -266,6 +266,19 @@ def pretrained_tokenizer(model_args: Namespace, data_args: Namespace) -> None:
         log.info("data.tokenizer_path: the tokenizer of %s", pretrained)
 
 
+def own_base_tokenizer(model_args: Namespace, data_args: Namespace) -> None:
+    """Our own LM base (``model.init_args.own``) and the data read one tokenizer directory: ``own.tokenizer`` and
+    ``data.init_args.tokenizer_path`` fill each other where one is unset."""
+    own = model_args.get("own") if "own" in model_args else None
+    if own is None or "tokenizer_path" not in data_args:
+        return
+    mine, theirs = own.get("tokenizer"), data_args.tokenizer_path
+    if mine is None and theirs is not None:
+        own["tokenizer"] = str(theirs).removeprefix("hf:")
+    elif mine is not None and theirs is None:
+        data_args.tokenizer_path = mine
+
+
 class BPDCLI(LightningCLI):
     """LightningCLI with configs that build on others, a run folder per run and the model's vocabulary size
     linked from the data module's tokenizer."""
@@ -332,6 +345,7 @@ class BPDCLI(LightningCLI):
         drop_lr_monitor_without_logger(cfg.trainer)
         outputs_in_run_folder(cfg.trainer, cfg.run_dir)
         pretrained_tokenizer(cfg.model.init_args, cfg.data.init_args)  # first: an HF run warm-started (init_from)
+        own_base_tokenizer(cfg.model.init_args, cfg.data.init_args)
         warm_start_tokenizer(cfg.model.init_args, cfg.data.init_args)  # still reads its checkpoint's own tokenizer
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:

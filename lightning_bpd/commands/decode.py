@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=None,
                    help="heads to use (default: all of the model's); with a draft, the block size (default: the model's k, >= 2)")
     p.add_argument("--tree", default=None,
-                   help="verify a tree of candidates per iteration (exact, topN, epsX with the model's heads): paths of "
+                   help="verify a tree of candidates per iteration (exact, topN, epsX, sample_tX with the model's heads): paths of "
                         "head ranks in Medusa's format, e.g. '0;1;0,0;0,1' (the first and second choice of head 2, then "
                         "head 3's first two after the first), or 'path:D' (the single path D heads deep)")
     p.add_argument("--tree-nodes", type=int, default=None,

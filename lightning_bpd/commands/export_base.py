@@ -4,6 +4,8 @@ A ``fit`` run of :class:`~lightning_bpd.tasks.translation.hf_module.HFTranslatio
 scratch with ``conf/hf/base_scratch.yaml``) keeps the base's weights in its Lightning checkpoint. This command
 writes them out with ``save_pretrained``, beside the run's tokenizer, so the heads stages read the folder with
 ``--model.init_args.pretrained=<out>`` exactly as a downloaded opus-mt directory (the heads, if any, are left out).
+A language-modelling run (:class:`~lightning_bpd.tasks.lm.module.LMModule`, e.g. the code LM recipe's base) is
+written the same way, its tokenizer beside it.
 A Marian is written as opus-mt lays it out, ``<pad>`` the last id (swapped with the last token, see
 :mod:`lightning_bpd.hf.pad_last`), so that CTranslate2 converts it; ``export_base.json`` records the swap.
 
@@ -25,18 +27,27 @@ __all__ = ["export_base"]
 
 
 def export_base(ckpt: str | Path, out: str | Path) -> Path:
-    """``save_pretrained`` of the base (and of its tokenizer) of the Hugging Face run ``ckpt`` into ``out``."""
+    """``save_pretrained`` of the base (and of its tokenizer) of the Hugging Face run ``ckpt`` into ``out``: a
+    translation run (``HFTranslationModule``) or a language-modelling one (``LMModule``)."""
+    from lightning_bpd.tasks.lm.module import LMModule
     from lightning_bpd.tasks.translation.hf_module import HFTranslationModule
 
     module = load_model(ckpt)
-    if not isinstance(module, HFTranslationModule):
+    if not isinstance(module, (HFTranslationModule, LMModule)):
         raise ValueError(f"{ckpt}: not a run on a Hugging Face base ({type(module).__name__})")  # noqa: TRY004
+    if isinstance(module, LMModule) and module.hparams.get("pretrained") is None:
+        raise ValueError(f"{ckpt}: a run of our own decoder-only base (model.init_args.own), not of a Hugging Face "
+                         "one: its checkpoint is the base (load_model reads it); there is no HF directory to write")
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     base = module.model.base
     base.save_pretrained(folder)
-    module.tokenizer.hf.save_pretrained(folder)
-    moved = move_pad_last(folder)
+    if isinstance(module, LMModule):
+        module.tokenizer.save_pretrained(folder)
+        moved = None
+    else:
+        module.tokenizer.hf.save_pretrained(folder)
+        moved = move_pad_last(folder)
     (folder / "export_base.json").write_text(json.dumps({"ckpt": str(Path(ckpt).resolve()),
                                                          "from": module.hparams.get("pretrained"),
                                                          "pad_moved_last": moved}, indent=2) + "\n")

@@ -261,6 +261,8 @@ class SpeculativeSampling(Criterion):
     and returned as :attr:`Verdict.next_first`: it opens the next block. Temperature 0 is greedy
     (exactly :class:`Exact`). Random numbers come from a generator reseeded with ``seed`` at every
     decode (a fresh random seed when None), or from ``generator`` when one is given (never reseeded).
+    With a tree of candidates the children are drawn and judged by SpecInfer's walk instead
+    (:mod:`~lightning_bpd.decoding.tree_sampling`).
     """
 
     def __init__(self, temperature: float = 1.0, top_p: float = 1.0, seed: int | None = 0,

@@ -85,7 +85,7 @@ class DecodeMethod:
     alpha: float = 0.6
     fixed_shape: bool = False  # greedy / deterministic rules: fixed shapes, CUDA graphs on CUDA (decoding.static)
     stop_below: float | None = None  # deterministic rules: the confidence stop (blockwise.propose)
-    tree: Tree | None = None  # deterministic prefix rules: verify this tree of candidates (decoding.tree_decode)
+    tree: Tree | None = None  # prefix rules and sampling: verify this tree of candidates (decoding.tree_decode)
 
     @property
     def is_baseline(self) -> bool:
@@ -156,12 +156,13 @@ def make_method(
     (:mod:`~lightning_bpd.decoding.static`: CUDA graphs on CUDA, no row compaction). ``stop_below`` is the
     confidence stop of the deterministic rules with the model's own heads (:func:`~lightning_bpd.decoding.
     blockwise.propose`); other methods ignore it, so one value can apply to a whole list of methods. ``tree``
-    (:class:`~lightning_bpd.decoding.tree.Tree`): the deterministic prefix rules of the model's own heads verify
-    that tree of candidates (:func:`~lightning_bpd.decoding.tree_decode.tree_decode`); other methods ignore it.
+    (:class:`~lightning_bpd.decoding.tree.Tree`): the deterministic prefix rules and speculative sampling of the
+    model's own heads verify that tree of candidates (:func:`~lightning_bpd.decoding.tree_decode.tree_decode`);
+    other methods ignore it.
     """
     s = spec.strip()
     method = build_method(s, make_criterion, model, k, draft, seed, lazy)
-    if tree is not None and method.criterion is not None and method.draft is None and not method.is_sampling:
+    if tree is not None and method.criterion is not None and method.draft is None:
         from lightning_bpd.decoding.tree_decode import check_tree_args  # it builds on blockwise
 
         check_tree_args(model, method.criterion, tree, k)

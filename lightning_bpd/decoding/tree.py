@@ -6,7 +6,8 @@ paper's numbering), and its ``rank`` says which one: rank r is that head's (r+1)
 given as the list of its non-root nodes' paths of ranks, Medusa's "choices" format: ``(1,)`` is head 1's second
 choice, ``(1, 0)`` head 2's first choice after it. Parallel heads read every node of depth d from the same head
 (so node ``(1, 0)`` and ``(0, 0)`` hold the same token); chained heads expand each node's own link, fed the
-node's token.
+node's token. Sampling on a tree (:mod:`~lightning_bpd.decoding.tree_sampling`) draws each node's children
+instead: there the ranks only order a node's children (child j holds draw j).
 
 Nodes are numbered in Medusa's order, by depth and then by path, so a node's ancestors come before it and the
 path of rank 0s (today's single block) is nodes 0..depth when it is in the tree. From the paths a tree gives,
@@ -152,15 +153,19 @@ class Tree:
         depths = torch.tensor(self.depths, dtype=torch.long)
         # the accepted node is the deepest accepted one, ties to the lowest index: the largest key
         order = depths * n + (n - 1 - torch.arange(n))
+        kids = [self.children(i) for i in range(n)]
+        children = torch.tensor([c + [-1] * (max(map(len, kids)) - len(c)) for c in kids], dtype=torch.long)
         return {"ancestors": ancestors, "paths": table, "depths": depths, "ranks": torch.tensor(self.ranks),
-                "parents": torch.tensor(self.parents[1:], dtype=torch.long), "order": order}
+                "parents": torch.tensor(self.parents[1:], dtype=torch.long), "order": order,
+                "children": children}
 
     def table(self, name: str, device: torch.device | str = "cpu") -> Tensor:
         """One of the tree's tensors on ``device``: ``ancestors`` (N, N) bool, row i True at node i's ancestors and
         i itself (the verify pass's attention mask among the nodes); ``paths`` (N, depth + 1) long, row i the
         nodes from the root to i, padded with i (:meth:`root_path`); ``depths`` (N,) long (the position offsets);
         ``ranks`` (N,) long; ``parents`` (N - 1,) long, the parents of nodes 1..N-1; ``order`` (N,) long, the key whose largest accepted
-        entry picks the accepted node (deepest, then lowest index)."""
+        entry picks the accepted node (deepest, then lowest index); ``children`` (N, C) long, row i node i's children
+        in node order, -1 past them (C: the most children of a node; 0 for the root alone)."""
         return self._tables[name].to(device)
 
     def ancestors(self, device: torch.device | str = "cpu") -> Tensor:

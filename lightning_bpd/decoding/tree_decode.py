@@ -16,7 +16,9 @@ branch, as in Medusa); chained heads run each expanded node's own link, fed that
 expanded nodes of a depth). Verification: node j is accepted when the rule accepts its token against p_1 at its
 parent and its parent is accepted; the accepted node is the deepest accepted one (ties to the lowest index), and
 greedy's token there opens the next tree. For the single path (:meth:`Tree.path`) this is today's blockwise
-decoding, token for token and block for block. Deterministic prefix rules only (exact, top-n, eps).
+decoding, token for token and block for block. Rules: the deterministic prefix rules (exact, top-n, eps) and
+lossless speculative sampling (:class:`~lightning_bpd.decoding.criteria.SpeculativeSampling`: the candidates are
+drawn, not ranked, and judged by SpecInfer's walk, :mod:`~lightning_bpd.decoding.tree_sampling`).
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.blockwise import chain_source, propose, resolve_k, restricted
-from lightning_bpd.decoding.criteria import Criterion, Exact
+from lightning_bpd.decoding.criteria import Criterion, Exact, SpeculativeSampling
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source, check_decode_args, first_argmax
 from lightning_bpd.decoding.row_book import RowBook
 from lightning_bpd.decoding.rules import RuleBook
+from lightning_bpd.decoding.sampling import sample
 from lightning_bpd.decoding.tree import Tree
+from lightning_bpd.decoding.tree_sampling import judge_tree, propose_sampled_tree
 from lightning_bpd.nn.argmax import argmax, top_ranks
 
 
@@ -42,8 +46,9 @@ def check_tree_args(model: BlockwiseModel, criterion: Criterion, tree: Tree, k: 
     heads = resolve_k(model, k)
     if tree.depth > heads - 1:
         raise ValueError(f"a tree {tree.depth} deep needs k >= {tree.depth + 1} heads, decoding with k={heads}")
-    if criterion.stochastic or not criterion.prefix_checks:
-        raise ValueError(f"tree decoding takes the deterministic prefix rules (exact, topN, epsX), not {criterion.name}")
+    if not (criterion.prefix_checks or isinstance(criterion, SpeculativeSampling)):
+        raise ValueError(f"tree decoding takes the deterministic prefix rules (exact, topN, epsX) and sampling, "
+                         f"not {criterion.name}")
     if verify_pass and model.decode_tree is None:
         raise ValueError(f"{type(model).__name__} has no tree verify pass (decode_tree; e.g. a local attention window): "
                          "decode it with tree=None")
@@ -133,8 +138,11 @@ def tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_le
         raise ValueError("tree decoding takes neither lazy verification nor a confidence stop (stop_below)")
     check_decode_args(model, src, max_len)
     check_tree_args(model, criterion, tree, k)
+    if isinstance(criterion, SpeculativeSampling) and criterion.greedy is not None:
+        criterion = criterion.greedy  # temperature 0: exact
     criterion.validate(tree.depth + 1)
     criterion.reset(src.device)
+    sampled = criterion.stochastic
     batch, device, n = src.shape[0], src.device, tree.size
     rules = RuleBook(model, max_len, device, src)  # the generation rules on p_1 (None where there are none)
     depths, ancestors, table = tree.table("depths", device), tree.ancestors(device), tree.path_table(device)
@@ -143,14 +151,22 @@ def tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_le
     book = RowBook(batch, max_len, tree.depth + 1, model.pad_id, device)
     bos = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=device)
     h = model.decode_step(bos, context, cache)[:, -1]  # (B, D)
-    first = criterion.first_token(rules.opening(batch) or model, h)  # (B,)
-    tokens = propose_tree(model, criterion, tree, h, first, chain_source(model, context))
+    opening = rules.opening(batch) or model  # p_1 of the first token, under the rules
+    if sampled:
+        first = sample(criterion.distribution(opening.logits_first(h)), criterion.rng(device))  # (B,)
+    else:
+        first = criterion.first_token(opening, h)  # (B,)
+    tokens, q = propose_any(model, criterion, tree, h, first, chain_source(model, context))
     calls = 1
     while True:
         hidden = model.decode_tree(tokens, depths, ancestors, context, cache)  # (b, N, D)
         calls += 1
         reader = rules.on_tree(book, tokens, depths, table) or model  # p_1 at every node
-        node, first = verify_tree(reader, criterion, tree, tokens, hidden)  # (b,), (b,)
+        if sampled:  # SpecInfer's walk: the accepted node (b,) and the next token, from its residual (b,)
+            p = criterion.distribution(reader.logits_first(hidden))  # (b, N, V)
+            node, first = judge_tree(criterion, tree, tokens, p, q, model.chained_heads)
+        else:
+            node, first = verify_tree(reader, criterion, tree, tokens, hidden)  # (b,), (b,)
         path, accepted = table[node], depths[node] + 1  # (b, depth + 1), (b,)
         n_kept, done = book.commit(tokens.gather(1, path), accepted, rules.stops)
         last = hidden.gather(1, node[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (b, D)
@@ -163,5 +179,13 @@ def tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_le
                                                     accepted[rows])
             cache.select(rows)
         cache.keep_path(path, accepted, n, bounds=book.length_bounds(offset=1))  # BOS and every committed token
-        tokens = propose_tree(model, criterion, tree, last, first, chain_source(model, context))  # (b, N)
+        tokens, q = propose_any(model, criterion, tree, last, first, chain_source(model, context))  # (b, N)
     return book.result(calls)
+
+
+def propose_any(model: BlockwiseModel, criterion: Criterion, tree: Tree, h: Tensor, first: Tensor,
+                source: Source | None) -> tuple[Tensor, Tensor | None]:
+    """The tree's tokens (b, N) and, for sampling, the distributions its children were drawn from (else None)."""
+    if criterion.stochastic:
+        return propose_sampled_tree(model, criterion, tree, h, first, source)
+    return propose_tree(model, criterion, tree, h, first, source), None

@@ -5,6 +5,12 @@ tokens (each node's token from its head's logits, a chained head evaluated throu
 tokens of the node's own path), then every root-to-leaf candidate is checked on its own by re-running the prefix
 extended with it (p_1 after each of its tokens, the rule's ``accept``). The longest accepted prefix of any
 candidate wins (ties to the lowest node index of its last accepted node); it is cut after an EOS and at max_len.
+
+Sampling (:class:`~lightning_bpd.decoding.criteria.SpeculativeSampling`): the children's distributions come from the
+uncached prefix (chained heads: teacher-forced on each node's own path), the target at every node on the walk from
+the uncached prefix extended with that node's path, and the walk is SpecInfer's, one child at a time in plain
+Python (:func:`walk_reference`). It draws its random numbers in the fast decoder's order and shapes (one row), so
+at batch 1 and the same seed both draw the same tokens.
 """
 
 from __future__ import annotations
@@ -15,13 +21,15 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.blockwise import chain_source
-from lightning_bpd.decoding.criteria import Criterion, Exact
+from lightning_bpd.decoding.criteria import Criterion, Exact, SpeculativeSampling
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args
 from lightning_bpd.decoding.reference import accepted_block, reference_result, ruled_verify
 from lightning_bpd.decoding.rules import BoundRules, reference_rules, ruled_at
+from lightning_bpd.decoding.sampling import residual, sample
 from lightning_bpd.decoding.tree import Tree
 from lightning_bpd.decoding.tree_decode import check_tree_args
+from lightning_bpd.decoding.tree_sampling import draw_children, expanded
 
 
 def reference_tree_tokens(model: BlockwiseModel, criterion: Criterion, tree: Tree, h: Tensor, context: Context,
@@ -71,6 +79,10 @@ def tree_decode_reference(model: BlockwiseModel, src: Tensor, criterion: Criteri
     tree = tree if tree is not None else Tree.path(model.k - 1)
     check_decode_args(model, src, max_len)
     check_tree_args(model, criterion, tree, k, verify_pass=False)
+    if isinstance(criterion, SpeculativeSampling):
+        if criterion.greedy is None:
+            return tree_sample_reference(model, src, criterion, max_len, tree)
+        criterion = criterion.greedy  # temperature 0: exact
     bound, stops, befores = reference_rules(model, src, max_len)  # befores: what the rules see before token 0
     rows, blocks, calls = [], [], 0
     for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
@@ -86,6 +98,100 @@ def tree_decode_reference(model: BlockwiseModel, src: Tensor, criterion: Criteri
                                     [*before, *out])
             calls += 1 + len(tree.leaves())
             block = accepted_block([tokens[i] for i in tree.root_path(node)], stops, max_len - len(out))
+            out.extend(block)
+            row_blocks.append(len(block))
+        rows.append(out)
+        blocks.append(row_blocks)
+    return reference_result(rows, blocks, model.pad_id, src.device, calls=calls)
+
+
+def sampled_tree_tokens(model: BlockwiseModel, rule: SpeculativeSampling, tree: Tree, h: Tensor, root: int,
+                        context: Context) -> tuple[list[int], dict[int, Tensor]]:
+    """The tree's tokens (N ints) drawn at the hidden state h (1, D) with ``root`` at the root, and each expanded
+    node's children's distribution q (V,): head d at h (parallel heads, one per depth), or head d teacher-forced
+    on the node's own path (chained heads); the draws depth by depth, as the fast decoder makes them."""
+    g, source = rule.rng(h.device), chain_source(model, context)
+    tokens, qs = [root] + [0] * (tree.size - 1), {}
+    for d in range(1, tree.depth + 1):
+        parents = [p for p in expanded(tree) if tree.depths[p] == d - 1]
+        for p in parents:
+            if model.chained_heads:
+                prev = torch.tensor([[tokens[j] for j in tree.root_path(p)]], device=h.device)  # (1, d)
+                qs[p] = rule.distribution(model.logits_heads(h, [d], prev_tokens=prev, source=source))[0, 0]
+            else:
+                qs[p] = rule.distribution(model.logits_heads(h, [d]))[0, 0]  # (V,)
+        stack = [qs[p] for p in (parents if model.chained_heads else parents[:1])]
+        widest = max(len(tree.children(p)) for p in parents)
+        drawn = draw_children(torch.stack(stack)[None], widest, g)[0].tolist()  # (m, W): one race per q
+        for j, p in enumerate(parents):
+            for s, c in enumerate(tree.children(p)):
+                tokens[c] = drawn[j if model.chained_heads else 0][s]
+    return tokens, qs
+
+
+def walk_reference(tree: Tree, tokens: list[int], target: Callable[[int], Tensor], qs: dict[int, Tensor],
+                   u: list[float]) -> tuple[int, Tensor]:
+    """SpecInfer's walk, one child at a time: the accepted node and the distribution (V,) the next token is drawn
+    from. ``target(n)``: p after node n (V,); ``qs[n]``: what n's children were drawn from; ``u[c]``: child c's
+    uniform."""
+    node, r = 0, target(0)
+    while True:
+        q, moved = qs.get(node), False
+        for c in tree.children(node):
+            x = tokens[c]
+            if q is None or float(q[x]) <= 0:  # past q's support: never drawn
+                continue
+            if u[c] * float(q[x]) < float(r[x]):
+                node, r, moved = c, target(c), True
+                break
+            r = residual(r, q)
+            q = q.clone()
+            q[x] = 0.0
+            q = q / q.sum().clamp(min=torch.finfo(q.dtype).tiny)
+        if not moved:
+            return node, r
+
+
+def sampled_target(model: BlockwiseModel, rule: SpeculativeSampling, context: Context, prefix: list[int],
+                   bound: BoundRules | None, history: list[int], index: int, device: torch.device) -> Tensor:
+    """p after the decoder input ``prefix`` (V,): p_1 of the uncached decoder under the generation rules (at generated
+    ``index``, after ``history``), through the rule's temperature and top-p."""
+    h = model.decode_full(torch.tensor([prefix], device=device), context)[:, -1]  # (1, D)
+    logits = model.logits_first(h)  # (1, V)
+    if bound is not None:
+        logits = ruled_at(bound, history, index)(logits)
+    return rule.distribution(logits[0])
+
+
+def tree_sample_reference(model: BlockwiseModel, src: Tensor, rule: SpeculativeSampling, max_len: int,
+                          tree: Tree) -> DecodeResult:
+    """Tree sampling one row at a time without a cache (see the module docstring); rows follow each other on one
+    random stream."""
+    rule.reset(src.device)
+    g = rule.rng(src.device)
+    bound, stops, befores = reference_rules(model, src, max_len)
+    rows, blocks, calls = [], [], 0
+    for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
+        context = model.encode(row_src)
+        out: list[int] = []
+        row_blocks: list[int] = []
+        root: int | None = None  # the token drawn after the last accepted node
+        while len(out) < max_len and (not out or out[-1] not in stops):
+            prefix, history = [model.bos_id, *out], [*before, *out]
+            if root is None:  # the first token: drawn from p_1 after the start token
+                p = sampled_target(model, rule, context, prefix, bound, history, len(out), src.device)  # (V,)
+                root = int(sample(p[None], g)[0])
+            h = model.decode_full(torch.tensor([prefix], device=src.device), context)[:, -1]  # (1, D)
+            tokens, qs = sampled_tree_tokens(model, rule, tree, h, root, context)
+            paths = [[tokens[i] for i in tree.root_path(n)] for n in range(tree.size)]
+            targets = {n: sampled_target(model, rule, context, prefix + path, bound, history + path,
+                                         len(out) + len(path), src.device)
+                       for n, path in enumerate(paths)}  # p after every node (the walk reads those on its way)
+            u = torch.rand((1, tree.size), generator=g, dtype=targets[0].dtype, device=src.device)[0].tolist()
+            node, r = walk_reference(tree, tokens, targets.__getitem__, qs, u)
+            root = int(sample(r[None], g)[0])
+            calls += 1 + tree.size
+            block = accepted_block(paths[node], stops, max_len - len(out))
             out.extend(block)
             row_blocks.append(len(block))
         rows.append(out)

@@ -16,6 +16,7 @@ from torch import Tensor
 from transformers import AutoTokenizer
 
 from lightning_bpd.hf.causal import HFCausalBlockwise, load_causal
+from lightning_bpd.nn.causal_model import CausalTransformer
 
 PAD_MULTIPLE = 64  # a model's vocabulary may be its tokenizer's padded up to a multiple of this
 PAD_MOST = 1024  # ... by fewer than this many rows (Qwen2.5: 151,665 tokens, 151,936 rows)
@@ -31,7 +32,7 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
         raise ValueError(f"{path}: no tokenizer beside the checkpoint ({first[:200]})") from None
 
 
-def check_vocabulary(tokenizer: Any, model: HFCausalBlockwise) -> None:
+def check_vocabulary(tokenizer: Any, model: HFCausalBlockwise | CausalTransformer) -> None:
     """The tokenizer must index the model's vocabulary: as many ids, or the model's rows padded up to a multiple of
     64 (by fewer than 1024); and its EOS must be one of the model's."""
     n, v = len(tokenizer), model.vocab_size
@@ -41,15 +42,16 @@ def check_vocabulary(tokenizer: Any, model: HFCausalBlockwise) -> None:
     if n < v and not (v % PAD_MULTIPLE == 0 and v - n < PAD_MOST):
         raise ValueError(f"the tokenizer has {n} tokens but the model's vocabulary has {v} (vocab_size mismatch): "
                          "the tokenizer beside the checkpoint must be the model's own")
-    eos = tokenizer.eos_token_id
-    if eos is not None and model.eos_id is not None and eos not in (model.eos_id, *model.generation_rules.eos_ids):
+    eos, rules = tokenizer.eos_token_id, model.generation_rules
+    if eos is not None and model.eos_id is not None and eos not in (model.eos_id, *(rules.eos_ids if rules else ())):
         raise ValueError(f"the tokenizer's EOS id {eos} is not the model's ({model.eos_id})")
 
 
 class CausalLM:
-    """An :class:`HFCausalBlockwise` (``model``) and its ``tokenizer``: prompts to token tensors, tokens to text."""
+    """An :class:`HFCausalBlockwise` or our own :class:`~lightning_bpd.nn.causal_model.CausalTransformer` (``model``)
+    and its ``tokenizer``: prompts to token tensors, tokens to text."""
 
-    def __init__(self, model: HFCausalBlockwise, tokenizer: Any) -> None:
+    def __init__(self, model: HFCausalBlockwise | CausalTransformer, tokenizer: Any) -> None:
         check_vocabulary(tokenizer, model)
         self.model, self.tokenizer = model, tokenizer
 

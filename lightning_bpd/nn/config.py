@@ -104,7 +104,9 @@ class ModelConfig:
     ``src_positions``, ``tgt_positions``: ``sinusoidal``, or for images (``image`` options needed) ``image``
     (row / column / channel tables) or ``grid`` (both rasters on one shared row / column grid);
     ``window``: the decoder's local self-attention window (None: the whole prefix);
-    ``image``: the image options (:class:`ImageOptions`), None for text.
+    ``image``: the image options (:class:`ImageOptions`), None for text;
+    ``decoder_only``: no encoder and no cross-attention, the decoder's layers alone over a prompt and its continuation
+    (:class:`~lightning_bpd.nn.causal_model.CausalTransformer`; one vocabulary, ``n_encoder_layers`` 0, text only).
     """
 
     src_vocab_size: int
@@ -130,6 +132,7 @@ class ModelConfig:
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int | None = 2
+    decoder_only: bool = False
 
     @classmethod
     def from_dict(cls, options: Mapping[str, Any]) -> ModelConfig:
@@ -175,6 +178,23 @@ class ModelConfig:
             raise ValueError("grid positions need src_positions = tgt_positions = 'grid' and both image shapes")
         if self.image is not None:
             self.check_image_options(self.image)
+        if self.decoder_only:
+            self.check_decoder_only()
+
+    def check_decoder_only(self) -> None:
+        """What a decoder-only model cannot have: an encoder, a source vocabulary of its own, image options, a local
+        window (its prompt is not in the ring cache), heads that attend over a source."""
+        wrong = [f"{name}={value!r}" for name, value, ok in (
+            ("n_encoder_layers", self.n_encoder_layers, self.n_encoder_layers == 0),
+            ("src_vocab_size", self.src_vocab_size, self.src_vocab_size == self.tgt_vocab_size),
+            ("image", self.image, self.image is None), ("window", self.window, self.window is None),
+            ("head_type", self.head_type, self.head_type != "chained_attn"),
+            ("tie_output_to_source", self.tie_output_to_source, not self.tie_output_to_source),
+            ("tgt_positions", self.tgt_positions, self.tgt_positions == "sinusoidal")) if not ok]
+        if wrong:
+            raise ValueError(f"decoder_only takes n_encoder_layers 0, src_vocab_size = tgt_vocab_size, no image "
+                             f"options, no window, no chained_attn head, no tie_output_to_source and sinusoidal "
+                             f"positions: got {', '.join(wrong)}")
 
     def check_image_options(self, image: ImageOptions) -> None:
         """What the image options need of the rest of the config."""

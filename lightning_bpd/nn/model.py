@@ -41,14 +41,19 @@ class BlockwiseTransformer(RuntimeParts, nn.Module):
     argmax_first = draft_tokens = draft_ranks = chain_draft = chain_drafts = chain_ranks = None
     generation_rules = None  # greedy decoding of p_1 as it is, ending at eos_id (a user may set rules)
     rules_history = None  # the rules' history before the first token: the start token (bos_id)
+    decoder_only = False  # ModelConfig.decoder_only: the subclass CausalTransformer (nn.causal_model)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c = self.config = config
+        if c.decoder_only != self.decoder_only:
+            raise ValueError("a decoder_only config builds a CausalTransformer (lightning_bpd.nn.causal_model), "
+                             "an encoder-decoder one a BlockwiseTransformer")
         self.k, self.pad_id, self.bos_id, self.eos_id = c.k, c.pad_id, c.bos_id, c.eos_id
+        shared = c.share_embeddings or c.decoder_only  # a decoder-only model reads its prompts with the one table
         self.tgt_embed = nn.Embedding(c.tgt_vocab_size, c.d_model)
-        self.src_embed = self.tgt_embed if c.share_embeddings else nn.Embedding(c.src_vocab_size, c.d_model)
-        for emb in [self.tgt_embed] if c.share_embeddings else [self.tgt_embed, self.src_embed]:
+        self.src_embed = self.tgt_embed if shared else nn.Embedding(c.src_vocab_size, c.d_model)
+        for emb in [self.tgt_embed] if shared else [self.tgt_embed, self.src_embed]:
             nn.init.normal_(emb.weight, std=c.d_model**-0.5)
         img = c.image
         shapes = (None, None) if img is None else (img.src_image_shape, img.tgt_image_shape)
@@ -69,8 +74,9 @@ class BlockwiseTransformer(RuntimeParts, nn.Module):
         if img is not None and img.intensity_prior > 0:
             self.prior = IntensityPrior(c.tgt_vocab_size, img.intensity_offset, c.tgt_vocab_size - img.intensity_offset,
                                         img.intensity_prior, c.d_model, gaussian=img.intensity_output == "gaussian")
-        self.encoder = Encoder(c.n_encoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout)
-        self.decoder = Decoder(c.n_decoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.window)
+        self.encoder = None if c.decoder_only else Encoder(c.n_encoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout)
+        self.decoder = Decoder(c.n_decoder_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.window,
+                               cross_attention=not c.decoder_only)
         self.chained_heads = c.head_type in ("chained", "chained_attn") and c.k > 1
         if self.chained_heads:
             self.head: BlockwiseHead | ChainedHead = ChainedHead(c.d_model, c.head_hidden or c.d_ff, c.k,

@@ -120,17 +120,26 @@ class Encoder(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float) -> None:
+    """Self-attention, cross-attention over the encoder memory (none with ``cross_attention=False``: a decoder-only
+    model's layer) and a feed-forward block, each pre-LN and residual."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, cross_attention: bool = True) -> None:
         super().__init__()
-        self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model) if cross_attention else None
+        self.norm3 = nn.LayerNorm(d_model)
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, self_attention=False)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, self_attention=False) if cross_attention else None
         self.ff = FeedForward(d_model, d_ff, dropout)
         self.drop = nn.Dropout(dropout)
 
     def cross_and_ff(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], cross_mask: Tensor) -> Tensor:
-        q = self.cross_attn.query(self.norm2(x))
-        x = x + self.drop(self.cross_attn.attend(q, *cross_kv, cross_mask))
+        q = self.cross_attn.query(self.norm2(x))  # type: ignore[union-attr]
+        x = x + self.drop(self.cross_attn.attend(q, *cross_kv, cross_mask))  # type: ignore[union-attr]
+        return self.feed_forward(x)
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        """The residual feed-forward block: (B, T, D) -> (B, T, D)."""
         return x + self.drop(self.ff(self.norm3(x)))
 
 
@@ -140,12 +149,15 @@ class Decoder(nn.Module):
     products: Products = FLOAT  # what the lean step multiplies with (its layers hold their own)
 
     def __init__(
-        self, n_layers: int, d_model: int, n_heads: int, d_ff: int, dropout: float, window: int | None = None
+        self, n_layers: int, d_model: int, n_heads: int, d_ff: int, dropout: float, window: int | None = None,
+        cross_attention: bool = True,
     ) -> None:
         super().__init__()
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 (or None for full attention), got {window}")
-        self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, dropout) for _ in range(n_layers))
+        self.layers = nn.ModuleList(DecoderLayer(d_model, n_heads, d_ff, dropout, cross_attention)
+                                    for _ in range(n_layers))
+        self.cross_attention = cross_attention  # False: a decoder-only model's stack (nn.causal_model runs it)
         self.norm = nn.LayerNorm(d_model)
         self.window = window
         # a runtime's snapshot: cached steps as one TorchScript function (inference.lean_step.step); None: the modules

@@ -10,7 +10,6 @@ from lightning_bpd.decoding import (
     Distance,
     Exact,
     MinBlock,
-    SpeculativeSampling,
     TopK,
     Tree,
     blockwise_decode,
@@ -178,7 +177,6 @@ def test_a_ragged_batch_keeps_each_rows_own_accepted_path_in_the_cache():
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"criterion": Exact(), "tree": Tree.path(4)}, r"a tree 4 deep needs k >= 5 heads, decoding with k=4"),
-    ({"criterion": SpeculativeSampling(), "tree": Tree.path(2)}, "deterministic prefix rules"),
     ({"criterion": MinBlock(2), "tree": Tree.path(2)}, "deterministic prefix rules"),
     ({"criterion": Exact(), "tree": Tree.path(2), "lazy": True}, "neither lazy verification"),
     ({"criterion": Exact(), "tree": Tree.path(2), "k": 2}, r"needs k >= 3 heads, decoding with k=2"),

@@ -131,3 +131,27 @@ def test_bad_words_of_several_tokens_see_the_prompt(family):
         assert blockwise_decode(model, one, Exact(), MAX_LEN).sequences() == hf_greedy(base, one)
     fast, slow = (decode(model, src, TopK(2), MAX_LEN) for decode in (blockwise_decode, blockwise_decode_reference))
     assert fast.sequences() == slow.sequences() and fast.block_sizes == slow.block_sizes
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("head_type", ["paper", "chained", "medusa"])
+def test_tree_sampling_under_the_rules(family, head_type):
+    """Lossless sampling on a tree (issue 47) on a causal base: temperature 0 is generate's output, samples obey
+    the rules (no suppressed token, no EOS before min_new_tokens), each prompt alone draws the reference's tokens."""
+    from lightning_bpd.decoding import SpeculativeSampling, Tree, tree_decode_reference
+
+    base, src = tiny_lm(family, seed=1), prompts(seed=2)
+    configure(base, src)
+    model = HFCausalBlockwise(base, k=4, head_type=head_type)
+    scramble_head(model, std=0.05)
+    tree = Tree.from_paths(TREES["medusa"])
+    want = hf_greedy(base, src)
+    assert blockwise_decode(model, src, SpeculativeSampling(0.0), MAX_LEN, tree=tree).sequences() == want
+    gc = base.generation_config
+    for row in blockwise_decode(model, src, SpeculativeSampling(1.5, seed=0), MAX_LEN, tree=tree).sequences():
+        assert gc.suppress_tokens[0] not in row and all(t not in gc.eos_token_id for t in row[: gc.min_new_tokens])
+    for row in (0, 2, 5):
+        one = src[row : row + 1, : int((src[row] != PAD).sum())]  # the prompt alone, unpadded
+        fast = blockwise_decode(model, one, SpeculativeSampling(seed=row), MAX_LEN, tree=tree)
+        slow = tree_decode_reference(model, one, SpeculativeSampling(seed=row), MAX_LEN, tree=tree)
+        assert fast.sequences() == slow.sequences() and fast.block_sizes == slow.block_sizes

@@ -1,6 +1,7 @@
 """Trees of candidates on the Hugging Face bases (issue 47): the verify pass over a tree's nodes equals the HF
 decoder's own uncached pass over each node's path (HF layers and lean steps, T5's relative bias at per-node
-positions), and tree decoding equals greedy, ``generate`` and the one-candidate-at-a-time reference."""
+positions), and tree decoding equals greedy, ``generate`` and the one-candidate-at-a-time reference; tree sampling
+obeys the generation config and equals its reference."""
 
 from __future__ import annotations
 
@@ -9,7 +10,17 @@ import torch
 
 pytest.importorskip("transformers")
 
-from lightning_bpd.decoding import Exact, TopK, Tree, blockwise_decode, greedy_decode, tree_decode_reference
+from lightning_bpd.decoding import (
+    Exact,
+    SpeculativeSampling,
+    TopK,
+    Tree,
+    blockwise_decode,
+    greedy_decode,
+    parse_criterion,
+    tree_decode_reference,
+)
+from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.hf import HFSeq2SeqBlockwise
 from lightning_bpd.hf.step_cache import tree_positions
 from lightning_bpd.inference import InferenceOptions, build_runtime
@@ -132,3 +143,26 @@ def test_a_tree_wider_than_the_heads_decodes_up_to_the_checkpoints_last_position
     assert blockwise_decode(model, src, Exact(), n, tree=TREE).sequences() == greedy.sequences()
     with pytest.raises(ValueError, match="max_len too long: the checkpoint has 64 decoder positions"):
         blockwise_decode(model, src, Exact(), n + 1, tree=TREE)
+
+
+@pytest.mark.parametrize("family", ["marian", "t5"])
+@pytest.mark.parametrize("head_type", ["paper", "chained_attn"])
+def test_tree_sampling_applies_the_rules_and_draws_what_the_reference_draws(family, head_type):
+    """Lossless sampling on a tree (the walk reads p_1 under the generation config's rules at every node):
+    temperature 0 is ``generate``'s greedy output, samples obey the rules, and each row alone draws the reference's
+    tokens at the same seed."""
+    base, model, src = model_for(family, "all", head_type)
+    want = hf_greedy(base, src, MAX_LEN)
+    assert make_method("sample_t0", parse_criterion, model, tree=MEDUSA)(model, src, MAX_LEN).sequences() == want
+    gc = base.generation_config
+    for seed in range(2):
+        for row in blockwise_decode(model, src, SpeculativeSampling(1.5, seed=seed), MAX_LEN, tree=MEDUSA).sequences():
+            assert row[0] == gc.forced_bos_token_id and gc.suppress_tokens[0] not in row
+            assert all(t not in gc.eos_token_id for t in row[:-1])
+            if len(row) == MAX_LEN:
+                assert row[-1] in gc.eos_token_id  # forced EOS at the cap
+    for row in (0, 3):
+        one = src[row : row + 1, : int((src[row] != PAD).sum())]
+        fast = blockwise_decode(model, one, SpeculativeSampling(seed=row), MAX_LEN, tree=TREE)
+        slow = tree_decode_reference(model, one, SpeculativeSampling(seed=row), MAX_LEN, tree=TREE)
+        assert fast.sequences() == slow.sequences() and fast.block_sizes == slow.block_sizes

@@ -1,7 +1,10 @@
-"""Blockwise heads on a pretrained Hugging Face causal language model: the LightningModule.
+"""Blockwise heads on a pretrained Hugging Face causal language model, or on our own decoder-only base: the
+LightningModule.
 
 :class:`LMModule` trains the heads of an :class:`~lightning_bpd.hf.causal.HFCausalBlockwise` (a local
-``AutoModelForCausalLM`` checkpoint, ``pretrained``) with the shared blockwise training step
+``AutoModelForCausalLM`` checkpoint, ``pretrained``), or our own
+:class:`~lightning_bpd.nn.causal_model.CausalTransformer` from scratch with its heads (``own``: its shape and a
+tokenizer directory, :mod:`~lightning_bpd.tasks.lm.own_base`), with the shared blockwise training step
 (:class:`~lightning_bpd.tasks.blockwise_module.BlockwiseModule`) on packed sequences of text
 (:class:`~lightning_bpd.tasks.lm.datamodule.LMDataModule`): a batch's ``src`` (B, T) are the inputs and ``tgt`` (B, T)
 the next tokens, so the base's hidden state at t reads ``src[:, :t + 1]`` and head i predicts ``tgt[:, t + i]``.
@@ -31,6 +34,7 @@ from lightning_bpd.hf.causal import HEAD_TYPES, load_causal
 from lightning_bpd.hf.prompts import CausalLM, load_tokenizer
 from lightning_bpd.nn.transformer import EncoderContext
 from lightning_bpd.tasks.blockwise_module import MAX_K, BlockwiseModule, options_of
+from lightning_bpd.tasks.lm.own_base import OwnBase, build_own, tokenizer_dir
 from lightning_bpd.tasks.training_options import TrainingOptions
 
 # An LM run's training defaults: the heads alone on the frozen base, every head each step, plain cross-entropy.
@@ -38,13 +42,16 @@ TRAINING = TrainingOptions(freeze_base=True, loss_mode="mean", warmup_steps=100,
 
 
 class LMModule(BlockwiseModule):
-    """Blockwise heads on a pretrained Hugging Face causal LM.
+    """Blockwise heads on a pretrained Hugging Face causal LM, or on our own decoder-only base trained with them.
 
     Args:
         pretrained: a local checkpoint directory (``save_pretrained`` output with its tokenizer; never downloaded).
+        own: instead of ``pretrained``, our own decoder-only base trained from scratch
+            (:class:`~lightning_bpd.tasks.lm.own_base.OwnBase`: its shape and tokenizer directory), with
+            ``training.freeze_base: false``; or frozen, warm-started from a run's checkpoint (``training.init_from``).
         k: number of heads (1 = the base alone, up to 16).
         head_type: ``paper``, ``chained`` (each head fed the token before it) or ``medusa`` (Medusa-1's residual
-            blocks, exportable to vLLM's Medusa layout).
+            blocks, exportable to vLLM's Medusa layout; Hugging Face bases only).
         head_hidden: the paper or chained head's hidden size (default: the base's).
         training: :class:`~lightning_bpd.tasks.training_options.TrainingOptions` (here ``freeze_base`` by default:
             the base's weights stay bit-identical, its dropout off).
@@ -52,9 +59,11 @@ class LMModule(BlockwiseModule):
     """
 
     def __init__(self, pretrained: str | None = None, k: int = 4, head_type: str = "chained",
-                 head_hidden: int | None = None, training: TrainingOptions = TRAINING, max_new_tokens: int = 32) -> None:
-        if pretrained is None:
-            raise ValueError("model.init_args.pretrained: give the directory of a local Hugging Face causal LM")
+                 head_hidden: int | None = None, training: TrainingOptions = TRAINING, max_new_tokens: int = 32,
+                 own: OwnBase | None = None) -> None:
+        if (pretrained is None) == (own is None):
+            raise ValueError("model.init_args: give pretrained (a local Hugging Face causal LM) or own (our own base's "
+                             "shape), one of them")
         if not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise ValueError(f"model.k must lie in [1, {MAX_K}] (1 = the base model), got {k!r}")
         if head_type not in HEAD_TYPES:
@@ -64,13 +73,25 @@ class LMModule(BlockwiseModule):
         _, training = options_of(None, training)
         for name in ("input_noise", "train_readout"):
             if getattr(training, name):
-                raise ValueError(f"model.training.{name} is not supported on Hugging Face models: leave it out")
-        pretrained = os.path.abspath(os.fspath(pretrained))
-        model = load_causal(pretrained, k=k, head_type=head_type, head_hidden=head_hidden, frozen=training.freeze_base)
-        lm = CausalLM(model, load_tokenizer(pretrained))  # the tokenizer must be the model's own
+                raise ValueError(f"model.training.{name} is not supported on language models: leave it out")
+        if own is not None:
+            own = OwnBase.of(own)
+            own = replace(own, tokenizer=tokenizer_dir(own))  # absolute; the caller's object is left as it was
+            if training.freeze_base and training.init_from is None:
+                raise ValueError("model.init_args.own: a frozen base needs training.init_from (a checkpoint of our own "
+                                 "base, trained); to train it from scratch set model.init_args.training.freeze_base "
+                                 "false")
+            tokenizer = load_tokenizer(own.tokenizer)
+            model = build_own(own, tokenizer, k, head_type, head_hidden)
+        else:
+            pretrained = os.path.abspath(os.fspath(pretrained))
+            model = load_causal(pretrained, k=k, head_type=head_type, head_hidden=head_hidden,
+                                frozen=training.freeze_base)
+            tokenizer = load_tokenizer(pretrained)  # the tokenizer must be the model's own
+        lm = CausalLM(model, tokenizer)
         BlockwiseModule.__init__(self, None, training, model=model)
         self.save_options(pretrained=pretrained, k=k, head_type=head_type, head_hidden=head_hidden, training=training,
-                          max_new_tokens=max_new_tokens)
+                          max_new_tokens=max_new_tokens, own=own)
         self.lm, self.max_new_tokens = lm, max_new_tokens
         self.nll: list[float] = [0.0, 0.0]  # an evaluation's summed p_1 loss and target count (its perplexity)
         self.last_step: Any = None  # the last blockwise step's output
@@ -107,12 +128,14 @@ class LMModule(BlockwiseModule):
     def on_fit_start(self) -> None:
         """The base's generation config must be one the validation decodes can apply, and the data must be read with
         the checkpoint's own tokenizer."""
-        self.model.generation_rules.check()
+        if self.model.generation_rules is not None:
+            self.model.generation_rules.check()
         theirs = getattr(getattr(self.trainer, "datamodule", None), "tokenizer", None)
         if theirs is not None and (len(theirs), theirs.eos_token_id) != (len(self.tokenizer), self.tokenizer.eos_token_id):
-            raise ValueError(f"the data's tokenizer ({len(theirs)} tokens) is not the checkpoint's own "
+            own = self.hparams.get("own")
+            raise ValueError(f"the data's tokenizer ({len(theirs)} tokens) is not the model's own "
                              f"({len(self.tokenizer)}): leave data.init_args.tokenizer_path unset or set it to "
-                             f"{self.hparams.pretrained}")
+                             f"{own['tokenizer'] if own else self.hparams.pretrained}")
 
     def setup(self, stage: str) -> None:
         """A training sequence must fit the model's context (checked before any step)."""
@@ -124,7 +147,8 @@ class LMModule(BlockwiseModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint["hf_pretrained"] = self.hparams.pretrained
+        if self.hparams.pretrained is not None:
+            checkpoint["hf_pretrained"] = self.hparams.pretrained
 
     @classmethod
     def from_heads(cls, heads_dir: str | os.PathLike, base: str | os.PathLike | None = None,
