@@ -79,7 +79,8 @@ class CopiedProducts(WideAttention):
     multiplies (:meth:`multiply`)."""
 
     lean_encoder = True
-    MAX_MADE = 64  # copies of tensors that are not the model's own (made per call) kept, keyed by the tensor
+    MAX_MADE = 64  # copies of tensors that are not the model's own (made per call) kept, keyed by the tensor (and of
+    # views of its own, keyed by their place)
     needs = "a CPU build of torch"  # what a subclass's kernel needs, for the error when it is missing
 
     def __init__(self) -> None:
@@ -128,8 +129,9 @@ class CopiedProducts(WideAttention):
         place = self.view_key(weight, bias)
         if place is not None and place in self.views:
             return self.views[place]
-        if len(self.made) >= self.MAX_MADE:
-            self.made.clear()
+        kept: dict = self.views if place is not None else self.made
+        if len(kept) >= self.MAX_MADE:
+            kept.clear()
         made = self.copy(weight, bias)
         if place is not None:
             self.views[place] = made
