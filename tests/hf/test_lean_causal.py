@@ -103,3 +103,19 @@ def test_a_lean_runtime_decodes_like_generate(family, dtype):
     assert blockwise_decode(runtime, src, Exact(), MAX_LEN).sequences() == want
     for row in range(2):  # batch 1
         assert blockwise_decode(runtime, src[row : row + 1], Exact(), MAX_LEN).sequences() == want[row : row + 1]
+
+
+@pytest.mark.parametrize("precision", ["float32-packed", "int8", "float32-invariant", "bfloat16"])
+def test_lean_steps_are_bitwise_the_modules_in_every_precision(precision):
+    """The lean step multiplies through the runtime's products as the modules' ProductLinear layers do."""
+    from lightning_bpd.kernels import int8, onednn
+
+    if (precision == "int8" and not int8.available()) or (precision == "float32-packed" and not onednn.available()):
+        pytest.skip("kernel not available")
+    model = HFCausalBlockwise(tiny_lm("qwen2", dtype=torch.float32), k=3)
+    lean, reference = (build_runtime(model, InferenceOptions(precision=precision, lean_steps=on)) for on in (True, False))
+    assert lean.model.lean and not reference.model.lean
+    src = prompts()
+    tgt = torch.randint(3, VOCAB, (src.shape[0], 13), generator=torch.Generator().manual_seed(5))
+    for got, want in zip(steps(lean, src, tgt, [1, 4, 1]), steps(reference, src, tgt, [1, 4, 1]), strict=True):
+        assert torch.equal(got, want)
