@@ -343,8 +343,9 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
 
     def lean_trunk(self) -> LeanCausal:
         """The base's layers as one :class:`~lightning_bpd.hf.lean_causal.LeanCausal` (listed on first use: a
-        runtime's snapshot, whose parameters do not change)."""
-        if self._lean is None:
+        runtime's snapshot, whose parameters do not change; listed again where a copy of the snapshot holds other
+        parameters)."""
+        if self._lean is None or not self._lean.lists(self.trunk):
             self._lean = LeanCausal(self.trunk, self.attention, typed="" not in self.windows)
         return self._lean
 

@@ -134,6 +134,12 @@ class LeanCausal:
         self.head_dim, self.groups, self.scaling = attn.head_dim, attn.num_key_value_groups, float(attn.scaling)
         self.sdpa = implementation == "sdpa"
 
+    def lists(self, trunk: nn.Module) -> bool:
+        """Whether these are ``trunk``'s own tensors (its first and last layers' first and last weights)."""
+        first, last = trunk.layers[0], trunk.layers[-1]
+        return (self.trunk is trunk and self.layers[0].q[0] is first.self_attn.q_proj.weight
+                and self.layers[-1].down[0] is last.mlp.down_proj.weight)
+
     def __call__(self, tokens: Tensor, positions: Tensor, masks: dict[str, Tensor], cache: KVCache, slots: Tensor,
                  stop: int, linear: Linear) -> Tensor:
         """Inputs (B, T) at ``positions`` (B, T) -> the final-norm hidden states (B, T, D), writing each layer's keys

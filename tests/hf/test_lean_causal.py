@@ -119,3 +119,16 @@ def test_lean_steps_are_bitwise_the_modules_in_every_precision(precision):
     tgt = torch.randint(3, VOCAB, (src.shape[0], 13), generator=torch.Generator().manual_seed(5))
     for got, want in zip(steps(lean, src, tgt, [1, 4, 1]), steps(reference, src, tgt, [1, 4, 1]), strict=True):
         assert torch.equal(got, want)
+
+
+def test_a_runtime_of_a_runtime_lists_its_own_weights():
+    """A runtime built from another runtime's snapshot in another precision reads its own (cast) weights."""
+    model = HFCausalBlockwise(tiny_lm("llama", dtype=torch.float32), k=2)
+    first = build_runtime(model, InferenceOptions())
+    src = prompts()
+    first.decode_step(torch.full((src.shape[0], 1), 3), first.encode(src), first.new_cache(src.shape[0], 3))
+    second = build_runtime(first, InferenceOptions(precision="float64"))
+    context = second.encode(src)
+    h = second.decode_step(torch.full((src.shape[0], 1), 3), context, second.new_cache(src.shape[0], 3))
+    assert h.dtype == torch.float64
+    assert second.model.lean_trunk().layers[0].q[0] is second.model.trunk.layers[0].self_attn.q_proj.weight
