@@ -134,12 +134,14 @@ def pad_rows(rows: Sequence[Tensor], pad_id: int) -> Tensor:
 
 def draft_vocab_ids(module: Any, size: int | None, text: str | None) -> tuple[int, ...] | None:
     """The draft vocabulary of ``--draft-vocab N --draft-vocab-from TEXT`` (``decode``, ``bench``, ``bench-generate``,
-    ``where_time_goes``): a translation module's ``size`` most frequent target tokens in the file ``text``, for
+    ``where_time_goes``): a translation module's ``size`` most frequent target tokens in the file ``text`` (a language
+    model's: its tokens of the text), for
     :class:`~lightning_bpd.inference.InferenceOptions` (None without ``size``)."""
     if size is None:
         return None
     if text is None or not hasattr(module, "draft_vocab_ids"):
-        raise ValueError("--draft-vocab needs a translation checkpoint and --draft-vocab-from <target-language text>")
+        raise ValueError("--draft-vocab needs a translation or language-modelling checkpoint and --draft-vocab-from "
+                         "<target-language text, or text like the prompts' continuations>")
     from lightning_bpd.tasks.translation.text_files import read_lines
 
     return tuple(module.draft_vocab_ids(read_lines(text), size))

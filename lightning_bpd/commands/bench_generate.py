@@ -45,10 +45,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -56,7 +55,9 @@ from torch import Tensor
 
 from lightning_bpd.benchmarks.ctranslate2_hf import CT2_HINT, CT2Translator, cut, start_ct2
 from lightning_bpd.benchmarks.ctranslate2_peer import failure, quiet_transformers
+from lightning_bpd.benchmarks.tally import Tally, differing
 from lightning_bpd.checkpoints import load_model
+from lightning_bpd.commands.bench_generate_lm import add_lm_args, main_lm
 from lightning_bpd.decoding import Exact, Tree, blockwise_decode
 from lightning_bpd.evaluation import batched, load_inputs, timed
 from lightning_bpd.inference import build_runtime
@@ -76,10 +77,12 @@ METHODS = (GENERATE, LOOKUP, OURS)
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd bench-generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="checkpoint of a Hugging Face heads run, or a save_heads folder")
+    p.add_argument("--ckpt", required=True, help="checkpoint of a Hugging Face heads run (translation or language "
+                   "model), or a save_heads folder")
     p.add_argument("--base", default=None, help="the base directory, if it moved since the run (load_model's base=)")
-    p.add_argument("--input", required=True, help="source sentences, one per line (.gz allowed)")
-    p.add_argument("--inputs", type=int, default=100, help="number of sentences decoded per batch size")
+    p.add_argument("--input", default=None, help="source sentences, one per line (.gz allowed); a language model: "
+                   'JSON Lines, each {"prompt": "..."} (or --data-root)')
+    p.add_argument("--inputs", type=int, default=100, help="number of sentences (prompts) decoded per batch size")
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
     p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
     p.add_argument("--k", type=int, default=None, help="heads used by our exact decoding (default: all)")
@@ -91,18 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_precision_arg(p)
     add_draft_vocab_args(p)
     add_timing_args(p)
-    p.add_argument("--peers", nargs="*", default=[], choices=["ctranslate2"],
-                   help=f"also time CTranslate2 greedy decoding of the converted base ({CT2_HINT})")
+    p.add_argument("--peers", nargs="*", default=[], choices=["ctranslate2", "llamacpp"],
+                   help=f"also time CTranslate2 greedy decoding of the converted seq2seq base ({CT2_HINT}), or "
+                        "llama.cpp's of a language model's base written as a float32 GGUF")
     p.add_argument("--ct2-quantizations", nargs="+", default=["float32", "int8"],
                    help="CTranslate2 conversions to time (float32 = none; int8, int8_float32, float16, ...)")
     p.add_argument("--json", default=None, help="write the record here")
+    add_lm_args(p)
     return p
-
-
-# ---- outputs ------------------------------------------------------------------------------------------------
-def differing(got: Sequence[Sequence[int]], want: Sequence[Sequence[int]]) -> list[int]:
-    """Indices of the rows where ``got`` and ``want`` differ."""
-    return [i for i, (a, b) in enumerate(zip(got, want, strict=True)) if list(a) != list(b)]
 
 
 # ---- Hugging Face generate ------------------------------------------------------------------------------------
@@ -143,34 +142,6 @@ def ours(runtime, k: int | None, tree: Tree | None = None):
 
 
 # ---- the benchmark ----------------------------------------------------------------------------------------------
-@dataclass
-class Tally:
-    """One method's timings and outputs over the batches of one batch size."""
-
-    per_input: list[float] = field(default_factory=list)
-    seconds: float = 0.0
-    tokens: int = 0
-    iterations: int = 0
-    model_calls: int = 0
-    outputs: list[list[int]] = field(default_factory=list)
-
-    def add(self, outputs: list[list[int]], seconds: float, iterations: int = 0, model_calls: int = 0) -> None:
-        self.per_input.append(seconds / len(outputs))
-        self.seconds += seconds
-        self.tokens += sum(len(o) for o in outputs)
-        self.iterations += iterations
-        self.model_calls += model_calls
-        self.outputs += outputs
-
-    def report(self) -> dict[str, Any]:
-        secs = sorted(self.per_input)
-        q = statistics.quantiles(secs, n=4) if len(secs) > 1 else [secs[0]] * 3
-        return {"sentences": len(self.outputs), "seconds": self.seconds, "tokens": self.tokens,
-                "seconds_per_input_median": statistics.median(secs), "seconds_per_input_iqr": [q[0], q[2]],
-                "tokens_per_second": self.tokens / max(self.seconds, 1e-9),
-                "ms_per_output_token": 1000 * self.seconds / max(1, self.tokens)}
-
-
 def lookup_refusal(model, src: Tensor, max_len: int, args: argparse.Namespace) -> str | None:
     """None if ``generate`` takes prompt lookup at this batch (one untimed try), else transformers' message."""
     try:
@@ -279,6 +250,16 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit("hf_generate: --warmup must be >= 0")
     try:
         module = load_model(args.ckpt, args.device, base=args.base)
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        sys.exit(f"hf_generate: {str(err).strip().splitlines()[0]}")
+    if hasattr(module, "encode_prompts"):  # a language model: prompts, generate's peers, llama.cpp
+        return main_lm(module, args)
+    try:
+        if args.input is None:
+            raise ValueError("--input: give the source sentences, one per line")
+        if "llamacpp" in args.peers:
+            raise ValueError("--peers llamacpp benches language-modelling checkpoints; on a seq2seq base use --peers "
+                             "ctranslate2")
         check_hf(module, args.ckpt)
         if next(module.model.base.parameters()).dtype != torch.float32:
             print(f"hf_generate: the base is {next(module.model.base.parameters()).dtype}: generate runs it so",

@@ -112,6 +112,20 @@ class LMModule(BlockwiseModule):
         """Generated tokens (one list per row) -> the continuation texts, special tokens skipped."""
         return self.lm.detokenize(outputs)
 
+    def draft_vocab_ids(self, lines: list[str], size: int) -> list[int]:
+        """The ``size`` most frequent token ids of a text's ``lines`` (tokenized joined by newlines, in chunks of
+        1,000 lines; the EOS ids always in): a draft vocabulary for :class:`~lightning_bpd.inference.InferenceOptions`
+        (``--draft-vocab N --draft-vocab-from TEXT``; the trained model is not changed)."""
+        from lightning_bpd.nn.draft_vocab import ids_from_counts
+
+        chunks = ["\n".join(lines[i : i + 1000]) + "\n" for i in range(0, len(lines), 1000)]
+        rows = self.tokenizer(chunks, add_special_tokens=False)["input_ids"] if chunks else []
+        ids = [i for row in rows for i in row]
+        counts = torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=self.model.vocab_size)
+        rules = getattr(self.model, "generation_rules", None)  # none on our own base
+        always = (rules.eos_ids if rules is not None else ()) or [self.model.eos_id]
+        return ids_from_counts(counts, size, always=[i for i in always if i is not None]).tolist()
+
     def max_decode_len(self, src: Tensor) -> int:
         """``max_new_tokens``, at most what the model's context leaves after the longest prompt of ``src`` (B, P)."""
         positions = self.model.n_positions

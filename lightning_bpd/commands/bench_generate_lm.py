@@ -1,0 +1,227 @@
+"""``bench-generate`` on a language-modelling checkpoint (an ``LMModule`` run or heads folder): the base's own
+``generate`` and its peers against our exact blockwise decoding, on the same prompts, in one run.
+
+    python -m lightning_bpd bench-generate --ckpt runs/code-lm/heads/last.ckpt \\
+        --data-root ../shared/data/code/python-stdlib/Lib --split test --inputs 64 --max-new-tokens 64 \\
+        --batch-sizes 1 32 --assistant runs/code-lm/draft-export --peers llamacpp --json results/lm_generate.json
+
+Methods (:mod:`lightning_bpd.benchmarks.lm_generate`): ``hf_generate`` (greedy, the checkpoint's own generation
+config; batch 1 and larger, left-padded ragged batches), ``hf_prompt_lookup`` (``prompt_lookup_num_tokens``, batch
+1), ``hf_assisted`` (``--assistant``: a local Hugging Face causal LM directory with the checkpoint's tokenizer, or an
+LM run's checkpoint whose base is the draft; ``assistant_model=``, batch 1), ``exact`` (ours, through the inference
+runtime with ``--precision``, ``--proposal-precision``, ``--draft-vocab``; ``exact+nodes<N>`` per ``--tree-nodes``)
+and, with ``--peers llamacpp``, ``llamacpp_f32`` (:mod:`lightning_bpd.benchmarks.llamacpp_peer`: the base written as
+a float32 GGUF, greedy in llama.cpp with ``--llamacpp-threads`` threads, batch 1; the GGUF must tokenize every prompt
+as the checkpoint's tokenizer does, else the command stops with one line).
+
+Prompts: ``--input FILE.jsonl`` (``{"prompt": ...}`` per line) or ``--data-root DIR``: the LM data module's held-out
+prompts (line-aligned windows of the ``--split`` files, :meth:`~lightning_bpd.tasks.lm.LMDataModule.eval_prompts`),
+split as the run split them (suffixes, fractions and ``prompt_tokens`` read from a ``.ckpt``'s data settings; the
+flags override). The first ``--inputs`` prompts; each continued by at most ``--max-new-tokens`` (default: the
+module's ``max_new_tokens``).
+
+Per batch size and method: seconds per prompt (median, interquartile range), tokens per second, ms per new token,
+``speedup_over_hf_generate`` (generate's seconds over the method's), for ours ``speedup_over`` every other method
+and the mean accepted block size, and ``differs_from_hf_generate``: rows whose new tokens differ from generate's
+(expected 0 for ours in float32, for prompt lookup and assisted generation; llama.cpp may differ by float rounding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+import torch
+
+from lightning_bpd.benchmarks.lm_generate import (
+    ASSISTED,
+    GENERATE,
+    LOOKUP,
+    OURS,
+    LMGenerate,
+    bench_methods,
+    load_assistant,
+)
+from lightning_bpd.records import device_name, write_json
+
+DATA_KEYS = ("suffixes", "val_fraction", "test_fraction", "prompt_tokens", "reference_lines")
+
+
+def add_lm_args(p: argparse.ArgumentParser) -> None:
+    """The options that only a language-modelling checkpoint reads."""
+    g = p.add_argument_group("language-modelling checkpoints")
+    g.add_argument("--data-root", default=None, help="prompts from this data folder's held-out split (instead of "
+                   "--input FILE.jsonl)")
+    g.add_argument("--split", default="test", choices=["val", "test"], help="the held-out split of --data-root")
+    g.add_argument("--suffixes", nargs="+", default=None, help="only files with these suffixes (default: the run's)")
+    g.add_argument("--prompt-tokens", type=int, default=None, help="tokens per held-out prompt (default: the run's, "
+                   "else 64)")
+    g.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per prompt at most (default: the "
+                   "module's max_new_tokens)")
+    g.add_argument("--assistant", default=None, help="draft model of hf_assisted: a local Hugging Face causal LM "
+                   "directory with the same tokenizer (or an LM run's .ckpt)")
+    g.add_argument("--llamacpp-threads", type=int, default=None, help="llama.cpp's threads (default: torch's)")
+    g.add_argument("--gguf", default=None, help="keep the llama.cpp peer's GGUF here (default: a temporary file)")
+
+
+def data_settings(ckpt: str | Path) -> dict[str, Any]:
+    """The data split settings a ``.ckpt`` was trained with (its ``datamodule_hyper_parameters``), else {}."""
+    path = Path(ckpt)
+    if not path.is_file():
+        return {}
+    saved = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    hparams = saved.get("datamodule_hyper_parameters") or {}
+    return {key: hparams[key] for key in DATA_KEYS if key in hparams}
+
+
+def held_out_prompts(module: Any, args: argparse.Namespace) -> list[str]:
+    """The first ``--inputs`` held-out prompts of ``--data-root`` (those holding the pad id left out, as the decode
+    evaluation does)."""
+    from lightning_bpd.tasks.lm.datamodule import LMDataModule
+
+    settings = data_settings(args.ckpt)
+    for key, value in (("suffixes", args.suffixes), ("prompt_tokens", args.prompt_tokens)):
+        if value is not None:
+            settings[key] = value
+    data = LMDataModule(root=args.data_root, tokenizer_path=module.hparams.pretrained, **settings)
+    prompts, _ = data.eval_prompts(args.split, None)
+    pad = module.model.pad_id
+    return [p for p in prompts if pad not in module.tokenizer(p)["input_ids"]][: args.inputs]
+
+
+def lm_prompts(module: Any, args: argparse.Namespace, max_new: int) -> list[str]:
+    """The bench prompts (``--input`` JSON Lines or ``--data-root``), each checked against the model's context."""
+    from lightning_bpd.tasks.lm.jsonl import check_prompts, read_prompts
+
+    if (args.input is None) == (args.data_root is None):
+        raise ValueError('give one of --input FILE.jsonl ({"prompt": ...} per line) and --data-root DIR')
+    if args.input is not None:
+        numbered = read_prompts(args.input)[: args.inputs]
+    else:
+        numbered = list(enumerate(held_out_prompts(module, args), start=1))
+    if not numbered:
+        raise ValueError(f"{args.input or args.data_root}: no prompts")
+    check_prompts(module, numbered, max_new)
+    return [prompt for _, prompt in numbered]
+
+
+def assistant_record(draft: Any, path: str) -> dict[str, Any]:
+    """The draft model and the settings of transformers' assisted loop it brings (its generation config's, else
+    transformers' defaults)."""
+    config = draft.generation_config
+    defaults = getattr(type(config), "_get_default_generation_params", dict)()
+    settings = {key: getattr(config, key, None) if getattr(config, key, None) is not None else defaults.get(key)
+                for key in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
+    return {"path": path, "model_type": draft.config.model_type, "layers": draft.config.num_hidden_layers,
+            "parameters": sum(p.numel() for p in draft.parameters()), **settings}
+
+
+def print_header(result: dict[str, Any], precision: str) -> None:
+    print(f"device: {result['device_name']}; ours = exact blockwise decoding at precision {precision}; "
+          f"{result['inputs']} prompts, at most {result['max_new_tokens']} new tokens; x gen = generate's seconds over "
+          "the method's; x ours = the method's seconds over ours; differ = rows whose tokens differ from hf_generate's")
+    print(f"{'batch':>5s} {'method':22s} {'s/input':>9s} {'tok/s':>8s} {'ms/tok':>7s} {'x gen':>6s} {'x ours':>6s} "
+          f"{'block':>6s} {'differ':>6s}")
+
+
+def print_rows(batch_size: int, report: dict[str, Any]) -> None:
+    for name, r in report.items():
+        if "skipped" in r:
+            print(f"{batch_size:5d} {name:22s} skipped: {r['skipped']}", flush=True)
+            continue
+        ours = report.get(OURS, {}).get("speedup_over", {}).get(name)
+        block = f"{r['mean_accepted_block_size']:6.2f}" if "mean_accepted_block_size" in r else f"{'':>6s}"
+        print(f"{batch_size:5d} {name:22s} {r['seconds_per_input_median']:9.4f} {r['tokens_per_second']:8.1f} "
+              f"{r['ms_per_output_token']:7.3f} {r['speedup_over_hf_generate']:6.2f} "
+              f"{'' if ours is None else f'{ours:6.2f}':>6s} {block} {r.get('differs_from_hf_generate', ''):>6}",
+              flush=True)
+
+
+def lm_methods(model: Any, runtime: Any, args: argparse.Namespace, trees: dict[str, Any],
+               draft: Any) -> dict[str, Any]:
+    """generate greedy, prompt lookup, assisted generation (with ``draft``), ours and ours per tree, by name."""
+    from lightning_bpd.commands.bench_generate import ours
+
+    eos = list(model.generation_rules.eos_ids or [model.eos_id])
+    return {
+        GENERATE: LMGenerate(model.base, model.pad_id, eos),
+        LOOKUP: LMGenerate(model.base, model.pad_id, eos, lookup=(args.prompt_lookup_tokens, args.max_matching_ngram)),
+        **({ASSISTED: LMGenerate(model.base, model.pad_id, eos, assistant=draft)} if draft is not None else {}),
+        OURS: ours(runtime, args.k),
+        **{name: ours(runtime, args.k, tree) for name, tree in trees.items()},
+    }
+
+
+def prepare(module: Any, args: argparse.Namespace) -> tuple[int, list[str], Any, Any, dict[str, Any], Any]:
+    """The cap, the prompts, the inference options, the runtime, the trees and the draft model (or None); ValueError
+    (one line) on bad input."""
+    from lightning_bpd.inference import build_runtime
+    from lightning_bpd.inference.arguments import options_from_args
+    from lightning_bpd.tree_budget import budget_trees
+
+    model = module.model
+    if "ctranslate2" in args.peers:
+        raise ValueError("--peers ctranslate2 benches seq2seq checkpoints; on a language model use --peers llamacpp")
+    max_new = module.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens
+    if max_new < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new}")
+    prompts = lm_prompts(module, args, max_new)
+    if args.k is not None and not 1 <= args.k <= model.k:
+        raise ValueError(f"--k must lie in [1, {model.k}] (the checkpoint's heads), got {args.k}")
+    options = options_from_args(args, module)
+    runtime = build_runtime(model, options)
+    singles = [module.encode_prompts([p]) for p in prompts]
+    budgets = budget_trees(module, runtime, singles, args.tree_nodes, args.k, "bench-generate")
+    trees = {f"{OURS}+{name}": tree for name, tree in budgets.items()}
+    draft = load_assistant(args.assistant, module, prompts, args.device) if args.assistant else None
+    return max_new, prompts, options, runtime, trees, draft
+
+
+def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """``bench-generate`` on a language-modelling ``module`` (loaded by the command from ``args.ckpt``)."""
+    from lightning_bpd.commands.bench_generate import runtime_options
+
+    model = module.model
+    if not hasattr(model, "base"):
+        sys.exit(f"bench-generate: {args.ckpt}: a run of our own decoder-only base, which has no transformers generate "
+                 "to compare with (this bench needs a Hugging Face base)")
+    try:
+        max_new, prompts, options, runtime, trees, draft = prepare(module, args)
+    except (ValueError, TypeError, OSError) as err:
+        sys.exit(f"bench-generate: {str(err).strip().splitlines()[0]}")
+    methods = lm_methods(model, runtime, args, trees, draft)
+    result: dict[str, Any] = {
+        "ckpt": args.ckpt, "base": module.hparams.get("pretrained"), "model_type": model.base.config.model_type,
+        "k": args.k or model.k, "head_type": model.head_type, "device": str(module.device),
+        "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(prompts),
+        "prompts_from": args.input or f"{args.data_root} ({args.split} split)", "max_new_tokens": max_new,
+        "precision": runtime.precision, "options": runtime_options(options, args),
+        "generate_dtype": str(next(model.base.parameters()).dtype), "tree_nodes": args.tree_nodes,
+        "prompt_lookup_num_tokens": args.prompt_lookup_tokens, "max_matching_ngram_size": args.max_matching_ngram,
+        "assistant": assistant_record(draft, args.assistant) if draft is not None else None,
+        "transformers_version": __import__("transformers").__version__, "batch_sizes": {}}
+    with TemporaryDirectory(prefix="lightning_bpd_gguf_") as tmp:
+        if "llamacpp" in args.peers:
+            from lightning_bpd.benchmarks.llamacpp_peer import LLAMACPP, start_llamacpp
+
+            threads = args.llamacpp_threads or torch.get_num_threads()
+            peer, result["llamacpp"] = start_llamacpp(module, prompts, threads, args.gguf or Path(tmp) / "model.gguf")
+            if peer is None:
+                sys.exit(f"bench-generate: llama.cpp peer refused: {result['llamacpp']['skipped']}")
+            methods[LLAMACPP] = peer
+            print(f"bench-generate: the GGUF tokenizes all {len(prompts)} prompts as the checkpoint's tokenizer does",
+                  file=sys.stderr)
+        result["methods"] = list(methods)
+        print_header(result, runtime.precision)
+        for bs in args.batch_sizes:
+            batches = [module.encode_prompts(prompts[i : i + bs]) for i in range(0, len(prompts), bs)]
+            report = bench_methods(methods, batches, max_new, args.warmup, [OURS, *trees],
+                                   peers=[name for name in methods if name.startswith("llamacpp")])
+            result["batch_sizes"][str(bs)] = report
+            print_rows(bs, report)
+    if args.json:
+        write_json(args.json, result)
+    return result
