@@ -15,17 +15,29 @@ run that is killed and started again skips the finished shards. With ``--devices
 A super-resolution checkpoint is distilled greedily (``--beam 1``) on its own training faces (the data
 of the checkpoint's run; ``--data-root`` points at another CelebA copy) into ``<out>/train_targets.pt``,
 which ``fit`` reads with ``--data.init_args.distilled=<out>`` (:mod:`lightning_bpd.tasks.superres.self_distilled`).
+
+A language-model checkpoint (an LM run's ``last.ckpt``, k = 1 included, or a heads folder) is distilled greedily
+(``--beam 1``) on its own training files (the data of the checkpoint's run; ``--data-root`` another folder): prefixes of
+up to ``--prompt-tokens`` tokens of whole lines, tiling each training file, continued by ``--new-tokens`` tokens
+(``--decoder exact``: blockwise with the heads, greedy's output in fewer calls; ``greedy``), written as a data folder
+that ``fit --data.init_args.root=<out>`` reads: ``train/`` a file per prefix (prefix + continuation), ``val/`` and
+``test/`` copies of the original held-out files, ``distill.json`` the record
+(:mod:`lightning_bpd.tasks.lm.self_distill`; shards in ``<out>/shards/``, resumable as above).
+
+    python -m lightning_bpd distill --ckpt runs/code-lm/base/last.ckpt --beam 1 --out runs/code-lm/distill
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
@@ -37,13 +49,18 @@ from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.tasks.translation.module import translate
 from lightning_bpd.tasks.translation.text_files import read_lines, resolve_split_files
 
+if TYPE_CHECKING:  # the LM task imports transformers: only when a language model is distilled
+    from lightning_bpd.tasks.lm import LMDataModule
+    from lightning_bpd.tasks.lm.self_distill import Prefix
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd distill", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="teacher checkpoint (a translation or super-resolution run)")
+    p.add_argument("--ckpt", required=True, help="teacher checkpoint (a translation, super-resolution or language-model "
+                   "run; a folder of LM heads)")
     p.add_argument("--data-root", default=None, help="folder of the gold corpus (translation: required; "
-                   "super-resolution: default the checkpoint's own data)")
+                   "super-resolution and language model: default the checkpoint's own data)")
     p.add_argument("--out", required=True, help="output data folder")
     p.add_argument("--prefix", default="train", help="split to distill (default: train)")
     p.add_argument("--copy", nargs="*", default=["val", "test", "test_2016_flickr"],
@@ -57,7 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", type=int, default=1, help="processes, one device each (CUDA when available)")
     p.add_argument("--limit", type=int, default=None,
                    help="super-resolution: distill only the first N training faces (train the heads on them with "
-                        "--data.init_args.limits.train=N); a CPU budget sees fewer faces than the 4,560 anyway")
+                        "--data.init_args.limits.train=N); a CPU budget sees fewer faces than the 4,560 anyway; "
+                        "language model: N prefixes, evenly spaced over the training files")
+    p.add_argument("--prompt-tokens", type=int, default=64,
+                   help="language model: at most this many tokens (whole lines) per training prefix")
+    p.add_argument("--new-tokens", type=int, default=64, help="language model: tokens generated after each prefix")
+    p.add_argument("--suffixes", nargs="+", default=None,
+                   help="language model: only the data files with these suffixes (default: the run's data.suffixes)")
+    p.add_argument("--decoder", choices=("exact", "greedy"), default="exact",
+                   help="language model: exact blockwise decoding with the heads (greedy's output in fewer model "
+                        "calls; greedy for k = 1) or greedy")
     return p
 
 
@@ -159,15 +185,125 @@ def distill_superres(module, args: argparse.Namespace) -> None:
           f"--data.init_args.distilled={out}", file=sys.stderr)
 
 
+def lm_data(module, args: argparse.Namespace) -> LMDataModule:
+    """The data module of the LM checkpoint's run (its root, split and suffixes), ``--data-root`` the root if given,
+    read with the checkpoint's own tokenizer; ``--prompt-tokens`` its prefixes' budget."""
+    from lightning_bpd.tasks.lm import LMDataModule
+
+    hp = {}
+    if Path(args.ckpt).is_file():
+        hp = torch.load(args.ckpt, map_location="cpu", weights_only=False).get("datamodule_hyper_parameters") or {}
+    root = args.data_root if args.data_root is not None else hp.get("root")
+    if root is None:
+        sys.exit(f"distill: {args.ckpt} names no training data (a folder of heads): give --data-root")
+    own = module.hparams.get("own")  # our own base: its tokenizer directory
+    tokenizer = module.hparams.pretrained if own is None else own["tokenizer"]
+    data = LMDataModule(root=root, tokenizer_path=tokenizer, prompt_tokens=args.prompt_tokens,
+                        suffixes=args.suffixes or hp.get("suffixes"), val_fraction=hp.get("val_fraction", 0.05),
+                        test_fraction=hp.get("test_fraction", 0.05))
+    data.check_data("fit")  # train and val (a run validates on the copies of val)
+    return data
+
+
+def lm_method(module, args: argparse.Namespace) -> str:
+    return "greedy" if args.decoder == "greedy" or module.model.k == 1 else "exact"
+
+
+def check_lm_args(module, args: argparse.Namespace) -> None:
+    """Greedy targets, the training split, and room in the model's context for a prefix and its continuation."""
+    if args.beam != 1:
+        sys.exit("distill: a language model's targets are its own greedy continuations: use --beam 1")
+    if args.prefix != "train":
+        sys.exit("distill: a language model is distilled on its training split: leave --prefix out")
+    positions, model = module.model.n_positions, module.model
+    margin = model.k if model.k > 1 else 0  # the proposals a verify pass holds past the last new token
+    if positions is not None and args.prompt_tokens + args.new_tokens + margin > positions:
+        sys.exit(f"distill: --prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens}"
+                 f"{f' + k = {margin}' if margin else ''} exceeds the model's context ({positions} positions)")
+
+
+def run_lm_rank(rank: int, world: int, args: argparse.Namespace, prefixes: list[Prefix]) -> None:
+    """Continue the prefixes of every unfinished shard i with i % world == rank."""
+    from lightning_bpd.tasks.lm import self_distill as sd
+
+    device = f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and world > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    module = load_model(args.ckpt, device)
+    runtime = build_runtime(module.model, InferenceOptions())
+    method = make_method(lm_method(module, args), parse_criterion, runtime)
+    out = Path(args.out)
+    todo = [i for i in range(sd.n_shards(len(prefixes), args.shard_size))
+            if i % world == rank and not sd.shard_path(out, i).is_file()]
+    for i in todo:
+        chunk = prefixes[i * args.shard_size : (i + 1) * args.shard_size]
+        texts, run = sd.continue_prefixes(module, runtime, method, [p.text for p in chunk], args.new_tokens,
+                                          args.batch_size)
+        sd.write_shard(out, i, chunk, texts, run, tag=str(rank))
+        print(f"rank {rank}: shard {i} done ({len(chunk)} prefixes, {run.tokens} tokens, {run.model_calls} calls, "
+              f"{run.tokens / max(run.seconds, 1e-9):.1f} tokens/s)", file=sys.stderr, flush=True)
+
+
+def distill_lm(module, args: argparse.Namespace) -> None:
+    """Self-distil a language model on its training prefixes (:mod:`lightning_bpd.tasks.lm.self_distill`)."""
+    from lightning_bpd.tasks.lm import self_distill as sd
+
+    check_lm_args(module, args)
+    data = lm_data(module, args)
+    prefixes, windows = sd.training_prefixes(data, module.model.pad_id, args.limit)
+    if not prefixes:
+        sys.exit(f"distill: the training split of {data.root} has no prefix within --prompt-tokens "
+                 f"{args.prompt_tokens}")
+    out = Path(args.out).resolve()
+    root = data.root.resolve()
+    if out == root or root in out.parents or out in root.parents:
+        sys.exit(f"distill: --out {args.out} overlaps the data folder {data.root}: give a folder outside it")
+    plan = sd.plan_of(prefixes, ckpt=str(Path(args.ckpt).resolve()), data_root=str(root),
+                      prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, shard_size=args.shard_size,
+                      limit=args.limit)
+    sd.check_plan(out, plan)
+    (out / "shards").mkdir(exist_ok=True)
+    world = int(os.environ.get("WORLD_SIZE", args.devices))
+    if "WORLD_SIZE" in os.environ:  # torchrun: this process is one rank; rank 0 merges when every shard is there
+        run_lm_rank(int(os.environ.get("RANK", "0")), world, args, prefixes)
+        if int(os.environ.get("RANK", "0")) != 0:
+            return
+    elif world > 1:
+        torch.multiprocessing.spawn(run_lm_rank, args=(world, args, prefixes), nprocs=world, join=True)
+    else:
+        run_lm_rank(0, 1, args, prefixes)
+    missing = [i for i in range(sd.n_shards(len(prefixes), args.shard_size)) if not sd.shard_path(out, i).is_file()]
+    if missing:
+        sys.exit(f"distill: shards {missing[:10]} are not finished yet (other ranks still running?): run again")
+    continuations, totals = sd.read_shards(out, prefixes, args.shard_size)
+    split_root = {s: data.root / s if (data.root / "train").is_dir() else data.root for s in ("val", "test")}
+    files = sd.write_folder(out, prefixes, continuations, {s: data.files[s] for s in ("val", "test")}, split_root)
+    record = {**plan, "decoder": lm_method(module, args), "k": module.model.k, **windows,
+              "source_files": len(data.split_texts("train").names), "files": files, **totals,
+              "mean_accepted_block_size": totals["tokens"] / max(1, totals["iterations"]),
+              "tokens_per_second": totals["tokens"] / max(totals["seconds"], 1e-9),
+              "threads": torch.get_num_threads(), "device": "cuda" if torch.cuda.is_available() else "cpu"}
+    (out / sd.RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"distilled {len(prefixes)} prefixes of {record['source_files']} training files of {data.root} into "
+          f"{out} ({totals['tokens']} tokens, {totals['model_calls']} model calls, {totals['seconds']:.1f} s); train "
+          f"on them with --data.init_args.root={out}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    if min(args.beam, args.batch_size, args.shard_size, args.devices,
+    if min(args.beam, args.batch_size, args.shard_size, args.devices, args.prompt_tokens, args.new_tokens,
            1 if args.limit is None else args.limit) < 1 or args.alpha < 0:
-        sys.exit("distill: --beam, --batch-size, --shard-size, --devices and --limit must be >= 1, --alpha >= 0")
+        sys.exit("distill: --beam, --batch-size, --shard-size, --devices, --prompt-tokens, --new-tokens and --limit "
+                 "must be >= 1, --alpha >= 0")
     try:
         module = load_model(args.ckpt)  # fail early on a bad checkpoint, before spawning anything
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"distill: {err}")
+    if hasattr(module, "encode_prompts"):  # a language model (LMModule)
+        try:
+            return distill_lm(module, args)
+        except (ValueError, FileNotFoundError) as err:  # the data, a started run of other settings: one line
+            sys.exit(f"distill: {err}")
     if type(module).__name__ == "SuperResolutionModule":
         if torch.cuda.is_available():  # one process, one device (--devices 1)
             module = module.to("cuda")

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_bpd.tasks import STAGE_SPLITS
 from lightning_bpd.tasks.eval_sampler import UnrepeatedSampler
 from lightning_bpd.tasks.lm.files import SplitTexts, read_split, split_files
+from lightning_bpd.tasks.lm.line_windows import line_spans
 from lightning_bpd.tasks.resumable import ResumableLoader, ShuffledSampler
 
 HF_PREFIX = "hf:"
@@ -189,17 +190,9 @@ class LMDataModule(pl.LightningDataModule):
             return []
         counts = [len(ids) for ids in self.tokenizer(lines, add_special_tokens=False)["input_ids"]]
         budget = self.prompt_tokens - len(self.tokenizer("", add_special_tokens=True)["input_ids"])
-        out, start = [], 0
-        while start < len(lines):
-            end, used = start, 0
-            while end < len(lines) and used + counts[end] <= budget:
-                used += counts[end]
-                end += 1
-            if end == start:  # a line longer than the budget: no window starts here
-                start += 1
-                continue
+        out = []
+        for start, end in line_spans(counts, budget, gap=self.reference_lines):
             prompt, reference = "".join(lines[start:end]), "".join(lines[end : end + self.reference_lines])
             if prompt.strip() and reference.strip():
                 out.append((prompt, reference))
-            start = end + self.reference_lines
         return out
