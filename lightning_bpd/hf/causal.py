@@ -17,8 +17,12 @@ layers, final norm) with ``position_ids`` at each row's own positions, a 4-D mas
 prompt's pads hidden, sliding windows where the config has them) and a cache object of ours
 (:class:`PromptStepCache`) through which every attention layer writes its keys and values into our per-row
 :class:`~lightning_bpd.nn.kv_cache.KVCache` (as many heads as the layers' keys: grouped- or multi-query
-attention as the layers do it) and reads the prompt's before them. Nothing here is family-specific, so a family whose attention layers call
-``cache.update`` and whose base model takes ``position_ids`` and a 4-D mask is exact without new code.
+attention as the layers do it) and reads them back behind the prompt's: the first step writes the prompt's keys and
+values into the cache's prompt region (:meth:`~lightning_bpd.nn.kv_cache.KVCache.put_prefix`), ahead of the decoded
+positions, so every step reads one view of one buffer. Nothing here is family-specific, so a family whose attention
+layers call ``cache.update`` and whose base model takes ``position_ids`` and a 4-D mask is exact without new code.
+A runtime's snapshot of a Llama-family base (Llama, Qwen2/3, Mistral) runs the same step through
+:class:`~lightning_bpd.hf.lean_causal.LeanCausal` instead: the same ops from the layers' weights, bitwise the same.
 :meth:`HFCausalBlockwise.decode_full` is the reference: the base's own uncached forward over each row alone, its
 prompt followed by its decoder inputs, no padding.
 
@@ -43,6 +47,7 @@ from lightning_bpd.hf.base import ATTENTION, as_mask
 from lightning_bpd.hf.causal_heads import CausalHeads
 from lightning_bpd.hf.checkpoint_dir import load_weights, read_config
 from lightning_bpd.hf.generation_rules import ids, rules_from_config
+from lightning_bpd.hf.lean_causal import LeanCausal, lean_family
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead
 from lightning_bpd.nn.kv_cache import KVCache
@@ -89,17 +94,16 @@ class PrefillCache:
 
 class PromptStepCache:
     """What the attention layers call during a decode step: ``update`` writes the new keys and values
-    (B, Hkv, T, Dh) at each row's own cache ``slots`` (B, T) and returns the prompt's followed by the cache's slots
-    0..stop-1 (B, Hkv, P + stop, Dh)."""
+    (B, Hkv, T, Dh) at each row's own cache ``slots`` (B, T) and returns the cache's prompt region followed by its
+    slots 0..stop-1 (B, Hkv, P + stop, Dh): one view of the buffer the prompt was written into once."""
 
-    def __init__(self, kv: KVCache, slots: Tensor, stop: int, prompt: list[tuple[Tensor, Tensor]]) -> None:
-        self.cache, self.slots, self.stop, self.prompt = kv, slots, stop, prompt
+    def __init__(self, kv: KVCache, slots: Tensor, stop: int) -> None:
+        self.cache, self.slots, self.stop = kv, slots, stop
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
         self.cache.write(layer_idx, self.slots, key_states.transpose(1, 2), value_states.transpose(1, 2))
-        keys, values = self.cache.view(layer_idx, self.stop)  # (B, S', Hkv, Dh)
-        pk, pv = self.prompt[layer_idx]
-        return torch.cat([pk, keys.transpose(1, 2)], dim=2), torch.cat([pv, values.transpose(1, 2)], dim=2)
+        keys, values = self.cache.view_with_prefix(layer_idx, self.stop)  # (B, P + S', Hkv, Dh)
+        return keys.transpose(1, 2), values.transpose(1, 2)
 
 
 def windows(config) -> dict[str, int | None]:
@@ -177,6 +181,8 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
         self.vocab_size = weight.shape[0]
         self.draft_vocab = None
         self.frozen = frozen
+        self.lean = False  # a runtime's lean steps: decode steps through LeanCausal (the Llama family)
+        self._lean: LeanCausal | None = None
         if frozen:
             base.requires_grad_(False)
 
@@ -250,8 +256,7 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
     def run(self, tokens: Tensor, positions: Tensor, seen: dict[str, Tensor], cache: object) -> Tensor:
         """The base's own forward over ``tokens`` (B, T) at ``positions`` (B, T), each layer type's queries seeing
         the keys ``seen[type]`` (B, T, S), through ``cache`` -> the last hidden states (B, T, D)."""
-        dtype = self.base.get_output_embeddings().weight.dtype
-        masks = {t: as_mask(s[:, None], dtype, self.attention) for t, s in seen.items()}  # (B, 1, T, S)
+        masks = self.masks(seen)
         mask = masks if len(masks) > 1 else next(iter(masks.values()))
         try:
             out = self.trunk(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
@@ -261,6 +266,11 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
             raise ValueError(f"{self.base.config.model_type}: its model asks the cache for more than update() "
                              f"({err}): not supported (positions or ALiBi biases derived from the cache)") from None
         return out.last_hidden_state
+
+    def masks(self, seen: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Each layer type's boolean ``seen`` (B, T, S) as the attention implementation takes it (B, 1, T, S)."""
+        dtype = self.base.get_output_embeddings().weight.dtype
+        return {t: as_mask(s[:, None], dtype, self.attention) for t, s in seen.items()}
 
     # ---- decoder ------------------------------------------------------------------------------------------------
     def new_cache(self, batch_size: int, capacity: int, extra_slots: int = 0) -> KVCache:
@@ -299,6 +309,8 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
         """The cache slots (B, n_new) the next inputs take and the slots a query may read (a host int); raises
         where the cache or the model's context has no room for them."""
         cache.check_room(n_new)
+        if not cache.prefix:  # the first step: the prompt's keys and values go into the cache's prompt region, once
+            cache.put_prefix([k.transpose(1, 2) for k, _ in context.kv], [v.transpose(1, 2) for _, v in context.kv])
         stop = min(cache.length_bounds()[1] + n_new, cache.capacity)  # a static cache: every slot
         if self.n_positions is not None and context.longest - 1 + stop > self.n_positions:
             raise ValueError(f"prompt ({context.longest} tokens) plus the tokens decoded exceed the model's context "
@@ -313,9 +325,29 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
         vis = visible if visible.dim() == 3 else visible[:, None, :]
         seen = {t: torch.cat([allowed_keys(q_pos, context.key_positions, context.attend[:, None, :], w),
                               allowed_keys(q_pos, k_pos, vis, w)], dim=2) for t, w in self.windows.items()}
-        h = self.run(tokens, q_pos, seen, PromptStepCache(cache, slots, stop, context.kv))  # seen: (B, T, P + S')
+        if self.runs_lean():  # the same ops, fewer calls
+            h = self.lean_trunk()(tokens, q_pos, self.masks(seen), cache, slots, stop, self.products.linear)
+        else:
+            h = self.run(tokens, q_pos, seen, PromptStepCache(cache, slots, stop))  # seen: (B, T, P + S')
         cache.advance(tokens.shape[1])
         return h
+
+    def use_lean_steps(self, on: bool) -> None:
+        """A runtime's snapshot of a Llama-family base runs its decode steps lean
+        (:class:`~lightning_bpd.hf.lean_causal.LeanCausal`); other families keep the modules."""
+        self.lean = on and lean_family(self.base)
+
+    def runs_lean(self) -> bool:
+        """Whether a decode step runs lean: a runtime's snapshot (``lean``), inference, no gradients."""
+        return self.lean and not torch.is_grad_enabled() and not self.base.training
+
+    def lean_trunk(self) -> LeanCausal:
+        """The base's layers as one :class:`~lightning_bpd.hf.lean_causal.LeanCausal` (listed on first use: a
+        runtime's snapshot, whose parameters do not change; listed again where a copy of the snapshot holds other
+        parameters)."""
+        if self._lean is None or not self._lean.lists(self.trunk):
+            self._lean = LeanCausal(self.trunk, self.attention, typed="" not in self.windows)
+        return self._lean
 
     def decode_full(self, tgt_in: Tensor, context: CausalContext) -> Tensor:
         """Uncached, the reference: the base's own forward over each row alone (no padding), its prompt followed by

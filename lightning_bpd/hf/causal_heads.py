@@ -20,7 +20,8 @@ from lightning_bpd.nn.products import FLOAT, Products
 
 class CausalHeads(RuntimeParts):
     """Mixed into an ``nn.Module`` with ``base``, ``head``, ``k``, ``chained_heads`` and ``vocab_size``: the
-    :class:`~lightning_bpd.decoding.runtime_parts.RuntimeParts` of a causal base (no lean step yet)."""
+    :class:`~lightning_bpd.decoding.runtime_parts.RuntimeParts` of a causal base (the lean step is the
+    adapter's: :meth:`HFCausalBlockwise.use_lean_steps`)."""
 
     products: Products = FLOAT  # how p_1 and the proposals multiply (a runtime gives its snapshot its own)
     prior = None  # RuntimeParts: p_1 is a plain vocabulary projection, no intensity prior
@@ -76,9 +77,6 @@ class CausalHeads(RuntimeParts):
         state -> (that state, that state as the output layer reads it: the same)."""
         z = step(z if dtype is None else z.to(dtype))
         return z, z
-
-    def use_lean_steps(self, on: bool) -> None:
-        """No lean step for causal bases yet: the base's own modules run either way."""
 
     def use_draft_vocab(self, ids: Tensor) -> None:
         """Let the heads propose only these token ids (:mod:`lightning_bpd.nn.draft_vocab`); decoding only."""

@@ -31,7 +31,8 @@ def products_bytes(products: Any) -> int:
     if isinstance(products, WideProducts):
         return sum(copy_size(wide) for _, wide in products.wide.values())
     if isinstance(products, CopiedProducts):
-        return sum(copy_size(entry[-1]) for book in (products.copies, products.made) for entry in book.values())
+        return (sum(copy_size(entry[-1]) for book in (products.copies, products.made) for entry in book.values())
+                + sum(copy_size(view) for view in products.views.values()))
     return 0  # plain products copy nothing
 
 

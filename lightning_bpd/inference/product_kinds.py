@@ -79,12 +79,15 @@ class CopiedProducts(WideAttention):
     multiplies (:meth:`multiply`)."""
 
     lean_encoder = True
-    MAX_MADE = 64  # copies of tensors that are not the model's own (made per call) kept, keyed by the tensor
+    MAX_MADE = 64  # copies of tensors that are not the model's own (made per call) kept, keyed by the tensor (and of
+    # views of its own, keyed by their place)
     needs = "a CPU build of torch"  # what a subclass's kernel needs, for the error when it is missing
 
     def __init__(self) -> None:
         self.copies: dict[int, tuple[Tensor, Tensor | None, object]] = {}  # id(weight) -> (weight, bias, copy)
         self.made: dict[int, tuple[Tensor, Tensor | None, object]] = {}  # the same for others, made when first met
+        self.prepared: dict[int, Tensor] = {}  # id -> every prepared weight and bias (whose views are kept by place)
+        self.views: dict[tuple, object] = {}  # a view's place in prepared tensors (view_key) -> its copy
 
     def available(self) -> bool:
         return True
@@ -111,20 +114,44 @@ class CopiedProducts(WideAttention):
         for weight, bias in pairs:
             if weight.dtype == torch.float32:
                 self.copies[id(weight)] = (weight, bias, self.copy(weight, bias))
+                self.prepared.update({id(t): t for t in (weight, bias) if t is not None})
         return self
 
     def copy_of(self, weight: Tensor, bias: Tensor | None) -> object:
         """The copy of a prepared (weight, bias) pair, or of another pair (a draft vocabulary's rows, a projection
-        made per call) made now and kept while its tensors are (at most ``MAX_MADE`` pairs)."""
+        made per call) made now and kept while its tensors are (at most ``MAX_MADE`` pairs). A view of prepared
+        weights (a slice of the paper head's rows, made anew at every call) is kept by where it lies in them, so it
+        is copied once, not at every call."""
         for book in (self.copies, self.made):
             hit = book.get(id(weight))
             if hit is not None and hit[0] is weight and hit[1] is bias:
                 return hit[2]
-        if len(self.made) >= self.MAX_MADE:
-            self.made.clear()
+        place = self.view_key(weight, bias)
+        if place is not None and place in self.views:
+            return self.views[place]
+        kept: dict = self.views if place is not None else self.made
+        if len(kept) >= self.MAX_MADE:
+            kept.clear()
         made = self.copy(weight, bias)
-        self.made[id(weight)] = (weight, bias, made)
+        if place is not None:
+            self.views[place] = made
+        else:
+            self.made[id(weight)] = (weight, bias, made)
         return made
+
+    def view_key(self, weight: Tensor, bias: Tensor | None) -> tuple | None:
+        """Where ``weight`` and ``bias`` lie in prepared weights (the prepared base tensors stay alive in
+        ``copies``, so their ids are theirs), or None if either is not a view of one."""
+        key: list = []
+        for t in (weight, bias):
+            if t is None:
+                key.append(None)
+                continue
+            base = t._base
+            if base is None or id(base) not in self.prepared or self.prepared[id(base)] is not base:
+                return None
+            key.append((id(base), t.storage_offset(), tuple(t.shape), t.stride()))
+        return tuple(key)
 
     def active(self, x: Tensor) -> bool:
         return x.dtype == torch.float32 and x.device.type == "cpu" and inference(x)

@@ -8,8 +8,9 @@ is the prefill: every layer's keys and values of each prompt (:class:`PromptCont
 all *but the last* prompt token's. The loop's start token is a placeholder: wherever a row's input sits at slot 0 of
 the decode cache, :meth:`CausalTransformer.decode_step` feeds that row's own last prompt token, at its own position
 (prompt length - 1). The decode cache thus holds the last prompt token and the generated ones (the loop's
-``1 + max_len + k`` fits as it is) and per-row rollback is its crop. Each cached layer attends over the prompt's keys
-followed by the cache's. :meth:`CausalTransformer.decode_full` is the reference: the uncached stack over each row
+``1 + max_len + k`` fits as it is) and per-row rollback is its crop. The first step writes the prompt's keys and
+values into the cache's prompt region (:meth:`~lightning_bpd.nn.kv_cache.KVCache.put_prefix`), so each cached layer
+attends over one view of the cache: the prompt, then the decoded positions. :meth:`CausalTransformer.decode_full` is the reference: the uncached stack over each row
 alone, its prompt followed by its decoder inputs, no padding. Torch only.
 """
 
@@ -151,12 +152,12 @@ class CausalTransformer(BlockwiseTransformer):
         cache slots 0..stop-1 where ``seen`` (B, T, S') -> hidden (B, T, D); appends T positions to the cache."""
         x = self.embed_tgt(tokens, q_pos, limit=context.longest - 1 + stop)
         prompt = context.attend[:, None, :].expand(-1, tokens.shape[1], -1)  # (B, T, P)
+        if not cache.prefix:  # the first step: the prompt's keys and values go into the cache's prompt region, once
+            cache.put_prefix([k for k, _ in context.kv], [v for _, v in context.kv])
 
         def keys_of(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
             cache.write(i, slots, k, v)
-            held_k, held_v = cache.view(i, stop)  # (B, S', H, Dh)
-            prompt_k, prompt_v = context.kv[i]  # (B, P, H, Dh)
-            return torch.cat([prompt_k, held_k], dim=1), torch.cat([prompt_v, held_v], dim=1)
+            return cache.view_with_prefix(i, stop)  # (B, P + S', H, Dh): the prompt, then the decoded positions
 
         h = self.layers_pass(x, torch.cat([prompt, seen], dim=2), keys_of)
         cache.advance(tokens.shape[1])

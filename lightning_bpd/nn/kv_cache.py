@@ -17,6 +17,11 @@ appends and loose after a ``select``, so that sizing a step (room left, the span
 see) needs no device-to-host copy; a crop that is not told the new bounds forgets them, and they are
 read back from the device the next time they are needed.
 
+A cache may hold a fixed *prefix* ahead of its positions (:meth:`KVCache.put_prefix`: a decoder-only model's
+prompt, written once): slots ``0 .. prefix - 1`` of every row hold it, position p lives in slot ``prefix + p``,
+and :meth:`KVCache.view_with_prefix` reads the prefix and the positions as one span (no per-step concatenation).
+Lengths, crops and rollback count positions only; the prefix never moves.
+
 A *static* cache (:meth:`KVCache.make_static`, for fixed-shape decoding and CUDA graphs) has no
 host-side bounds at all: every call reads all slots under a mask built from ``lengths`` on the device,
 crops update ``lengths`` in place, and the decode loop, not the cache, guarantees the room.
@@ -57,6 +62,7 @@ class KVCache:
         self.bounds: tuple[int, int] | None = (0, 0)  # host-side (min, max) of lengths; None: unknown
         self.static = False  # fixed shapes: every slot read, lengths only changed in place
         self.tokens: Tensor | None = None  # (B, capacity) decoder inputs by position, for models that read them
+        self.prefix = 0  # slots before position 0 holding a fixed prefix (put_prefix)
 
     @property
     def lengths(self) -> Tensor:
@@ -116,15 +122,31 @@ class KVCache:
         if longest > self.capacity:
             raise RuntimeError(f"KV cache overflow: a row needs {longest} positions, capacity is {self.capacity}")
 
+    def put_prefix(self, keys: list[Tensor], values: list[Tensor]) -> None:
+        """Hold ``keys`` / ``values`` (per layer (B, P, H, Dh)) as every row's fixed prefix, ahead of position 0:
+        the buffers grow by P slots once (positions already written keep their place after it). Once per cache;
+        not with a ring."""
+        if self.prefix:
+            raise RuntimeError("this KV cache already holds a prefix")
+        if self.ring:
+            raise ValueError("a ring KV cache (a local window) holds no prefix")
+        width = keys[0].shape[1]
+        shape = (self.k.shape[0], self.k.shape[1], width + self.k.shape[2], *self.k.shape[3:])
+        k, v = self.k.new_empty(shape), self.v.new_empty(shape)  # (L, B, P + S, H, Dh)
+        k[:, :, width:], v[:, :, width:] = self.k, self.v
+        for layer, (pk, pv) in enumerate(zip(keys, values)):
+            k[layer, :, :width], v[layer, :, :width] = pk, pv
+        self.k, self.v, self.prefix = k, v, width
+
     def write(self, layer: int, positions: Tensor, k: Tensor, v: Tensor) -> None:
         """Store new keys/values ``(B, T, H, Dh)`` of ``layer`` at ``positions`` (B, T)."""
         if self.ring is None and not self.static and self.bounds is not None and self.bounds[0] == self.bounds[1]:
-            start = self.bounds[0]  # every row holds this many positions: the new ones are one slice
+            start = self.prefix + self.bounds[0]  # every row holds this many positions: the new ones are one slice
             self.k[layer, :, start : start + k.shape[1]] = k
             self.v[layer, :, start : start + k.shape[1]] = v
             return
         rows = torch.arange(positions.shape[0], device=positions.device)[:, None]  # (B, 1)
-        slots = positions % self.ring if self.ring else positions
+        slots = positions % self.ring if self.ring else positions + self.prefix
         self.k[layer, rows, slots] = k
         self.v[layer, rows, slots] = v
 
@@ -136,7 +158,12 @@ class KVCache:
 
     def view(self, layer: int, stop: int, start: int = 0) -> tuple[Tensor, Tensor]:
         """Keys and values of ``layer`` for positions ``start .. stop - 1``: (B, S', H, Dh) each."""
-        return self.k[layer, :, start:stop], self.v[layer, :, start:stop]
+        first, last = self.prefix + start, self.prefix + stop
+        return self.k[layer, :, first:last], self.v[layer, :, first:last]
+
+    def view_with_prefix(self, layer: int, stop: int) -> tuple[Tensor, Tensor]:
+        """Keys and values of ``layer`` for the prefix and positions ``0 .. stop - 1``: (B, prefix + stop, H, Dh)."""
+        return self.k[layer, :, : self.prefix + stop], self.v[layer, :, : self.prefix + stop]
 
     def advance(self, n_new: int) -> None:
         """Commit ``n_new`` written positions in every row (after all layers wrote them)."""
@@ -167,10 +194,10 @@ class KVCache:
         ``bounds`` as for :meth:`crop`. A plain cache only (no ring, not static)."""
         if self.ring or self.static:
             raise ValueError("keep_path takes a plain KV cache (not a ring of a local window, not static)")
-        start = self.lengths - width  # (B,): each row's prefix
+        start = self.lengths - width  # (B,): each row's committed positions
         rows = torch.arange(nodes.shape[0], device=nodes.device)[:, None]  # (B, 1)
-        dst = start[:, None] + torch.arange(nodes.shape[1], device=nodes.device)  # (B, m)
-        src = start[:, None] + nodes  # (B, m)
+        dst = self.prefix + start[:, None] + torch.arange(nodes.shape[1], device=nodes.device)  # (B, m) slots
+        src = self.prefix + start[:, None] + nodes  # (B, m) slots
         self.k[:, rows, dst] = self.k[:, rows, src]  # (L, B, m, H, Dh): read in full before written
         self.v[:, rows, dst] = self.v[:, rows, src]
         self.crop(start + kept, bounds, check=False)

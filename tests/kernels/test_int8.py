@@ -77,6 +77,22 @@ def test_int8_products_pack_at_build_time_and_take_float32_inference_only():
     assert not torch.equal(plain, eight)
 
 
+def test_a_view_of_prepared_weights_is_copied_once_where_it_lies():
+    """The paper head multiplies by a slice of its rows made anew at every call: copied once, by its place in the
+    prepared weight; the same slice of another weight, or another slice, gets its own copy."""
+    lin = torch.nn.Linear(64, 30)
+    products = Int8Products().prepare(lin)
+    first = products.copy_of(lin.weight[10:20], lin.bias[10:20])
+    assert products.copy_of(lin.weight[10:20], lin.bias[10:20]) is first  # a new view object, the same place
+    assert products.copy_of(lin.weight[10:21], lin.bias[10:21]) is not first
+    x = rows_of_many_scales(8)
+    with torch.no_grad():
+        want = int8.RowInt8(lin.weight[10:20], lin.bias[10:20])(x)
+        assert torch.equal(products.linear(x, lin.weight[10:20], lin.bias[10:20]), want)
+    other = torch.randn(30, 64)  # not prepared: its views are made per call, as any other tensor
+    assert products.view_key(other[10:20], None) is None
+
+
 @pytest.mark.parametrize("head_type", ["paper", "chained_attn"])
 def test_exact_equals_int8_greedy_by_construction(head_type):
     model = float32_model(3, head_type)

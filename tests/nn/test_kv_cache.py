@@ -55,3 +55,34 @@ def test_writes_land_at_each_rows_positions_whatever_the_path(bounds):
     cache.write(0, cache.positions(2), k, -k)
     assert torch.equal(cache.k[0, :, 3:5], k) and torch.equal(cache.v[0, :, 3:5], -k)
     assert torch.equal(cache.k[0, :, :3], torch.ones(2, 3, 1, 2)) and not cache.k[0, :, 5:].any()
+
+
+@pytest.mark.parametrize("bounds", [(2, 2), None], ids=["equal-lengths-slice", "unknown-bounds-index"])
+def test_a_prefix_sits_ahead_of_position_zero(bounds):
+    """A prefix (a prompt) written once ahead of the positions: writes, views, crops and a tree's kept path count
+    positions as before, and view_with_prefix reads the prefix and the positions as one span."""
+    prefix = [torch.full((2, 3, 1, 2), 100.0 + layer) for layer in range(2)]
+    plain, cache = KVCache(2, 2, 8, 1, 2), KVCache(2, 2, 8, 1, 2)
+    first = torch.arange(8.0).view(2, 2, 1, 2)
+    for c in (plain, cache):
+        c.write(1, c.positions(2), first, -first)
+        c.advance(2)
+    cache.put_prefix(prefix, [-p for p in prefix])  # after two positions: they keep their place after it
+    assert cache.prefix == 3 and cache.k.shape[2] == 3 + 8
+    for c in (plain, cache):
+        c.crop(torch.tensor([2, 2]), bounds=bounds, check=False)
+        k = torch.arange(12.0).view(2, 3, 1, 2) + 10
+        c.write(1, c.positions(3), k, -k)
+        c.advance(3)
+        c.keep_path(torch.tensor([[0, 2], [1, 2]]), torch.tensor([2, 1]), width=3)  # a tree's accepted nodes
+    assert cache.lengths.tolist() == plain.lengths.tolist() == [4, 3]
+    assert torch.equal(cache.view(1, 5)[0], plain.view(1, 5)[0]) and torch.equal(cache.view(1, 5)[1], plain.view(1, 5)[1])
+    keys, values = cache.view_with_prefix(1, 5)  # (B, 3 + 5, H, Dh)
+    assert torch.equal(keys[:, :3], prefix[1]) and torch.equal(values[:, :3], -prefix[1])
+    assert torch.equal(keys[:, 3:], plain.view(1, 5)[0])
+    cache.select(torch.tensor([1]))
+    assert torch.equal(cache.view_with_prefix(0, 1)[0][0, :3], prefix[0][1])
+    with pytest.raises(RuntimeError, match="already"):
+        cache.put_prefix(prefix, prefix)
+    with pytest.raises(ValueError, match="ring"):
+        KVCache(1, 2, 8, 1, 2, ring=4).put_prefix(prefix, prefix)

@@ -1,0 +1,172 @@
+"""A Llama-family decoder step (Llama, Qwen2, Qwen3, Mistral) from the layers' weights, without the modules around them.
+
+:meth:`HFCausalBlockwise.step <lightning_bpd.hf.causal.HFCausalBlockwise.step>` runs the base model's own forward,
+which is the reference. At batch 1 on a CPU part of such a step is the code around its products: the decoder
+layer's and the attention module's calls, kwargs plumbing, the mask and cache protocols and the attention-interface
+lookup. :class:`LeanCausal` runs the same products (through the runtime's ``products``, as the layers' own
+``ProductLinear`` do), RMSNorms, rotary embedding, activation and attention kernel in the same order from the
+weights listed once, and writes the keys and values into the same :class:`~lightning_bpd.nn.kv_cache.KVCache`
+(the prompt region and the decoded positions read as one view). Attention is taken as transformers' ``sdpa`` and
+``eager`` functions take it, grouped-query attention included (one query: the query heads packed onto their key
+heads; several: the keys repeated per query head), so the hidden states are bitwise the modules' (tested in
+``tests/hf/test_lean_causal.py``). Other families keep the modules (:func:`lean_family`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lightning_bpd.nn.kv_cache import KVCache
+
+Affine = tuple[Tensor, Tensor | None]  # weight (out, in), bias
+RMS = tuple[Tensor, float]  # RMSNorm weight, eps
+Linear = Callable[[Tensor, Tensor, Tensor | None], Tensor]
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")  # RMSNorm, rotary positions, (grouped-query) attention, gated MLP
+
+
+@dataclass(frozen=True)
+class LlamaLayer:
+    """One decoder layer's tensors (the parameters themselves) and its mask's layer type ('' for one mask)."""
+
+    input_norm: RMS
+    q: Affine
+    k: Affine
+    v: Affine
+    q_norm: RMS | None  # Qwen3: RMSNorm of each query / key head
+    k_norm: RMS | None
+    o: Affine
+    post_norm: RMS
+    gate: Affine
+    up: Affine
+    down: Affine
+    activation: Callable[[Tensor], Tensor]
+    layer_type: str
+
+
+def affine(linear: nn.Linear) -> Affine:
+    return linear.weight, linear.bias
+
+
+def rms(norm: nn.Module | None) -> RMS | None:
+    return None if norm is None else (norm.weight, float(norm.variance_epsilon))
+
+
+def rms_norm(x: Tensor, n: RMS) -> Tensor:
+    """transformers' Llama RMSNorm: in float32, back to x's dtype, then the weight."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + n[1])
+    return n[0] * h.to(dtype)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding of x (B, T, H, Dh) at cos, sin (B, T, Dh): ``apply_rotary_pos_emb``'s arithmetic."""
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    half = x.shape[-1] // 2
+    return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+
+
+def repeat_kv(x: Tensor, groups: int) -> Tensor:
+    """(B, Hkv, S, Dh) -> (B, Hkv * groups, S, Dh), each key head repeated for its query heads."""
+    if groups == 1:
+        return x
+    b, h, s, d = x.shape
+    return x[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, groups: int, scaling: float, sdpa: bool) -> Tensor:
+    """Queries (B, H, T, Dh) over keys and values (B, Hkv, S, Dh) under ``mask`` (B, 1, T, S) -> (B, T, H * Dh), as
+    transformers' ``sdpa_attention_forward`` (one query: packed onto the key heads) or ``eager_attention_forward``
+    computes it."""
+    b, heads, t, dh = q.shape
+    if not sdpa:
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+        scores = torch.matmul(q, k.transpose(2, 3)) * scaling + mask
+        out = torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+        return out.transpose(1, 2).reshape(b, t, -1)
+    if groups > 1 and t == 1:
+        q = q.reshape(b, heads // groups, groups, dh)  # the mask (B, 1, 1, S) is every head's
+    elif groups > 1:
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+    return out.reshape(b, -1, t, dh).transpose(1, 2).reshape(b, t, -1)
+
+
+def lean_family(base: nn.Module) -> bool:
+    """Whether ``base`` (a transformers causal LM) is one :class:`LeanCausal` runs exactly: a family in
+    :data:`FAMILIES` whose layers are the modules it reads (RMSNorm, q/k/v/o, gate/up/down)."""
+    config = base.config
+    if config.model_type not in FAMILIES or getattr(config, "pretraining_tp", 1) != 1:
+        return False
+    trunk = base.base_model
+    layers = getattr(trunk, "layers", None)
+    if layers is None or not all(hasattr(trunk, a) for a in ("embed_tokens", "rotary_emb", "norm")):
+        return False
+    return all(hasattr(layer, "self_attn") and hasattr(layer, "mlp") and hasattr(layer.mlp, "gate_proj")
+               and hasattr(layer.input_layernorm, "variance_epsilon") for layer in layers)
+
+
+def lean_layer(layer: nn.Module, layer_type: str) -> LlamaLayer:
+    attn, mlp = layer.self_attn, layer.mlp
+    return LlamaLayer(rms(layer.input_layernorm), affine(attn.q_proj), affine(attn.k_proj), affine(attn.v_proj),
+                      rms(getattr(attn, "q_norm", None)), rms(getattr(attn, "k_norm", None)), affine(attn.o_proj),
+                      rms(layer.post_attention_layernorm), affine(mlp.gate_proj), affine(mlp.up_proj),
+                      affine(mlp.down_proj), mlp.act_fn, layer_type)
+
+
+class LeanCausal:
+    """The layers of a Llama-family trunk (``base.base_model``) as one function of (inputs, positions, masks,
+    cache). ``implementation``: the base's attention (``sdpa``: boolean masks; ``eager``: additive float masks);
+    ``typed``: the masks come by layer type (the config's ``layer_types``), else one mask for every layer."""
+
+    def __init__(self, trunk: nn.Module, implementation: str, typed: bool) -> None:
+        config = trunk.config
+        types = list(config.layer_types) if typed else [""] * config.num_hidden_layers
+        self.trunk = trunk
+        self.layers = [lean_layer(layer, types[i]) for i, layer in enumerate(trunk.layers)]
+        attn = trunk.layers[0].self_attn
+        self.head_dim, self.groups, self.scaling = attn.head_dim, attn.num_key_value_groups, float(attn.scaling)
+        self.sdpa = implementation == "sdpa"
+
+    def lists(self, trunk: nn.Module) -> bool:
+        """Whether these are ``trunk``'s own tensors (its first and last layers' first and last weights)."""
+        first, last = trunk.layers[0], trunk.layers[-1]
+        return (self.trunk is trunk and self.layers[0].q[0] is first.self_attn.q_proj.weight
+                and self.layers[-1].down[0] is last.mlp.down_proj.weight)
+
+    def __call__(self, tokens: Tensor, positions: Tensor, masks: dict[str, Tensor], cache: KVCache, slots: Tensor,
+                 stop: int, linear: Linear) -> Tensor:
+        """Inputs (B, T) at ``positions`` (B, T) -> the final-norm hidden states (B, T, D), writing each layer's keys
+        and values at the cache ``slots`` (B, T) and reading its prompt region and slots 0..stop-1 under
+        ``masks[layer type]`` (B, 1, T, P + stop) as :func:`~lightning_bpd.hf.step_cache.as_mask` makes them.
+        ``linear``: the runtime's products."""
+        x = self.trunk.embed_tokens(tokens)  # (B, T, D)
+        cos, sin = self.trunk.rotary_emb(x, position_ids=positions)  # (B, T, Dh) each
+        for i, w in enumerate(self.layers):
+            x = self.layer(x, i, w, cos, sin, masks[w.layer_type], cache, slots, stop, linear)
+        return self.trunk.norm(x)
+
+    def layer(self, x: Tensor, i: int, w: LlamaLayer, cos: Tensor, sin: Tensor, mask: Tensor, cache: KVCache,
+              slots: Tensor, stop: int, linear: Linear) -> Tensor:
+        """Decoder layer ``i`` (its tensors ``w``) on x (B, T, D)."""
+        b, t = x.shape[0], x.shape[1]
+        h = rms_norm(x, w.input_norm)
+        q = linear(h, *w.q).view(b, t, -1, self.head_dim)  # (B, T, H, Dh)
+        k = linear(h, *w.k).view(b, t, -1, self.head_dim)  # (B, T, Hkv, Dh)
+        v = linear(h, *w.v).view(b, t, -1, self.head_dim)
+        if w.q_norm is not None and w.k_norm is not None:
+            q, k = rms_norm(q, w.q_norm), rms_norm(k, w.k_norm)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        cache.write(i, slots, k, v)
+        keys, values = cache.view_with_prefix(i, stop)  # (B, P + S', Hkv, Dh)
+        a = attend(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask, self.groups, self.scaling,
+                   self.sdpa)
+        x = x + linear(a, *w.o)
+        h = rms_norm(x, w.post_norm)
+        return x + linear(w.activation(linear(h, *w.gate)) * linear(h, *w.up), *w.down)
