@@ -136,7 +136,7 @@ def test_the_summary_reads_the_key_numbers_of_test_and_bench_records():
 
 def test_errors_are_one_line(repo, tmp_path):
     runs = ["--runs", str(tmp_path / "runs")]
-    assert "unknown recipe 'nope' (available: celeba-table2, celeba-table2-chained, celeba-table2-neighbours, code-lm, multi30k-hf-marian, multi30k-k8," in one_line_error(["nope"])
+    assert "unknown recipe 'nope' (available: celeba-table2, celeba-table2-chained, celeba-table2-neighbours, code-lm, code-lm-mtp, multi30k-hf-marian, multi30k-k8," in one_line_error(["nope"])
     assert "has no stage 'bogus' (stages: base, distill, frozen" in one_line_error(
         ["multi30k-k8", *runs, "--set", "bogus.trainer.max_steps=1"])
     assert "expected <stage>.<option>=<value>" in one_line_error(["multi30k-k8", *runs, "--set", "frozen=1"])
