@@ -40,7 +40,7 @@ from lightning_bpd.inference.arguments import (
 )
 from lightning_bpd.inference.memory import measured_build
 from lightning_bpd.records import device_name, write_json
-from lightning_bpd.tree_budget import budget_trees
+from lightning_bpd.tree_budget import budget_trees, tree_nodes_arg
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,10 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trees", nargs="+", default=None,
                    help="also time each criterion of the model's heads verifying these trees of candidates "
                         "(Medusa-format paths such as '0;1;0,0;0,1', or 'path:D'): methods <criterion>+tree<nodes>")
-    p.add_argument("--tree-nodes", type=int, nargs="+", default=None,
+    p.add_argument("--tree-nodes", type=tree_nodes_arg, nargs="+", default=None,
                    help="also time each criterion of the model's heads verifying the tree of N nodes built from their "
                         "rank agreement table (stored with them, else measured on the inputs first): methods "
-                        "<criterion>+nodes<N>; 0 = the single path")
+                        "<criterion>+nodes<N>; 0 = the single path; auto (auto:M): the budget up to 64 (M) that pays "
+                        "on this machine, timed at the smallest batch size (<criterion>+nodes-auto)")
     p.add_argument("--lazy-verify", action="store_true",
                    help="verify prefix rules position by position (fewer projections, a host read per position)")
     p.add_argument("--fixed-shape", action="store_true",
@@ -183,9 +184,11 @@ def main(argv: list[str] | None = None) -> dict:
             draft = build_runtime(load_model(args.draft, args.device).model, InferenceOptions(precision=args.precision))
         inputs = load_inputs(module, args)
         trees = {f"tree{tree.size - 1}": tree for tree in map(parse_tree, args.trees or [])}
+        choices: dict = {}  # --tree-nodes auto's choices
         if args.tree_nodes and args.k is not None and len(args.k) > 1:
             raise ValueError("--tree-nodes decodes at one k: give at most one --k")
-        trees.update(budget_trees(module, runtime, inputs, args.tree_nodes, args.k[0] if args.k else None, "bench"))
+        trees.update(budget_trees(module, runtime, inputs, args.tree_nodes, args.k[0] if args.k else None, "bench",
+                                  min(args.batch_sizes), choices))
         order, methods = build_methods(module, runtime, args.criteria, args.k, draft, args.lazy_verify, trees)
         peers = Peers.build(args.peers, module)
     except (ValueError, FileNotFoundError) as err:
@@ -197,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
               "precision": runtime.precision, "proposal_precision": args.proposal_precision,
               "stop_below": args.stop_below, "fused_chain": not args.unfused_chain,
               "screened_argmax": args.screened_argmax, "lean_steps": not args.reference_steps, "trees": args.trees,
-              "tree_nodes": args.tree_nodes, "memory": memory, "batch_sizes": {}}
+              "tree_nodes": args.tree_nodes, "tree_nodes_auto": choices, "memory": memory, "batch_sizes": {}}
     if peers is not None:
         result["peers"] = {**peers.info, "batch_sizes": {}}
     print(f"device: {result['device_name']}; ms/call = wall-clock per decoder call (a greedy step or a blockwise "
