@@ -43,3 +43,36 @@ def test_auto_on_a_causal_base_equals_generate(head_type):
     model = HFCausalBlockwise(base, k=4, head_type=head_type)
     causal.scramble_head(model, std=0.05)
     check_auto(model, src, causal.hf_greedy(base, src), causal.MAX_LEN)
+
+
+# ---- dynamic trees (EAGLE-2) on the Hugging Face bases ----------------------------------------------------------------
+@pytest.mark.parametrize("family", ["marian", "t5"])
+def test_dynamic_trees_on_a_seq2seq_base_equal_generate_and_the_reference(family):
+    from lightning_bpd.decoding.dynamic_reference import dynamic_tree_reference
+    from lightning_bpd.decoding.dynamic_tree import DynamicTree
+
+    base, model, src = model_for(family, "all", "chained_attn")
+    spec = DynamicTree(8, 3, 3)
+    fast = blockwise_decode(model, src, Exact(), MAX_LEN, tree=spec)
+    assert fast.sequences() == hf_greedy(base, src, MAX_LEN)
+    slow = dynamic_tree_reference(model, src, Exact(), MAX_LEN, spec)
+    assert torch.equal(fast.tokens, slow.tokens) and fast.block_sizes == slow.block_sizes
+    runtime = build_runtime(model, InferenceOptions())  # lean steps on the BART family
+    assert blockwise_decode(runtime, src, Exact(), MAX_LEN, tree=spec).sequences() == fast.sequences()
+
+
+@pytest.mark.parametrize("family, extra", [("llama", {}), ("gpt2", {}), ("mistral", {"sliding_window": 4})])
+@pytest.mark.parametrize("head_type", ["paper", "chained"])
+def test_dynamic_trees_on_a_causal_base_equal_generate_and_the_reference(family, extra, head_type):
+    from lightning_bpd.decoding.dynamic_reference import dynamic_tree_reference
+    from lightning_bpd.decoding.dynamic_tree import DynamicTree
+
+    base, src = causal.tiny_lm(family, **extra), causal.prompts()
+    causal.pick_eos(base, src)
+    model = HFCausalBlockwise(base, k=4, head_type=head_type)
+    causal.scramble_head(model, std=0.05)
+    spec = DynamicTree(8, 3, 3)
+    fast = blockwise_decode(model, src, Exact(), causal.MAX_LEN, tree=spec)
+    assert fast.sequences() == causal.hf_greedy(base, src)
+    slow = dynamic_tree_reference(model, src, Exact(), causal.MAX_LEN, spec)
+    assert torch.equal(fast.tokens, slow.tokens) and fast.block_sizes == slow.block_sizes
