@@ -28,6 +28,7 @@ import torch
 
 from lightning_bpd.benchmarks.ctranslate2_peer import Peers
 from lightning_bpd.checkpoints import load_model
+from lightning_bpd.decoding.dynamic_tree import DynamicTree
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 from lightning_bpd.decoding.tree import Tree, parse_tree
 from lightning_bpd.evaluation import batched, load_inputs, run_batch
@@ -62,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_draft_vocab_args(p)
     p.add_argument("--trees", nargs="+", default=None,
                    help="also time each criterion of the model's heads verifying these trees of candidates "
-                        "(Medusa-format paths such as '0;1;0,0;0,1', or 'path:D'): methods <criterion>+tree<nodes>")
+                        "(Medusa-format paths such as '0;1;0,0;0,1', or 'path:D'): methods <criterion>+tree<nodes>; "
+                        "'dynamic:N:D[:W]': EAGLE-2's dynamic tree of N nodes, D deep, W wide (exact only): "
+                        "exact+dynamic<N>x<D>x<W>")
     p.add_argument("--tree-nodes", type=tree_nodes_arg, nargs="+", default=None,
                    help="also time each criterion of the model's heads verifying the tree of N nodes built from their "
                         "rank agreement table (stored with them, else measured on the inputs first): methods "
@@ -84,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_methods(module, runtime: Runtime, specs: list[str], ks: list[int] | None, draft, lazy: bool = False,
-                  trees: dict[str, Tree | None] | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
+                  trees: dict[str, Tree | DynamicTree | None] | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
     """The methods to time, baselines first: ``(order, methods)``. With several ``ks`` every method
     runs at each k and is named ``<spec>@k<k>``; with ``trees`` (a name -> a tree, None: the single path) every
     method of the model's own heads (deterministic or sampling) also verifies each tree, named ``<spec>+<name>``."""
@@ -101,11 +104,20 @@ def build_methods(module, runtime: Runtime, specs: list[str], ks: list[int] | No
         methods = {f"{spec}@k{k}": make(spec, k) for k in ks for spec in specs}
     for name, tree in (trees or {}).items():
         for spec in specs:
+            if isinstance(tree, DynamicTree) and spec.strip() != "exact":
+                continue  # a dynamic tree verifies exactly only
             method = make(spec, ks[0] if ks and len(ks) == 1 else None, tree)
             if method.tree is not None or (tree is None and method.criterion is not None and method.draft is None
                                            and not method.is_sampling):
                 methods[f"{spec}+{name}"] = method
     return with_baselines(list(methods), methods, make), methods
+
+
+def tree_name(tree: Tree | DynamicTree) -> str:
+    """``tree<nodes>``, or ``dynamic<nodes>x<depth>x<width>`` for a dynamic tree."""
+    if isinstance(tree, DynamicTree):
+        return f"dynamic{tree.nodes}x{tree.depth}x{tree.width}"
+    return f"tree{tree.size - 1}"
 
 
 def bench_batch_size(module, runtime: Runtime, inputs: list[torch.Tensor], batch_size: int, order: list[str],
@@ -183,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.draft:
             draft = build_runtime(load_model(args.draft, args.device).model, InferenceOptions(precision=args.precision))
         inputs = load_inputs(module, args)
-        trees = {f"tree{tree.size - 1}": tree for tree in map(parse_tree, args.trees or [])}
+        trees = {tree_name(tree): tree for tree in map(parse_tree, args.trees or [])}
         choices: dict = {}  # --tree-nodes auto's choices
         if args.tree_nodes and args.k is not None and len(args.k) > 1:
             raise ValueError("--tree-nodes decodes at one k: give at most one --k")

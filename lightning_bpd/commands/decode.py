@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree", default=None,
                    help="verify a tree of candidates per iteration (exact, topN, epsX, sample_tX with the model's heads): paths of "
                         "head ranks in Medusa's format, e.g. '0;1;0,0;0,1' (the first and second choice of head 2, then "
-                        "head 3's first two after the first), or 'path:D' (the single path D heads deep)")
+                        "head 3's first two after the first), 'path:D' (the single path D heads deep), or "
+                        "'dynamic:N:D[:W]' (exact: EAGLE-2's dynamic tree, per sentence and iteration the N nodes of "
+                        "highest confidence under the heads, D deep, each node's W best children competing)")
     p.add_argument("--tree-nodes", type=tree_nodes_arg, default=None,
                    help="verify the tree of N candidate nodes of highest expected gain, built from the head rank "
                         "agreement table stored with the heads (measured while fitting); 0 = the single path; auto "

@@ -22,9 +22,13 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from lightning_bpd.decoding.dynamic_tree import DynamicTree
 
 Path = tuple[int, ...]
 
@@ -200,13 +204,23 @@ def budget_limit(depth: int, width: int) -> int:
     return sum(width**d for d in range(1, depth + 1))
 
 
-def parse_tree(text: str) -> Tree:
-    """A tree from the command line: ``"0;1;0,0;0,1"`` (paths separated by ``;``, ranks by ``,``), or
-    ``"path:D"`` for :meth:`Tree.path` of depth D. One clear error line on anything else."""
+def parse_tree(text: str) -> Tree | DynamicTree:
+    """A tree from the command line: ``"0;1;0,0;0,1"`` (paths separated by ``;``, ranks by ``,``), ``"path:D"`` for
+    :meth:`Tree.path` of depth D, or ``"dynamic:N:D[:W]"`` for a
+    :class:`~lightning_bpd.decoding.dynamic_tree.DynamicTree` of N nodes, D deep, W wide (default 4). One clear error
+    line on anything else."""
     text = text.strip()
     try:
         if text.startswith("path:"):
             return Tree.path(int(text[5:]))
+        if text.startswith("dynamic:"):
+            from lightning_bpd.decoding.dynamic_tree import DynamicTree  # it builds on this module
+
+            numbers = [int(v) for v in text[8:].split(":")]
+            if len(numbers) not in (2, 3):
+                raise ValueError("a dynamic tree is dynamic:N:D or dynamic:N:D:W")
+            return DynamicTree(*numbers)
         return Tree.from_paths([tuple(int(r) for r in part.split(",")) for part in text.split(";") if part.strip()])
     except ValueError as err:
-        raise ValueError(f"--tree {text!r}: {err} (write paths of ranks like '0;1;0,0;0,1', or 'path:3')") from None
+        raise ValueError(f"--tree {text!r}: {err} (write paths of ranks like '0;1;0,0;0,1', 'path:3', or "
+                         "'dynamic:16:3' for 16 nodes 3 deep)") from None

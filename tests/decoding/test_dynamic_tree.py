@@ -109,3 +109,21 @@ def test_a_runtime_decodes_dynamic_trees_exactly(options):
 def test_dynamic_trees_that_cannot_decode_raise_one_clear_line(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_a_named_method_and_the_command_line_take_a_dynamic_tree():
+    from lightning_bpd.decoding import parse_criterion, parse_tree
+    from lightning_bpd.decoding.methods import make_method
+
+    assert parse_tree("dynamic:16:3") == DynamicTree(16, 3, 4) and parse_tree(" dynamic:8:2:3") == DynamicTree(8, 2, 3)
+    for bad, message in [("dynamic:16", "a dynamic tree is dynamic:N:D or dynamic:N:D:W"), ("dynamic:a:2", "invalid"),
+                         ("dynamic:9:2:2", "at most 6 nodes")]:
+        with pytest.raises(ValueError, match=rf"^--tree '{bad}': .*{message}"):
+            parse_tree(bad)
+    model = tree_model("paper", seed=6)
+    src = random_sources(3, seed=6)
+    method = make_method("exact", parse_criterion, model, tree=DynamicTree(6, 3, 2))
+    assert method.block_size(model) == 4
+    assert method(model, src, MAX_LEN).sequences() == greedy_decode(model, src, MAX_LEN).sequences()
+    with pytest.raises(ValueError, match="^dynamic trees take exact acceptance, not top2$"):
+        make_method("top2", parse_criterion, model, tree=DynamicTree(6, 3, 2))
