@@ -7,10 +7,16 @@ sources serve: :class:`~lightning_bpd.callbacks.decode_eval.DecodeEval` measures
 while fitting and the module keeps it (``rank_agreement``), which its checkpoint stores (``head_rank_agreement``)
 and ``save_heads`` writes to ``heads.json``; ``bench`` and ``bench-generate`` measure it on their inputs where a
 checkpoint has none. ``decode --tree-nodes N`` then builds the tree without data. N = 0 is today's single path.
+
+``--tree-nodes auto`` (or ``auto:M``, budgets up to M; ``auto`` is ``auto:64``) picks the budget that pays on this
+machine (:mod:`~lightning_bpd.decoding.tree_cost`): a few iterations of trees 2, 4, 8, ... wide are timed against
+greedy's step on the first batch of the run's inputs, once per runtime (kept in ``Runtime.measurements``), and the
+budget of most expected accepted tokens per unit of cost wins; the choice and the cost curve are reported.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -20,10 +26,32 @@ from torch import Tensor
 
 from lightning_bpd.decoding import Tree, greedy_decode, head_rank_agreement
 from lightning_bpd.decoding.tree import budget_limit
-from lightning_bpd.evaluation import EvalBatch, batched
+from lightning_bpd.decoding.tree_cost import CostCurve, TreeChoice, choose_nodes, measure_pass_costs, measured_widths
+from lightning_bpd.evaluation import EvalBatch, batched, pad_rows
 
 RANKS = 8  # ranks measured per head: trees up to 8 children wide
 KEY = "head_rank_agreement"  # where a checkpoint and heads.json keep the table
+AUTO_MAX = 64  # the largest budget --tree-nodes auto weighs (Medusa's largest tree)
+TreeNodes = int | str  # a budget, or "auto" / "auto:M"
+
+
+def tree_nodes_arg(text: str) -> TreeNodes:
+    """``--tree-nodes``'s argparse type: an integer (range-checked by :func:`budget_tree`), ``auto`` or ``auto:M``
+    (M >= 1)."""
+    text = text.strip()
+    if text == "auto" or text.startswith("auto:"):
+        if text != "auto" and not (text[5:].isdigit() and int(text[5:]) >= 1):
+            raise argparse.ArgumentTypeError(f"auto:M takes an integer M >= 1 (the largest budget), got {text!r}")
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a node budget (an integer >= 0), auto or auto:M, got {text!r}") from None
+
+
+def auto_limit(spec: str) -> int:
+    """The largest budget ``auto`` (``AUTO_MAX``) or ``auto:M`` (M) weighs."""
+    return AUTO_MAX if spec == "auto" else int(spec[5:])
 
 
 @torch.no_grad()
@@ -83,11 +111,39 @@ def budget_tree(n_nodes: int, table: Tensor | None, k: int, option: str = "--tre
     return Tree.from_budget(n_nodes, rows)
 
 
-def budget_trees(module: Any, model: Any, inputs: list[Tensor], budgets: list[int] | None, k: int | None,
-                 who: str) -> dict[str, Tree | None]:
+def auto_tree(model: Any, table: Tensor | None, k: int, src: Tensor, spec: str = "auto",
+              repeats: int = 5) -> tuple[Tree | None, TreeChoice]:
+    """``--tree-nodes auto``: the tree (None: the single path) of the budget in 1..M (or the single path) of most
+    expected accepted tokens per unit of iteration cost, the costs timed on ``model`` (a runtime, or the module's
+    model) at the batch ``src`` (B, S); and the choice. The cost curve is measured once per runtime and batch shape
+    (kept in its ``measurements``). ValueError, in one line, as :func:`budget_tree`."""
+    if k < 2:
+        raise ValueError(f"--tree-nodes {spec}: a tree needs k >= 2 heads, decoding with k={k}")
+    if table is None:
+        raise ValueError(f"--tree-nodes {spec}: no head rank agreement table is stored with these heads (fit measures "
+                         "one on its validation decode subset; bench and bench-generate measure one on their inputs)")
+    rows = table[: k - 1]
+    n_max = min(auto_limit(spec), budget_limit(*rows.shape))
+    widths = measured_widths(n_max, path_width=k)
+    key = ("tree_cost", k, tuple(src.shape), tuple(widths), tuple(map(tuple, rows.tolist())))
+    memo = getattr(model, "measurements", None)  # a runtime's: measured once per run
+    memo = memo if isinstance(memo, dict) else {}
+    if key not in memo:
+        trees = [Tree.from_budget(w - 1, rows) for w in widths]
+        costs = measure_pass_costs(model, src, [*trees, Tree.path(k - 1)], repeats)
+        memo[key] = (CostCurve((1, *widths), (1.0, *costs[:-1])), costs[-1])
+    curve, path_cost = memo[key]
+    choice = choose_nodes(rows, curve, n_max, path_cost)
+    return (None if choice.nodes == 0 else Tree.from_budget(choice.nodes, rows)), choice
+
+
+def budget_trees(module: Any, model: Any, inputs: list[Tensor], budgets: list[TreeNodes] | None, k: int | None,
+                 who: str, batch_size: int = 1, choices: dict[str, Any] | None = None) -> dict[str, Tree | None]:
     """``nodes<N>``: the tree of each budget N for ``module``'s heads decoding with ``k`` of them (None: all), from
     the table stored with them, or measured with ``model`` (the module's model or a runtime of it) on the single-row
-    ``inputs`` (batches of 32) first where none is (said on stderr, after ``who``)."""
+    ``inputs`` (batches of 32) first where none is (said on stderr, after ``who``). ``nodes-auto`` (``nodes-auto:M``)
+    for ``auto`` (``auto:M``): :func:`auto_tree` timed on the first ``batch_size`` inputs; its choice goes to stderr
+    and, as a record, into ``choices``."""
     if not budgets:
         return {}
     k = module.model.k if k is None else k
@@ -95,4 +151,14 @@ def budget_trees(module: Any, model: Any, inputs: list[Tensor], budgets: list[in
     if table is None and k > 1 and any(budgets):
         table = measure_rank_agreement(model, batched(module, inputs, 32))
         print(f"{who}: the heads store no rank agreement table: measured on the {len(inputs)} inputs", file=sys.stderr)
-    return {f"nodes{n}": budget_tree(n, table, k) for n in budgets}
+    out: dict[str, Tree | None] = {}
+    for n in budgets:
+        if isinstance(n, str):
+            src = pad_rows(inputs[:batch_size], module.model.pad_id)
+            out[f"nodes-{n}"], choice = auto_tree(model, table, k, src, n)
+            print(f"{who}: {choice.summary()} (timed at batch {src.shape[0]})", file=sys.stderr)
+            if choices is not None:
+                choices[f"nodes-{n}"] = {**choice.as_record(), "batch": src.shape[0]}
+        else:
+            out[f"nodes{n}"] = budget_tree(n, table, k)
+    return out

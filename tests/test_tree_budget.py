@@ -71,3 +71,52 @@ def test_records_round_trip_and_malformed_ones_are_one_line():
         with pytest.raises(ValueError, match="^heads.json: head_rank_agreement must be"):
             from_record(bad, "heads.json")
 
+
+
+def test_tree_nodes_takes_integers_auto_and_auto_m():
+    import argparse
+
+    from lightning_bpd.tree_budget import auto_limit, tree_nodes_arg
+
+    assert tree_nodes_arg("12") == 12 and tree_nodes_arg("-1") == -1  # range-checked by budget_tree, one line
+    assert tree_nodes_arg("auto") == "auto" and auto_limit("auto") == 64
+    assert tree_nodes_arg("auto:8") == "auto:8" and auto_limit("auto:8") == 8
+    for bad, message in [("auto:0", "^auto:M takes an integer M >= 1"), ("auto:x", "^auto:M takes"),
+                         ("many", "^a node budget")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            tree_nodes_arg(bad)
+
+
+def test_auto_is_measured_once_per_runtime_and_reported(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    import lightning_bpd.tree_budget as tb
+    from lightning_bpd.inference import InferenceOptions, build_runtime
+
+    model = random_model(k=4, seed=3)
+    src = random_sources(4, seed=3)
+    table = measure_rank_agreement(model, [EvalBatch(src, 14)])
+    runtime = build_runtime(model, InferenceOptions())
+    module = SimpleNamespace(model=model, rank_agreement=table)
+    calls = []
+
+    def stub(model, src, trees, repeats=5):  # a pass costs 1 + 0.1 per extra token; the single path no less
+        calls.append([t.size for t in trees])
+        return [1 + 0.1 * (t.size - 1) for t in trees]
+
+    monkeypatch.setattr(tb, "measure_pass_costs", stub)
+    choices: dict = {}
+    for _ in range(2):
+        trees = tb.budget_trees(module, runtime, list(src.split(1)), ["auto:12", 4], None, "bench", 2, choices)
+    assert calls == [[2, 4, 8, 13, 4]]  # the curve's widths, then the single path's; once per runtime
+    assert list(trees) == ["nodes-auto:12", "nodes4"]
+    record = choices["nodes-auto:12"]
+    assert record["batch"] == 2 and record["cost_per_width"] == {"1": 1.0, "2": 1.1, "4": 1.3, "8": 1.7, "13": 2.2}
+    best = max(record["predicted_speedup_per_budget"].items(), key=lambda kv: kv[1])
+    assert record["nodes"] == int(best[0]) and trees["nodes-auto:12"] == (
+        None if record["nodes"] == 0 else Tree.from_budget(record["nodes"], table[:3]))
+    assert "bench: tree-nodes auto: " in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^--tree-nodes auto: no head rank agreement table is stored"):
+        tb.auto_tree(runtime, None, 4, src)
+    with pytest.raises(ValueError, match=r"^--tree-nodes auto: a tree needs k >= 2 heads, decoding with k=1$"):
+        tb.auto_tree(runtime, table, 1, src)

@@ -28,6 +28,7 @@ import torch
 
 from lightning_bpd.benchmarks.ctranslate2_peer import Peers
 from lightning_bpd.checkpoints import load_model
+from lightning_bpd.decoding.dynamic_tree import DynamicTree
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 from lightning_bpd.decoding.tree import Tree, parse_tree
 from lightning_bpd.evaluation import batched, load_inputs, run_batch
@@ -40,7 +41,7 @@ from lightning_bpd.inference.arguments import (
 )
 from lightning_bpd.inference.memory import measured_build
 from lightning_bpd.records import device_name, write_json
-from lightning_bpd.tree_budget import budget_trees
+from lightning_bpd.tree_budget import budget_trees, tree_nodes_arg
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,11 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_draft_vocab_args(p)
     p.add_argument("--trees", nargs="+", default=None,
                    help="also time each criterion of the model's heads verifying these trees of candidates "
-                        "(Medusa-format paths such as '0;1;0,0;0,1', or 'path:D'): methods <criterion>+tree<nodes>")
-    p.add_argument("--tree-nodes", type=int, nargs="+", default=None,
+                        "(Medusa-format paths such as '0;1;0,0;0,1', or 'path:D'): methods <criterion>+tree<nodes>; "
+                        "'dynamic:N:D[:W]': EAGLE-2's dynamic tree of N nodes, D deep, W wide (exact only): "
+                        "exact+dynamic<N>x<D>x<W>")
+    p.add_argument("--tree-nodes", type=tree_nodes_arg, nargs="+", default=None,
                    help="also time each criterion of the model's heads verifying the tree of N nodes built from their "
                         "rank agreement table (stored with them, else measured on the inputs first): methods "
-                        "<criterion>+nodes<N>; 0 = the single path")
+                        "<criterion>+nodes<N>; 0 = the single path; auto (auto:M): the budget up to 64 (M) that pays "
+                        "on this machine, timed at the smallest batch size (<criterion>+nodes-auto)")
     p.add_argument("--lazy-verify", action="store_true",
                    help="verify prefix rules position by position (fewer projections, a host read per position)")
     p.add_argument("--fixed-shape", action="store_true",
@@ -83,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_methods(module, runtime: Runtime, specs: list[str], ks: list[int] | None, draft, lazy: bool = False,
-                  trees: dict[str, Tree | None] | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
+                  trees: dict[str, Tree | DynamicTree | None] | None = None) -> tuple[list[str], dict[str, DecodeMethod]]:
     """The methods to time, baselines first: ``(order, methods)``. With several ``ks`` every method
     runs at each k and is named ``<spec>@k<k>``; with ``trees`` (a name -> a tree, None: the single path) every
     method of the model's own heads (deterministic or sampling) also verifies each tree, named ``<spec>+<name>``."""
@@ -100,11 +104,20 @@ def build_methods(module, runtime: Runtime, specs: list[str], ks: list[int] | No
         methods = {f"{spec}@k{k}": make(spec, k) for k in ks for spec in specs}
     for name, tree in (trees or {}).items():
         for spec in specs:
+            if isinstance(tree, DynamicTree) and spec.strip() != "exact":
+                continue  # a dynamic tree verifies exactly only
             method = make(spec, ks[0] if ks and len(ks) == 1 else None, tree)
             if method.tree is not None or (tree is None and method.criterion is not None and method.draft is None
                                            and not method.is_sampling):
                 methods[f"{spec}+{name}"] = method
     return with_baselines(list(methods), methods, make), methods
+
+
+def tree_name(tree: Tree | DynamicTree) -> str:
+    """``tree<nodes>``, or ``dynamic<nodes>x<depth>x<width>`` for a dynamic tree."""
+    if isinstance(tree, DynamicTree):
+        return f"dynamic{tree.nodes}x{tree.depth}x{tree.width}"
+    return f"tree{tree.size - 1}"
 
 
 def bench_batch_size(module, runtime: Runtime, inputs: list[torch.Tensor], batch_size: int, order: list[str],
@@ -182,10 +195,12 @@ def main(argv: list[str] | None = None) -> dict:
         if args.draft:
             draft = build_runtime(load_model(args.draft, args.device).model, InferenceOptions(precision=args.precision))
         inputs = load_inputs(module, args)
-        trees = {f"tree{tree.size - 1}": tree for tree in map(parse_tree, args.trees or [])}
+        trees = {tree_name(tree): tree for tree in map(parse_tree, args.trees or [])}
+        choices: dict = {}  # --tree-nodes auto's choices
         if args.tree_nodes and args.k is not None and len(args.k) > 1:
             raise ValueError("--tree-nodes decodes at one k: give at most one --k")
-        trees.update(budget_trees(module, runtime, inputs, args.tree_nodes, args.k[0] if args.k else None, "bench"))
+        trees.update(budget_trees(module, runtime, inputs, args.tree_nodes, args.k[0] if args.k else None, "bench",
+                                  min(args.batch_sizes), choices))
         order, methods = build_methods(module, runtime, args.criteria, args.k, draft, args.lazy_verify, trees)
         peers = Peers.build(args.peers, module)
     except (ValueError, FileNotFoundError) as err:
@@ -197,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
               "precision": runtime.precision, "proposal_precision": args.proposal_precision,
               "stop_below": args.stop_below, "fused_chain": not args.unfused_chain,
               "screened_argmax": args.screened_argmax, "lean_steps": not args.reference_steps, "trees": args.trees,
-              "tree_nodes": args.tree_nodes, "memory": memory, "batch_sizes": {}}
+              "tree_nodes": args.tree_nodes, "tree_nodes_auto": choices, "memory": memory, "batch_sizes": {}}
     if peers is not None:
         result["peers"] = {**peers.info, "batch_sizes": {}}
     print(f"device: {result['device_name']}; ms/call = wall-clock per decoder call (a greedy step or a blockwise "

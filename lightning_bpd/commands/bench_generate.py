@@ -17,7 +17,8 @@ Three ways to decode the same sentences with the same checkpoint (a run of
 - ``exact``: our blockwise decoding with the heads and exact acceptance, through the inference runtime at
   ``--precision`` (default: as trained, float32);
 - ``exact+nodes<N>`` for each ``--tree-nodes N``: the same, verifying the tree of N nodes built from the heads'
-  rank agreement table (stored with them, else measured on the inputs first; 0 = the single path).
+  rank agreement table (stored with them, else measured on the inputs first; 0 = the single path); ``exact+nodes-auto``
+  for ``--tree-nodes auto``: the budget that pays here (its choice and cost curve in the record's ``tree_nodes_auto``).
 
 ``generate`` always runs the base as loaded (its own modules, float32 for a float32 checkpoint) with the checkpoint's
 own generation config (forced BOS/EOS, EOS ids, suppressed and banned tokens, minimum lengths: the rules our
@@ -68,7 +69,7 @@ from lightning_bpd.inference.arguments import (
     options_from_args,
 )
 from lightning_bpd.records import device_name, write_json
-from lightning_bpd.tree_budget import budget_trees
+from lightning_bpd.tree_budget import budget_trees, tree_nodes_arg
 
 GENERATE, LOOKUP, OURS = "hf_generate", "hf_prompt_lookup", "exact"
 METHODS = (GENERATE, LOOKUP, OURS)
@@ -86,8 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
     p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
     p.add_argument("--k", type=int, default=None, help="heads used by our exact decoding (default: all)")
-    p.add_argument("--tree-nodes", type=int, nargs="+", default=[],
-                   help="also decode exact with the tree of N nodes per budget (rows exact+nodes<N>)")
+    p.add_argument("--tree-nodes", type=tree_nodes_arg, nargs="+", default=[],
+                   help="also decode exact with the tree of N nodes per budget (rows exact+nodes<N>); auto (auto:M): "
+                        "the budget up to 64 (M) that pays on this machine, timed at the smallest batch size "
+                        "(row exact+nodes-auto)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="generate's prompt_lookup_num_tokens")
     p.add_argument("--max-matching-ngram", type=int, default=2, help="generate's max_matching_ngram_size")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -271,8 +274,10 @@ def main(argv: list[str] | None = None) -> dict:
         inputs = load_inputs(module, args)
         if not inputs:
             raise ValueError(f"{args.input}: no sentences")
+        choices: dict[str, Any] = {}  # --tree-nodes auto's choices
         trees = {f"{OURS}+{name}": tree
-                 for name, tree in budget_trees(module, runtime, inputs, args.tree_nodes, args.k, "hf_generate").items()}
+                 for name, tree in budget_trees(module, runtime, inputs, args.tree_nodes, args.k, "hf_generate",
+                                                min(args.batch_sizes), choices).items()}
     except (ValueError, TypeError, FileNotFoundError) as err:
         sys.exit(f"hf_generate: {str(err).strip().splitlines()[0]}")
     peers: list[CT2Translator] = []
@@ -283,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(inputs),
         "precision": runtime.precision, "options": runtime_options(options, args),
         "generate_dtype": str(next(module.model.base.parameters()).dtype),
-        "methods": [*METHODS, *trees], "tree_nodes": args.tree_nodes, "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
+        "methods": [*METHODS, *trees], "tree_nodes": args.tree_nodes, "tree_nodes_auto": choices, "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
         "max_matching_ngram_size": args.max_matching_ngram, "max_new_tokens": "the module's max_decode_len of each batch",
         "transformers_version": __import__("transformers").__version__, "batch_sizes": {}}
     if "ctranslate2" in args.peers:

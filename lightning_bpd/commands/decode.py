@@ -9,7 +9,8 @@ heads (``exact``, ``top2``, ``min2_top3``, ...); lossless speculative sampling w
 (``sample_t0.7_p0.9``) or plain ancestral sampling (``ancestral_t0.7_p0.9``); or any rule with a
 separate draft model proposing (``draft:exact``, ``draft:sample_t1`` with ``--draft CKPT``). ``--tree``
 verifies a tree of candidates instead of one block (``--tree '0;1;0,0'``); ``--tree-nodes N`` the tree of N nodes
-built from the heads' rank agreement table stored with them (Medusa's greedy tree; 0 = the single path). Sampling is seeded (``--seed``) and
+built from the heads' rank agreement table stored with them (Medusa's greedy tree; 0 = the single path), ``--tree-nodes
+auto`` the budget that pays on this machine (a few iterations timed on the first batch; the choice goes to stderr). Sampling is seeded (``--seed``) and
 reproducible. ``--max-new-tokens N`` caps every translation at N tokens, as ``generate(max_new_tokens=N)`` does (a
 checkpoint that forces EOS at the cap ends its capped rows with it); the default is the task's own cap
 (``max_len_a * source length + max_len_b``).
@@ -29,7 +30,7 @@ from lightning_bpd.decoding import parse_criterion, parse_tree
 from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.inference import build_runtime
 from lightning_bpd.inference.arguments import add_draft_vocab_args, add_precision_arg, options_from_args
-from lightning_bpd.tree_budget import budget_tree
+from lightning_bpd.tree_budget import auto_tree, budget_tree, tree_nodes_arg
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,10 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree", default=None,
                    help="verify a tree of candidates per iteration (exact, topN, epsX, sample_tX with the model's heads): paths of "
                         "head ranks in Medusa's format, e.g. '0;1;0,0;0,1' (the first and second choice of head 2, then "
-                        "head 3's first two after the first), or 'path:D' (the single path D heads deep)")
-    p.add_argument("--tree-nodes", type=int, default=None,
+                        "head 3's first two after the first), 'path:D' (the single path D heads deep), or "
+                        "'dynamic:N:D[:W]' (exact: EAGLE-2's dynamic tree, per sentence and iteration the N nodes of "
+                        "highest confidence under the heads, D deep, each node's W best children competing)")
+    p.add_argument("--tree-nodes", type=tree_nodes_arg, default=None,
                    help="verify the tree of N candidate nodes of highest expected gain, built from the head rank "
-                        "agreement table stored with the heads (measured while fitting); 0 = the single path")
+                        "agreement table stored with the heads (measured while fitting); 0 = the single path; auto "
+                        "(auto:M) = the budget up to 64 (M) of most expected tokens per unit of pass cost, timed here")
     p.add_argument("--draft", default=None, help="checkpoint of a draft model with the same vocabulary (for draft:<rule>)")
     p.add_argument("--seed", type=int, default=0, help="random seed of sampling methods")
     p.add_argument("--max-new-tokens", type=int, default=None,
@@ -81,6 +85,17 @@ def read_lm_input(module: Any, args: argparse.Namespace) -> list[str]:
     return [prompt for _, prompt in prompts]
 
 
+def decode_auto_tree(module: Any, runtime: Any, sentences: list[str], lm: bool, args: argparse.Namespace) -> Any:
+    """``--tree-nodes auto``: the tree that pays, timed on the first batch of the input; the choice to stderr."""
+    first = [s for s in sentences if lm or s.strip()][: args.batch_size]
+    if not first:
+        raise ValueError(f"--tree-nodes {args.tree_nodes} times trees on the input, which is empty")
+    src = module.encode_prompts(first) if lm else module.encode_sources(first)
+    tree, choice = auto_tree(runtime, module.rank_agreement, args.k or module.model.k, src, args.tree_nodes)
+    print(f"decode: {choice.summary()} (timed at batch {src.shape[0]})", file=sys.stderr)
+    return tree
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.batch_size < 1:
@@ -97,11 +112,13 @@ def main(argv: list[str] | None = None) -> None:
         options = options_from_args(args, module)
         runtime = build_runtime(module.model, options)
         draft = build_runtime(load_model(args.draft, args.device).model, options) if args.draft else None
+        sentences = read_lm_input(module, args) if lm else read_input(args.input)
         tree = parse_tree(args.tree) if args.tree is not None else None
-        if args.tree_nodes is not None:
+        if isinstance(args.tree_nodes, str):
+            tree = decode_auto_tree(module, runtime, sentences, lm, args)
+        elif args.tree_nodes is not None:
             tree = budget_tree(args.tree_nodes, module.rank_agreement, args.k or module.model.k)
         method = make_method(args.criterion, parse_criterion, runtime, args.k, draft, seed=args.seed, tree=tree)
-        sentences = read_lm_input(module, args) if lm else read_input(args.input)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"decode: {err}")
     from lightning_bpd.tasks.lm.jsonl import as_lines, complete

@@ -13,6 +13,7 @@ from lightning_bpd.decoding.criteria import (
     TopK,
     parse_criterion,
 )
+from lightning_bpd.decoding.dynamic_tree import DynamicTree
 from lightning_bpd.decoding.greedy import greedy_decode, greedy_decode_reference
 from lightning_bpd.decoding.protocol import DecodeResult
 from lightning_bpd.decoding.reference import blockwise_decode_reference
@@ -25,6 +26,7 @@ __all__ = [
     "Criterion",
     "DecodeResult",
     "Distance",
+    "DynamicTree",
     "Exact",
     "MinBlock",
     "SpeculativeSampling",

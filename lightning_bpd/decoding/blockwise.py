@@ -27,7 +27,7 @@ residual distribution as ``first``: that token opens the row's next block in pla
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -44,6 +44,9 @@ from lightning_bpd.decoding.protocol import (
 from lightning_bpd.decoding.row_book import RowBook
 from lightning_bpd.decoding.rules import RuleBook
 from lightning_bpd.decoding.tree import Tree
+
+if TYPE_CHECKING:
+    from lightning_bpd.decoding.dynamic_tree import DynamicTree
 
 
 def resolve_k(model: BlockwiseModel, k: int | None) -> int:
@@ -239,7 +242,7 @@ def blockwise_decode(
     k: int | None = None,
     lazy: bool = False,
     stop_below: float | None = None,
-    tree: Tree | None = None,
+    tree: Tree | DynamicTree | None = None,
 ) -> DecodeResult:
     """Decode ``src`` (B, S) with blockwise parallel decoding.
 
@@ -248,11 +251,18 @@ def blockwise_decode(
     finish at different times (EOS inside a block ends the row; nothing after it is emitted).
     ``lazy`` verifies prefix rules position by position (:func:`verify_lazily`). ``stop_below`` is the
     confidence stop of deterministic rules (:func:`propose`): blocks may be shorter than k. ``tree``: propose and
-    verify a tree of candidates instead (:func:`~lightning_bpd.decoding.tree_decode.tree_decode`).
+    verify a tree of candidates instead (:func:`~lightning_bpd.decoding.tree_decode.tree_decode`), or a dynamic tree
+    per row and iteration (:class:`~lightning_bpd.decoding.dynamic_tree.DynamicTree`, exact acceptance).
     """
     criterion = criterion if criterion is not None else Exact()
     if tree is not None:
-        from lightning_bpd.decoding.tree_decode import tree_decode  # it builds on this module
+        from lightning_bpd.decoding.dynamic_tree import DynamicTree, dynamic_tree_decode  # they build on this module
+        from lightning_bpd.decoding.tree_decode import tree_decode
+
+        if isinstance(tree, DynamicTree):
+            if lazy or stop_below is not None:
+                raise ValueError("tree decoding takes neither lazy verification nor a confidence stop (stop_below)")
+            return dynamic_tree_decode(model, src, criterion, max_len, tree, k)
         return tree_decode(model, src, criterion, max_len, tree, k, lazy=lazy, stop_below=stop_below)
     check_decode_args(model, src, max_len)
     k = resolve_k(model, k)

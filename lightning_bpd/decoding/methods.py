@@ -27,6 +27,7 @@ from lightning_bpd.decoding.beam import beam_search
 from lightning_bpd.decoding.blockwise import blockwise_decode, check_stop_below, resolve_k
 from lightning_bpd.decoding.criteria import Criterion, Exact, SpeculativeSampling
 from lightning_bpd.decoding.draft import check_draft_args, draft_decode
+from lightning_bpd.decoding.dynamic_tree import DynamicTree
 from lightning_bpd.decoding.greedy import greedy_decode
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult
 from lightning_bpd.decoding.sampling import check_sampling_args, new_generator, sample_decode
@@ -85,7 +86,8 @@ class DecodeMethod:
     alpha: float = 0.6
     fixed_shape: bool = False  # greedy / deterministic rules: fixed shapes, CUDA graphs on CUDA (decoding.static)
     stop_below: float | None = None  # deterministic rules: the confidence stop (blockwise.propose)
-    tree: Tree | None = None  # prefix rules and sampling: verify this tree of candidates (decoding.tree_decode)
+    tree: Tree | DynamicTree | None = None  # prefix rules and sampling: verify this tree of candidates (tree_decode);
+    # exact: a DynamicTree grows one per row and iteration (decoding.dynamic_tree)
 
     @property
     def is_baseline(self) -> bool:
@@ -144,7 +146,7 @@ def make_method(
     lazy: bool = False,
     fixed_shape: bool = False,
     stop_below: float | None = None,
-    tree: Tree | None = None,
+    tree: Tree | DynamicTree | None = None,
 ) -> DecodeMethod:
     """Build (and check) the method named ``spec`` for ``model``; raise ValueError saying what to fix.
 
@@ -157,8 +159,9 @@ def make_method(
     confidence stop of the deterministic rules with the model's own heads (:func:`~lightning_bpd.decoding.
     blockwise.propose`); other methods ignore it, so one value can apply to a whole list of methods. ``tree``
     (:class:`~lightning_bpd.decoding.tree.Tree`): the deterministic prefix rules and speculative sampling of the
-    model's own heads verify that tree of candidates (:func:`~lightning_bpd.decoding.tree_decode.tree_decode`);
-    other methods ignore it.
+    model's own heads verify that tree of candidates (:func:`~lightning_bpd.decoding.tree_decode.tree_decode`); a
+    :class:`~lightning_bpd.decoding.dynamic_tree.DynamicTree` grows one per row and iteration (exact only); other
+    methods ignore it.
     """
     s = spec.strip()
     method = build_method(s, make_criterion, model, k, draft, seed, lazy)

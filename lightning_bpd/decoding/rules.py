@@ -381,17 +381,19 @@ class RuleBook:
     def on_tree(self, book: Any, tokens: Tensor, depths: Tensor, paths: Tensor) -> Any:
         """p_1 at every node of a tree verify pass over ``tokens`` (b, N): node j (``depths`` (N,), root-to-node
         ``paths`` (N, depth + 1)) predicts the token after it, at generated index committed + depth_j + 1, after
-        the tokens of its own path."""
+        the tokens of its own path. A tree per row: ``depths`` (b, N), ``paths`` (b, N, depth + 1)."""
         lo, hi = book.length_bounds()
         if self.bound is None or not self.bound.touches(lo + 1, hi + 1 + int(depths.max())):
             return None
         index = book.committed()[:, None] + 1 + depths  # (b, N)
         tail = None
         if self.window:
-            w = self.window
-            at = depths[:, None] - (w - 1) + torch.arange(w, device=tokens.device)  # (N, w): depth along the path
-            slot = torch.where(at >= 0, w + paths.gather(1, at.clamp(min=0)), w + at)  # (N, w) into before ++ tokens
-            tail = torch.cat([book.tail(w, self.bos_id, self.start), tokens], dim=1)[:, slot]  # (b, N, w)
+            w, (b, n) = self.window, tokens.shape
+            depths, paths = depths.expand(b, n), paths.expand(b, n, paths.shape[-1])  # (b, N), (b, N, depth + 1)
+            at = depths[..., None] - (w - 1) + torch.arange(w, device=tokens.device)  # (b, N, w): depth along the path
+            slot = torch.where(at >= 0, w + paths.gather(2, at.clamp(min=0)), w + at)  # (b, N, w): before ++ tokens
+            every = torch.cat([book.tail(w, self.bos_id, self.start), tokens], dim=1)  # (b, w + N)
+            tail = every.gather(1, slot.reshape(b, n * w)).view(b, n, w)  # (b, N, w)
         return RuledFirst(self.model, self.bound, index, tail)
 
 

@@ -18,12 +18,17 @@ itself, :meth:`Tree.ancestors`); the per-node position offsets (its depth); and 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from lightning_bpd.decoding.dynamic_tree import DynamicTree
 
 Path = tuple[int, ...]
 
@@ -78,25 +83,12 @@ class Tree:
         path (ties to the shorter, then the lower path). ``agreement[d - 1][r]`` is the measured probability that
         the rank-r token of the head at depth d is greedy's (:func:`head_rank_agreement`): rows are depths 1..,
         columns ranks 0..; the tree is at most that deep and wide."""
-        table = torch.as_tensor(agreement, dtype=torch.float64)
-        if table.dim() != 2 or table.numel() == 0:
-            raise ValueError(f"agreement must be a non-empty (depth, ranks) table, got shape {tuple(table.shape)}")
-        if not bool(((table >= 0) & (table <= 1)).all()):
-            raise ValueError("agreement must hold probabilities in [0, 1]")
+        table = agreement_table(agreement)
         depth, width = table.shape
         if not isinstance(n_nodes, int) or not 0 <= n_nodes <= budget_limit(depth, width):
             raise ValueError(f"n_nodes must be an integer in [0, {budget_limit(depth, width)}] for a {depth} x {width} "
                              f"agreement table, got {n_nodes!r}")
-        p = table.tolist()
-        chosen: list[Path] = []
-        candidates: dict[Path, float] = {(r,): p[0][r] for r in range(width)}
-        while len(chosen) < n_nodes:
-            best = min(candidates, key=lambda c: (-candidates[c], len(c), c))
-            value = candidates.pop(best)
-            chosen.append(best)
-            if len(best) < depth:
-                candidates.update({(*best, r): value * p[len(best)][r] for r in range(width)})
-        return Tree.from_paths(chosen)
+        return Tree.from_paths([path for path, _ in itertools.islice(greedy_nodes(table), n_nodes)])
 
     # ---- what the decoders read -----------------------------------------------------------------------------------
     @property
@@ -180,18 +172,55 @@ class Tree:
         return f"Tree({self.size - 1} nodes, depth {self.depth}, widths {self.widths()})"
 
 
+def agreement_table(agreement: Sequence[Sequence[float]] | Tensor) -> Tensor:
+    """``agreement`` as a (depth, ranks) float64 table; ValueError, in one line, where it is not one of
+    probabilities."""
+    table = torch.as_tensor(agreement, dtype=torch.float64)
+    if table.dim() != 2 or table.numel() == 0:
+        raise ValueError(f"agreement must be a non-empty (depth, ranks) table, got shape {tuple(table.shape)}")
+    if not bool(((table >= 0) & (table <= 1)).all()):
+        raise ValueError("agreement must hold probabilities in [0, 1]")
+    return table
+
+
+def greedy_nodes(table: Tensor) -> Iterator[tuple[Path, float]]:
+    """Medusa's greedy order over a (depth, ranks) agreement table: each step yields the candidate (a child of a
+    node yielded before; the first, depth 1's) of highest expected contribution, the product of the agreements
+    along its path, and that contribution (ties to the shorter, then the lower path). Its first n paths are
+    :meth:`Tree.from_budget`'s n nodes, so their contributions add up to its expected accepted length minus 1."""
+    p = table.tolist()
+    depth, width = table.shape
+    candidates: dict[Path, float] = {(r,): p[0][r] for r in range(width)}
+    while candidates:
+        best = min(candidates, key=lambda c: (-candidates[c], len(c), c))
+        value = candidates.pop(best)
+        yield best, value
+        if len(best) < depth:
+            candidates.update({(*best, r): value * p[len(best)][r] for r in range(width)})
+
+
 def budget_limit(depth: int, width: int) -> int:
     """Non-root nodes of the full tree ``depth`` deep with ``width`` children per node."""
     return sum(width**d for d in range(1, depth + 1))
 
 
-def parse_tree(text: str) -> Tree:
-    """A tree from the command line: ``"0;1;0,0;0,1"`` (paths separated by ``;``, ranks by ``,``), or
-    ``"path:D"`` for :meth:`Tree.path` of depth D. One clear error line on anything else."""
+def parse_tree(text: str) -> Tree | DynamicTree:
+    """A tree from the command line: ``"0;1;0,0;0,1"`` (paths separated by ``;``, ranks by ``,``), ``"path:D"`` for
+    :meth:`Tree.path` of depth D, or ``"dynamic:N:D[:W]"`` for a
+    :class:`~lightning_bpd.decoding.dynamic_tree.DynamicTree` of N nodes, D deep, W wide (default 4). One clear error
+    line on anything else."""
     text = text.strip()
     try:
         if text.startswith("path:"):
             return Tree.path(int(text[5:]))
+        if text.startswith("dynamic:"):
+            from lightning_bpd.decoding.dynamic_tree import DynamicTree  # it builds on this module
+
+            numbers = [int(v) for v in text[8:].split(":")]
+            if len(numbers) not in (2, 3):
+                raise ValueError("a dynamic tree is dynamic:N:D or dynamic:N:D:W")
+            return DynamicTree(*numbers)
         return Tree.from_paths([tuple(int(r) for r in part.split(",")) for part in text.split(";") if part.strip()])
     except ValueError as err:
-        raise ValueError(f"--tree {text!r}: {err} (write paths of ranks like '0;1;0,0;0,1', or 'path:3')") from None
+        raise ValueError(f"--tree {text!r}: {err} (write paths of ranks like '0;1;0,0;0,1', 'path:3', or "
+                         "'dynamic:16:3' for 16 nodes 3 deep)") from None

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from lightning_bpd.decoding.blockwise import chain_source, propose, resolve_k, restricted
 from lightning_bpd.decoding.criteria import Criterion, Exact, SpeculativeSampling
+from lightning_bpd.decoding.dynamic_tree import DynamicTree, check_dynamic_args
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source, check_decode_args, first_argmax
 from lightning_bpd.decoding.row_book import RowBook
 from lightning_bpd.decoding.rules import RuleBook
@@ -37,12 +38,16 @@ from lightning_bpd.decoding.tree_sampling import judge_tree, propose_sampled_tre
 from lightning_bpd.nn.argmax import argmax, top_ranks
 
 
-def check_tree_args(model: BlockwiseModel, criterion: Criterion, tree: Tree, k: int | None,
+def check_tree_args(model: BlockwiseModel, criterion: Criterion, tree: Tree | DynamicTree, k: int | None,
                     verify_pass: bool = True) -> None:
     """Raise ValueError, in one line, where this tree cannot decode with this model and rule (``verify_pass``: and
     the model must offer the tree verify pass, ``decode_tree``)."""
+    if isinstance(tree, DynamicTree):
+        check_dynamic_args(model, criterion, tree, k)
+        return
     if not isinstance(tree, Tree):
-        raise TypeError(f"tree must be a Tree (Tree.from_paths, Tree.from_budget), got {type(tree).__name__}")
+        raise TypeError(f"tree must be a Tree (Tree.from_paths, Tree.from_budget) or a DynamicTree, got "
+                        f"{type(tree).__name__}")
     heads = resolve_k(model, k)
     if tree.depth > heads - 1:
         raise ValueError(f"a tree {tree.depth} deep needs k >= {tree.depth + 1} heads, decoding with k={heads}")

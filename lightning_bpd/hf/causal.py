@@ -293,15 +293,19 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
     def decode_tree(self, tokens: Tensor, depths: Tensor, ancestors: Tensor,  # type: ignore[override]
                     context: CausalContext, cache: KVCache) -> Tensor:
         """The verify pass over a tree's N nodes per row (B, N): node i at the row's position + ``depths[i]`` (N,),
-        seeing the prompt, the cached prefix and the nodes j with ``ancestors[i, j]`` (N, N) -> hidden (B, N, D);
+        seeing the prompt, the cached prefix and the nodes j with ``ancestors[i, j]`` (N, N) -> hidden (B, N, D) (a
+        tree per row: depths (B, N), ancestors (B, N, N));
         appends N slots to the cache (:meth:`KVCache.keep_path` keeps the accepted ones)."""
-        n = tokens.shape[1]
+        b, n = tokens.shape
+        depths, ancestors = depths.expand(b, n), ancestors.expand(b, n, n)  # a tree per row: (B, N), (B, N, N)
         slots, stop = self.room(n, context, cache)  # (B, N)
         held = torch.arange(stop, device=tokens.device)  # (S',)
         rel = held[None, :] - cache.lengths[:, None]  # (B, S'): the node in each slot of the tree, < 0 in the prefix
         node = rel.clamp(0, n - 1)
-        visible = (rel < 0)[:, None, :] | ((rel < n)[:, None, :] & ancestors[:, node].permute(1, 0, 2))  # (B, N, S')
-        k_pos = context.start[:, None] + torch.where(rel < 0, held[None, :], cache.lengths[:, None] + depths[node])
+        among = ancestors.gather(2, node[:, None, :].expand(b, n, -1))  # (B, N, S')
+        visible = (rel < 0)[:, None, :] | ((rel < n)[:, None, :] & among)  # (B, N, S')
+        k_pos = context.start[:, None] + torch.where(rel < 0, held[None, :],
+                                                     cache.lengths[:, None] + depths.gather(1, node))
         q_pos = context.start[:, None] + cache.lengths[:, None] + depths  # (B, N)
         return self.step(tokens, slots, q_pos, k_pos, visible, stop, context, cache)
 

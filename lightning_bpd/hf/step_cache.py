@@ -71,11 +71,12 @@ def tree_positions(lengths: Tensor, depths: Tensor, stop: int) -> tuple[Tensor, 
     """A tree's verify pass over N nodes written at slots ``lengths[b] ..`` of each row (node order): the position
     (B, N) of each node (the row's length + its depth) and the position (B, stop) of each cache slot 0..stop-1 as a
     key (a prefix slot its own index, a node's slot that node's position; slots past the nodes: their index, never
-    seen). T5's relative bias reads key minus query positions."""
-    n = depths.shape[0]
+    seen). ``depths`` (N,), or (B, N) for a tree per row. T5's relative bias reads key minus query positions."""
+    n = depths.shape[-1]
+    depths = depths.expand(lengths.shape[0], n)  # (B, N)
     queries = lengths[:, None] + depths  # (B, N)
     slots = torch.arange(stop, device=lengths.device)[None, :]  # (1, S')
     rel = slots - lengths[:, None]  # (B, S'): a node's index in its slot
     node = (rel >= 0) & (rel < n)
-    keys = torch.where(node, lengths[:, None] + depths[rel.clamp(0, n - 1)], slots)  # (B, S')
+    keys = torch.where(node, lengths[:, None] + depths.gather(1, rel.clamp(0, n - 1)), slots)  # (B, S')
     return queries, keys

@@ -79,8 +79,9 @@ class Runtime:
     """A model's snapshot with the products and fast paths of ``options``; the decoders take it as a model.
 
     Attributes: ``model`` (the snapshot), ``options``, ``products``, ``precision`` (the canonical name of what it
-    decodes in). Every member of the decoding protocol is its own (the optional ones are the snapshot's, or None
-    where it offers none); other attributes of the model (its ``config``, ...) read through to the snapshot.
+    decodes in), ``measurements`` (what a run measures on it once and reuses: ``--tree-nodes auto``'s cost curve).
+    Every member of the decoding protocol is its own (the optional ones are the snapshot's, or None where it offers
+    none); other attributes of the model (its ``config``, ...) read through to the snapshot.
     """
 
     def __init__(self, model: nn.Module, options: InferenceOptions, products: Products,
@@ -95,6 +96,7 @@ class Runtime:
         self.bos_id: int = model.bos_id
         self.eos_id: int | None = model.eos_id
         self.chained_heads: bool = bool(model.chained_heads)
+        self.measurements: dict[Any, Any] = {}  # what a run measured on this runtime once (a tree cost curve)
 
     # ---- the decoding protocol, each call without gradients ------------------------------------------------------
     @grad_free

@@ -145,15 +145,17 @@ def cached_span(positions: Tensor, window: int | None, cache: KVCache) -> tuple[
 def tree_span(positions: Tensor, ancestors: Tensor, cache: KVCache) -> tuple[tuple[int, int], Tensor]:
     """The cache slots that a verify pass over a tree's N nodes at slots ``positions`` (B, N) (each row's length
     onwards, in node order) can see, and their mask (B, 1, N, S'): node i sees the row's committed prefix and
-    the nodes j with ``ancestors[i, j]`` (N, N) bool (its ancestors and itself). A plain cache only (no ring,
-    not static); for the single path (``ancestors`` lower-triangular) it is :func:`cached_span`'s causal mask."""
+    the nodes j with ``ancestors[i, j]`` (N, N) bool, or (B, N, N) for a tree per row (its ancestors and itself). A
+    plain cache only (no ring, not static); for the single path (``ancestors`` lower-triangular) it is
+    :func:`cached_span`'s causal mask."""
     if cache.ring or cache.static:
         raise ValueError("tree verification needs a plain KV cache (not a ring of a local window, not static)")
-    n = positions.shape[1]
+    b, n = positions.shape
     stop = cache.length_bounds()[1] + n
     rel = torch.arange(stop, device=positions.device)[None, :] - cache.lengths[:, None]  # (B, S'): slot - length
     inside = (rel >= 0) & (rel < n)  # (B, S'): a node's slot
-    among = ancestors[:, rel.clamp(0, n - 1)].permute(1, 0, 2)  # (B, N, S'): the node in that slot is an ancestor
+    per_row = ancestors.expand(b, n, n)  # (B, N, N)
+    among = per_row.gather(2, rel.clamp(0, n - 1)[:, None, :].expand(b, n, -1))  # (B, N, S'): that slot's node seen
     return (0, stop), ((rel < 0)[:, None, :] | (inside[:, None, :] & among))[:, None]
 
 

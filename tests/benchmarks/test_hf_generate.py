@@ -231,11 +231,13 @@ def test_ctranslate2_converts_a_base_whose_pad_is_not_last(tiny):
 
 
 def test_a_row_per_tree_budget_with_the_table_measured_on_the_inputs(tiny, capsys):
-    result = run(tiny, "--tree-nodes", "0", "5", "--batch-sizes", "3")
-    assert "no rank agreement table: measured on the 7 inputs" in capsys.readouterr().err
+    result = run(tiny, "--tree-nodes", "0", "5", "auto:5", "--batch-sizes", "3")
+    err = capsys.readouterr().err
+    assert "no rank agreement table: measured on the 7 inputs" in err and "hf_generate: tree-nodes auto: " in err
     report = result["batch_sizes"]["3"]
-    assert result["methods"] == [*METHODS, "exact+nodes0", "exact+nodes5"] and result["tree_nodes"] == [0, 5]
-    assert list(report) == [*METHODS, "exact+nodes0", "exact+nodes5"]
-    for name in ("exact+nodes0", "exact+nodes5"):
+    trees = ["exact+nodes0", "exact+nodes5", "exact+nodes-auto:5"]
+    assert result["methods"] == [*METHODS, *trees] and result["tree_nodes"] == [0, 5, "auto:5"]
+    assert list(report) == [*METHODS, *trees] and result["tree_nodes_auto"]["nodes-auto:5"]["batch"] == 3
+    for name in trees:
         assert report[name]["differs_from_hf_generate"] == 0 and report[name]["sentences"] == N
     assert report["exact+nodes0"]["mean_accepted_block_size"] == report[OURS]["mean_accepted_block_size"]

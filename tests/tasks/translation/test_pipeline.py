@@ -544,13 +544,15 @@ def test_bench_times_trees_beside_the_single_path(fitted):
     src.write_text("The teacher reads a book.\nThe dog sleeps.\nA man runs.\n")
     out = root / "tree_bench.json"
     main(["bench", "--ckpt", str(root / "runs/b/last.ckpt"), "--input", str(src), "--criteria", "exact", "greedy",
-          "--trees", "0;1;0,0;1,0", "path:1", "--batch-sizes", "2", "--inputs", "3", "--warmup", "0", "--json", str(out)])
+          "--trees", "0;1;0,0;1,0", "path:1", "dynamic:4:2:2", "--batch-sizes", "2", "--inputs", "3", "--warmup", "0",
+          "--json", str(out)])
     result = json.loads(out.read_text())
     report = result["batch_sizes"]["2"]
-    assert set(report) == {"greedy", "exact", "exact+tree4", "exact+tree1"}
+    assert set(report) == {"greedy", "exact", "exact+tree4", "exact+tree1", "exact+dynamic4x2x2"}
     assert report["exact+tree4"]["equals_greedy"] and report["exact+tree1"]["equals_greedy"]
+    assert report["exact+dynamic4x2x2"]["equals_greedy"]
     assert report["exact+tree4"]["block_size"] == 3 and report["exact+tree1"]["block_size"] == 2
-    assert result["trees"] == ["0;1;0,0;1,0", "path:1"]
+    assert result["trees"] == ["0;1;0,0;1,0", "path:1", "dynamic:4:2:2"]
 
 
 def without_agreement_table(ckpt: Path, dest: Path) -> Path:
@@ -571,11 +573,17 @@ def test_decode_with_a_tree_budget_built_from_the_stored_table(fitted, capsys):
     src.write_text("The teacher reads a book.\nThe dog sleeps.\nA man runs.\n")
     texts = {}
     for name, extra in [("greedy", ["--criterion", "greedy"]), ("nodes", ["--tree-nodes", "12"]),
-                        ("path", ["--tree-nodes", "0"])]:
+                        ("path", ["--tree-nodes", "0"]), ("auto", ["--tree-nodes", "auto"]),
+                        ("dynamic", ["--tree", "dynamic:6:2:3"])]:
         dest = root / f"budget.{name}.de"
         main(["decode", "--ckpt", str(ckpt), "--input", str(src), "--output", str(dest), *extra])
         texts[name] = dest.read_text()
-    assert texts["nodes"] == texts["greedy"] == texts["path"] and texts["nodes"].count("\n") == 3
+    assert texts["nodes"] == texts["greedy"] == texts["path"] == texts["auto"] == texts["dynamic"]
+    assert texts["nodes"].count("\n") == 3
+    assert "decode: tree-nodes auto: " in capsys.readouterr().err  # the choice and the cost curve
+    with pytest.raises(SystemExit):  # argparse's one line
+        main(["decode", "--ckpt", str(ckpt), "--input", str(src), "--tree-nodes", "auto:0"])
+    assert "auto:M takes an integer M >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit, match=r"^decode: --tree-nodes must lie in \[0, 72\] for 2 heads of 8 measured"):
         main(["decode", "--ckpt", str(ckpt), "--input", str(src), "--tree-nodes", "73"])
     with pytest.raises(SystemExit, match=r"^decode: give --tree or --tree-nodes, not both$"):
@@ -593,11 +601,14 @@ def test_bench_measures_the_table_where_a_checkpoint_has_none(fitted, capsys):
     src = root / "budget_bench.en"
     src.write_text("The teacher reads a book.\nThe dog sleeps.\nA man runs.\n")
     out = root / "budget_bench.json"
-    main(["bench", "--ckpt", str(old), "--input", str(src), "--criteria", "exact", "--tree-nodes", "0", "6",
+    main(["bench", "--ckpt", str(old), "--input", str(src), "--criteria", "exact", "--tree-nodes", "0", "6", "auto:6",
           "--batch-sizes", "2", "--inputs", "3", "--warmup", "0", "--json", str(out)])
     assert "measured on the 3 inputs" in capsys.readouterr().err
     result = json.loads(out.read_text())
     report = result["batch_sizes"]["2"]
-    assert list(report) == ["greedy", "exact", "exact+nodes0", "exact+nodes6"] and result["tree_nodes"] == [0, 6]
+    assert list(report) == ["greedy", "exact", "exact+nodes0", "exact+nodes6", "exact+nodes-auto:6"]
+    assert result["tree_nodes"] == [0, 6, "auto:6"] and report["exact+nodes-auto:6"]["equals_greedy"]
+    chosen = result["tree_nodes_auto"]["nodes-auto:6"]
+    assert chosen["batch"] == 2 and 0 <= chosen["nodes"] <= 6 and set(chosen["cost_per_width"]) == {"1", "2", "4", "3", "7"}
     assert report["exact+nodes6"]["equals_greedy"] and report["exact+nodes0"]["equals_greedy"]
     assert report["exact+nodes0"]["mean_accepted_block_size"] == report["exact"]["mean_accepted_block_size"]

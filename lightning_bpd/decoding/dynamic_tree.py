@@ -1,0 +1,210 @@
+"""Dynamic trees (EAGLE-2): per row and per iteration, the tree's nodes chosen by the heads' own confidence. Torch only.
+
+A static :class:`~lightning_bpd.decoding.tree.Tree` verifies the same ranks at every iteration. A
+:class:`DynamicTree` of ``nodes`` nodes, ``depth`` heads deep and ``width`` children per node instead grows, for each
+row at each iteration, the ``nodes`` candidates of highest *confidence*, the product along its path of each token's
+probability under the head that proposed it (parallel heads: head d at the last accepted position; chained heads:
+the node's parent's own link). A probability is at most 1, so a node is never more confident than its parent, and the
+top ``nodes`` of the whole ``width``-ary tree are found depth by depth (EAGLE-2's expand and rerank): at depth d only
+the children of depth d - 1's kept nodes compete, and the ``nodes`` most confident stay; the tree is the ``nodes``
+most confident of all kept ones (ties to the shallower, then to the earlier candidate, so a parent always precedes
+its child). Nodes are ordered by depth (ancestors first); each row has its own parents, depths, ancestor mask and
+root-to-node table, and the verify pass (``decode_tree``) takes them per row.
+
+Exact only: node j passes when its token is greedy's after its parent, and the deepest accepted node wins (with
+exact acceptance the accepted path is unique, since siblings hold different tokens). So the output is greedy's.
+:func:`~lightning_bpd.decoding.dynamic_reference.dynamic_tree_reference` builds each row's tree by enumerating the
+whole ``width``-ary tree through the uncached decoder and checks every candidate path on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lightning_bpd.decoding.blockwise import chain_source, resolve_k, restricted
+from lightning_bpd.decoding.criteria import Criterion, Exact
+from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source, check_decode_args, first_argmax
+from lightning_bpd.decoding.row_book import RowBook
+from lightning_bpd.decoding.rules import RuleBook
+from lightning_bpd.decoding.tree import budget_limit
+from lightning_bpd.nn.argmax import top_ranks
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2's dynamic tree: ``nodes`` non-root nodes per row and iteration, at most ``depth`` heads deep, each node's
+    ``width`` most likely children competing."""
+
+    nodes: int
+    depth: int
+    width: int = 4
+
+    def __post_init__(self) -> None:
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in (self.nodes, self.depth, self.width)):
+            raise ValueError(f"a dynamic tree's nodes, depth and width must be integers >= 1, got {self}")
+        if self.nodes > budget_limit(self.depth, self.width):
+            raise ValueError(f"a dynamic tree {self.depth} deep and {self.width} wide has at most "
+                             f"{budget_limit(self.depth, self.width)} nodes, got {self.nodes}")
+
+    @property
+    def size(self) -> int:
+        """Nodes, the root included: the width of the verify pass."""
+        return self.nodes + 1
+
+
+@dataclass
+class RowTrees:
+    """One tree per row, nodes in depth order (the root first): tokens, depths and parents (b, N) long (the root's
+    parent is itself), the ancestor mask (b, N, N) bool (a node and its ancestors) and the root-to-node table
+    (b, N, depth + 1) (padded with the node)."""
+
+    tokens: Tensor
+    depths: Tensor
+    parents: Tensor
+    ancestors: Tensor
+    paths: Tensor
+
+    @staticmethod
+    def of(tokens: Tensor, depths: Tensor, parents: Tensor, depth: int) -> RowTrees:
+        b, n = tokens.shape
+        eye = torch.eye(n, dtype=torch.bool, device=tokens.device).expand(b, n, n)
+        ancestors = eye
+        for _ in range(depth):  # a node sees what its parent sees
+            ancestors = eye | ancestors.gather(1, parents[:, :, None].expand(b, n, n))
+        paths = torch.arange(n, device=tokens.device).expand(b, n)[:, :, None].repeat(1, 1, depth + 1)
+        for d in range(depth + 1):  # the ancestor at depth d, where the node is that deep
+            at = ancestors & (depths == d)[:, None, :]  # (b, N, N)
+            paths[:, :, d] = torch.where(at.any(-1), at.int().argmax(-1), paths[:, :, d])
+        return RowTrees(tokens, depths, parents, ancestors, paths)
+
+
+def grow(model: BlockwiseModel, spec: DynamicTree, h: Tensor, first: Tensor, source: Source | None) -> RowTrees:
+    """Each row's tree at the hidden state h (b, D) of its last accepted position, rooted at greedy's token
+    ``first`` (b,): depth by depth, the children (each node's ``width`` most likely tokens under its head) of the
+    previous depth's kept nodes, the ``nodes`` most confident kept; then the ``nodes`` most confident of all."""
+    b = h.shape[0]
+    zero = first.new_zeros(b, 1)
+    front = zero  # (b, m): the kept nodes of the last depth, as candidate indices
+    front_tokens, front_scores, states = first[:, None], h.new_zeros(b, 1).float(), h[:, None]  # (b, m) x2, (b, m, D)
+    tokens, scores, depths, parents = [front_tokens], [front_scores], [zero], [zero]
+    count = 1
+    if not model.chained_heads:
+        logits = restricted(model, model.logits_heads(h, range(1, spec.depth + 1)))  # (b, depth, V)
+        top = top_ranks(logits, spec.width)  # (b, depth, W)
+        logp = log_probs(logits).gather(-1, top)  # (b, depth, W)
+    for d in range(1, spec.depth + 1):
+        m = front.shape[1]
+        if model.chained_heads:
+            z, link = model.chain_step(states.reshape(b * m, -1), front_tokens.reshape(b * m), d,
+                                       repeat_rows(source, b, m, h.device))  # (b * m, D), (b * m, V)
+            link = restricted(model, link)
+            kids = top_ranks(link, spec.width)  # (b * m, W)
+            kid_logp = log_probs(link).gather(-1, kids).view(b, m, -1)
+            kids, states = kids.view(b, m, -1), z.view(b, m, -1)
+        else:
+            kids, kid_logp = top[:, d - 1, None, :].expand(b, m, -1), logp[:, d - 1, None, :].expand(b, m, -1)
+        score = (front_scores[:, :, None] + kid_logp).reshape(b, -1)  # (b, m * W): candidates by parent, then rank
+        keep = score.sort(dim=1, descending=True, stable=True).indices[:, : spec.nodes]  # (b, m')
+        parent = keep // spec.width  # (b, m'): the position in the front
+        front_tokens = kids.reshape(b, -1).gather(1, keep)
+        front_scores = score.gather(1, keep)
+        if model.chained_heads:
+            states = states.gather(1, parent[:, :, None].expand(-1, -1, states.shape[-1]))
+        tokens.append(front_tokens)
+        scores.append(front_scores)
+        depths.append(torch.full_like(keep, d))
+        parents.append(front.gather(1, parent))
+        front = count + torch.arange(keep.shape[1], device=h.device).expand(b, -1)
+        count += keep.shape[1]
+    return select(torch.cat(tokens, 1), torch.cat(scores, 1), torch.cat(depths, 1), torch.cat(parents, 1), spec)
+
+
+def log_probs(logits: Tensor) -> Tensor:
+    """log-softmax over the vocabulary, in at least float32."""
+    return torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+
+
+def select(tokens: Tensor, scores: Tensor, depths: Tensor, parents: Tensor, spec: DynamicTree) -> RowTrees:
+    """The root and the ``spec.nodes`` most confident of the candidates 1.. (b, M) (ties to the earlier one, so a
+    parent comes before its child), in candidate order (by depth), with parents renumbered among them."""
+    b, count = tokens.shape
+    order = scores[:, 1:].sort(dim=1, descending=True, stable=True).indices[:, : spec.nodes] + 1  # (b, n)
+    chosen = torch.cat([torch.zeros_like(order[:, :1]), order.sort(dim=1).values], dim=1)  # (b, N): the root first
+    position = torch.full((b, count), -1, dtype=torch.long, device=tokens.device)
+    position.scatter_(1, chosen, torch.arange(chosen.shape[1], device=tokens.device).expand(b, -1))
+    parent = position.gather(1, parents.gather(1, chosen))  # (b, N): the root's parent is the root
+    return RowTrees.of(tokens.gather(1, chosen), depths.gather(1, chosen), parent, spec.depth)
+
+
+def repeat_rows(source: Source | None, b: int, m: int, device: torch.device) -> Source | None:
+    """The chained heads' source of each of b rows, m times over (row-major), as ``(b * m, ...)``."""
+    if source is None or m == 1:
+        return source
+    return source.take(torch.arange(b, device=device).repeat_interleave(m))
+
+
+def verify_rows(reader: BlockwiseModel, trees: RowTrees, hidden: Tensor) -> tuple[Tensor, Tensor]:
+    """The accepted node (b,) of each row's tree and greedy's token there (b,), from the verify pass ``hidden``
+    (b, N, D): node j passes when its token is greedy's after its parent; the deepest accepted node wins."""
+    best = first_argmax(reader, hidden)  # (b, N)
+    ok = trees.tokens == best.gather(1, trees.parents)  # (b, N)
+    ok[:, 0] = True
+    accepted = ~((~ok)[:, None, :] & trees.ancestors).any(dim=-1)  # (b, N)
+    n = trees.tokens.shape[1]
+    key = torch.where(accepted, trees.depths * n + (n - 1 - torch.arange(n, device=hidden.device)), -1)
+    node = key.argmax(dim=1)  # (b,)
+    return node, best.gather(1, node[:, None])[:, 0]
+
+
+def check_dynamic_args(model: BlockwiseModel, criterion: Criterion, spec: DynamicTree, k: int | None) -> None:
+    """ValueError, in one line, where this dynamic tree cannot decode with this model and rule."""
+    exact = isinstance(criterion, Exact)
+    if not exact:  # the accepted path is unique only under exact acceptance
+        raise ValueError(f"dynamic trees take exact acceptance, not {criterion.name}")
+    if spec.depth > resolve_k(model, k) - 1:
+        raise ValueError(f"a dynamic tree {spec.depth} deep needs k >= {spec.depth + 1} heads, decoding with "
+                         f"k={resolve_k(model, k)}")
+    if model.decode_tree is None:
+        raise ValueError(f"{type(model).__name__} has no tree verify pass (decode_tree): decode it with tree=None")
+
+
+@torch.no_grad()
+def dynamic_tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_len: int, spec: DynamicTree,
+                        k: int | None = None) -> DecodeResult:
+    """Decode ``src`` (B, S) growing and verifying a dynamic tree per row at every iteration (the contract of
+    :func:`~lightning_bpd.decoding.blockwise.blockwise_decode`, exact acceptance: greedy's output)."""
+    check_decode_args(model, src, max_len)
+    check_dynamic_args(model, criterion, spec, k)
+    batch, device, n = src.shape[0], src.device, spec.size
+    rules = RuleBook(model, max_len, device, src)
+    context = model.encode(src)
+    cache = model.new_cache(batch, capacity=1 + max_len + spec.depth + 1, extra_slots=n - spec.depth - 1)
+    book = RowBook(batch, max_len, spec.depth + 1, model.pad_id, device)
+    bos = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=device)
+    h = model.decode_step(bos, context, cache)[:, -1]  # (B, D)
+    first = criterion.first_token(rules.opening(batch) or model, h)  # (B,)
+    trees = grow(model, spec, h, first, chain_source(model, context))
+    calls = 1
+    while True:
+        hidden = model.decode_tree(trees.tokens, trees.depths, trees.ancestors, context, cache)  # (b, N, D)
+        calls += 1
+        reader = rules.on_tree(book, trees.tokens, trees.depths, trees.paths) or model  # p_1 at every node
+        node, first = verify_rows(reader, trees, hidden)  # (b,), (b,)
+        path = trees.paths.gather(1, node[:, None, None].expand(-1, 1, trees.paths.shape[-1]))[:, 0]  # (b, depth + 1)
+        accepted = trees.depths.gather(1, node[:, None])[:, 0] + 1  # (b,)
+        n_kept, done = book.commit(trees.tokens.gather(1, path), accepted, rules.stops)
+        last = hidden.gather(1, node[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (b, D)
+        keep = book.settle(n_kept, done)  # the one host read of the iteration
+        if keep is not None:
+            if not keep:
+                break
+            rows = torch.tensor(keep, dtype=torch.long, device=device)
+            context, last, first, path, accepted = (context.select(rows), last[rows], first[rows], path[rows],
+                                                    accepted[rows])
+            cache.select(rows)
+        cache.keep_path(path, accepted, n, bounds=book.length_bounds(offset=1))
+        trees = grow(model, spec, last, first, chain_source(model, context))
+    return book.result(calls)
