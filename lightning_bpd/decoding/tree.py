@@ -98,6 +98,14 @@ class Tree:
                 candidates.update({(*best, r): value * p[len(best)][r] for r in range(width)})
         return Tree.from_paths(chosen)
 
+    def cut(self, depth: int) -> Tree:
+        """This tree without its nodes deeper than ``depth`` (>= 0): nodes 0..n-1 of this one, in the same order
+        (nodes are numbered by depth first): a verify pass whose rows have fewer positions left than this tree
+        is deep."""
+        if depth >= self.depth:
+            return self
+        return Tree(tuple(p for p in self.paths if len(p) <= depth))
+
     # ---- what the decoders read -----------------------------------------------------------------------------------
     @property
     def size(self) -> int:
