@@ -2,6 +2,13 @@
 
     python -m lightning_bpd.benchmarks.where_time_goes --ckpt runs/m30k-k8-frozen/last.ckpt \\
         --input src.en --inputs 30 --k 4 8 --criterion exact [--json out.json]
+    python -m lightning_bpd.benchmarks.where_time_goes --ckpt runs/code-lm/frozen/last.ckpt \\
+        --data-root ../shared/data/code/python-stdlib/Lib --split test --inputs 16 --max-new-tokens 64
+
+A language-modelling checkpoint (an LM run's ``.ckpt`` or a heads folder) takes its prompts as ``bench-generate``
+does: ``--input FILE.jsonl`` (``{"prompt": ...}`` per line) or ``--data-root DIR`` (the held-out ``--split``'s
+line-aligned prompts, split as the run split them), each continued by ``--max-new-tokens`` (default the module's)
+and checked against the model's context; the encoder part is its prefill.
 
 Decodes the same inputs one at a time (batch 1) with cached greedy decoding and with blockwise
 decoding at each k, through a proxy of the model that times every call: ``encode``, the decoder
@@ -70,14 +77,15 @@ class TimedModel:
 
 
 def profile(module: Any, runtime: Runtime, inputs: list[torch.Tensor], k: int | None, criterion: str | None,
-            stop_below: float | None = None) -> dict[str, Any]:
+            stop_below: float | None = None, new_tokens: int | None = None) -> dict[str, Any]:
     """Time one method of ``runtime`` (the module's model prepared) over ``inputs`` (greedy when ``criterion`` is
-    None; ``stop_below``: the confidence stop)."""
+    None; ``stop_below``: the confidence stop), each decoded to at most ``new_tokens`` (None: the module's
+    ``max_decode_len``)."""
     proxy = TimedModel(runtime)
     rule = module.make_criterion(criterion) if criterion else None
     start, steps = time.perf_counter(), 0
     for src in inputs:
-        max_len = module.max_decode_len(src)
+        max_len = module.max_decode_len(src) if new_tokens is None else new_tokens
         result = greedy_decode(proxy, src, max_len) if rule is None else blockwise_decode(proxy, src, rule, max_len, k=k,
                                                                                              stop_below=stop_below)
         steps += int(result.iterations.sum())
@@ -107,11 +115,23 @@ def ceilings(greedy: dict[str, Any], method: dict[str, Any]) -> dict[str, float]
             "and_one_token_pass": g_total / one_pass}
 
 
+def lm_inputs(module: Any, args: argparse.Namespace) -> tuple[list[torch.Tensor], int]:
+    """A language-modelling checkpoint's prompts, one (1, P) tensor each, and the new tokens each is continued by
+    (:func:`~lightning_bpd.commands.bench_generate_lm.lm_prompts`: each checked against the model's context)."""
+    from lightning_bpd.commands.bench_generate_lm import lm_prompts, new_tokens
+
+    max_new = new_tokens(module, args)
+    return [module.encode_prompts([p]) for p in lm_prompts(module, args, max_new)], max_new
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from lightning_bpd.commands.bench_generate_lm import add_prompt_args
+
     p = argparse.ArgumentParser(prog="python -m lightning_bpd.benchmarks.where_time_goes", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True)
-    p.add_argument("--input", default=None, help="translation: source sentences (.gz allowed)")
+    p.add_argument("--input", default=None, help="translation: source sentences (.gz allowed); a language model: "
+                   'JSON Lines of {"prompt": ...}')
     p.add_argument("--images", default=None, help="super-resolution: CelebA folder (default: synthetic faces)")
     p.add_argument("--inputs", type=int, default=30)
     p.add_argument("--k", type=int, nargs="+", default=None, help="block sizes (default: the model's k)")
@@ -120,6 +140,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     add_precision_arg(p)
     add_timing_args(p)
     add_draft_vocab_args(p)
+    add_prompt_args(p)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.threads:
@@ -129,19 +150,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         module = load_model(args.ckpt, "cpu")
         runtime = build_runtime(module.model, options_from_args(args, module))
-        inputs = load_inputs(module, args)
-    except (ValueError, FileNotFoundError) as err:
-        raise SystemExit(f"where_time_goes: {err}") from None
+        inputs, new = lm_inputs(module, args) if hasattr(module, "encode_prompts") else (load_inputs(module, args), None)
+    except (ValueError, FileNotFoundError, OSError) as err:
+        raise SystemExit(f"where_time_goes: {str(err).strip().splitlines()[0]}") from None
     ks = args.k or [module.model.k]
-    profile(module, runtime, inputs[:2], ks[0], args.criterion, args.stop_below)  # warm-up
+    profile(module, runtime, inputs[:2], ks[0], args.criterion, args.stop_below, new)  # warm-up
     report: dict[str, Any] = {"ckpt": args.ckpt, "inputs": len(inputs), "threads": torch.get_num_threads(),
                               "criterion": args.criterion, "precision": runtime.precision,
                               "proposal_precision": args.proposal_precision, "stop_below": args.stop_below,
                               "draft_vocab": args.draft_vocab, "fused_chain": not args.unfused_chain,
                               "screened_argmax": args.screened_argmax, "lean_steps": not args.reference_steps,
-                              "methods": {"greedy": profile(module, runtime, inputs, None, None)}}
+                              **({} if new is None else {"max_new_tokens": new, "prompts_from": args.input or
+                                                         f"{args.data_root} ({args.split} split)"}),
+                              "methods": {"greedy": profile(module, runtime, inputs, None, None, new_tokens=new)}}
     for k in ks:
-        report["methods"][f"{args.criterion}@k{k}"] = profile(module, runtime, inputs, k, args.criterion, args.stop_below)
+        report["methods"][f"{args.criterion}@k{k}"] = profile(module, runtime, inputs, k, args.criterion,
+                                                               args.stop_below, new)
     greedy = report["methods"]["greedy"]
     for name, r in report["methods"].items():
         if name != "greedy":

@@ -52,6 +52,16 @@ DATA_KEYS = ("suffixes", "val_fraction", "test_fraction", "prompt_tokens", "refe
 
 def add_lm_args(p: argparse.ArgumentParser) -> None:
     """The options that only a language-modelling checkpoint reads."""
+    g = add_prompt_args(p)
+    g.add_argument("--assistant", default=None, help="draft model of hf_assisted: a local Hugging Face causal LM "
+                   "directory with the same tokenizer (or an LM run's .ckpt)")
+    g.add_argument("--llamacpp-threads", type=int, default=None, help="llama.cpp's threads (default: torch's)")
+    g.add_argument("--gguf", default=None, help="keep the llama.cpp peer's GGUF here (default: a temporary file)")
+
+
+def add_prompt_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """Where a language-modelling checkpoint's prompts come from and how far they are continued (:func:`lm_prompts`;
+    also ``where_time_goes``'s); the group, for more options."""
     g = p.add_argument_group("language-modelling checkpoints")
     g.add_argument("--data-root", default=None, help="prompts from this data folder's held-out split (instead of "
                    "--input FILE.jsonl)")
@@ -61,10 +71,7 @@ def add_lm_args(p: argparse.ArgumentParser) -> None:
                    "else 64)")
     g.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per prompt at most (default: the "
                    "module's max_new_tokens)")
-    g.add_argument("--assistant", default=None, help="draft model of hf_assisted: a local Hugging Face causal LM "
-                   "directory with the same tokenizer (or an LM run's .ckpt)")
-    g.add_argument("--llamacpp-threads", type=int, default=None, help="llama.cpp's threads (default: torch's)")
-    g.add_argument("--gguf", default=None, help="keep the llama.cpp peer's GGUF here (default: a temporary file)")
+    return g
 
 
 def data_settings(ckpt: str | Path) -> dict[str, Any]:
@@ -81,15 +88,25 @@ def held_out_prompts(module: Any, args: argparse.Namespace) -> list[str]:
     """The first ``--inputs`` held-out prompts of ``--data-root`` (those holding the pad id left out, as the decode
     evaluation does)."""
     from lightning_bpd.tasks.lm.datamodule import LMDataModule
+    from lightning_bpd.tasks.lm.own_base import OwnBase
 
     settings = data_settings(args.ckpt)
     for key, value in (("suffixes", args.suffixes), ("prompt_tokens", args.prompt_tokens)):
         if value is not None:
             settings[key] = value
-    data = LMDataModule(root=args.data_root, tokenizer_path=module.hparams.pretrained, **settings)
+    tokenizer = module.hparams.pretrained or OwnBase.of(module.hparams.own).tokenizer  # the base's, or our own base's
+    data = LMDataModule(root=args.data_root, tokenizer_path=tokenizer, **settings)
     prompts, _ = data.eval_prompts(args.split, None)
     pad = module.model.pad_id
     return [p for p in prompts if pad not in module.tokenizer(p)["input_ids"]][: args.inputs]
+
+
+def new_tokens(module: Any, args: argparse.Namespace) -> int:
+    """``--max-new-tokens``, default the module's ``max_new_tokens``; ValueError below 1."""
+    max_new = module.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens
+    if max_new < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new}")
+    return max_new
 
 
 def lm_prompts(module: Any, args: argparse.Namespace, max_new: int) -> list[str]:
@@ -165,9 +182,7 @@ def prepare(module: Any, args: argparse.Namespace) -> tuple[int, list[str], Any,
     model = module.model
     if "ctranslate2" in args.peers:
         raise ValueError("--peers ctranslate2 benches seq2seq checkpoints; on a language model use --peers llamacpp")
-    max_new = module.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens
-    if max_new < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new}")
+    max_new = new_tokens(module, args)
     prompts = lm_prompts(module, args, max_new)
     if args.k is not None and not 1 <= args.k <= model.k:
         raise ValueError(f"--k must lie in [1, {model.k}] (the checkpoint's heads), got {args.k}")

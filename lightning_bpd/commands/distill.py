@@ -215,11 +215,10 @@ def check_lm_args(module, args: argparse.Namespace) -> None:
         sys.exit("distill: a language model's targets are its own greedy continuations: use --beam 1")
     if args.prefix != "train":
         sys.exit("distill: a language model is distilled on its training split: leave --prefix out")
-    positions, model = module.model.n_positions, module.model
-    margin = model.k if model.k > 1 else 0  # the proposals a verify pass holds past the last new token
-    if positions is not None and args.prompt_tokens + args.new_tokens + margin > positions:
-        sys.exit(f"distill: --prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens}"
-                 f"{f' + k = {margin}' if margin else ''} exceeds the model's context ({positions} positions)")
+    positions = module.model.n_positions  # the last verify passes shrink to the context (no k past it)
+    if positions is not None and args.prompt_tokens + args.new_tokens > positions:
+        sys.exit(f"distill: --prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens} exceeds the "
+                 f"model's context ({positions} positions)")
 
 
 def run_lm_rank(rank: int, world: int, args: argparse.Namespace, prefixes: list[Prefix]) -> None:

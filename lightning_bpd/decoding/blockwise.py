@@ -40,6 +40,7 @@ from lightning_bpd.decoding.protocol import (
     Source,
     check_decode_args,
     first_argmax,
+    source_room,
 )
 from lightning_bpd.decoding.row_book import RowBook
 from lightning_bpd.decoding.rules import RuleBook
@@ -270,12 +271,12 @@ def blockwise_decode(
     check_stop_below(stop_below, criterion)
     criterion.reset(src.device)
     rules = RuleBook(model, max_len, src.device, src)
-    batch = src.shape[0]
+    batch, room = src.shape[0], source_room(model, src)  # room: None, or each row's inputs before its context ends
     context = model.encode(src)
     cache = model.new_cache(batch, capacity=1 + max_len + k)
     book = RowBook(batch, max_len, k, model.pad_id, src.device)
     bos = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=src.device)
-    block = propose(model, criterion, model.decode_step(bos, context, cache)[:, -1], k,
+    block = propose(model, criterion, model.decode_step(bos, context, cache)[:, -1], book.block_width(k, room),
                     source=chain_source(model, context), stop_below=stop_below,
                     p1=rules.opening(batch))  # tokens (B, <= k)
     if not criterion.stochastic:
@@ -299,7 +300,8 @@ def blockwise_decode(
         # keep BOS and every committed token (a live row kept all it accepted)
         cache.crop(cache.lengths - width + accepted, bounds=book.length_bounds(offset=1), check=False)
         opening = rules.next(book) if criterion.stochastic else None  # p_1 for a sampled token 1
-        block = propose(model, criterion, last, k, first, chain_source(model, context), stop_below, opening)
+        block = propose(model, criterion, last, book.block_width(k, room), first, chain_source(model, context),
+                        stop_below, opening)  # fewer than k proposals where a row's context ends
         if not criterion.stochastic:  # a forced token where a rule forces one (a draw keeps its own distribution)
             block.tokens = rules.forced_proposals(book, block.tokens)
     return book.result(calls)

@@ -155,6 +155,14 @@ class BlockwiseModel(Protocol):
     ``depths[i]`` and seeing the cached prefix and the nodes j with ``ancestors[i, j]``; appends N slots to the
     cache (:meth:`Cache.keep_path`). None: the model verifies single paths only."""
 
+    decode_room: Callable[[Tensor], list[int]] | None
+    """How many inputs after the start token each row's decoder positions hold: ``decode_room(src (B, S))`` -> B
+    host ints (a causal LM: its context less the row's prompt). The decoders refuse a ``max_len`` above a row's room
+    (:func:`check_decode_args`) and size every verify pass so that no live row feeds an input past it
+    (:func:`~lightning_bpd.decoding.row_book.RowBook.block_width`); inputs nothing reads (a fixed-shape decoder's
+    finished rows, a draft model's proposals past max_len) may still pass it, so the model must compute them
+    without failing. None: no bound."""
+
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: Source | None = None) -> tuple[Tensor, Tensor]:
         """Chained heads only: head i's state (b, D) and logits (b, V) from head i-1's state z (b, D) and its
         token (b,)."""
@@ -179,6 +187,7 @@ class OptionalCapabilities:
     chain_drafts: Callable[..., Tensor | None] | None = None
     chain_ranks: Callable[..., tuple[Tensor, Tensor]] | None = None
     decode_tree: Callable[..., Tensor] | None = None
+    decode_room: Callable[[Tensor], list[int]] | None = None
 
 
 @dataclass
@@ -219,6 +228,18 @@ def check_decode_args(model: BlockwiseModel, src: Tensor, max_len: int) -> None:
         raise ValueError(f"src must be a non-empty (batch, length) tensor, got shape {tuple(src.shape)}")
     if not bool((src != model.pad_id).any(dim=1).all()):
         raise ValueError("src: every row needs at least one non-pad token (got an empty source)")
+    room = source_room(model, src)
+    if room is not None and min(room) < max_len:
+        row = room.index(min(room))
+        raise ValueError(f"src row {row}: the model's context holds {room[row]} new tokens after it, fewer than "
+                         f"max_len={max_len}")
+
+
+def source_room(model: BlockwiseModel, src: Tensor) -> list[int] | None:
+    """The decoder inputs each row of ``src`` (B, S) may feed after its start token (``model.decode_room``), or
+    None where the model sets no bound."""
+    room = model.decode_room
+    return None if room is None else room(src)
 
 
 def pack_rows(rows: list[list[int]], pad_id: int, device: torch.device | None = None) -> Tensor:

@@ -16,7 +16,14 @@ from torch import Tensor
 from lightning_bpd.decoding.blockwise import chain_source, check_stop_below, resolve_k
 from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.greedy import strip_padding
-from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source, check_decode_args, pack_rows
+from lightning_bpd.decoding.protocol import (
+    BlockwiseModel,
+    DecodeResult,
+    Source,
+    check_decode_args,
+    pack_rows,
+    source_room,
+)
 from lightning_bpd.decoding.rules import BoundRules, reference_rules, ruled_at
 
 
@@ -66,8 +73,9 @@ def blockwise_decode_reference(
     criterion.validate(k)
     check_stop_below(stop_below, criterion)
     bound, stops, befores = reference_rules(model, src, max_len)  # befores: what the rules see before token 0
+    room = source_room(model, src) or [k + max_len] * src.shape[0]  # inputs each row's context holds
     rows, blocks = [], []
-    for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
+    for row, (before, row_src) in enumerate(zip(befores, strip_padding(src, model.pad_id))):
         context = model.encode(row_src)
         out: list[int] = []
         row_blocks: list[int] = []
@@ -76,8 +84,9 @@ def blockwise_decode_reference(
             # Predict: every head at the last prefix position.
             h = model.decode_full(torch.tensor([prefix], device=src.device), context)  # (1, T, D)
             rule = None if bound is None else ruled_at(bound, [*before, *out], len(out))
-            proposals = reference_proposals(model, criterion, h[:, -1], k, chain_source(model, context),
-                                            stop_below, rule)  # (1, m), m <= k
+            width = min(k, room[row] - len(out))  # fewer proposals where the row's context ends
+            proposals = reference_proposals(model, criterion, h[:, -1], width, chain_source(model, context),
+                                            stop_below, rule)  # (1, m), m <= width
             if bound is not None and not criterion.stochastic:  # the forced token where a rule forces one
                 proposals = bound.force(proposals, len(out) + torch.arange(proposals.shape[1], device=src.device))
             # Verify: the extended prefix, every head everywhere (the paper's head; head 1 only for

@@ -81,6 +81,13 @@ class RowBook:
             return torch.where(at >= 0, got, start[self.live].gather(1, (at + window).clamp(0, window - 1)))
         return torch.where(at >= 0, got, torch.where(at == -1, bos_id, -1))
 
+    def block_width(self, k: int, room: list[int] | None) -> int:
+        """Inputs the next verify pass may hold: ``k``, or fewer where a live row's room (``room``: each original
+        row's, :func:`~lightning_bpd.decoding.protocol.source_room`) runs out first; at least 1."""
+        if room is None:
+            return k
+        return max(1, min(k, *(room[row] - n for row, n in zip(self.live_rows, self.live_lengths))))
+
     def committed(self) -> Tensor:
         """Tokens committed by each live row (b,), on the device."""
         return self.lengths[self.live]

@@ -90,6 +90,14 @@ class Tree:
                              f"agreement table, got {n_nodes!r}")
         return Tree.from_paths([path for path, _ in itertools.islice(greedy_nodes(table), n_nodes)])
 
+    def cut(self, depth: int) -> Tree:
+        """This tree without its nodes deeper than ``depth`` (>= 0): nodes 0..n-1 of this one, in the same order
+        (nodes are numbered by depth first): a verify pass whose rows have fewer positions left than this tree
+        is deep."""
+        if depth >= self.depth:
+            return self
+        return Tree(tuple(p for p in self.paths if len(p) <= depth))
+
     # ---- what the decoders read -----------------------------------------------------------------------------------
     @property
     def size(self) -> int:

@@ -29,7 +29,14 @@ from torch import Tensor
 from lightning_bpd.decoding.blockwise import chain_source, propose, resolve_k, restricted
 from lightning_bpd.decoding.criteria import Criterion, Exact, SpeculativeSampling
 from lightning_bpd.decoding.dynamic_tree import DynamicTree, check_dynamic_args
-from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source, check_decode_args, first_argmax
+from lightning_bpd.decoding.protocol import (
+    BlockwiseModel,
+    DecodeResult,
+    Source,
+    check_decode_args,
+    first_argmax,
+    source_room,
+)
 from lightning_bpd.decoding.row_book import RowBook
 from lightning_bpd.decoding.rules import RuleBook
 from lightning_bpd.decoding.sampling import sample
@@ -125,7 +132,7 @@ def verify_tree(model: BlockwiseModel, criterion: Criterion, tree: Tree, tokens:
         logits = model.logits_first(hidden)  # (b, N, V)
         best = argmax(logits)
         ok = criterion.matches(tokens[:, 1:], logits[:, parents])  # (b, N - 1)
-    ok = torch.cat([torch.ones_like(ok[:, :1]), ok], dim=1)  # (b, N): the root always passes
+    ok = torch.cat([ok.new_ones(ok.shape[0], 1), ok], dim=1)  # (b, N): the root always passes
     ancestors = tree.ancestors(tokens.device)  # (N, N)
     accepted = ~((~ok)[:, None, :] & ancestors).any(dim=-1)  # (b, N): no failing node on the way
     key = torch.where(accepted, tree.table("order", tokens.device), -1)  # (b, N)
@@ -150,7 +157,8 @@ def tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_le
     sampled = criterion.stochastic
     batch, device, n = src.shape[0], src.device, tree.size
     rules = RuleBook(model, max_len, device, src)  # the generation rules on p_1 (None where there are none)
-    depths, ancestors, table = tree.table("depths", device), tree.ancestors(device), tree.path_table(device)
+    room = source_room(model, src)  # None, or each row's inputs before its context ends
+    full = tree, tree.table("depths", device), tree.ancestors(device), tree.path_table(device)
     context = model.encode(src)
     cache = model.new_cache(batch, capacity=1 + max_len + tree.depth + 1, extra_slots=n - tree.depth - 1)
     book = RowBook(batch, max_len, tree.depth + 1, model.pad_id, device)
@@ -161,7 +169,8 @@ def tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_le
         first = sample(criterion.distribution(opening.logits_first(h)), criterion.rng(device))  # (B,)
     else:
         first = criterion.first_token(opening, h)  # (B,)
-    tokens, q = propose_any(model, criterion, tree, h, first, chain_source(model, context))
+    now, depths, ancestors, table = shaped(full, book.block_width(tree.depth + 1, room), device)
+    tokens, q = propose_any(model, criterion, now, h, first, chain_source(model, context))
     calls = 1
     while True:
         hidden = model.decode_tree(tokens, depths, ancestors, context, cache)  # (b, N, D)
@@ -169,9 +178,9 @@ def tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_le
         reader = rules.on_tree(book, tokens, depths, table) or model  # p_1 at every node
         if sampled:  # SpecInfer's walk: the accepted node (b,) and the next token, from its residual (b,)
             p = criterion.distribution(reader.logits_first(hidden))  # (b, N, V)
-            node, first = judge_tree(criterion, tree, tokens, p, q, model.chained_heads)
+            node, first = judge_tree(criterion, now, tokens, p, q, model.chained_heads)
         else:
-            node, first = verify_tree(reader, criterion, tree, tokens, hidden)  # (b,), (b,)
+            node, first = verify_tree(reader, criterion, now, tokens, hidden)  # (b,), (b,)
         path, accepted = table[node], depths[node] + 1  # (b, depth + 1), (b,)
         n_kept, done = book.commit(tokens.gather(1, path), accepted, rules.stops)
         last = hidden.gather(1, node[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (b, D)
@@ -183,9 +192,22 @@ def tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_le
             context, last, first, path, accepted = (context.select(rows), last[rows], first[rows], path[rows],
                                                     accepted[rows])
             cache.select(rows)
-        cache.keep_path(path, accepted, n, bounds=book.length_bounds(offset=1))  # BOS and every committed token
-        tokens, q = propose_any(model, criterion, tree, last, first, chain_source(model, context))  # (b, N)
+        cache.keep_path(path, accepted, now.size, bounds=book.length_bounds(offset=1))  # BOS and every committed one
+        now, depths, ancestors, table = shaped(full, book.block_width(tree.depth + 1, room), device)
+        tokens, q = propose_any(model, criterion, now, last, first, chain_source(model, context))  # (b, N)
     return book.result(calls)
+
+
+def shaped(full: tuple[Tree, Tensor, Tensor, Tensor], width: int,
+           device: torch.device) -> tuple[Tree, Tensor, Tensor, Tensor]:
+    """The tree of the next verify pass and its depths (N,), ancestors (N, N) and path table (N, depth + 1): ``full``
+    (the tree and its tables), or where a row's context leaves fewer than its depth + 1 positions (``width``), the
+    tree cut to ``width - 1`` deep (:meth:`Tree.cut`)."""
+    tree = full[0]
+    if width > tree.depth:
+        return full
+    cut = tree.cut(width - 1)
+    return cut, cut.table("depths", device), cut.ancestors(device), cut.path_table(device)
 
 
 def propose_any(model: BlockwiseModel, criterion: Criterion, tree: Tree, h: Tensor, first: Tensor,

@@ -23,7 +23,7 @@ from torch import Tensor
 from lightning_bpd.decoding.blockwise import chain_source
 from lightning_bpd.decoding.criteria import Criterion, Exact, SpeculativeSampling
 from lightning_bpd.decoding.greedy import strip_padding
-from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args
+from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args, source_room
 from lightning_bpd.decoding.reference import accepted_block, reference_result, ruled_verify
 from lightning_bpd.decoding.rules import BoundRules, reference_rules, ruled_at
 from lightning_bpd.decoding.sampling import residual, sample
@@ -84,8 +84,9 @@ def tree_decode_reference(model: BlockwiseModel, src: Tensor, criterion: Criteri
             return tree_sample_reference(model, src, criterion, max_len, tree)
         criterion = criterion.greedy  # temperature 0: exact
     bound, stops, befores = reference_rules(model, src, max_len)  # befores: what the rules see before token 0
+    room = room_of(model, src)
     rows, blocks, calls = [], [], 0
-    for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
+    for row, (before, row_src) in enumerate(zip(befores, strip_padding(src, model.pad_id))):
         context = model.encode(row_src)
         out: list[int] = []
         row_blocks: list[int] = []
@@ -93,16 +94,23 @@ def tree_decode_reference(model: BlockwiseModel, src: Tensor, criterion: Criteri
             prefix = [model.bos_id, *out]
             h = model.decode_full(torch.tensor([prefix], device=src.device), context)[:, -1]  # (1, D)
             rule = None if bound is None else ruled_at(bound, [*before, *out], len(out))
-            tokens = reference_tree_tokens(model, criterion, tree, h, context, rule)
-            node = check_candidates(model, criterion, tree, prefix, tokens, context, src.device, bound,
+            now = tree.cut(room[row] - len(out) - 1)  # shallower where the row's context ends
+            tokens = reference_tree_tokens(model, criterion, now, h, context, rule)
+            node = check_candidates(model, criterion, now, prefix, tokens, context, src.device, bound,
                                     [*before, *out])
-            calls += 1 + len(tree.leaves())
-            block = accepted_block([tokens[i] for i in tree.root_path(node)], stops, max_len - len(out))
+            calls += 1 + len(now.leaves())
+            block = accepted_block([tokens[i] for i in now.root_path(node)], stops, max_len - len(out))
             out.extend(block)
             row_blocks.append(len(block))
         rows.append(out)
         blocks.append(row_blocks)
     return reference_result(rows, blocks, model.pad_id, src.device, calls=calls)
+
+
+def room_of(model: BlockwiseModel, src: Tensor) -> list[int]:
+    """The inputs each row of ``src`` may feed after its start token (:func:`source_room`; no bound: a number past
+    any decode's)."""
+    return source_room(model, src) or [1 << 30] * src.shape[0]
 
 
 def sampled_tree_tokens(model: BlockwiseModel, rule: SpeculativeSampling, tree: Tree, h: Tensor, root: int,
@@ -170,8 +178,9 @@ def tree_sample_reference(model: BlockwiseModel, src: Tensor, rule: SpeculativeS
     rule.reset(src.device)
     g = rule.rng(src.device)
     bound, stops, befores = reference_rules(model, src, max_len)
+    room = room_of(model, src)
     rows, blocks, calls = [], [], 0
-    for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
+    for row, (before, row_src) in enumerate(zip(befores, strip_padding(src, model.pad_id))):
         context = model.encode(row_src)
         out: list[int] = []
         row_blocks: list[int] = []
@@ -182,15 +191,16 @@ def tree_sample_reference(model: BlockwiseModel, src: Tensor, rule: SpeculativeS
                 p = sampled_target(model, rule, context, prefix, bound, history, len(out), src.device)  # (V,)
                 root = int(sample(p[None], g)[0])
             h = model.decode_full(torch.tensor([prefix], device=src.device), context)[:, -1]  # (1, D)
-            tokens, qs = sampled_tree_tokens(model, rule, tree, h, root, context)
-            paths = [[tokens[i] for i in tree.root_path(n)] for n in range(tree.size)]
+            now = tree.cut(room[row] - len(out) - 1)  # shallower where the row's context ends
+            tokens, qs = sampled_tree_tokens(model, rule, now, h, root, context)
+            paths = [[tokens[i] for i in now.root_path(n)] for n in range(now.size)]
             targets = {n: sampled_target(model, rule, context, prefix + path, bound, history + path,
                                          len(out) + len(path), src.device)
                        for n, path in enumerate(paths)}  # p after every node (the walk reads those on its way)
-            u = torch.rand((1, tree.size), generator=g, dtype=targets[0].dtype, device=src.device)[0].tolist()
-            node, r = walk_reference(tree, tokens, targets.__getitem__, qs, u)
+            u = torch.rand((1, now.size), generator=g, dtype=targets[0].dtype, device=src.device)[0].tolist()
+            node, r = walk_reference(now, tokens, targets.__getitem__, qs, u)
             root = int(sample(r[None], g)[0])
-            calls += 1 + tree.size
+            calls += 1 + now.size
             block = accepted_block(paths[node], stops, max_len - len(out))
             out.extend(block)
             row_blocks.append(len(block))

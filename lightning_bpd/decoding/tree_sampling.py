@@ -84,6 +84,8 @@ def propose_sampled_tree(model: BlockwiseModel, rule, tree: Tree, h: Tensor, fir
     random numbers)."""
     b, g = h.shape[0], rule.rng(h.device)
     tokens = first[:, None].expand(-1, tree.size).clone()  # (b, N)
+    if tree.depth == 0:  # the root alone (a tree cut where a row's context ends): nothing drawn
+        return tokens, h.new_zeros(b, 0, 1)
     kids = [tree.children(i) for i in range(tree.size)]
     if not model.chained_heads:
         q = rule.distribution(model.logits_heads(h, range(1, tree.depth + 1)))  # (b, depth, V)

@@ -35,6 +35,7 @@ tokens, bad words of one or several tokens (matched against each prompt's tail a
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -213,9 +214,7 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
         valid = src != self.pad_id  # (B, P)
         n = valid.sum(dim=1)  # (B,)
         longest = int(n.max())
-        if self.n_positions is not None and longest > self.n_positions:
-            raise ValueError(f"a prompt of {longest} tokens is longer than the model's context "
-                             f"({self.n_positions} positions)")
+        self.check_prompt(longest)
         positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, P): generate's position ids
         slots = torch.arange(src.shape[1], device=src.device)
         last_slot = torch.where(valid, slots, -1).argmax(dim=1)  # (B,): each row's last prompt token
@@ -311,15 +310,39 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
 
     def room(self, n_new: int, context: CausalContext, cache: KVCache) -> tuple[Tensor, int]:
         """The cache slots (B, n_new) the next inputs take and the slots a query may read (a host int); raises
-        where the cache or the model's context has no room for them."""
+        where the cache has no room for them (the model's context: :meth:`room_after`, which the decoders keep)."""
         cache.check_room(n_new)
         if not cache.prefix:  # the first step: the prompt's keys and values go into the cache's prompt region, once
             cache.put_prefix([k.transpose(1, 2) for k, _ in context.kv], [v.transpose(1, 2) for _, v in context.kv])
         stop = min(cache.length_bounds()[1] + n_new, cache.capacity)  # a static cache: every slot
-        if self.n_positions is not None and context.longest - 1 + stop > self.n_positions:
-            raise ValueError(f"prompt ({context.longest} tokens) plus the tokens decoded exceed the model's context "
-                             f"({self.n_positions} positions)")
         return cache.positions(n_new), stop
+
+    @property
+    def decode_room(self) -> Callable[[Tensor], list[int]] | None:  # type: ignore[override]
+        """The decoder inputs each prompt row leaves after its last token before the model's positions run out
+        (:attr:`~lightning_bpd.decoding.protocol.BlockwiseModel.decode_room`); None for a base without a position
+        limit."""
+        return None if self.n_positions is None else self.room_after
+
+    def room_after(self, src: Tensor) -> list[int]:
+        """Prompts (B, P) padded with ``pad_id`` -> the new tokens each fits in the context (host ints): input i after
+        the start token sits at position prompt length - 1 + i."""
+        lengths = (src != self.pad_id).sum(dim=1).tolist()
+        self.check_prompt(max(lengths))
+        return [self.n_positions - n for n in lengths]
+
+    def check_prompt(self, longest: int) -> None:
+        """One line where the longest prompt (tokens) does not fit the model's context."""
+        if self.n_positions is not None and longest > self.n_positions:
+            raise ValueError(f"a prompt of {longest} tokens is longer than the model's context "
+                             f"({self.n_positions} positions)")
+
+    def fed_positions(self, q_pos: Tensor) -> Tensor:
+        """The position ids (B, T) the base reads for inputs at ``q_pos`` (B, T): as they are, but capped at the last
+        of the model's positions. Only inputs that nothing reads pass it (the decoders keep every live row within
+        :meth:`room_after`: a fixed-shape decoder's finished rows, proposals past max_len); the masks keep their
+        true positions, so no other input sees them."""
+        return q_pos if self.n_positions is None else q_pos.clamp(max=self.n_positions - 1)
 
     def step(self, tokens: Tensor, slots: Tensor, q_pos: Tensor, k_pos: Tensor, visible: Tensor, stop: int,
              context: CausalContext, cache: KVCache) -> Tensor:
@@ -329,10 +352,11 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
         vis = visible if visible.dim() == 3 else visible[:, None, :]
         seen = {t: torch.cat([allowed_keys(q_pos, context.key_positions, context.attend[:, None, :], w),
                               allowed_keys(q_pos, k_pos, vis, w)], dim=2) for t, w in self.windows.items()}
+        fed = self.fed_positions(q_pos)  # (B, T)
         if self.runs_lean():  # the same ops, fewer calls
-            h = self.lean_trunk()(tokens, q_pos, self.masks(seen), cache, slots, stop, self.products.linear)
+            h = self.lean_trunk()(tokens, fed, self.masks(seen), cache, slots, stop, self.products.linear)
         else:
-            h = self.run(tokens, q_pos, seen, PromptStepCache(cache, slots, stop))  # seen: (B, T, P + S')
+            h = self.run(tokens, fed, seen, PromptStepCache(cache, slots, stop))  # seen: (B, T, P + S')
         cache.advance(tokens.shape[1])
         return h
 

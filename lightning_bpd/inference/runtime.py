@@ -140,6 +140,10 @@ class Runtime:
     def rules_history(self) -> Callable[[Tensor, int], Tensor] | None:
         return self.model.rules_history
 
+    @property
+    def decode_room(self) -> Callable[[Tensor], list[int]] | None:
+        return self.model.decode_room
+
     @functools.cached_property
     def restrict_draft(self) -> Callable[[Tensor], Tensor] | None:
         return without_grad(self.model.restrict_draft)

@@ -41,6 +41,7 @@ class BlockwiseTransformer(RuntimeParts, nn.Module):
     argmax_first = draft_tokens = draft_ranks = chain_draft = chain_drafts = chain_ranks = None
     generation_rules = None  # greedy decoding of p_1 as it is, ending at eos_id (a user may set rules)
     rules_history = None  # the rules' history before the first token: the start token (bos_id)
+    decode_room = None  # sinusoidal positions: no bound on the decoder's inputs
     decoder_only = False  # ModelConfig.decoder_only: the subclass CausalTransformer (nn.causal_model)
 
     def __init__(self, config: ModelConfig) -> None:

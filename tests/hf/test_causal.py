@@ -275,7 +275,8 @@ def test_bad_input_is_one_line(tmp_path):
     long = torch.randint(3, VOCAB, (2, 70))
     one_line("a prompt of 70 tokens is longer than the model's context \\(64 positions\\)",
              lambda: greedy_decode(model, long, 4))
-    one_line("plus the tokens decoded exceed the model's context", lambda: greedy_decode(model, long[:, :60], 8))
+    one_line("src row 0: the model's context holds 4 new tokens after it, fewer than max_len=8",
+             lambda: greedy_decode(model, long[:, :60], 8))
 
 
 TREES = {"medusa": [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (1, 0, 0)],

@@ -40,18 +40,17 @@ def read_prompts(path: str) -> list[tuple[int, str]]:
 
 def check_prompts(module: Any, prompts: list[tuple[int, str]], max_new_tokens: int) -> None:
     """Every prompt tokenizes to at least one token, holds no pad id, and fits the model's context with
-    ``max_new_tokens`` more and the k proposals a verify pass may hold past them (the decode cache's room)."""
-    positions, margin = module.model.n_positions, module.model.k if module.model.k > 1 else 0
+    ``max_new_tokens`` more (a verify pass near the end holds fewer proposals: none past the context)."""
+    positions = module.model.n_positions
     for number, prompt in prompts:
         ids = module.tokenizer(prompt)["input_ids"]
         if not ids:
             raise ValueError(f"line {number}: the prompt is empty after tokenization")
         if module.model.pad_id in ids:
             raise ValueError(f"line {number}: the prompt holds the pad id {module.model.pad_id}")
-        if positions is not None and len(ids) + max_new_tokens + margin > positions:
-            heads = f" and the {margin} heads' proposals past them" if margin else ""
+        if positions is not None and len(ids) + max_new_tokens > positions:
             raise ValueError(f"line {number}: the prompt has {len(ids)} tokens, which with --max-new-tokens "
-                             f"{max_new_tokens}{heads} exceeds the model's context ({positions} positions)")
+                             f"{max_new_tokens} exceeds the model's context ({positions} positions)")
 
 
 def complete(module: Any, prompts: list[str], method: Callable, batch_size: int = 32, model: Any = None,

@@ -132,7 +132,7 @@ class LMModule(BlockwiseModule):
         if positions is None:
             return self.max_new_tokens
         longest = int((src != self.model.pad_id).sum(dim=1).max())
-        room = positions - longest - self.model.k
+        room = positions - longest  # the last verify passes shrink to it (decoding.protocol.source_room)
         if room < 1:
             raise ValueError(f"a prompt of {longest} tokens leaves no room for new tokens in the model's context "
                              f"({positions} positions)")

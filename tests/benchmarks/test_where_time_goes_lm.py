@@ -1,0 +1,77 @@
+"""``where_time_goes`` on a language-modelling checkpoint (issue 46): prompts from a data folder's held-out split
+or JSON Lines, greedy and blockwise decodes timed by part as for translation; bad input in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from lightning_bpd.benchmarks.where_time_goes import TIMED, main
+from lightning_bpd.tasks.lm import LMModule
+from lightning_bpd.tasks.translation.hf_module import save_heads
+from tests.tasks.lm.tiny_lm import write_checkpoint, write_corpus
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory) -> tuple[Path, Path]:
+    """k = 4 chained heads saved on their own on a tiny Llama (64 positions), and a data folder."""
+    root = tmp_path_factory.mktemp("lm")
+    heads = save_heads(LMModule(str(write_checkpoint(root / "llama", positions=64)), k=4, max_new_tokens=5),
+                       root / "heads")
+    return heads, write_corpus(root / "data")
+
+
+def check_parts(report: dict, inputs: int) -> None:
+    """Every method's parts add up, and its calls are the decoders' (one decode_step per greedy step; per blockwise
+    iteration plus the first call on the start token)."""
+    greedy, exact = report["methods"]["greedy"], report["methods"]["exact@k4"]
+    for r in report["methods"].values():
+        assert set(r["share"]) == {*TIMED, "loop"} and sum(r["share"].values()) == pytest.approx(1.0)
+        assert sum(r["ms_per_step_by_part"].values()) == pytest.approx(r["ms_per_step"])
+        assert r["calls"]["encode"] == inputs
+    assert greedy["calls"]["decode_step"] == greedy["steps"] and "ceilings" not in greedy
+    assert exact["calls"]["decode_step"] == exact["steps"] + inputs
+    assert exact["ceilings"]["measured"] > 0 and "chain_drafts" in exact["calls"]
+
+
+def test_held_out_prompts_are_timed_by_part(lm, tmp_path, capsys):
+    heads, data = lm
+    out = tmp_path / "where.json"
+    report = main(["--ckpt", str(heads), "--data-root", str(data), "--split", "val", "--inputs", "3",
+                   "--max-new-tokens", "6", "--k", "2", "4", "--json", str(out)])
+    assert report["inputs"] == 3 and report["max_new_tokens"] == 6 and report["prompts_from"].endswith("(val split)")
+    assert set(report["methods"]) == {"greedy", "exact@k2", "exact@k4"}
+    check_parts(report, 3)
+    assert report["methods"]["greedy"]["steps"] <= 3 * 6
+    assert json.loads(out.read_text())["methods"].keys() == report["methods"].keys()
+    printed = capsys.readouterr().out
+    assert "exact@k4" in printed and "speedup over greedy" in printed
+
+
+def test_json_lines_prompts_are_timed_by_part(lm, tmp_path):
+    heads, _ = lm
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["def f(x):\n", "x = 1\n", "import os\n"]))
+    report = main(["--ckpt", str(heads), "--input", str(prompts), "--inputs", "2"])
+    assert report["inputs"] == 2 and report["max_new_tokens"] == 5  # the module's own
+    check_parts(report, 2)
+
+
+def test_bad_input_is_one_line(lm, tmp_path):
+    heads, data = lm
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"prompt": "x = 1\n" * 40}) + "\n")
+    for argv, match in [([], "give one of --input FILE.jsonl"),
+                        (["--input", str(prompts), "--data-root", str(data)], "give one of --input FILE.jsonl"),
+                        (["--input", str(prompts)], "exceeds the model's context \\(64 positions\\)"),
+                        (["--data-root", str(data), "--max-new-tokens", "0"], "--max-new-tokens must be >= 1")]:
+        with pytest.raises(SystemExit, match=f"^where_time_goes: .*{match}") as err:
+            main(["--ckpt", str(heads), *argv])
+        assert "\n" not in str(err.value)
