@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from lightning_bpd.benchmarks.verify_cost import checked_run, timed
 from lightning_bpd.records import cpu_name, write_json
 
 SHAPES: dict[str, dict[str, int]] = {
@@ -62,13 +63,6 @@ def build(shape: str, k: int) -> Any:
     if k > 1:  # heads that disagree with p_1: one token accepted per iteration, every iteration a whole one
         torch.nn.init.normal_(model.head.out.weight, std=1.0)
     return model
-
-
-def timed(fn) -> float:
-    """Seconds of one call of ``fn()``; a ``fn`` that times itself (returns seconds) is taken at its word."""
-    start = time.perf_counter()
-    own = fn()
-    return own if own is not None else time.perf_counter() - start
 
 
 def step_and_verify(model: Any, prompt: torch.Tensor, k: int) -> tuple[Any, Any]:
@@ -163,19 +157,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     args.command = shlex.join(["python", "-m", "lightning_bpd.benchmarks.causal_cost",
                                *(sys.argv[1:] if argv is None else argv)])
-    from lightning_bpd.inference import InferenceOptions
-
-    try:
-        for name in args.precisions:
-            InferenceOptions(precision=name)  # an unknown name: one line, before the model is built
-    except ValueError as err:
-        raise SystemExit(f"causal_cost: {err}") from None
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
-        return run(args)
-    finally:
-        torch.set_num_threads(threads)
+    return checked_run("causal_cost", run, args)
 
 
 def sample(calls: dict[str, tuple[Any, Any]], per_token: Any, args: argparse.Namespace) -> tuple[dict, list[float]]:
