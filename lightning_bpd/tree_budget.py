@@ -28,6 +28,7 @@ from lightning_bpd.decoding import Tree, greedy_decode, head_rank_agreement
 from lightning_bpd.decoding.tree import budget_limit
 from lightning_bpd.decoding.tree_cost import CostCurve, TreeChoice, choose_nodes, measure_pass_costs, measured_widths
 from lightning_bpd.evaluation import EvalBatch, batched, pad_rows
+from lightning_bpd.inference.runtime import Runtime
 
 RANKS = 8  # ranks measured per head: trees up to 8 children wide
 KEY = "head_rank_agreement"  # where a checkpoint and heads.json keep the table
@@ -127,8 +128,7 @@ def auto_tree(model: Any, table: Tensor | None, k: int, src: Tensor, spec: str =
     n_max = min(auto_limit(spec), budget_limit(*rows.shape))
     widths = measured_widths(n_max, path_width=k)
     key = ("tree_cost", k, tuple(src.shape), tuple(widths), tuple(map(tuple, rows.tolist())))
-    memo = getattr(model, "measurements", None)  # a runtime's: measured once per run
-    memo = memo if isinstance(memo, dict) else {}
+    memo = model.measurements if isinstance(model, Runtime) else {}  # a runtime's: measured once per run
     if key not in memo:
         trees = [Tree.from_budget(w - 1, rows) for w in widths]
         costs = measure_pass_costs(model, src, [*trees, Tree.path(k - 1)], repeats)

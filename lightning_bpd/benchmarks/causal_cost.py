@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name in args.precisions:
             for on in (True, False):
                 runtime = build_runtime(model, InferenceOptions(precision=name, lean_steps=on))
-                kind = "lean" if getattr(runtime.model, "lean", False) else "modules"
+                kind = "lean" if runtime.model.lean else "modules"
                 lean.setdefault(name, runtime)
                 calls[f"{name} {kind}"] = step_and_verify(runtime, prompt, args.k)
         calls["hf_own"] = hf_own_step(model.base, prompt, args.k)
