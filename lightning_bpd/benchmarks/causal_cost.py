@@ -38,11 +38,12 @@ from typing import Any
 import torch
 
 from lightning_bpd.benchmarks.verify_cost import checked_run, timed
+from lightning_bpd.hf.causal_base import CAUSAL_SHAPES
 from lightning_bpd.records import cpu_name, write_json
 
 SHAPES: dict[str, dict[str, int]] = {
     "smollm": {"d": 576, "layers": 30, "heads": 9, "kv_heads": 3, "ffn": 1536, "positions": 2048, "vocab": 49152},
-    "code": {"d": 384, "layers": 10, "heads": 6, "kv_heads": 2, "ffn": 1024, "positions": 1024, "vocab": 8192},
+    "code": {**CAUSAL_SHAPES["code"], "vocab": 8192},
     "tiny": {"d": 32, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 64, "positions": 256, "vocab": 300},  # tests
 }
 
