@@ -28,6 +28,7 @@ from lightning_bpd.decoding import Tree, greedy_decode, head_rank_agreement
 from lightning_bpd.decoding.tree import budget_limit
 from lightning_bpd.decoding.tree_cost import CostCurve, TreeChoice, choose_nodes, measure_pass_costs, measured_widths
 from lightning_bpd.evaluation import EvalBatch, batched, pad_rows
+from lightning_bpd.inference.runtime import Runtime
 
 RANKS = 8  # ranks measured per head: trees up to 8 children wide
 KEY = "head_rank_agreement"  # where a checkpoint and heads.json keep the table
@@ -91,6 +92,17 @@ def from_record(record: Any, where: str = "the checkpoint") -> Tensor | None:
     return table
 
 
+def stored_rows(table: Tensor | None, k: int, what: str) -> Tensor:
+    """The rows of the stored ``table`` that decoding with ``k`` heads reads (k - 1, ranks); ValueError, in one line
+    starting with ``what``, for k < 2 or no table."""
+    if k < 2:
+        raise ValueError(f"{what}: a tree needs k >= 2 heads, decoding with k={k}")
+    if table is None:
+        raise ValueError(f"{what}: no head rank agreement table is stored with these heads (fit measures one on its "
+                         "validation decode subset; bench and bench-generate measure one on their inputs)")
+    return table[: k - 1]
+
+
 def budget_tree(n_nodes: int, table: Tensor | None, k: int, option: str = "--tree-nodes") -> Tree | None:
     """The tree of ``n_nodes`` non-root nodes for decoding with ``k`` heads (None for 0: today's single path), from
     the stored ``table``. ValueError, in one line, where N is out of range or no table is stored."""
@@ -98,12 +110,7 @@ def budget_tree(n_nodes: int, table: Tensor | None, k: int, option: str = "--tre
         raise ValueError(f"{option} must be an integer >= 0 (0 = the single path), got {n_nodes!r}")
     if n_nodes == 0:
         return None
-    if k < 2:
-        raise ValueError(f"{option} {n_nodes}: a tree needs k >= 2 heads, decoding with k={k}")
-    if table is None:
-        raise ValueError(f"{option} {n_nodes}: no head rank agreement table is stored with these heads (fit measures "
-                         "one on its validation decode subset; bench and bench-generate measure one on their inputs)")
-    rows = table[: k - 1]
+    rows = stored_rows(table, k, f"{option} {n_nodes}")
     limit = budget_limit(rows.shape[0], rows.shape[1])
     if n_nodes > limit:
         raise ValueError(f"{option} must lie in [0, {limit}] for {rows.shape[0]} heads of {rows.shape[1]} measured "
@@ -117,17 +124,11 @@ def auto_tree(model: Any, table: Tensor | None, k: int, src: Tensor, spec: str =
     expected accepted tokens per unit of iteration cost, the costs timed on ``model`` (a runtime, or the module's
     model) at the batch ``src`` (B, S); and the choice. The cost curve is measured once per runtime and batch shape
     (kept in its ``measurements``). ValueError, in one line, as :func:`budget_tree`."""
-    if k < 2:
-        raise ValueError(f"--tree-nodes {spec}: a tree needs k >= 2 heads, decoding with k={k}")
-    if table is None:
-        raise ValueError(f"--tree-nodes {spec}: no head rank agreement table is stored with these heads (fit measures "
-                         "one on its validation decode subset; bench and bench-generate measure one on their inputs)")
-    rows = table[: k - 1]
+    rows = stored_rows(table, k, f"--tree-nodes {spec}")
     n_max = min(auto_limit(spec), budget_limit(*rows.shape))
     widths = measured_widths(n_max, path_width=k)
     key = ("tree_cost", k, tuple(src.shape), tuple(widths), tuple(map(tuple, rows.tolist())))
-    memo = getattr(model, "measurements", None)  # a runtime's: measured once per run
-    memo = memo if isinstance(memo, dict) else {}
+    memo = model.measurements if isinstance(model, Runtime) else {}  # a runtime's: measured once per run
     if key not in memo:
         trees = [Tree.from_budget(w - 1, rows) for w in widths]
         costs = measure_pass_costs(model, src, [*trees, Tree.path(k - 1)], repeats)

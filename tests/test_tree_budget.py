@@ -120,3 +120,25 @@ def test_auto_is_measured_once_per_runtime_and_reported(monkeypatch, capsys):
         tb.auto_tree(runtime, None, 4, src)
     with pytest.raises(ValueError, match=r"^--tree-nodes auto: a tree needs k >= 2 heads, decoding with k=1$"):
         tb.auto_tree(runtime, table, 1, src)
+
+
+def test_auto_measures_the_cost_curve_once_per_runtime(monkeypatch):
+    from lightning_bpd import tree_budget
+    from lightning_bpd.inference import InferenceOptions, build_runtime
+
+    calls = []
+
+    def stub(model, src, trees, repeats):  # cost = width: no tree pays
+        calls.append(model)
+        return [float(t.size) for t in trees]
+
+    monkeypatch.setattr(tree_budget, "measure_pass_costs", stub)
+    model = random_model(k=3, seed=1)
+    src = random_sources(1, seed=1)
+    table = torch.tensor([[0.5, 0.2], [0.3, 0.1]], dtype=torch.float64)
+    runtime = build_runtime(model, InferenceOptions())
+    first = tree_budget.auto_tree(runtime, table, 3, src, "auto:4")
+    assert tree_budget.auto_tree(runtime, table, 3, src, "auto:4") == first and len(calls) == 1  # kept on the runtime
+    tree_budget.auto_tree(model, table, 3, src, "auto:4")  # a model keeps nothing: measured each time
+    tree_budget.auto_tree(model, table, 3, src, "auto:4")
+    assert len(calls) == 3

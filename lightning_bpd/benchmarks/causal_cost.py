@@ -37,11 +37,13 @@ from typing import Any
 
 import torch
 
+from lightning_bpd.benchmarks.verify_cost import checked_run, timed
+from lightning_bpd.hf.causal_base import CAUSAL_SHAPES
 from lightning_bpd.records import cpu_name, write_json
 
 SHAPES: dict[str, dict[str, int]] = {
     "smollm": {"d": 576, "layers": 30, "heads": 9, "kv_heads": 3, "ffn": 1536, "positions": 2048, "vocab": 49152},
-    "code": {"d": 384, "layers": 10, "heads": 6, "kv_heads": 2, "ffn": 1024, "positions": 1024, "vocab": 8192},
+    "code": {**CAUSAL_SHAPES["code"], "vocab": 8192},
     "tiny": {"d": 32, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 64, "positions": 256, "vocab": 300},  # tests
 }
 
@@ -62,13 +64,6 @@ def build(shape: str, k: int) -> Any:
     if k > 1:  # heads that disagree with p_1: one token accepted per iteration, every iteration a whole one
         torch.nn.init.normal_(model.head.out.weight, std=1.0)
     return model
-
-
-def timed(fn) -> float:
-    """Seconds of one call of ``fn()``; a ``fn`` that times itself (returns seconds) is taken at its word."""
-    start = time.perf_counter()
-    own = fn()
-    return own if own is not None else time.perf_counter() - start
 
 
 def step_and_verify(model: Any, prompt: torch.Tensor, k: int) -> tuple[Any, Any]:
@@ -163,19 +158,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     args.command = shlex.join(["python", "-m", "lightning_bpd.benchmarks.causal_cost",
                                *(sys.argv[1:] if argv is None else argv)])
-    from lightning_bpd.inference import InferenceOptions
-
-    try:
-        for name in args.precisions:
-            InferenceOptions(precision=name)  # an unknown name: one line, before the model is built
-    except ValueError as err:
-        raise SystemExit(f"causal_cost: {err}") from None
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
-        return run(args)
-    finally:
-        torch.set_num_threads(threads)
+    return checked_run("causal_cost", run, args)
 
 
 def sample(calls: dict[str, tuple[Any, Any]], per_token: Any, args: argparse.Namespace) -> tuple[dict, list[float]]:
@@ -209,7 +192,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name in args.precisions:
             for on in (True, False):
                 runtime = build_runtime(model, InferenceOptions(precision=name, lean_steps=on))
-                kind = "lean" if getattr(runtime.model, "lean", False) else "modules"
+                kind = "lean" if runtime.model.lean else "modules"
                 lean.setdefault(name, runtime)
                 calls[f"{name} {kind}"] = step_and_verify(runtime, prompt, args.k)
         calls["hf_own"] = hf_own_step(model.base, prompt, args.k)

@@ -78,11 +78,12 @@ def load_assistant(path: str | Path, module: Any, prompts: Sequence[str], device
 
     from lightning_bpd.checkpoints import load_model
     from lightning_bpd.hf.prompts import load_tokenizer
+    from lightning_bpd.tasks.lm.module import LMModule
 
     path = Path(path)
     if path.is_file():
         theirs = load_model(path, device)
-        if not hasattr(theirs, "encode_prompts"):
+        if not isinstance(theirs, LMModule):
             raise ValueError(f"--assistant {path}: not a language-modelling checkpoint ({type(theirs).__name__}); "
                              "assisted generation needs a causal LM")
         draft, tokenizer = theirs.model.base, theirs.tokenizer

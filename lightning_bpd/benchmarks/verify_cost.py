@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -101,14 +102,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None)
-    args = p.parse_args(argv)
+    return checked_run("verify_cost", run, p.parse_args(argv))
+
+
+def checked_run(prog: str, run: Callable[[argparse.Namespace], dict[str, Any]],
+                args: argparse.Namespace) -> dict[str, Any]:
+    """``run(args)`` on ``args.threads`` threads (torch's count restored after), once every name of
+    ``args.precisions`` is known (else one line, before any model is built)."""
     from lightning_bpd.inference import InferenceOptions
 
     try:
         for name in args.precisions:
-            InferenceOptions(precision=name)  # an unknown name: one line, before the model is built
+            InferenceOptions(precision=name)
     except ValueError as err:
-        raise SystemExit(f"verify_cost: {err}") from None
+        raise SystemExit(f"{prog}: {err}") from None
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:

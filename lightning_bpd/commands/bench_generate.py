@@ -255,7 +255,9 @@ def main(argv: list[str] | None = None) -> dict:
         module = load_model(args.ckpt, args.device, base=args.base)
     except (ValueError, TypeError, FileNotFoundError) as err:
         sys.exit(f"hf_generate: {str(err).strip().splitlines()[0]}")
-    if hasattr(module, "encode_prompts"):  # a language model: prompts, generate's peers, llama.cpp
+    from lightning_bpd.tasks.lm.module import LMModule
+
+    if isinstance(module, LMModule):  # a language model: prompts, generate's peers, llama.cpp
         return main_lm(module, args)
     try:
         if args.input is None:

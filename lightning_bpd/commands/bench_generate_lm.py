@@ -198,9 +198,10 @@ def prepare(module: Any, args: argparse.Namespace) -> tuple[int, list[str], Any,
 def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
     """``bench-generate`` on a language-modelling ``module`` (loaded by the command from ``args.ckpt``)."""
     from lightning_bpd.commands.bench_generate import runtime_options
+    from lightning_bpd.hf.causal import HFCausalBlockwise
 
     model = module.model
-    if not hasattr(model, "base"):
+    if not isinstance(model, HFCausalBlockwise):
         sys.exit(f"bench-generate: {args.ckpt}: a run of our own decoder-only base, which has no transformers generate "
                  "to compare with (this bench needs a Hugging Face base)")
     try:

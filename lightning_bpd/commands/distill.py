@@ -49,7 +49,7 @@ from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.tasks.translation.module import translate
 from lightning_bpd.tasks.translation.text_files import read_lines, resolve_split_files
 
-if TYPE_CHECKING:  # the LM task imports transformers: only when a language model is distilled
+if TYPE_CHECKING:  # the LM task imports transformers: imported at run time, by the functions that use it
     from lightning_bpd.tasks.lm import LMDataModule
     from lightning_bpd.tasks.lm.self_distill import Prefix
 
@@ -133,6 +133,29 @@ def run_rank(rank: int, world: int, args: argparse.Namespace, lines: list[str]) 
         seconds = time.perf_counter() - start
         print(f"rank {rank}: decoded {decoded} sentences in {seconds:.1f} s ({decoded / seconds:.2f} sentences/s, "
               f"beam {args.beam}, {torch.get_num_threads()} thread(s) on {device})", file=sys.stderr)
+
+
+def run_ranks(run: Callable[[int, int, argparse.Namespace, list], None], args: argparse.Namespace,
+              work: list) -> bool:
+    """``run(rank, world, args, work)`` on every rank: this process alone (one device), ``--devices N`` processes
+    spawned here, or this process as one rank of torchrun's (``WORLD_SIZE``, ``RANK``). True where this process
+    goes on to merge the shards (rank 0)."""
+    if "WORLD_SIZE" in os.environ:  # torchrun: rank 0 merges once every shard is there
+        rank = int(os.environ.get("RANK", "0"))
+        run(rank, int(os.environ["WORLD_SIZE"]), args, work)
+        return rank == 0
+    if args.devices > 1:
+        torch.multiprocessing.spawn(run, args=(args.devices, args, work), nprocs=args.devices, join=True)
+    else:
+        run(0, 1, args, work)
+    return True
+
+
+def check_shards(n: int, path: Callable[[int], Path]) -> None:
+    """Exit in one line unless the file ``path(i)`` of every shard i < n exists."""
+    missing = [i for i in range(n) if not path(i).is_file()]
+    if missing:
+        sys.exit(f"distill: shards {missing[:10]} are not finished yet (other ranks still running?): run again")
 
 
 def merge(args: argparse.Namespace, lines: list[str], src_path: Path) -> None:
@@ -262,18 +285,9 @@ def distill_lm(module, args: argparse.Namespace) -> None:
                       limit=args.limit)
     sd.check_plan(out, plan)
     (out / "shards").mkdir(exist_ok=True)
-    world = int(os.environ.get("WORLD_SIZE", args.devices))
-    if "WORLD_SIZE" in os.environ:  # torchrun: this process is one rank; rank 0 merges when every shard is there
-        run_lm_rank(int(os.environ.get("RANK", "0")), world, args, prefixes)
-        if int(os.environ.get("RANK", "0")) != 0:
-            return
-    elif world > 1:
-        torch.multiprocessing.spawn(run_lm_rank, args=(world, args, prefixes), nprocs=world, join=True)
-    else:
-        run_lm_rank(0, 1, args, prefixes)
-    missing = [i for i in range(sd.n_shards(len(prefixes), args.shard_size)) if not sd.shard_path(out, i).is_file()]
-    if missing:
-        sys.exit(f"distill: shards {missing[:10]} are not finished yet (other ranks still running?): run again")
+    if not run_ranks(run_lm_rank, args, prefixes):
+        return
+    check_shards(sd.n_shards(len(prefixes), args.shard_size), lambda i: sd.shard_path(out, i))
     continuations, totals = sd.read_shards(out, prefixes, args.shard_size)
     split_root = {s: data.root / s if (data.root / "train").is_dir() else data.root for s in ("val", "test")}
     files = sd.write_folder(out, prefixes, continuations, {s: data.files[s] for s in ("val", "test")}, split_root)
@@ -298,12 +312,15 @@ def main(argv: list[str] | None = None) -> None:
         module = load_model(args.ckpt)  # fail early on a bad checkpoint, before spawning anything
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"distill: {err}")
-    if hasattr(module, "encode_prompts"):  # a language model (LMModule)
+    from lightning_bpd.tasks.lm.module import LMModule
+    from lightning_bpd.tasks.superres.module import SuperResolutionModule
+
+    if isinstance(module, LMModule):
         try:
             return distill_lm(module, args)
         except (ValueError, FileNotFoundError) as err:  # the data, a started run of other settings: one line
             sys.exit(f"distill: {err}")
-    if type(module).__name__ == "SuperResolutionModule":
+    if isinstance(module, SuperResolutionModule):
         if torch.cuda.is_available():  # one process, one device (--devices 1)
             module = module.to("cuda")
         return distill_superres(module, args)
@@ -318,17 +335,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"distill: {err}")
     (Path(args.out) / "shards").mkdir(parents=True, exist_ok=True)
-    world = int(os.environ.get("WORLD_SIZE", args.devices))
-    if "WORLD_SIZE" in os.environ:  # torchrun: this process is one rank; rank 0 merges after a barrier file check
-        run_rank(int(os.environ.get("RANK", "0")), world, args, lines)
-        if int(os.environ.get("RANK", "0")) != 0:
-            return
-    elif world > 1:
-        torch.multiprocessing.spawn(run_rank, args=(world, args, lines), nprocs=world, join=True)
-    else:
-        run_rank(0, 1, args, lines)
-    missing = [i for i in range(-(-len(lines) // args.shard_size))
-               if not shard_path(Path(args.out), args.prefix, args.tgt_lang, i).is_file()]
-    if missing:
-        sys.exit(f"distill: shards {missing[:10]} are not finished yet (other ranks still running?): run again")
+    if not run_ranks(run_rank, args, lines):
+        return
+    check_shards(-(-len(lines) // args.shard_size), lambda i: shard_path(Path(args.out), args.prefix, args.tgt_lang, i))
     merge(args, lines, src_path)

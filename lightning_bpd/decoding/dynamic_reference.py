@@ -4,7 +4,7 @@ One row at a time, no cache, no tree mask, no depth-by-depth pruning: at every i
 tree ``depth`` deep is enumerated, each node's token and confidence from the uncached decoder (a chained head
 teacher-forced on the node's own path), the ``nodes`` most confident (ties to the shallower, then the lower path)
 become a :class:`~lightning_bpd.decoding.tree.Tree`, and every root-to-leaf candidate is checked on its own
-(:func:`~lightning_bpd.decoding.tree_reference.check_candidates`).
+(:func:`~lightning_bpd.decoding.tree_reference.exact_tree_reference`).
 """
 
 from __future__ import annotations
@@ -17,12 +17,9 @@ from torch import Tensor
 from lightning_bpd.decoding.blockwise import chain_source
 from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.dynamic_tree import DynamicTree, check_dynamic_args, log_probs
-from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args
-from lightning_bpd.decoding.reference import accepted_block, reference_result
-from lightning_bpd.decoding.rules import reference_rules, ruled_at
 from lightning_bpd.decoding.tree import Path, Tree
-from lightning_bpd.decoding.tree_reference import check_candidates
+from lightning_bpd.decoding.tree_reference import exact_tree_reference
 
 
 @torch.no_grad()
@@ -61,25 +58,9 @@ def dynamic_tree_reference(model: BlockwiseModel, src: Tensor, criterion: Criter
     spec = spec if spec is not None else DynamicTree(nodes=model.k - 1, depth=model.k - 1)
     check_decode_args(model, src, max_len)
     check_dynamic_args(model, criterion, spec, k)
-    bound, stops, befores = reference_rules(model, src, max_len)
-    rows, blocks, calls = [], [], 0
-    for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
-        context = model.encode(row_src)
-        out: list[int] = []
-        row_blocks: list[int] = []
-        while len(out) < max_len and (not out or out[-1] not in stops):
-            prefix = [model.bos_id, *out]
-            h = model.decode_full(torch.tensor([prefix], device=src.device), context)[:, -1]  # (1, D)
-            rule: Callable[[Tensor], Tensor] = (lambda x: x) if bound is None else ruled_at(bound, [*before, *out],
-                                                                                          len(out))
-            root = int(criterion.propose(rule(model.logits_heads(h, [0])))[0, 0])
-            tree, tokens = reference_dynamic_tree(model, spec, h, root, context)
-            node = check_candidates(model, criterion, tree, prefix, tokens, context, src.device, bound,
-                                    [*before, *out])
-            calls += 1 + len(tree.leaves())
-            block = accepted_block([tokens[i] for i in tree.root_path(node)], stops, max_len - len(out))
-            out.extend(block)
-            row_blocks.append(len(block))
-        rows.append(out)
-        blocks.append(row_blocks)
-    return reference_result(rows, blocks, model.pad_id, src.device, calls=calls)
+
+    def propose(h: Tensor, context: Context, rule: Callable[[Tensor], Tensor] | None) -> tuple[Tree, list[int]]:
+        root = int(criterion.propose((rule or (lambda x: x))(model.logits_heads(h, [0])))[0, 0])
+        return reference_dynamic_tree(model, spec, h, root, context)
+
+    return exact_tree_reference(model, src, criterion, max_len, propose)

@@ -71,6 +71,40 @@ def check_candidates(model: BlockwiseModel, criterion: Criterion, tree: Tree, pr
     return -best[1]
 
 
+# A tree proposer of the references: (the hidden state h (1, D) at the last prefix position, the row's context, the
+# generation rules at that position or None) -> the tree and its tokens (N ints).
+ProposeTree = Callable[[Tensor, Context, Callable[[Tensor], Tensor] | None], tuple[Tree, list[int]]]
+
+
+def exact_tree_reference(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_len: int,
+                         propose: ProposeTree) -> DecodeResult:
+    """The references' loop, one row at a time: re-run the prefix, ``propose`` a tree, check every candidate on its
+    own (:func:`check_candidates`), keep the accepted path (cut after an EOS and at max_len)."""
+    bound, stops, befores = reference_rules(model, src, max_len)  # befores: what the rules see before token 0
+    room = room_of(model, src)
+    rows, blocks, calls = [], [], 0
+    for row, (before, row_src) in enumerate(zip(befores, strip_padding(src, model.pad_id))):
+        context = model.encode(row_src)
+        out: list[int] = []
+        row_blocks: list[int] = []
+        while len(out) < max_len and (not out or out[-1] not in stops):
+            prefix = [model.bos_id, *out]
+            h = model.decode_full(torch.tensor([prefix], device=src.device), context)[:, -1]  # (1, D)
+            rule = None if bound is None else ruled_at(bound, [*before, *out], len(out))
+            tree, tokens = propose(h, context, rule)
+            tree = tree.cut(room[row] - len(out) - 1)  # shallower where the row's context ends
+            tokens = tokens[: tree.size]  # a cut keeps the first nodes
+            node = check_candidates(model, criterion, tree, prefix, tokens, context, src.device, bound,
+                                    [*before, *out])
+            calls += 1 + len(tree.leaves())
+            block = accepted_block([tokens[i] for i in tree.root_path(node)], stops, max_len - len(out))
+            out.extend(block)
+            row_blocks.append(len(block))
+        rows.append(out)
+        blocks.append(row_blocks)
+    return reference_result(rows, blocks, model.pad_id, src.device, calls=calls)
+
+
 @torch.no_grad()
 def tree_decode_reference(model: BlockwiseModel, src: Tensor, criterion: Criterion | None = None, max_len: int = 256,
                           tree: Tree | None = None, k: int | None = None) -> DecodeResult:
@@ -83,28 +117,11 @@ def tree_decode_reference(model: BlockwiseModel, src: Tensor, criterion: Criteri
         if criterion.greedy is None:
             return tree_sample_reference(model, src, criterion, max_len, tree)
         criterion = criterion.greedy  # temperature 0: exact
-    bound, stops, befores = reference_rules(model, src, max_len)  # befores: what the rules see before token 0
-    room = room_of(model, src)
-    rows, blocks, calls = [], [], 0
-    for row, (before, row_src) in enumerate(zip(befores, strip_padding(src, model.pad_id))):
-        context = model.encode(row_src)
-        out: list[int] = []
-        row_blocks: list[int] = []
-        while len(out) < max_len and (not out or out[-1] not in stops):
-            prefix = [model.bos_id, *out]
-            h = model.decode_full(torch.tensor([prefix], device=src.device), context)[:, -1]  # (1, D)
-            rule = None if bound is None else ruled_at(bound, [*before, *out], len(out))
-            now = tree.cut(room[row] - len(out) - 1)  # shallower where the row's context ends
-            tokens = reference_tree_tokens(model, criterion, now, h, context, rule)
-            node = check_candidates(model, criterion, now, prefix, tokens, context, src.device, bound,
-                                    [*before, *out])
-            calls += 1 + len(now.leaves())
-            block = accepted_block([tokens[i] for i in now.root_path(node)], stops, max_len - len(out))
-            out.extend(block)
-            row_blocks.append(len(block))
-        rows.append(out)
-        blocks.append(row_blocks)
-    return reference_result(rows, blocks, model.pad_id, src.device, calls=calls)
+
+    def propose(h: Tensor, context: Context, rule: Callable[[Tensor], Tensor] | None) -> tuple[Tree, list[int]]:
+        return tree, reference_tree_tokens(model, criterion, tree, h, context, rule)
+
+    return exact_tree_reference(model, src, criterion, max_len, propose)
 
 
 def room_of(model: BlockwiseModel, src: Tensor) -> list[int]:

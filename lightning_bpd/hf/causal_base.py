@@ -26,7 +26,7 @@ SPECIALS = ["<pad>", "<s>", "</s>"]
 PAD, BOS, EOS = 0, 1, 2
 # d: hidden size; layers; heads / kv_heads (grouped-query attention); ffn: the gated MLP's width; positions: context.
 CAUSAL_SHAPES: dict[str, dict[str, int]] = {
-    # the code LM recipe's base: 18.7M parameters at vocabulary 8,192 (tied embeddings); ~560 training tokens/s on
+    # the code LM recipe's base: 18.9M parameters at vocabulary 8,192 (tied embeddings); ~560 training tokens/s on
     # one AMD EPYC thread at batch 8 x 256
     "code": {"d": 384, "layers": 10, "heads": 6, "kv_heads": 2, "ffn": 1024, "positions": 1024},
     # its draft model for assisted generation: same tokenizer, 2 layers

@@ -3,15 +3,15 @@ decoder_only=True)``), behind the decoding protocol as the Hugging Face causal a
 puts a causal LM there.
 
 Sources are prompts (B, P), padded with ``pad_id`` on either side (row b's prompt is its non-pad tokens, in order), and
-every token sits at its index in its own row (sinusoidal positions; pads take none). :meth:`CausalTransformer.encode`
-is the prefill: every layer's keys and values of each prompt (:class:`PromptContext`), of which a decoded token sees
-all *but the last* prompt token's. The loop's start token is a placeholder: wherever a row's input sits at slot 0 of
-the decode cache, :meth:`CausalTransformer.decode_step` feeds that row's own last prompt token, at its own position
-(prompt length - 1). The decode cache thus holds the last prompt token and the generated ones (the loop's
-``1 + max_len + k`` fits as it is) and per-row rollback is its crop. The first step writes the prompt's keys and
-values into the cache's prompt region (:meth:`~lightning_bpd.nn.kv_cache.KVCache.put_prefix`), so each cached layer
-attends over one view of the cache: the prompt, then the decoded positions. :meth:`CausalTransformer.decode_full` is the reference: the uncached stack over each row
-alone, its prompt followed by its decoder inputs, no padding. Torch only.
+every token sits at its index in its own row (sinusoidal positions; pads take none). :meth:`CausalTransformer.encode` is
+the prefill: every layer's keys and values of each prompt (:class:`PromptContext`), of which a decoded token sees all
+*but the last* prompt token's. The loop's start token is a placeholder: wherever a row's input sits at slot 0 of the
+decode cache, :meth:`CausalTransformer.decode_step` feeds that row's own last prompt token, at its own position (prompt
+length - 1). The decode cache thus holds the last prompt token and the generated ones (the loop's ``1 + max_len + k``
+fits as it is) and per-row rollback is its crop. The first step writes the prompt's keys and values into the cache's
+prompt region (:meth:`~lightning_bpd.nn.kv_cache.KVCache.put_prefix`), so each cached layer attends over one view of the
+cache: the prompt, then the decoded positions. :meth:`CausalTransformer.decode_full` is the reference: the uncached
+stack over each row alone, its prompt followed by its decoder inputs, no padding. Torch only.
 """
 
 from __future__ import annotations

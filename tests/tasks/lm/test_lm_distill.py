@@ -17,17 +17,12 @@ from lightning_bpd.commands.cli import main
 from lightning_bpd.tasks.lm import LMDataModule
 from lightning_bpd.tasks.translation.hf_module import save_heads
 from tests.tasks.lm.test_lm_fit import fit, generated
-from tests.tasks.lm.tiny_lm import write_checkpoint, write_corpus
+from tests.tasks.lm.tiny_lm import write_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 NEW = 12
 DISTILL = ["--beam", "1", "--prompt-tokens", "40", "--new-tokens", str(NEW), "--shard-size", "7", "--batch-size", "4"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("lm") / "llama")
 
 
 @pytest.fixture(scope="module")

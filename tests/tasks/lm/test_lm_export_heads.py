@@ -24,16 +24,9 @@ from lightning_bpd.tasks.lm.module import TRAINING
 from lightning_bpd.tasks.translation.hf_module import save_heads
 from tests.models import assert_close_to_rounding
 from tests.tasks.lm.test_lm_fit import fit
-from tests.tasks.lm.tiny_lm import write_checkpoint, write_corpus
+from tests.tasks.lm.tiny_lm import PROMPTS, write_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-PROMPTS = ["def f_1(x, y):\n", "    return", "for items in range(3):\n        total = total * items\n"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("lm") / "llama")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import lightning_bpd
 from lightning_bpd.commands.cli import CONF_DIR, main
 from lightning_bpd.decoding import Exact, blockwise_decode
 from lightning_bpd.tasks.lm import LMModule
-from tests.tasks.lm.tiny_lm import EOS, PAD, write_checkpoint, write_corpus, write_gpt2
+from tests.tasks.lm.tiny_lm import EOS, PAD, write_corpus, write_gpt2
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -29,11 +29,6 @@ FAST = ["--trainer.max_steps=6", "--trainer.val_check_interval=6", "--trainer.ac
         "--data.init_args.seq_len=64", "--data.init_args.batch_size=4", "--data.init_args.prompt_tokens=40",
         "--model.init_args.max_new_tokens=8", "--model.init_args.training.warmup_steps=2"]
 PROMPTS = ["def f_1(x, y):\n    x = x + 3\n", "for", "    return total\n\ndef f_2(items, key):\n"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("lm") / "llama")
 
 
 @pytest.fixture(scope="module")

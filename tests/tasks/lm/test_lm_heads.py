@@ -18,16 +18,9 @@ from lightning_bpd.commands.cli import main
 from lightning_bpd.decoding import Exact, blockwise_decode, parse_criterion
 from lightning_bpd.tasks.lm import LMModule
 from lightning_bpd.tasks.translation.hf_module import HEADS_JSON, save_heads
-from tests.tasks.lm.tiny_lm import write_checkpoint
+from tests.tasks.lm.tiny_lm import PROMPTS, write_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-PROMPTS = ["def f_1(x, y):\n", "    return", "for items in range(3):\n        total = total * items\n"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("lm") / "llama")
 
 
 def scrambled(checkpoint: Path, head_type: str) -> LMModule:

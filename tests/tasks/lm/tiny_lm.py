@@ -12,6 +12,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 SPECIALS = ["<pad>", "<s>", "</s>"]  # pad 0, BOS 1 (the tokenizer puts it before every text), EOS 2
 PAD, BOS, EOS = 0, 1, 2
+PROMPTS = ["def f_1(x, y):\n", "    return", "for items in range(3):\n        total = total * items\n"]  # code-like prompts
 NAMES = ["x", "y", "total", "items", "value", "count", "result", "data", "key", "index"]
 
 
