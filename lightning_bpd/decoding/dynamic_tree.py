@@ -30,6 +30,7 @@ from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source
 from lightning_bpd.decoding.row_book import RowBook
 from lightning_bpd.decoding.rules import RuleBook
 from lightning_bpd.decoding.tree import budget_limit
+from lightning_bpd.decoding.tree_advance import advance
 from lightning_bpd.nn.argmax import top_ranks
 
 
@@ -195,16 +196,9 @@ def dynamic_tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion
         node, first = verify_rows(reader, trees, hidden)  # (b,), (b,)
         path = trees.paths.gather(1, node[:, None, None].expand(-1, 1, trees.paths.shape[-1]))[:, 0]  # (b, depth + 1)
         accepted = trees.depths.gather(1, node[:, None])[:, 0] + 1  # (b,)
-        n_kept, done = book.commit(trees.tokens.gather(1, path), accepted, rules.stops)
-        last = hidden.gather(1, node[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (b, D)
-        keep = book.settle(n_kept, done)  # the one host read of the iteration
-        if keep is not None:
-            if not keep:
-                break
-            rows = torch.tensor(keep, dtype=torch.long, device=device)
-            context, last, first, path, accepted = (context.select(rows), last[rows], first[rows], path[rows],
-                                                    accepted[rows])
-            cache.select(rows)
-        cache.keep_path(path, accepted, n, bounds=book.length_bounds(offset=1))
+        step = advance(book, rules.stops, cache, context, trees.tokens, hidden, node, first, path, accepted, n)
+        if step is None:
+            break
+        context, last, first = step
         trees = grow(model, spec, last, first, chain_source(model, context))
     return book.result(calls)

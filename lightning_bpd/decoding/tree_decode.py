@@ -41,6 +41,7 @@ from lightning_bpd.decoding.row_book import RowBook
 from lightning_bpd.decoding.rules import RuleBook
 from lightning_bpd.decoding.sampling import sample
 from lightning_bpd.decoding.tree import Tree
+from lightning_bpd.decoding.tree_advance import advance
 from lightning_bpd.decoding.tree_sampling import judge_tree, propose_sampled_tree
 from lightning_bpd.nn.argmax import argmax, top_ranks
 
@@ -182,17 +183,10 @@ def tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_le
         else:
             node, first = verify_tree(reader, criterion, now, tokens, hidden)  # (b,), (b,)
         path, accepted = table[node], depths[node] + 1  # (b, depth + 1), (b,)
-        n_kept, done = book.commit(tokens.gather(1, path), accepted, rules.stops)
-        last = hidden.gather(1, node[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (b, D)
-        keep = book.settle(n_kept, done)  # the one host read of the iteration
-        if keep is not None:
-            if not keep:
-                break
-            rows = torch.tensor(keep, dtype=torch.long, device=device)
-            context, last, first, path, accepted = (context.select(rows), last[rows], first[rows], path[rows],
-                                                    accepted[rows])
-            cache.select(rows)
-        cache.keep_path(path, accepted, now.size, bounds=book.length_bounds(offset=1))  # BOS and every committed one
+        step = advance(book, rules.stops, cache, context, tokens, hidden, node, first, path, accepted, now.size)
+        if step is None:
+            break
+        context, last, first = step
         now, depths, ancestors, table = shaped(full, book.block_width(tree.depth + 1, room), device)
         tokens, q = propose_any(model, criterion, now, last, first, chain_source(model, context))  # (b, N)
     return book.result(calls)
