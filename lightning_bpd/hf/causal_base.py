@@ -35,13 +35,18 @@ CAUSAL_SHAPES: dict[str, dict[str, int]] = {
 }
 
 
+def check_vocab(vocab: int) -> None:
+    """A byte-level BPE holds every byte and the specials: a smaller ``vocab`` is one line."""
+    if vocab < 256 + len(SPECIALS):
+        raise ValueError(f"--vocab must be at least {256 + len(SPECIALS)} (every byte and the specials), got {vocab}")
+
+
 def byte_bpe_tokenizer(texts: Iterable[str], vocab: int, max_length: int):
     """A byte-level BPE of ``vocab`` tokens (the three specials included) learnt from ``texts``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    if vocab < 256 + len(SPECIALS):
-        raise ValueError(f"--vocab must be at least {256 + len(SPECIALS)} (every byte and the specials), got {vocab}")
+    check_vocab(vocab)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's regex
     tok.decoder = decoders.ByteLevel()
@@ -91,6 +96,7 @@ def make_causal_base(data: str | Path | None, out: str | Path, vocab: int = 8192
     else:
         if data is None:
             raise ValueError("--data: give the folder of source files the tokenizer learns from (or --tokenizer-from)")
+        check_vocab(vocab)  # before reading the folder
         tokenizer = byte_bpe_tokenizer(training_texts(data, val_fraction, test_fraction), vocab, dims["positions"])
     torch.manual_seed(seed)
     model = LlamaForCausalLM(llama_config(len(tokenizer), dims))

@@ -71,6 +71,13 @@ def test_fit_from_scratch_then_load_model_and_decode(tokenizer_dir, data, tmp_pa
     main(["decode", "--ckpt", str(run / "last.ckpt"), "--max-new-tokens", "10", "--device", "cpu"])
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"completion": t} for t in texts]
 
+    from lightning_bpd.commands.export_base import main as export_main
+
+    with pytest.raises(SystemExit) as exc:  # our own base has no Hugging Face directory to write
+        export_main(["--ckpt", str(run / "last.ckpt"), "--out", str(tmp_path / "export")])
+    assert "our own decoder-only base" in str(exc.value) and "\n" not in str(exc.value)
+    assert not (tmp_path / "export").exists()
+
 
 def test_frozen_heads_on_a_trained_own_base(tokenizer_dir, data, tmp_path):
     """Two stages: the base alone (k = 1) from scratch, then k = 3 heads on it frozen (``training.init_from``)."""
