@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,7 +31,7 @@ from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_m
 from lightning_bpd.decoding.tree import budget_limit
 from lightning_bpd.evaluation import BatchRun, EvalBatch, MethodRun, run_batch
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.tree_budget import RANKS, budget_tree
+from lightning_bpd.tree_budget import RANKS, TreeNodes, auto_limit, auto_tree, budget_tree
 
 __all__ = ["BatchRun", "DecodeEval", "EvalBatch", "MethodRun", "run_decode_eval"]
 
@@ -92,6 +94,16 @@ def decode_shard(task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[
                 table = head_rank_agreement(model, batch.src, result.tokens, result.lengths, RANKS).cpu()
                 run.ranks = (table * scored[1:, None].double()).tolist()  # counts: batches add up
     return shard
+
+
+def valid_budget(n: Any) -> bool:
+    """A tree budget ``DecodeEval`` takes: an integer >= 0, ``auto`` or ``auto:M`` (M >= 1)."""
+    if isinstance(n, str):
+        try:
+            return (n == "auto" or n.startswith("auto:")) and auto_limit(n) >= 1
+        except ValueError:
+            return False
+    return not isinstance(n, bool) and isinstance(n, int) and n >= 0
 
 
 def decode_trees(batches: list[EvalBatch], methods: dict[str, DecodeMethod], shard: Shard, rank: int = 0,
@@ -242,9 +254,15 @@ class DecodeEval(pl.Callback):
             (:mod:`lightning_bpd.inference.screened_argmax`; CPU, float32, translation models).
         tree_nodes: tree budgets: each also decodes exact with Medusa's greedy tree of that many nodes
             (:meth:`~lightning_bpd.decoding.tree.Tree.from_budget`; 0 = the single path), logged as the method
-            ``exact+nodes<N>``. Every evaluation of a model with heads measures their top-r agreement table on its
-            greedy outputs (:mod:`lightning_bpd.tree_budget`), keeps it as the module's ``rank_agreement`` (its
-            checkpoints store it, for ``decode --tree-nodes``) and builds the trees from it.
+            ``exact+nodes<N>``; ``auto`` (``auto:M``) picks the budget up to 64 (M) of most expected tokens per
+            unit of pass cost timed on the first batch (:func:`~lightning_bpd.tree_budget.auto_tree`), logged as
+            ``exact+nodes-auto`` with its choice (``exact+nodes-auto/nodes``, ``/predicted_speedup``). Every
+            evaluation of a model with heads measures their top-r agreement table on its greedy outputs
+            (:mod:`lightning_bpd.tree_budget`). While fitting (and in ``validate``) the trees are built from it and
+            the module keeps it as ``rank_agreement`` (its checkpoints store it, for ``decode --tree-nodes``);
+            ``test`` builds them from the table the checkpoint stores (measured on validation), so that the tree is
+            not tuned on the test set, and from the test table only where none is stored (the JSON's
+            ``tree_table`` says which).
     """
 
     def __init__(
@@ -257,12 +275,15 @@ class DecodeEval(pl.Callback):
         quality_key: str = "bleu",
         precision: str | None = None,
         screened_argmax: bool = False,
-        tree_nodes: list[int] | None = None,
+        tree_nodes: list[int | str] | None = None,
     ) -> None:
         super().__init__()
-        self.tree_nodes = list(tree_nodes or [])
-        if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in self.tree_nodes):
-            raise ValueError(f"DecodeEval: tree_nodes must be integers >= 0 (0 = the single path), got {tree_nodes}")
+        self.tree_nodes: list[TreeNodes] = list(tree_nodes or [])
+        if not all(valid_budget(n) for n in self.tree_nodes):
+            raise ValueError(f"DecodeEval: tree_nodes must be integers >= 0 (0 = the single path), auto or auto:M "
+                             f"(M >= 1), got {tree_nodes}")
+        self.tree_table = ""  # where the last evaluation's trees came from (save_json)
+        self.tree_choices: dict[str, Any] = {}  # auto budgets: what the last evaluation chose
         self.screened_argmax = screened_argmax
         self.precision = precision
         # an unknown precision fails here, not after a training epoch
@@ -279,7 +300,8 @@ class DecodeEval(pl.Callback):
         """Refuse a screened argmax the model cannot take, int8 decoding off the CPU, or tree budgets the heads
         cannot hold, now, not at the first validation after training."""
         k = pl_module.model.k
-        if self.tree_nodes and (k < 2 or max(self.tree_nodes) > budget_limit(k - 1, RANKS)):
+        fixed = [n for n in self.tree_nodes if isinstance(n, int)]
+        if self.tree_nodes and (k < 2 or max(fixed, default=0) > budget_limit(k - 1, RANKS)):
             limit = budget_limit(k - 1, RANKS) if k > 1 else 0
             raise ValueError(f"decode_eval.tree_nodes must lie in [0, {limit}] for a model with k={k} heads, got "
                              f"{self.tree_nodes}")
@@ -314,15 +336,24 @@ class DecodeEval(pl.Callback):
         shard = decode_shard(pl_module, batches, self.criteria, rank=rank, world_size=world, model=runtime)
         shards = gather_shards(shard, world)
         table = rank_agreement(shards)  # every rank: the same table
-        if table is not None:
-            pl_module.rank_agreement = table  # the checkpoints store it (decode --tree-nodes)
-        trees = self.tree_methods(pl_module, runtime, table)
+        stored = pl_module.rank_agreement
+        if stage == "test" and stored is not None:
+            self.tree_table = "stored with the checkpoint (measured on validation)"
+            table = stored
+        else:
+            self.tree_table = f"measured on this {stage} decode"
+            if table is not None:
+                pl_module.rank_agreement = table  # the checkpoints store it (decode --tree-nodes)
+        trees = self.tree_methods(pl_module, runtime, table, batches, trainer.strategy.broadcast)
         if trees:
             shards = gather_shards(decode_trees(batches, trees, shard, rank, world, runtime), world)
         folder = Path(trainer.log_dir or trainer.default_root_dir)  # a collective under DDP: every rank asks
         if not trainer.is_global_zero:
             return
         metrics, runs = summarize(pl_module, batches, self.criteria, shards, extra=trees)
+        for name, choice in self.tree_choices.items():
+            metrics[f"{name}/nodes"] = float(choice.nodes)
+            metrics[f"{name}/predicted_speedup"] = choice.speedup
         if hasattr(pl_module, "decode_eval_extras"):  # rank 0 only: plain forward passes, no collectives
             metrics.update(pl_module.decode_eval_extras(batches))
         self.last_metrics = metrics
@@ -343,14 +374,30 @@ class DecodeEval(pl.Callback):
             pl_module.save_samples(folder / f"samples_{stage}{suffix}.png",
                                    {name: run.outputs for name, run in runs.items()}, batches, self.num_samples)
 
-    def tree_methods(self, pl_module: Any, runtime: Any, table: Tensor | None) -> dict[str, DecodeMethod]:
-        """Exact decoding with each budget's tree (built from ``table``), named ``exact+nodes<N>``."""
+    def tree_methods(self, pl_module: Any, runtime: Any, table: Tensor | None, batches: list[EvalBatch],
+                     broadcast: Callable[[Any], Any] = lambda x: x) -> dict[str, DecodeMethod]:
+        """Exact decoding with each budget's tree (built from ``table``), named ``exact+nodes<N>``; an ``auto``
+        budget (``exact+nodes-auto``) is chosen by timing trees on the first batch, rank 0's choice ``broadcast`` to
+        every rank (the strategy's broadcast under DDP)."""
+        self.tree_choices = {}
         if not self.tree_nodes or table is None:
             return {}
         k = pl_module.model.k
-        return {f"exact+nodes{n}": make_method("exact", pl_module.make_criterion, runtime, None,
-                                               tree=budget_tree(n, table, k, "decode_eval.tree_nodes"))
-                for n in self.tree_nodes}
+        methods: dict[str, DecodeMethod] = {}
+        for n in self.tree_nodes:
+            if isinstance(n, str):
+                name = f"exact+nodes-{n}"
+                _, choice = auto_tree(runtime, table, k, batches[0].src, n)
+                nodes = broadcast(choice.nodes)  # rank 0 decides, every rank decodes the same tree
+                if nodes != choice.nodes:  # (only rank 0 records its choice)
+                    choice = replace(choice, nodes=nodes)
+                self.tree_choices[name] = choice
+                tree = budget_tree(choice.nodes, table, k, "decode_eval.tree_nodes")
+                logger.info("decode_eval.tree_nodes %s: %s", n, choice.summary())
+            else:
+                name, tree = f"exact+nodes{n}", budget_tree(n, table, k, "decode_eval.tree_nodes")
+            methods[name] = make_method("exact", pl_module.make_criterion, runtime, None, tree=tree)
+        return methods
 
     def save_json(self, folder: Path, trainer: pl.Trainer, pl_module: Any, stage: str, metrics: dict[str, float],
                   signature: str | None) -> None:
@@ -363,6 +410,9 @@ class DecodeEval(pl.Callback):
                   "signature": signature, "metrics": metrics,
                   "precision": self.options.precision_of(pl_module.model),
                   "screened_argmax": self.screened_argmax, "tree_nodes": self.tree_nodes}
+        if self.tree_nodes:
+            record["tree_table"] = self.tree_table
+            record["tree_choices"] = {name: choice.as_record() for name, choice in self.tree_choices.items()}
         (folder / f"decode_{stage}{suffix}.json").write_text(json.dumps(record, indent=2))
 
     def log_samples(self, trainer: pl.Trainer, pl_module: Any, stage: str, runs: dict[str, MethodRun],

@@ -138,7 +138,7 @@ def test_tree_budgets_decode_with_the_table_of_greedys_runs_on_every_shard():
     shards = [decode_shard(task, batches, ["exact"], rank=r, world_size=2) for r in range(2)]
     table = rank_agreement(shards)
     torch.testing.assert_close(table, measure_rank_agreement(task.model, batches))
-    trees = DecodeEval(tree_nodes=[0, 6]).tree_methods(task, task.model, table)
+    trees = DecodeEval(tree_nodes=[0, 6]).tree_methods(task, task.model, table, batches)
     assert list(trees) == ["exact+nodes0", "exact+nodes6"] and trees["exact+nodes6"].tree.size == 7
     shards = [decode_trees(batches, trees, shard, r, 2, task.model) for r, shard in enumerate(shards)]
     metrics, runs = summarize(task, batches, ["exact"], shards, extra=trees)
@@ -146,11 +146,33 @@ def test_tree_budgets_decode_with_the_table_of_greedys_runs_on_every_shard():
     assert metrics["exact+nodes6/matches_greedy"] == 1.0 and metrics["exact+nodes0/matches_greedy"] == 1.0
     assert metrics["exact+nodes0/mean_accepted_block_size"] == metrics["exact/mean_accepted_block_size"]
     assert metrics["exact+nodes6/model_calls"] < metrics["greedy/model_calls"]
-    with pytest.raises(ValueError, match=r"tree_nodes must be integers >= 0"):
-        DecodeEval(tree_nodes=[-1])
+    for bad in ([-1], ["auto:0"], ["sometimes"], [True]):
+        with pytest.raises(ValueError, match=r"tree_nodes must be integers >= 0 \(0 = the single path\), auto or"):
+            DecodeEval(tree_nodes=bad)
     from types import SimpleNamespace
 
     with pytest.raises(ValueError, match=r"^decode_eval.tree_nodes must lie in \[0, 8\] for a model with k=2 heads"):
         DecodeEval(tree_nodes=[4, 9]).setup(None, SimpleNamespace(model=random_model(k=2)), "fit")
     with pytest.raises(ValueError, match=r"^decode_eval.tree_nodes: this model verifies single paths only"):
         DecodeEval(tree_nodes=[4]).setup(None, SimpleNamespace(model=random_model(k=3, window=4)), "fit")
+
+
+def test_an_auto_tree_budget_is_chosen_by_timing_and_rank_0s_choice_is_every_ranks():
+    from lightning_bpd.callbacks.decode_eval import decode_shard, decode_trees, rank_agreement, summarize
+
+    task = RandomTask(random_model(k=3, seed=4))
+    batches = [EvalBatch(random_sources(2, seed=s), 10, [[]] * 2, ["src"] * 2, [2 * s, 2 * s + 1]) for s in range(2)]
+    shard = decode_shard(task, batches, ["exact"])
+    table = rank_agreement([shard])
+    callback = DecodeEval(tree_nodes=["auto:6", 4])
+    trees = callback.tree_methods(task, task.model, table, batches)
+    assert list(trees) == ["exact+nodes-auto:6", "exact+nodes4"]
+    choice = callback.tree_choices["exact+nodes-auto:6"]
+    assert 0 <= choice.nodes <= 6 and set(choice.curve.widths) == {1, 2, 3, 4, 7}
+    assert (trees["exact+nodes-auto:6"].tree is None) == (choice.nodes == 0)
+    metrics, _ = summarize(task, batches, ["exact"], [decode_trees(batches, trees, shard, 0, 1, task.model)],
+                           extra=trees)
+    assert metrics["exact+nodes-auto:6/matches_greedy"] == metrics["exact+nodes4/matches_greedy"] == 1.0
+    # under DDP rank 0's choice wins: a rank that timed otherwise decodes rank 0's tree
+    forced = DecodeEval(tree_nodes=["auto:6"]).tree_methods(task, task.model, table, batches, lambda n: 5)
+    assert forced["exact+nodes-auto:6"].tree.size == 6  # 5 nodes and the root

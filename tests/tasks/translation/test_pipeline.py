@@ -4,6 +4,7 @@ decode and load_model, and the one-line errors for bad input."""
 from __future__ import annotations
 
 import gzip
+import json
 import io
 import os
 import subprocess
@@ -561,6 +562,24 @@ def without_agreement_table(ckpt: Path, dest: Path) -> Path:
     del state["head_rank_agreement"]
     torch.save(state, dest)
     return dest
+
+
+def test_the_test_stage_builds_its_trees_from_the_validation_table_the_checkpoint_stores(fitted):
+    root, _, _ = fitted
+    ckpt = root / "runs/b/last.ckpt"
+    stored = torch.load(ckpt, map_location="cpu", weights_only=False)["head_rank_agreement"]
+    for name, path in [("stored", ckpt), ("none", without_agreement_table(ckpt, root / "no_table.ckpt"))]:
+        main(["test", "--config", str(root / "runs/b/config.yaml"), f"--ckpt_path={path}", f"--run_dir=runs/t_{name}",
+              "--decode_eval.tree_nodes=[4,auto:6]", "--trainer.logger=false"])
+        record = json.loads((root / f"runs/t_{name}/decode_test.json").read_text())
+        metrics = record["metrics"]
+        assert metrics["exact+nodes4/matches_greedy"] == metrics["exact+nodes-auto:6/matches_greedy"] == 1.0
+        assert record["tree_nodes"] == [4, "auto:6"] and 0 <= metrics["exact+nodes-auto:6/nodes"] <= 6
+        assert record["tree_choices"]["exact+nodes-auto:6"]["nodes"] == metrics["exact+nodes-auto:6/nodes"]
+        expected = ("stored with the checkpoint (measured on validation)" if name == "stored"
+                    else "measured on this test decode")
+        assert record["tree_table"] == expected
+    assert torch.load(ckpt, map_location="cpu", weights_only=False)["head_rank_agreement"] == stored  # untouched
 
 
 def test_decode_with_a_tree_budget_built_from_the_stored_table(fitted, capsys):
