@@ -4,8 +4,8 @@ decode and load_model, and the one-line errors for bad input."""
 from __future__ import annotations
 
 import gzip
-import json
 import io
+import json
 import os
 import subprocess
 import sys
