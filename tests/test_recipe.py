@@ -55,7 +55,7 @@ def test_dry_run_prints_the_commands_in_order_and_writes_nothing(repo, capsys, t
     lines = dry_run(capsys, "multi30k-k8", "--runs", str(runs))
     cmds = commands(lines)
     out = f"{runs}/multi30k-k8"
-    assert [c[0] for c in cmds] == ["fit", "distill", "fit", "fit", "test", "bench", "bench"]
+    assert [c[0] for c in cmds] == ["fit", "distill", "fit", "fit", "test", "bench", "bench", "test", "bench"]
     # the base is exactly the command a user types for it (a base trained by hand with it is adopted)
     assert cmds[0] == ["fit", "--config", "conf/recipes/multi30k_k8/base.yaml", "--run_dir", f"{out}/base"]
     assert cmds[1] == ["distill", "--ckpt", f"{out}/base/last.ckpt", "--data-root", "../shared/data/translation/multi30k",
@@ -70,7 +70,9 @@ def test_dry_run_prints_the_commands_in_order_and_writes_nothing(repo, capsys, t
     assert cmds[5][-2:] == ["--json", f"{out}/bench/bench.json"]
     assert cmds[6][-2:] == ["--json", f"{out}/bench_int8/bench.json"] and "int8" in cmds[6]
     assert f"{out}/distill/train.de" in cmds[6]
-    assert sum("would run" in line for line in lines) == 7
+    assert "--decode_eval.tree_nodes=[16,32,64]" in cmds[7] and cmds[8][cmds[8].index("--tree-nodes") + 1:][:4] == [
+        "0", "8", "16", "auto"]
+    assert sum("would run" in line for line in lines) == 9
     assert not runs.exists()
 
 
