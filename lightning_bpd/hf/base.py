@@ -64,6 +64,27 @@ SUPPORTED = ("marian", "bart", "mbart", "t5")
 ATTENTION = ("eager", "sdpa")  # implementations that take a 4-D mask
 
 
+def keep_start_row_zero(base: nn.Module, start: int) -> bool:
+    """Keep a Marian's decoder start row (``<pad>``'s embedding) at zero while it trains, where it is zero now.
+
+    Marian starts its decoder from a zero vector: opus-mt checkpoints carry an all-zero ``<pad>`` row, and
+    CTranslate2 converts them with ``start_from_zero_embedding`` (dropping the row). The row gets no gradient
+    through the embedding (``padding_idx``) but does through the tied output projection, so a base trained
+    here would drift from that contract and CTranslate2 would decode another model. A zero gradient on the row
+    keeps it zero under Adam(W) (zero moments, zero decay of a zero weight); the pad logit it leaves is banned by
+    the generation config anyway. A row that is not zero (a user's checkpoint trained otherwise) is left alone.
+    Returns whether the row is kept."""
+    weight = base.get_input_embeddings().weight
+    if not weight.requires_grad or bool(weight[start].detach().ne(0).any()):
+        return False
+
+    def zero_start_row(grad: Tensor) -> Tensor:
+        return grad.index_fill(0, torch.tensor([start], device=grad.device), 0.0)
+
+    weight.register_hook(zero_start_row)
+    return True
+
+
 class HFSeq2SeqBlockwise(OptionalCapabilities, RuntimeParts, nn.Module):
     """A transformers seq2seq model (``base``) with k blockwise heads, implementing the decoding protocol
     (:class:`~lightning_bpd.decoding.protocol.BlockwiseModel`).
@@ -148,6 +169,7 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, RuntimeParts, nn.Module):
         elif config.model_type == "marian":  # sinusoidal tables: fixed (save_pretrained leaves them out)
             for table in (self.decoder.embed_positions, base.get_encoder().embed_positions):
                 table.requires_grad_(False)
+            keep_start_row_zero(base, self.bos_id)
 
     @property
     def generation_rules(self) -> GenerationRules:  # type: ignore[override]

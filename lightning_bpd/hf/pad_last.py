@@ -9,9 +9,10 @@ vocabulary 0 has size 8000 but the model expected a vocabulary of size 7999".
 
 :func:`move_pad_last` swaps ``<pad>`` with the last token in a saved directory (weights, config, generation config,
 tokenizer): the same model up to the names of two ids, its outputs unchanged as token strings.
-CTranslate2 also starts the decoder from a zero embedding where transformers starts from ``<pad>``'s row; the row
-starts at zero but training through the tied output projection moves it, so :func:`move_pad_last` reports its norm
-(``start_row_norm``): above 0, CTranslate2's translations may differ from ``generate``'s.
+CTranslate2 also starts the decoder from a zero embedding where transformers starts from ``<pad>``'s row. The row
+starts at zero, and a Marian trained here keeps it there (:func:`lightning_bpd.hf.base.keep_start_row_zero`: the
+tied output projection would move it); :func:`move_pad_last` reports its norm (``start_row_norm``): above 0 (a base
+trained elsewhere or before), CTranslate2's translations may differ from ``generate``'s.
 """
 
 from __future__ import annotations

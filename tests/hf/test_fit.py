@@ -129,6 +129,33 @@ def test_finetune_config_trains_the_base(checkpoint, data, tmp_path):
     assert any(not torch.equal(value, trained[key]) for key, value in base_state(fresh).items())
     with pytest.raises(ValueError, match="fine-tuned"):
         save_heads(cli.model, tmp_path / "heads")
+    # Marian's decoder starts from a zero vector (<pad>'s row; CTranslate2 converts it so): it stays zero, the
+    # other rows of the tied embedding and output projection train
+    start = fresh.model.bos_id
+    before, after = fresh.model.base.get_input_embeddings().weight, cli.model.model.base.get_input_embeddings().weight
+    assert not before[start].any() and not after[start].any()
+    assert not torch.equal(before, after)
+
+
+def test_a_marian_start_row_that_is_not_zero_trains_as_any_row(checkpoint, tmp_path):
+    import shutil
+
+    from transformers import AutoModelForSeq2SeqLM
+
+    from lightning_bpd.tasks.training_options import TrainingOptions
+
+    base = AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
+    start = base.config.decoder_start_token_id
+    with torch.no_grad():
+        base.get_input_embeddings().weight[start] = 0.5  # a user's checkpoint trained otherwise
+    shutil.copytree(checkpoint, tmp_path / "moved")
+    base.save_pretrained(tmp_path / "moved")
+    for folder, kept in [(checkpoint, True), (tmp_path / "moved", False)]:
+        module = HFTranslationModule(str(folder), k=2, training=TrainingOptions(freeze_base=False))
+        weight = module.model.base.get_input_embeddings().weight
+        (module.model.base.get_output_embeddings().weight.sum() * 2).backward()
+        assert bool(weight.grad[start].eq(0).all()) == kept and bool(weight.grad[start + 1].ne(0).all())
+
 
 
 def scrambled(checkpoint: Path, head_type: str) -> HFTranslationModule:
