@@ -87,7 +87,7 @@ def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, firs
     Deterministic rules: token 1 is ``first`` (b,), greedy's next token from the verdict, or else the
     rule's :meth:`~lightning_bpd.decoding.criteria.Criterion.first_token` at h (from p_1); tokens 2..k are
     the heads' argmaxes, over the model's draft vocabulary when it has one
-    (:mod:`lightning_bpd.nn.draft_vocab`; only p_1's verification needs the whole vocabulary).
+    (:mod:`lightning_bpd.inference.draft_vocab`; only p_1's verification needs the whole vocabulary).
     Sampling rules: the heads' draws, ``first`` (-1: none) replacing token 1 where a residual token was
     drawn. Chained heads (``model.chained_heads``) propose one token at a time, each step fed the
     token before it (and, source-attending ones, the ``source`` of each row: :func:`chain_source`).

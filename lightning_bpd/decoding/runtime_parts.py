@@ -3,17 +3,19 @@
 The decoding core reads a model through :class:`~lightning_bpd.decoding.protocol.BlockwiseModel`. An inference
 runtime (:mod:`lightning_bpd.inference`) does more with the models that offer it: it proposes from a packed, int8
 or reduced-precision copy of the heads and the output layer, fuses chained links, screens p_1's argmax, restricts
-proposals to a draft vocabulary, runs lean steps. :class:`RuntimeParts` declares what that takes; a model offers
-it by inheriting the class (our :class:`~lightning_bpd.nn.model.BlockwiseTransformer`, the Hugging Face adapter),
-and a runtime asks ``isinstance(model, RuntimeParts)``, never for single members. A model that does not inherit it
-(a stub, a draft model of another kind) is decoded through the protocol alone.
+proposals to a draft vocabulary (:mod:`lightning_bpd.inference.draft_vocab`), runs lean steps.
+:class:`RuntimeParts` declares what that takes; a model offers it by inheriting the class (our
+:class:`~lightning_bpd.nn.model.BlockwiseTransformer`, the Hugging Face adapter), and a runtime asks
+``isinstance(model, RuntimeParts)``, never for single members. A model that does not inherit it (a stub, a draft
+model of another kind) is decoded through the protocol alone.
 
 Members (an image model's own, or what a text model has instead: the runtime reads them the same way):
 
 - ``head``: the blockwise head (:class:`~lightning_bpd.nn.blockwise_head.BlockwiseHead` or a chained one);
 - ``prior``: the intensity prior of an image model, None where p_1 is a plain vocabulary projection;
 - ``image``: the image read-out (:class:`~lightning_bpd.nn.image_readout.ImageReadout`), or ``NO_IMAGE``;
-- ``draft_vocab``: the draft vocabulary proposals are restricted to, or None;
+- ``draft_vocab``: the draft token ids the model stores (a module with an ``ids`` buffer, increasing), or None: a
+  runtime proposes from them unless its options name others, and holds what it makes of them itself;
 - ``products``: how its projections multiply (:mod:`lightning_bpd.nn.products`).
 """
 
@@ -53,10 +55,6 @@ class RuntimeParts(ABC):
                    token: Tensor | None = None, nearest: bool = False) -> tuple[Tensor, Tensor]:
         """Chained link ``i`` from head i-1's state z through ``step``: (head i's state, the state the output layer
         reads)."""
-
-    @abstractmethod
-    def use_draft_vocab(self, ids: Tensor) -> None:
-        """Let the heads propose only these token ids (a runtime's own copy does it, never the trained model)."""
 
     @abstractmethod
     def use_lean_steps(self, on: bool) -> None:

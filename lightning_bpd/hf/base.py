@@ -50,10 +50,9 @@ from lightning_bpd.hf.step_cache import HFContext, SelfAttentionCache, StepCache
 from lightning_bpd.nn.attention import tree_span
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
-from lightning_bpd.nn.draft_vocab import DraftVocabulary, version
 from lightning_bpd.nn.image_readout import NO_IMAGE, NoImage
 from lightning_bpd.nn.kv_cache import KVCache
-from lightning_bpd.nn.products import FLOAT, Products
+from lightning_bpd.nn.products import FLOAT, Products, version
 
 HEAD_TYPES = ("paper", "chained", "chained_attn")
 # Families whose decoders are: token embedding (+ scale), + a position table, [layernorm_embedding], BART-style
@@ -96,13 +95,14 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, RuntimeParts, nn.Module):
 
     Beside the protocol it offers what the runtime's proposer (:mod:`lightning_bpd.inference.proposer`) builds its
     fast proposals from, as :class:`~lightning_bpd.nn.model.BlockwiseTransformer` does: ``head``,
-    :meth:`output_layer`, :meth:`embedding_table`, :meth:`chain_link`, a draft vocabulary
-    (:meth:`use_draft_vocab`) and ``products``; it has no intensity prior and no image read-out.
+    :meth:`output_layer`, :meth:`embedding_table`, :meth:`chain_link` and ``products``; it has no intensity prior,
+    no image read-out and no draft vocabulary of its own (a runtime's options may give one).
     """
 
     products: Products = FLOAT  # how the proposals' projections multiply (a runtime gives its snapshot its own)
     prior = None  # RuntimeParts: p_1 is a plain vocabulary projection, no intensity prior
     image: NoImage = NO_IMAGE  # RuntimeParts: a text model, no image read-out
+    draft_vocab = None  # RuntimeParts: no stored draft ids (a runtime proposes from its options' list, if any)
 
     def __init__(self, base: PreTrainedModel, k: int = 1, head_type: str = "paper", head_hidden: int | None = None,
                  frozen: bool = True) -> None:
@@ -159,7 +159,6 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, RuntimeParts, nn.Module):
         single = [w[0] for w in bad if len(w) == 1 and w[0] not in eos]  # generate never bans [eos]
         self.register_buffer("banned", torch.tensor(single, dtype=torch.long, device=weight.device), persistent=False)
         self.ban_tokens = True  # False inside unbanned()
-        self.draft_vocab: DraftVocabulary | None = None  # set for decoding only (use_draft_vocab)
         self.lean = False  # a runtime's lean steps: decode_step through LeanDecoder (Marian, BART, mBART)
         self._lean: LeanDecoder | None = None
         self._output: tuple[tuple[int, ...], Tensor, Tensor | None] | None = None  # output_layer's, keyed
@@ -400,17 +399,6 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, RuntimeParts, nn.Module):
     def use_lean_steps(self, on: bool) -> None:
         """A runtime's snapshot of a BART-family base runs its encoder layers and decoder step lean (T5 never)."""
         self.lean = on
-
-    def use_draft_vocab(self, ids: Tensor) -> None:
-        """Let the heads propose only these token ids (:mod:`lightning_bpd.nn.draft_vocab`); decoding only."""
-        weight = self.base.get_output_embeddings().weight
-        if self.draft_vocab is None or self.draft_vocab.ids.numel() != len(ids):
-            self.draft_vocab = DraftVocabulary(self.vocab_size, len(ids)).to(weight.device)
-        self.draft_vocab.set_ids(ids)
-
-    def restrict_draft(self, logits: Tensor) -> Tensor:
-        """Logits (..., V) of a proposing head as the draft vocabulary sees them (-inf outside it)."""
-        return logits if self.draft_vocab is None else self.draft_vocab.restrict(logits)
 
     def chain_source(self, context: HFContext) -> ChainSource | None:  # type: ignore[override]
         """Source-attending chained heads read the last decoder layer's cross-attention K/V (B, S, H, Dh)."""

@@ -180,7 +180,6 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
         weight = base.get_output_embeddings().weight
         self.head.to(dtype=weight.dtype, device=weight.device)
         self.vocab_size = weight.shape[0]
-        self.draft_vocab = None
         self.frozen = frozen
         self.lean = False  # a runtime's lean steps: decode steps through LeanCausal (the Llama family)
         self._lean: LeanCausal | None = None

@@ -1,7 +1,7 @@
 """The head side of :class:`~lightning_bpd.hf.causal.HFCausalBlockwise`: p_1 and the heads through the base's own LM
 head, and what the runtime's proposer (:mod:`lightning_bpd.inference.proposer`) builds its fast proposals from
-(``head``, :meth:`CausalHeads.output_layer`, :meth:`CausalHeads.embedding_table`, :meth:`CausalHeads.chain_link`, a
-draft vocabulary, ``products``), as the seq2seq adapter offers them. Torch only; the base is any module with
+(``head``, :meth:`CausalHeads.output_layer`, :meth:`CausalHeads.embedding_table`, :meth:`CausalHeads.chain_link`,
+``products``), as the seq2seq adapter offers them. Torch only; the base is any module with
 ``get_input_embeddings`` / ``get_output_embeddings``.
 """
 
@@ -13,7 +13,6 @@ import torch
 from torch import Tensor, nn
 
 from lightning_bpd.decoding.runtime_parts import RuntimeParts
-from lightning_bpd.nn.draft_vocab import DraftVocabulary
 from lightning_bpd.nn.image_readout import NO_IMAGE, NoImage
 from lightning_bpd.nn.products import FLOAT, Products
 
@@ -26,7 +25,7 @@ class CausalHeads(RuntimeParts):
     products: Products = FLOAT  # how p_1 and the proposals multiply (a runtime gives its snapshot its own)
     prior = None  # RuntimeParts: p_1 is a plain vocabulary projection, no intensity prior
     image: NoImage = NO_IMAGE  # RuntimeParts: a text model, no image read-out
-    draft_vocab: DraftVocabulary | None  # set for decoding only (use_draft_vocab); None in __init__
+    draft_vocab = None  # RuntimeParts: no stored draft ids (a runtime proposes from its options' list, if any)
     base: nn.Module
     head: nn.Module
     k: int
@@ -77,14 +76,3 @@ class CausalHeads(RuntimeParts):
         state -> (that state, that state as the output layer reads it: the same)."""
         z = step(z if dtype is None else z.to(dtype))
         return z, z
-
-    def use_draft_vocab(self, ids: Tensor) -> None:
-        """Let the heads propose only these token ids (:mod:`lightning_bpd.nn.draft_vocab`); decoding only."""
-        weight = self.output_layer()[0]
-        if self.draft_vocab is None or self.draft_vocab.ids.numel() != len(ids):
-            self.draft_vocab = DraftVocabulary(self.vocab_size, len(ids)).to(weight.device)
-        self.draft_vocab.set_ids(ids)
-
-    def restrict_draft(self, logits: Tensor) -> Tensor:
-        """Logits (..., V) of a proposing head as the draft vocabulary sees them (-inf outside it)."""
-        return logits if self.draft_vocab is None else self.draft_vocab.restrict(logits)

@@ -12,6 +12,9 @@ makes everything it needs there, once:
 - the int8 screen of the vocabulary for greedy's argmax (``screened_argmax``,
   :mod:`~lightning_bpd.inference.screened_argmax`).
 
+Proposals go over the runtime's draft vocabulary when it has one (``draft``,
+:class:`~lightning_bpd.inference.draft_vocab.DraftVocabulary`: the runtime makes it, the proposer reads it).
+
 Its methods are the decoding protocol's optional capabilities (:mod:`lightning_bpd.decoding.protocol`):
 ``draft_tokens``, ``chain_draft``, ``chain_drafts`` and ``argmax_first``, and for trees of candidates each head's
 n best tokens through the same paths, ``draft_ranks`` and ``chain_ranks``.
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from lightning_bpd.inference.draft_vocab import DraftVocabulary
 from lightning_bpd.inference.fused_chain import FusedChain
 from lightning_bpd.inference.precision import parse_precision
 from lightning_bpd.inference.screened_argmax import ScreenedArgmax
@@ -32,7 +36,6 @@ from lightning_bpd.kernels.int8 import available as int8_available
 from lightning_bpd.kernels.int8 import int8_linear, pack_int8
 from lightning_bpd.nn.argmax import argmax, top_ranks
 from lightning_bpd.nn.chained_head import ChainSource
-from lightning_bpd.nn.draft_vocab import DraftVocabulary
 
 
 @dataclass
@@ -62,9 +65,9 @@ class ProposalPath:
         return self.cast[1]
 
 
-def proposal_path(model: nn.Module, precision: str | None) -> ProposalPath | None:
+def proposal_path(model: nn.Module, precision: str | None, draft: DraftVocabulary | None = None) -> ProposalPath | None:
     """The proposal copy of ``model``'s heads and output projection in ``precision`` (None, or the model's own
-    dtype: no copy, the model's own are used)."""
+    dtype: no copy, the model's own are used); int8 packs the rows of the draft vocabulary ``draft`` when given."""
     weight, bias = model.output_layer()
     if precision is None:
         return None
@@ -75,7 +78,6 @@ def proposal_path(model: nn.Module, precision: str | None) -> ProposalPath | Non
                                  f"engine (CPU); got {weight.dtype}, engines {torch.backends.quantized.supported_engines}")
             path = ProposalPath(copy.deepcopy(model.head).eval(), weight.detach().clone(),
                                 None if bias is None else bias.detach().clone(), torch.float32, int8=True)
-            draft = model.draft_vocab
             rows, row_bias = (path.weight, path.bias) if draft is None else draft.rows(path.weight, path.bias)
             path.packed = (pack_int8(rows, row_bias), rows.shape[0])
             return path
@@ -89,12 +91,14 @@ def proposal_path(model: nn.Module, precision: str | None) -> ProposalPath | Non
 class Proposer:
     """Deterministic proposals and greedy's argmax for the runtime's snapshot ``model`` (a
     :class:`~lightning_bpd.nn.model.BlockwiseTransformer`, or a Hugging Face base with heads,
-    :class:`~lightning_bpd.hf.base.HFSeq2SeqBlockwise`), with the copies its options ask for made now."""
+    :class:`~lightning_bpd.hf.base.HFSeq2SeqBlockwise`), with the copies its options ask for made now; the heads
+    propose over the runtime's draft vocabulary ``draft`` (None: every token)."""
 
     def __init__(self, model: nn.Module, proposal_precision: str | None = None, fused: bool = True,
-                 screened: bool = False) -> None:
+                 screened: bool = False, draft: DraftVocabulary | None = None) -> None:
         self.model = model
-        self.proposal = proposal_path(model, proposal_precision)
+        self.draft = draft
+        self.proposal = proposal_path(model, proposal_precision, draft)
         head, weight, _ = self.parts()
         self.int8 = self.proposal is not None and self.proposal.int8
         self.fused: FusedChain | None = None
@@ -148,7 +152,7 @@ class Proposer:
     def proposal_logits(self, states: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         """The proposing logits (..., N or V) of states (..., D): int8, or over the draft vocabulary's N tokens
         (in the order of their ids) when there is one."""
-        draft: DraftVocabulary | None = self.model.draft_vocab
+        draft = self.draft
         if self.int8:
             return self.proposal.int8_logits(states)  # type: ignore[union-attr]  # (..., N or V)
         if draft is None:
@@ -158,7 +162,7 @@ class Proposer:
     def rank_states(self, states: Tensor, weight: Tensor, bias: Tensor | None, n: int) -> Tensor:
         """The n best token ids (..., n) of proposal states (..., D): :func:`top_ranks` of :meth:`proposal_logits`
         (the draft vocabulary's ids are increasing, so ties still go to the lowest id)."""
-        draft: DraftVocabulary | None = self.model.draft_vocab
+        draft = self.draft
         top = top_ranks(self.proposal_logits(states, weight, bias), n)
         return top if draft is None else draft.ids[top]
 
@@ -166,7 +170,7 @@ class Proposer:
                       confidence: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Argmax token ids (...) of proposal states (..., D), over the draft vocabulary when there is one; with
         ``confidence`` also the proposing distribution's probability of that token (...)."""
-        draft: DraftVocabulary | None = self.model.draft_vocab
+        draft = self.draft
         logits = self.proposal_logits(states, weight, bias)
         best = argmax(logits)
         token = best if draft is None else draft.ids[best]
@@ -180,7 +184,7 @@ class Proposer:
         """Whether chain links propose the intensity nearest their Gaussian's mean without the projection: own-centre
         Gaussian heads, no output bias, no draft vocabulary, no int8 proposals."""
         model = self.model
-        return bool(model.image.own_centres and model.prior.gaussian and bias is None and model.draft_vocab is None
+        return bool(model.image.own_centres and model.prior.gaussian and bias is None and self.draft is None
                     and not self.int8)
 
     def chain_draft(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None,
@@ -229,7 +233,7 @@ class Proposer:
         if model.image.own_centres:
             return self.image_chain_drafts(h, first, k, source)
         _, weight, bias = self.parts()
-        draft = model.draft_vocab
+        draft = self.draft
         rows, row_bias = (weight, bias) if draft is None else draft.rows(weight, bias)
         packed = self.proposal.packed[0] if self.int8 else None  # type: ignore[union-attr]
         tokens = self.fused.propose(h.to(weight.dtype), first, k, source, rows, row_bias,  # all links in one call

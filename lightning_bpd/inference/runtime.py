@@ -4,11 +4,12 @@
 :mod:`~lightning_bpd.inference.shared_copy`; weights are copied only where the precision's dtype is not theirs),
 gives every module of the snapshot the products of the precision (:mod:`lightning_bpd.inference.product_kinds`: the
 packed int8 or float64 copies of its weights are made here, once), and sets the snapshot's fast paths (lean
-steps, fused chain links, the proposal copy, the screened argmax, a draft vocabulary). The model's modules are not
-touched: it keeps training, or decodes in its own dtype through the reference products, and two runtimes of one
-model in two precisions decode side by side in one process. A runtime reads the model's weights as they are (a
-float32 runtime of a float32 model copies none), but the copies its products made when it was built stay as they
-were: after the weights change, build another.
+steps, fused chain links, the proposal copy, the screened argmax) and its own draft vocabulary
+(:mod:`lightning_bpd.inference.draft_vocab`: the options' token list, or else the ids the model stores). The
+model's modules are not touched: it keeps training, or decodes in its own dtype through the reference products, and
+two runtimes of one model in two precisions decode side by side in one process. A runtime reads the model's weights
+as they are (a float32 runtime of a float32 model copies none), but the copies its products made when it was built
+stay as they were: after the weights change, build another.
 
 :class:`Runtime` implements the decoding protocol (:mod:`lightning_bpd.decoding.protocol`) by handing each call
 to its snapshot, without gradients: torch's grad mode decides the arithmetic of the fast paths (with gradients on,
@@ -26,12 +27,14 @@ import torch
 from torch import Tensor, nn
 
 from lightning_bpd.decoding.runtime_parts import RuntimeParts
+from lightning_bpd.inference.draft_vocab import DraftVocabulary
 from lightning_bpd.inference.options import InferenceOptions
 from lightning_bpd.inference.precision import parse_precision
 from lightning_bpd.inference.product_kinds import Int8Products, PackedProducts, WideProducts
 from lightning_bpd.inference.product_swap import use_products
 from lightning_bpd.inference.proposer import Proposer
 from lightning_bpd.inference.shared_copy import cast_copy, shared_copy
+from lightning_bpd.nn.draft_ids import checked_ids
 from lightning_bpd.nn.products import FLOAT, Products
 
 
@@ -56,6 +59,20 @@ def snapshot(model: nn.Module, options: InferenceOptions) -> nn.Module:
     return made
 
 
+def draft_vocabulary(model: nn.Module, options: InferenceOptions, products: Products) -> DraftVocabulary | None:
+    """The draft vocabulary of a runtime of ``model`` (its snapshot, a :class:`RuntimeParts`): the token ids of
+    ``options.draft_vocab``, or else the ids the model stores (read as they are), multiplying through ``products``;
+    None where there are neither."""
+    if options.draft_vocab is not None:
+        weight = model.output_layer()[0]
+        ids = checked_ids(options.draft_vocab, model.vocab_size).to(weight.device)
+    elif model.draft_vocab is not None:
+        ids = model.draft_vocab.ids
+    else:
+        return None
+    return DraftVocabulary(ids, products)
+
+
 def grad_free(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` called under ``torch.no_grad()`` when gradients are on; as it is when they are off (the decoders'
     own case: entering a no-grad context costs about 2 us a call, checking the mode a tenth of that)."""
@@ -78,10 +95,12 @@ def without_grad(fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
 class Runtime:
     """A model's snapshot with the products and fast paths of ``options``; the decoders take it as a model.
 
-    Attributes: ``model`` (the snapshot), ``options``, ``products``, ``precision`` (the canonical name of what it
-    decodes in), ``measurements`` (what a run measures on it once and reuses: ``--tree-nodes auto``'s cost curve).
-    Every member of the decoding protocol is its own (the optional ones are the snapshot's, or None where it offers
-    none); other attributes of the model (its ``config``, ...) read through to the snapshot.
+    Attributes: ``model`` (the snapshot), ``options``, ``products``, ``proposer``, ``draft_vocab`` (the proposer's
+    :class:`~lightning_bpd.inference.draft_vocab.DraftVocabulary`, or None), ``precision`` (the canonical name of what
+    it decodes in), ``measurements`` (what a run measures on it once and reuses: ``--tree-nodes auto``'s cost curve).
+    Every member of the decoding protocol is its own (the optional ones are the proposer's, ``restrict_draft`` the
+    draft vocabulary's, the others the snapshot's, or None where it offers none); other attributes of the model (its
+    ``config``, ...) read through to the snapshot.
     """
 
     def __init__(self, model: nn.Module, options: InferenceOptions, products: Products,
@@ -90,6 +109,7 @@ class Runtime:
         self.options = options
         self.products = products
         self.proposer = proposer  # the fast proposals and argmax (None: a model without them, e.g. a stub)
+        self.draft_vocab: DraftVocabulary | None = None if proposer is None else proposer.draft
         self.precision = options.precision_of(model)
         self.k: int = model.k
         self.pad_id: int = model.pad_id
@@ -146,6 +166,8 @@ class Runtime:
 
     @functools.cached_property
     def restrict_draft(self) -> Callable[[Tensor], Tensor] | None:
+        if self.draft_vocab is not None:  # the runtime's own, which its proposer proposes from
+            return without_grad(self.draft_vocab.restrict)
         return without_grad(self.model.restrict_draft)
 
     @functools.cached_property
@@ -209,8 +231,6 @@ def build_runtime(model: nn.Module | Runtime, options: InferenceOptions | None =
                              "argmax")
         return Runtime(made, options, products)
     made.use_lean_steps(options.lean_steps)
-    if options.draft_vocab is not None:
-        made.draft_vocab = None  # a vocabulary of the runtime's own (the model's ids buffer stays as it is)
-        made.use_draft_vocab(torch.tensor(options.draft_vocab, dtype=torch.long))
-    proposer = Proposer(made, options.proposal_precision, options.fused_chain, options.screened_argmax)
+    draft = draft_vocabulary(made, options, products)
+    proposer = Proposer(made, options.proposal_precision, options.fused_chain, options.screened_argmax, draft)
     return Runtime(made, options, products, proposer)

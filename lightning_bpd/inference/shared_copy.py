@@ -1,9 +1,9 @@
 """A copy of a model's module tree that shares its weights: what a runtime decodes with. Torch only.
 
-A runtime sets its own things on the modules it decodes with (their products, lean steps, a draft vocabulary, eval
-mode), so it needs modules of its own; it does not need weights of its own. :func:`shared_copy` copies every module
-object of the tree (each keeps its attributes, a shallow copy of them) and hands the copies the original's own
-parameter and buffer tensors: the copy adds the module objects' few bytes, not the weights. Weights are copied only
+A runtime sets its own things on the modules it decodes with (their products, lean steps, eval mode), so it needs
+modules of its own; it does not need weights of its own. :func:`shared_copy` copies every module object of the tree
+(each keeps its attributes, a shallow copy of them) and hands the copies the original's own parameter and buffer
+tensors: the copy adds the module objects' few bytes, not the weights. Weights are copied only
 where the runtime's dtype is not theirs (:func:`cast_copy`), and a runtime's products make their own packed, int8 or
 float64 copies (:mod:`lightning_bpd.inference.product_kinds`).
 

@@ -18,7 +18,7 @@ from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.conditioning import source_taps
 from lightning_bpd.nn.config import ModelConfig
-from lightning_bpd.nn.draft_vocab import DraftVocabulary
+from lightning_bpd.nn.draft_ids import DraftIds, restrict
 from lightning_bpd.nn.image_readout import ImageReadout
 from lightning_bpd.nn.intensity_prior import IntensityPrior
 from lightning_bpd.nn.kv_cache import KVCache
@@ -87,7 +87,8 @@ class BlockwiseTransformer(RuntimeParts, nn.Module):
             self.head = BlockwiseHead(
                 c.d_model, c.head_hidden or c.d_ff, c.k, identity_first=c.identity_first, dropout=c.dropout
             )
-        self.draft_vocab = DraftVocabulary(c.tgt_vocab_size, c.draft_vocab) if c.draft_vocab else None
+        # the token ids the heads may propose (state only, saved as draft_vocab.ids; set from the training targets)
+        self.draft_vocab = DraftIds(c.tgt_vocab_size, c.draft_vocab) if c.draft_vocab else None
         # The intensity prior's read-out: a plain object that attaches the heads' image parts (head.neighbours,
         # head.prior_adapt) and reads the model's own parameters (:mod:`~lightning_bpd.nn.image_readout`).
         self.image = ImageReadout(self)
@@ -248,16 +249,17 @@ class BlockwiseTransformer(RuntimeParts, nn.Module):
 
         self.encoder.lean, self.decoder.lean = (encode, step) if on else (None, None)
 
-    def use_draft_vocab(self, ids: Tensor) -> None:
-        """Let the heads propose only these token ids (:mod:`lightning_bpd.nn.draft_vocab`)."""
+    def set_draft_ids(self, ids: Tensor) -> None:
+        """Hold these token ids as the model's draft vocabulary (:mod:`lightning_bpd.nn.draft_ids`): the tokens its
+        heads propose when decoded (training set-up does it, from the training targets)."""
         if self.draft_vocab is None or self.draft_vocab.ids.numel() != len(ids):
-            self.draft_vocab = DraftVocabulary(self.config.tgt_vocab_size, len(ids)).to(self.tgt_embed.weight.device)
+            self.draft_vocab = DraftIds(self.config.tgt_vocab_size, len(ids)).to(self.tgt_embed.weight.device)
             self.config.draft_vocab = len(ids)
         self.draft_vocab.set_ids(ids)
 
     def restrict_draft(self, logits: Tensor) -> Tensor:
         """Logits (..., V) of a proposing head as the draft vocabulary sees them (-inf outside it)."""
-        return logits if self.draft_vocab is None else self.draft_vocab.restrict(logits)
+        return logits if self.draft_vocab is None else restrict(logits, self.draft_vocab.ids)
 
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: ChainSource | None = None) -> tuple[Tensor, Tensor]:
         """Chained heads, decoding: head ``i`` (0-based, >= 1) from head i-1's state z (b, D) and the

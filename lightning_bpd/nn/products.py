@@ -80,3 +80,11 @@ FLOAT = Products()  # stateless: the default of every module
 def inference(x: Tensor) -> bool:
     """Whether a product of ``x`` happens at inference (no gradients), where a kind may differ from FLOAT."""
     return not torch.is_grad_enabled()
+
+
+def version(t: Tensor | None) -> int:
+    """A tensor's in-place version counter, for keying what is made from it (a projection's rows, an assembled output
+    layer; -1: no tensor; 0: an inference tensor, which keeps none and cannot change outside inference mode)."""
+    if t is None:
+        return -1
+    return 0 if t.is_inference() else t._version

@@ -235,7 +235,7 @@ def test_draft_vocabulary_fast_decoder_equals_reference(criterion, head_type):
     pick_eos(model, src, MAX_LEN)
     greedy = greedy_decode(model, src, MAX_LEN)
     used = sorted(set(greedy.tokens.flatten().tolist()) - {0})
-    model.use_draft_vocab(torch.tensor((used + [t for t in range(16) if t not in used])[:10]))
+    model.set_draft_ids(torch.tensor((used + [t for t in range(16) if t not in used])[:10]))
     fast = blockwise_decode(model, src, criterion, MAX_LEN)
     slow = blockwise_decode_reference(model, src, criterion, MAX_LEN)
     assert torch.equal(fast.tokens, slow.tokens) and fast.block_sizes == slow.block_sizes
@@ -250,7 +250,7 @@ def test_a_draft_vocabulary_without_greedy_tokens_accepts_one_token_per_iteratio
     greedy = greedy_decode(model, src, MAX_LEN)
     unused = [t for t in range(16) if t not in set(greedy.tokens.flatten().tolist())]
     assert unused
-    model.use_draft_vocab(torch.tensor(unused))
+    model.set_draft_ids(torch.tensor(unused))
     out = blockwise_decode(model, src, Exact(), MAX_LEN)
     assert torch.equal(out.tokens, greedy.tokens)
     assert all(size == 1 for row in out.block_sizes for size in row)  # every proposal is wrong

@@ -47,7 +47,7 @@ def test_a_runtimes_fast_proposals_stay_exact(head_type, options):
     assert greedy_decode(runtime, src, MAX_LEN).sequences() == want
     if options == "plain":  # the proposer's tokens are the model's own: the same blocks accepted
         assert fast.block_sizes == blockwise_decode(model, src, Exact(), MAX_LEN).block_sizes
-    assert (runtime.model.draft_vocab is not None) == (options == "draft_vocab")
+    assert (runtime.draft_vocab is not None) == (options == "draft_vocab")
     assert (runtime.proposer.proposal is not None) == (options == "bfloat16_proposals")
 
 

@@ -92,7 +92,7 @@ def test_the_output_layer_is_the_projection():
     with torch.inference_mode():  # Lightning's test and validate: inference tensors keep no version counter
         made = build_runtime(model, InferenceOptions(draft_vocab=(4, 5, EOS)))
         assert made.model.output_layer()[1] is made.model.output_layer()[1]
-        assert made.model.draft_vocab.rows(*made.model.output_layer())[0].shape == (3, 32)
+        assert made.draft_vocab.rows(*made.model.output_layer())[0].shape == (3, 32)
 
 
 @pytest.mark.parametrize("family", ["marian", "t5"])
@@ -132,7 +132,7 @@ def test_exact_decoding_through_every_fast_path_equals_generate(family, head_typ
     with torch.no_grad():
         got = blockwise_decode(runtime, src, Exact(), max_len)
     assert got.sequences() == want
-    assert runtime.model.draft_vocab is not None and model.draft_vocab is None  # the snapshot's own
+    assert runtime.draft_vocab is not None and runtime.model.draft_vocab is None  # the runtime's own
 
 
 def test_proposals_stay_in_the_draft_vocabulary():

@@ -107,7 +107,7 @@ def test_whole_chain_at_once_proposes_what_the_links_one_by_one_propose(draft, p
     model = random_model(k=5, seed=4, vocab=40, head_type="chained_attn").float()
     scramble_chain(model, std=0.05)
     if draft:
-        model.use_draft_vocab(torch.arange(3, 40, 2))
+        model.set_draft_ids(torch.arange(3, 40, 2))
     runtime = build_runtime(model, InferenceOptions(proposal_precision=proposals))
     src = random_sources(4, vocab=40)
     context = model.encode(src)

@@ -103,7 +103,7 @@ def test_int8_proposals_keep_float32_decoding_exact_and_propose_like_float32(hea
     greedy = greedy_decode(model, src, 24).sequences()
     if draft:  # the tokens greedy emits and a few more: 20 of the 40
         used = sorted({t for row in greedy for t in row})
-        model.use_draft_vocab(torch.tensor(used + [t for t in range(40) if t not in used][: 20 - len(used)]))
+        model.set_draft_ids(torch.tensor(used + [t for t in range(40) if t not in used][: 20 - len(used)]))
     full = blockwise_decode(model, src, Exact(), 24)
     runtime = build_runtime(model, InferenceOptions(proposal_precision="int8"))
     assert runtime.proposer.proposal is not None and runtime.proposer.int8

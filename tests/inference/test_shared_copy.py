@@ -44,7 +44,7 @@ def test_a_runtime_reads_the_live_weights_and_a_draft_vocabulary_stays_its_own()
     with torch.no_grad():
         model.tgt_embed.weight.mul_(3.0)  # a training step, in place
     assert torch.equal(blockwise_decode(plain, src, Exact(), 12).tokens, blockwise_decode(model, src, Exact(), 12).tokens)
-    assert runtime.model.draft_vocab is not None
+    assert runtime.draft_vocab is not None and runtime.model.draft_vocab is None  # the runtime's own
 
 
 @pytest.mark.parametrize("precision", [None, "float32-packed"])

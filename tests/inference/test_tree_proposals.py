@@ -30,7 +30,7 @@ def runtime_of(head_type: str, options: str):
 
 
 def draft_ids(runtime, top: torch.Tensor) -> torch.Tensor:
-    draft = runtime.model.draft_vocab
+    draft = runtime.draft_vocab
     return top if draft is None else draft.ids[top]
 
 

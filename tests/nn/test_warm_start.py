@@ -39,7 +39,7 @@ def test_a_draft_vocabulary_is_optional_on_both_sides():
 
     base = random_model(k=1, seed=0)
     model = random_model(k=4, seed=1)
-    model.use_draft_vocab(torch.arange(8))
+    model.set_draft_ids(torch.arange(8))
     load_base_weights(model, base.state_dict())  # the base has none: set later from the data
     assert torch.equal(model.draft_vocab.ids, torch.arange(8))
     load_base_weights(base, model.state_dict())  # and a model without one ignores it

@@ -116,7 +116,7 @@ class LMModule(BlockwiseModule):
         """The ``size`` most frequent token ids of a text's ``lines`` (tokenized joined by newlines, in chunks of
         1,000 lines; the EOS ids always in): a draft vocabulary for :class:`~lightning_bpd.inference.InferenceOptions`
         (``--draft-vocab N --draft-vocab-from TEXT``; the trained model is not changed)."""
-        from lightning_bpd.nn.draft_vocab import ids_from_counts
+        from lightning_bpd.nn.draft_ids import ids_from_counts
 
         chunks = ["\n".join(lines[i : i + 1000]) + "\n" for i in range(0, len(lines), 1000)]
         rows = self.tokenizer(chunks, add_special_tokens=False)["input_ids"] if chunks else []

@@ -19,7 +19,7 @@ from torch import Tensor
 from lightning_bpd.decoding import Criterion, parse_criterion
 from lightning_bpd.evaluation import EvalBatch, MethodRun, run_batch
 from lightning_bpd.nn.config import ModelConfig
-from lightning_bpd.nn.draft_vocab import ids_from_counts
+from lightning_bpd.nn.draft_ids import ids_from_counts
 from lightning_bpd.tasks.blockwise_module import BlockwiseModule, options_of, split_flat
 from lightning_bpd.tasks.training_options import TrainingOptions
 from lightning_bpd.tasks.translation.datamodule_utils import collate_pairs
@@ -108,11 +108,11 @@ class TranslationModule(BlockwiseModule):
             )
         if self.model.draft_vocab is not None:  # the most frequent target tokens of this run's training data
             counts = self.trainer.datamodule.dataset("train").target_counts(self.model.config.tgt_vocab_size)
-            self.use_draft_vocab(counts, self.model.draft_vocab.ids.numel())
+            self.set_draft_ids(counts, self.model.draft_vocab.ids.numel())
 
-    def use_draft_vocab(self, counts: Tensor, size: int) -> None:
-        """Let the heads propose only the ``size`` most frequent tokens of ``counts`` (V,) (EOS always)."""
-        self.model.use_draft_vocab(ids_from_counts(counts, size, always=[self.model.eos_id]))
+    def set_draft_ids(self, counts: Tensor, size: int) -> None:
+        """The model's draft vocabulary: the ``size`` most frequent tokens of ``counts`` (V,) (EOS always)."""
+        self.model.set_draft_ids(ids_from_counts(counts, size, always=[self.model.eos_id]))
 
     def draft_vocab_ids(self, lines: list[str], size: int) -> list[int]:
         """The ``size`` most frequent token ids of target-language ``lines`` (EOS always): a draft vocabulary for

@@ -484,7 +484,7 @@ def test_a_draft_vocabulary_of_the_command_line_reaches_the_runtime_only(fitted)
     options = options_from_args(args, module)
     assert len(options.draft_vocab) == 12 and module.model.eos_id in options.draft_vocab
     runtime = build_runtime(module.model, options)
-    assert runtime.model.draft_vocab.ids.tolist() == sorted(options.draft_vocab)
+    assert runtime.draft_vocab.ids.tolist() == sorted(options.draft_vocab)
     assert module.model.draft_vocab is None and module.model.config.draft_vocab in (None, 0)
     with pytest.raises(ValueError, match="--draft-vocab needs"):
         options_from_args(argparse.Namespace(draft_vocab=12, draft_vocab_from=None), module)
@@ -493,7 +493,7 @@ def test_a_draft_vocabulary_of_the_command_line_reaches_the_runtime_only(fitted)
 def test_draft_vocabulary_from_the_training_targets_and_in_bench(fitted, tmp_path):
     import json
 
-    from lightning_bpd.nn.draft_vocab import ids_from_counts
+    from lightning_bpd.nn.draft_ids import ids_from_counts
 
     root, _, _ = fitted
     cli = main(["fit", *TINY, "--model.init_args.architecture.k=3", "--model.init_args.architecture.head_type=chained",
