@@ -96,6 +96,8 @@ def test_budget_scales_fit_stages_and_set_overrides_one_stage(repo, capsys, tmp_
     assert distill[-1] == "--batch-size=100" and not any("trainer" in a for a in distill)
     assert frozen[-2:] == ["--trainer.max_steps=500", "--trainer.max_steps=300"]  # --set comes last: it wins
     assert finetune[-1] == "--trainer.max_steps=500"  # max_time null in the stage config: steps only
+    # a validation interval in steps scales with them: the finetune stage still validates at its last step
+    assert "--trainer.val_check_interval=500" in finetune and "--trainer.val_check_interval=250" in frozen
     celeba = commands(dry_run(capsys, "celeba-table2", "--runs", str(tmp_path), "--budget", "0.1"))
     assert "--trainer.max_time=00:00:06:00" in celeba[0] and "--trainer.max_time=00:00:00:30" in celeba[1]
     assert not any(a.startswith("--trainer.max") for a in celeba[3])  # validate: no budget

@@ -31,7 +31,7 @@ from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_m
 from lightning_bpd.decoding.tree import budget_limit
 from lightning_bpd.evaluation import BatchRun, EvalBatch, MethodRun, run_batch
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.tree_budget import RANKS, TreeNodes, auto_limit, auto_tree, budget_tree
+from lightning_bpd.tree_budget import RANKS, TreeNodes, auto_limit, auto_tree, budget_tree, measure_rank_agreement
 
 __all__ = ["BatchRun", "DecodeEval", "EvalBatch", "MethodRun", "run_decode_eval"]
 
@@ -260,9 +260,9 @@ class DecodeEval(pl.Callback):
             evaluation of a model with heads measures their top-r agreement table on its greedy outputs
             (:mod:`lightning_bpd.tree_budget`). While fitting (and in ``validate``) the trees are built from it and
             the module keeps it as ``rank_agreement`` (its checkpoints store it, for ``decode --tree-nodes``);
-            ``test`` builds them from the table the checkpoint stores (measured on validation), so that the tree is
-            not tuned on the test set, and from the test table only where none is stored (the JSON's
-            ``tree_table`` says which).
+            ``test`` builds them from the table the checkpoint stores (measured on validation), else from one
+            measured on the first ``subset`` validation examples, so that the tree is never tuned on the test set
+            (the JSON's ``tree_table`` says which).
     """
 
     def __init__(
@@ -336,10 +336,8 @@ class DecodeEval(pl.Callback):
         shard = decode_shard(pl_module, batches, self.criteria, rank=rank, world_size=world, model=runtime)
         shards = gather_shards(shard, world)
         table = rank_agreement(shards)  # every rank: the same table
-        stored = pl_module.rank_agreement
-        if stage == "test" and stored is not None:
-            self.tree_table = "stored with the checkpoint (measured on validation)"
-            table = stored
+        if stage == "test" and self.tree_nodes and table is not None:
+            table = self.validation_table(pl_module, runtime)
         else:
             self.tree_table = f"measured on this {stage} decode"
             if table is not None:
@@ -373,6 +371,18 @@ class DecodeEval(pl.Callback):
             suffix = f"_step{trainer.global_step}" if trainer.state.fn == "fit" else ""
             pl_module.save_samples(folder / f"samples_{stage}{suffix}.png",
                                    {name: run.outputs for name, run in runs.items()}, batches, self.num_samples)
+
+    def validation_table(self, pl_module: Any, runtime: Any) -> Tensor:
+        """The table ``test``'s trees are built from: the checkpoint's (measured on validation while fitting), else
+        measured now on the first ``subset`` validation examples (every rank the same), never on the test set."""
+        if pl_module.rank_agreement is not None:
+            self.tree_table = "stored with the checkpoint (measured on validation)"
+            return pl_module.rank_agreement
+        batches = pl_module.decode_eval_batches("val", self.subset, self.batch_size)
+        self.tree_table = (f"measured on the first {sum(b.src.shape[0] for b in batches)} validation examples "
+                           "(the checkpoint stores none)")
+        pl_module.rank_agreement = measure_rank_agreement(runtime, batches)
+        return pl_module.rank_agreement
 
     def tree_methods(self, pl_module: Any, runtime: Any, table: Tensor | None, batches: list[EvalBatch],
                      broadcast: Callable[[Any], Any] = lambda x: x) -> dict[str, DecodeMethod]:

@@ -33,7 +33,7 @@ once, and is then marked done). ``distill`` resumes by itself (finished shards a
 stage again, delete its ``stage_done.json``. Every attempt's output is appended to ``<stage folder>/stage.log``.
 
 Options: ``--dry-run`` prints the commands (and which stages are done); ``--budget F`` scales every fit
-stage's ``trainer.max_time`` and ``trainer.max_steps`` by F; ``--set frozen.trainer.max_steps=500`` passes
+stage's ``trainer.max_time`` and ``trainer.max_steps`` by F (and a ``trainer.val_check_interval`` in steps); ``--set frozen.trainer.max_steps=500`` passes
 ``--trainer.max_steps=500`` to stage ``frozen`` (after the budget's values, so it wins);
 ``--from-stage`` / ``--until-stage`` run only part of the stages. At the end a table gives each stage's
 status, minutes and its key numbers (from ``decode_<split>.json`` of test/validate, bench's ``--json``),
@@ -300,8 +300,12 @@ def option_value(args: list[str], option: str) -> tuple[bool, str | None]:
     return found, value
 
 
-def trainer_budget(args: list[str]) -> tuple[Any, Any]:
-    """``(max_time, max_steps)`` of a fit command: its config (with bases), then its command-line options."""
+BUDGET_KEYS = ("max_time", "max_steps", "val_check_interval")
+
+
+def trainer_budget(args: list[str]) -> tuple[Any, Any, Any]:
+    """``(max_time, max_steps, val_check_interval)`` of a fit command: its config (with bases), then its
+    command-line options."""
     found, config = option_value(args, "--config")
     path = Path(config) if found and config else DEFAULT_FIT_CONFIG
     values: dict[str, Any] = {}
@@ -311,23 +315,27 @@ def trainer_budget(args: list[str]) -> tuple[Any, Any]:
                 data = yaml.safe_load(file.read_text()) or {}
                 trainer = data.get("trainer") if isinstance(data, dict) else None
                 if isinstance(trainer, dict):
-                    values.update({k: trainer[k] for k in ("max_time", "max_steps") if k in trainer})
+                    values.update({k: trainer[k] for k in BUDGET_KEYS if k in trainer})
         except (OSError, ValueError, yaml.YAMLError) as err:
             raise RecipeError(f"--budget: cannot read the trainer budget of {path}: {' '.join(str(err).split())}") \
                 from None
-    for key in ("max_time", "max_steps"):
+    for key in BUDGET_KEYS:
         found, value = option_value(args, f"--trainer.{key}")
         if found:
             values[key] = yaml.safe_load(value) if value is not None else None
-    return values.get("max_time"), values.get("max_steps")
+    return values.get("max_time"), values.get("max_steps"), values.get("val_check_interval")
 
 
 def budget_args(args: list[str], factor: float) -> list[str]:
-    """The options that scale a fit command's time and step budgets by ``factor`` (none for 1)."""
+    """The options that scale a fit command's time and step budgets by ``factor`` (none for 1), and a validation
+    interval given in steps with them, so that a scaled run validates at the same fractions of its length (a
+    stage that validates once, at its last step, still does, and its checkpoint keeps what validation measures)."""
     if factor == 1:
         return []
-    max_time, max_steps = trainer_budget(args)
+    max_time, max_steps, interval = trainer_budget(args)
     out = []
+    if isinstance(interval, int) and not isinstance(interval, bool) and interval > 0:
+        out.append(f"--trainer.val_check_interval={max(1, round(interval * factor))}")
     seconds = parse_max_time(max_time)
     if seconds is not None:
         out.append(f"--trainer.max_time={format_max_time(seconds * factor)}")
