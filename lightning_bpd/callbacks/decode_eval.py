@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from argparse import ArgumentTypeError
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +32,7 @@ from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_m
 from lightning_bpd.decoding.tree import budget_limit
 from lightning_bpd.evaluation import BatchRun, EvalBatch, MethodRun, run_batch
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.tree_budget import RANKS, TreeNodes, auto_limit, auto_tree, budget_tree, measure_rank_agreement
+from lightning_bpd.tree_budget import RANKS, TreeNodes, auto_tree, budget_tree, measure_rank_agreement, tree_nodes_arg
 
 __all__ = ["BatchRun", "DecodeEval", "EvalBatch", "MethodRun", "run_decode_eval"]
 
@@ -97,11 +98,12 @@ def decode_shard(task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[
 
 
 def valid_budget(n: Any) -> bool:
-    """A tree budget ``DecodeEval`` takes: an integer >= 0, ``auto`` or ``auto:M`` (M >= 1)."""
+    """A tree budget ``DecodeEval`` takes: an integer >= 0, or ``auto`` / ``auto:M`` as ``--tree-nodes`` reads them
+    (:func:`~lightning_bpd.tree_budget.tree_nodes_arg`)."""
     if isinstance(n, str):
         try:
-            return (n == "auto" or n.startswith("auto:")) and auto_limit(n) >= 1
-        except ValueError:
+            return tree_nodes_arg(n) == n  # "auto" or "auto:M" exactly (not a number given as text)
+        except ArgumentTypeError:
             return False
     return not isinstance(n, bool) and isinstance(n, int) and n >= 0
 
