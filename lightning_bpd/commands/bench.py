@@ -28,9 +28,8 @@ import torch
 
 from lightning_bpd.benchmarks.ctranslate2_peer import Peers
 from lightning_bpd.checkpoints import load_model
-from lightning_bpd.decoding.dynamic_tree import DynamicTree
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
-from lightning_bpd.decoding.tree import Tree, parse_tree
+from lightning_bpd.decoding.tree import DynamicTree, Tree, parse_tree
 from lightning_bpd.evaluation import batched, load_inputs, run_batch
 from lightning_bpd.inference import InferenceOptions, Runtime, build_runtime
 from lightning_bpd.inference.arguments import (

@@ -27,8 +27,8 @@ from PIL import Image
 from torch import Tensor
 
 from lightning_bpd.decoding import parse_criterion
-from lightning_bpd.decoding.blockwise import resolve_k
 from lightning_bpd.decoding.methods import make_method
+from lightning_bpd.decoding.protocol import resolve_k
 from lightning_bpd.evaluation import EvalBatch, decode_all
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.inference.arguments import add_precision_arg, options_from_args

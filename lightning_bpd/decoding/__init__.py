@@ -13,12 +13,12 @@ from lightning_bpd.decoding.criteria import (
     TopK,
     parse_criterion,
 )
-from lightning_bpd.decoding.dynamic_tree import DynamicTree
 from lightning_bpd.decoding.greedy import greedy_decode, greedy_decode_reference
+from lightning_bpd.decoding.loop import decode
 from lightning_bpd.decoding.protocol import DecodeResult
 from lightning_bpd.decoding.reference import blockwise_decode_reference
 from lightning_bpd.decoding.static import StaticDecoder, static_decode
-from lightning_bpd.decoding.tree import Tree, parse_tree
+from lightning_bpd.decoding.tree import DynamicTree, Tree, parse_tree
 from lightning_bpd.decoding.tree_reference import tree_decode_reference
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "beam_search_reference",
     "blockwise_decode",
     "blockwise_decode_reference",
+    "decode",
     "greedy_decode",
     "greedy_decode_reference",
     "head_agreement",

@@ -16,8 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.blockwise import chain_source
-from lightning_bpd.decoding.protocol import BlockwiseModel
+from lightning_bpd.decoding.protocol import BlockwiseModel, chain_source
 from lightning_bpd.nn.loss import decoder_inputs, shifted_targets
 
 

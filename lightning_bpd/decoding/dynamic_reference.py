@@ -14,11 +14,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.blockwise import chain_source
 from lightning_bpd.decoding.criteria import Criterion, Exact
-from lightning_bpd.decoding.dynamic_tree import DynamicTree, check_dynamic_args, log_probs
-from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args
-from lightning_bpd.decoding.tree import Path, Tree
+from lightning_bpd.decoding.proposers.dynamic_tree import check_dynamic_args, log_probs
+from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, chain_source, check_decode_args
+from lightning_bpd.decoding.tree import DynamicTree, Path, Tree
 from lightning_bpd.decoding.tree_reference import exact_tree_reference
 
 

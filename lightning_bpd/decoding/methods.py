@@ -24,15 +24,16 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from lightning_bpd.decoding.beam import beam_search
-from lightning_bpd.decoding.blockwise import blockwise_decode, check_stop_below, resolve_k
+from lightning_bpd.decoding.blockwise import blockwise_decode
 from lightning_bpd.decoding.criteria import Criterion, Exact, SpeculativeSampling
 from lightning_bpd.decoding.draft import check_draft_args, draft_decode
-from lightning_bpd.decoding.dynamic_tree import DynamicTree
 from lightning_bpd.decoding.greedy import greedy_decode
-from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult
+from lightning_bpd.decoding.proposers.heads import check_stop_below
+from lightning_bpd.decoding.proposers.tree import check_tree_args
+from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, resolve_k
 from lightning_bpd.decoding.sampling import check_sampling_args, new_generator, sample_decode
 from lightning_bpd.decoding.static import static_decode
-from lightning_bpd.decoding.tree import Tree
+from lightning_bpd.decoding.tree import DynamicTree, Tree
 
 DRAFT_PREFIX = "draft:"
 
@@ -166,8 +167,6 @@ def make_method(
     s = spec.strip()
     method = build_method(s, make_criterion, model, k, draft, seed, lazy)
     if tree is not None and method.criterion is not None and method.draft is None:
-        from lightning_bpd.decoding.tree_decode import check_tree_args  # it builds on blockwise
-
         check_tree_args(model, method.criterion, tree, k)
         if fixed_shape or stop_below is not None or lazy:
             raise ValueError("a tree of candidates takes neither fixed shapes, a confidence stop nor lazy verification")

@@ -220,6 +220,26 @@ def first_argmax(model: BlockwiseModel, h: Tensor) -> Tensor:
     return own(h) if own is not None else argmax(model.logits_first(h))
 
 
+def resolve_k(model: BlockwiseModel, k: int | None) -> int:
+    """The block size to decode with: the model's own k, or fewer heads of it."""
+    if k is None:
+        return model.k
+    if not isinstance(k, int) or not 1 <= k <= model.k:
+        raise ValueError(f"k must be an integer in [1, {model.k}] (the model's number of heads), got {k!r}")
+    return k
+
+
+def chain_source(model: BlockwiseModel, context: Context) -> Source | None:
+    """What source-attending chained heads read (``model.chain_source``, when offered), or None."""
+    get = model.chain_source
+    return get(context) if get is not None else None
+
+
+def restricted(model: BlockwiseModel, logits: Tensor) -> Tensor:
+    """A proposing head's logits (..., V) over the model's draft vocabulary (-inf outside it), when it has one."""
+    return logits if model.restrict_draft is None else model.restrict_draft(logits)
+
+
 def check_decode_args(model: BlockwiseModel, src: Tensor, max_len: int) -> None:
     """Raise ValueError, naming the argument and the allowed range, on unusable decode input."""
     if not isinstance(max_len, int) or max_len < 1:

@@ -13,15 +13,17 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.blockwise import chain_source, check_stop_below, resolve_k
 from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.greedy import strip_padding
+from lightning_bpd.decoding.proposers.heads import check_stop_below
 from lightning_bpd.decoding.protocol import (
     BlockwiseModel,
     DecodeResult,
     Source,
+    chain_source,
     check_decode_args,
     pack_rows,
+    resolve_k,
     source_room,
 )
 from lightning_bpd.decoding.rules import BoundRules, reference_rules, ruled_at

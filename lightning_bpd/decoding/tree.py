@@ -22,13 +22,9 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from lightning_bpd.decoding.dynamic_tree import DynamicTree
 
 Path = tuple[int, ...]
 
@@ -212,18 +208,38 @@ def budget_limit(depth: int, width: int) -> int:
     return sum(width**d for d in range(1, depth + 1))
 
 
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2's dynamic tree (:mod:`~lightning_bpd.decoding.proposers.dynamic_tree` grows it): ``nodes`` non-root nodes per row and iteration, at most ``depth`` heads deep, each node's
+    ``width`` most likely children competing."""
+
+    nodes: int
+    depth: int
+    width: int = 4
+
+    def __post_init__(self) -> None:
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in (self.nodes, self.depth, self.width)):
+            raise ValueError(f"a dynamic tree's nodes, depth and width must be integers >= 1, got {self}")
+        if self.nodes > budget_limit(self.depth, self.width):
+            raise ValueError(f"a dynamic tree {self.depth} deep and {self.width} wide has at most "
+                             f"{budget_limit(self.depth, self.width)} nodes, got {self.nodes}")
+
+    @property
+    def size(self) -> int:
+        """Nodes, the root included: the width of the verify pass."""
+        return self.nodes + 1
+
+
 def parse_tree(text: str) -> Tree | DynamicTree:
     """A tree from the command line: ``"0;1;0,0;0,1"`` (paths separated by ``;``, ranks by ``,``), ``"path:D"`` for
     :meth:`Tree.path` of depth D, or ``"dynamic:N:D[:W]"`` for a
-    :class:`~lightning_bpd.decoding.dynamic_tree.DynamicTree` of N nodes, D deep, W wide (default 4). One clear error
+    :class:`DynamicTree` of N nodes, D deep, W wide (default 4). One clear error
     line on anything else."""
     text = text.strip()
     try:
         if text.startswith("path:"):
             return Tree.path(int(text[5:]))
         if text.startswith("dynamic:"):
-            from lightning_bpd.decoding.dynamic_tree import DynamicTree  # it builds on this module
-
             numbers = [int(v) for v in text[8:].split(":")]
             if len(numbers) not in (2, 3):
                 raise ValueError("a dynamic tree is dynamic:N:D or dynamic:N:D:W")

@@ -49,7 +49,7 @@ def test_auto_on_a_causal_base_equals_generate(head_type):
 @pytest.mark.parametrize("family", ["marian", "t5"])
 def test_dynamic_trees_on_a_seq2seq_base_equal_generate_and_the_reference(family):
     from lightning_bpd.decoding.dynamic_reference import dynamic_tree_reference
-    from lightning_bpd.decoding.dynamic_tree import DynamicTree
+    from lightning_bpd.decoding.tree import DynamicTree
 
     base, model, src = model_for(family, "all", "chained_attn")
     spec = DynamicTree(8, 3, 3)
@@ -65,7 +65,7 @@ def test_dynamic_trees_on_a_seq2seq_base_equal_generate_and_the_reference(family
 @pytest.mark.parametrize("head_type", ["paper", "chained"])
 def test_dynamic_trees_on_a_causal_base_equal_generate_and_the_reference(family, extra, head_type):
     from lightning_bpd.decoding.dynamic_reference import dynamic_tree_reference
-    from lightning_bpd.decoding.dynamic_tree import DynamicTree
+    from lightning_bpd.decoding.tree import DynamicTree
 
     base, src = causal.tiny_lm(family, **extra), causal.prompts()
     causal.pick_eos(base, src)

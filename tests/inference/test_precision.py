@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
-from lightning_bpd.decoding.blockwise import chain_tokens
+from lightning_bpd.decoding.proposers.heads import chain_tokens
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.inference.precision import model_dtype, parse_precision
 from lightning_bpd.kernels import int8

@@ -20,40 +20,42 @@ whole ``width``-ary tree through the uncached decoder and checks every candidate
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.blockwise import chain_source, resolve_k, restricted
+from lightning_bpd.decoding.candidates import RowTree
 from lightning_bpd.decoding.criteria import Criterion, Exact
-from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source, check_decode_args, first_argmax
-from lightning_bpd.decoding.row_book import RowBook
-from lightning_bpd.decoding.rules import RuleBook
-from lightning_bpd.decoding.tree import budget_limit
-from lightning_bpd.decoding.tree_advance import advance
+from lightning_bpd.decoding.proposers.base import Proposer, opening_token
+from lightning_bpd.decoding.protocol import BlockwiseModel, Source, chain_source, resolve_k, restricted
+from lightning_bpd.decoding.tree import DynamicTree
 from lightning_bpd.nn.argmax import top_ranks
 
 
 @dataclass(frozen=True)
-class DynamicTree:
-    """EAGLE-2's dynamic tree: ``nodes`` non-root nodes per row and iteration, at most ``depth`` heads deep, each node's
-    ``width`` most likely children competing."""
+class DynamicHeadTree(Proposer):
+    """The heads grow ``spec`` (a :class:`~lightning_bpd.decoding.tree.DynamicTree`) per row at every iteration;
+    exact acceptance only (``k``: the heads used, default all)."""
 
-    nodes: int
-    depth: int
-    width: int = 4
-
-    def __post_init__(self) -> None:
-        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in (self.nodes, self.depth, self.width)):
-            raise ValueError(f"a dynamic tree's nodes, depth and width must be integers >= 1, got {self}")
-        if self.nodes > budget_limit(self.depth, self.width):
-            raise ValueError(f"a dynamic tree {self.depth} deep and {self.width} wide has at most "
-                             f"{budget_limit(self.depth, self.width)} nodes, got {self.nodes}")
+    spec: DynamicTree
+    k: int | None = None
 
     @property
-    def size(self) -> int:
-        """Nodes, the root included: the width of the verify pass."""
-        return self.nodes + 1
+    def width(self) -> int:  # type: ignore[override]
+        return self.spec.depth + 1
+
+    @property
+    def extra_slots(self) -> int:  # type: ignore[override]
+        return self.spec.size - self.spec.depth - 1
+
+    def check(self, model: BlockwiseModel, criterion: Criterion) -> Criterion:
+        check_dynamic_args(model, criterion, self.spec, self.k)
+        return criterion
+
+    def propose(self, run: Any, h: Tensor, first: Tensor | None) -> RowTree:
+        first = opening_token(run, h, first)
+        return RowTree(grow(run.model, self.spec, h, first, chain_source(run.model, run.context)))
 
 
 @dataclass
@@ -147,19 +149,6 @@ def repeat_rows(source: Source | None, b: int, m: int, device: torch.device) -> 
     return source.take(torch.arange(b, device=device).repeat_interleave(m))
 
 
-def verify_rows(reader: BlockwiseModel, trees: RowTrees, hidden: Tensor) -> tuple[Tensor, Tensor]:
-    """The accepted node (b,) of each row's tree and greedy's token there (b,), from the verify pass ``hidden``
-    (b, N, D): node j passes when its token is greedy's after its parent; the deepest accepted node wins."""
-    best = first_argmax(reader, hidden)  # (b, N)
-    ok = trees.tokens == best.gather(1, trees.parents)  # (b, N)
-    ok[:, 0] = True
-    accepted = ~((~ok)[:, None, :] & trees.ancestors).any(dim=-1)  # (b, N)
-    n = trees.tokens.shape[1]
-    key = torch.where(accepted, trees.depths * n + (n - 1 - torch.arange(n, device=hidden.device)), -1)
-    node = key.argmax(dim=1)  # (b,)
-    return node, best.gather(1, node[:, None])[:, 0]
-
-
 def check_dynamic_args(model: BlockwiseModel, criterion: Criterion, spec: DynamicTree, k: int | None) -> None:
     """ValueError, in one line, where this dynamic tree cannot decode with this model and rule."""
     exact = isinstance(criterion, Exact)
@@ -170,35 +159,3 @@ def check_dynamic_args(model: BlockwiseModel, criterion: Criterion, spec: Dynami
                          f"k={resolve_k(model, k)}")
     if model.decode_tree is None:
         raise ValueError(f"{type(model).__name__} has no tree verify pass (decode_tree): decode it with tree=None")
-
-
-@torch.no_grad()
-def dynamic_tree_decode(model: BlockwiseModel, src: Tensor, criterion: Criterion, max_len: int, spec: DynamicTree,
-                        k: int | None = None) -> DecodeResult:
-    """Decode ``src`` (B, S) growing and verifying a dynamic tree per row at every iteration (the contract of
-    :func:`~lightning_bpd.decoding.blockwise.blockwise_decode`, exact acceptance: greedy's output)."""
-    check_decode_args(model, src, max_len)
-    check_dynamic_args(model, criterion, spec, k)
-    batch, device, n = src.shape[0], src.device, spec.size
-    rules = RuleBook(model, max_len, device, src)
-    context = model.encode(src)
-    cache = model.new_cache(batch, capacity=1 + max_len + spec.depth + 1, extra_slots=n - spec.depth - 1)
-    book = RowBook(batch, max_len, spec.depth + 1, model.pad_id, device)
-    bos = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=device)
-    h = model.decode_step(bos, context, cache)[:, -1]  # (B, D)
-    first = criterion.first_token(rules.opening(batch) or model, h)  # (B,)
-    trees = grow(model, spec, h, first, chain_source(model, context))
-    calls = 1
-    while True:
-        hidden = model.decode_tree(trees.tokens, trees.depths, trees.ancestors, context, cache)  # (b, N, D)
-        calls += 1
-        reader = rules.on_tree(book, trees.tokens, trees.depths, trees.paths) or model  # p_1 at every node
-        node, first = verify_rows(reader, trees, hidden)  # (b,), (b,)
-        path = trees.paths.gather(1, node[:, None, None].expand(-1, 1, trees.paths.shape[-1]))[:, 0]  # (b, depth + 1)
-        accepted = trees.depths.gather(1, node[:, None])[:, 0] + 1  # (b,)
-        step = advance(book, rules.stops, cache, context, trees.tokens, hidden, node, first, path, accepted, n)
-        if step is None:
-            break
-        context, last, first = step
-        trees = grow(model, spec, last, first, chain_source(model, context))
-    return book.result(calls)

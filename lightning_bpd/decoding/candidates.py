@@ -1,0 +1,143 @@
+"""What a proposer hands the loop: candidates for one verify pass, a path or a tree. Torch only.
+
+Each kind knows its own verify pass, its verdict and what the cache keeps afterwards; the loop
+(:mod:`~lightning_bpd.decoding.loop`) never asks which kind it holds::
+
+    hidden  = candidates.verify_pass(model, context, cache)   # one call of the target, (b, N, D)
+    outcome = candidates.judge(model, criterion, rules, book, hidden)
+    ...commit outcome.tokens[:, :outcome.accepted], drop finished rows...
+    candidates.keep(cache, outcome, book)                      # crop (a path) or keep the accepted path (a tree)
+
+- :class:`Path`: a block (b, w) of tokens, verified by ``decode_step`` (the heads' chain, a draft model, prompt
+  lookup); the cache is cropped back to what each row accepted.
+- :class:`SharedTree`: one :class:`~lightning_bpd.decoding.tree.Tree` for every row (static trees of the heads).
+- :class:`RowTree`: one tree per row (dynamic trees, EAGLE-2). Both verify through ``decode_tree`` and keep the
+  accepted path's cache entries (``cache.keep_path``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from torch import Tensor
+
+from lightning_bpd.decoding.criteria import Block, Criterion
+from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context
+from lightning_bpd.decoding.row_book import RowBook
+from lightning_bpd.decoding.rules import RuleBook
+from lightning_bpd.decoding.tree import Tree
+from lightning_bpd.decoding.tree_sampling import judge_tree
+from lightning_bpd.decoding.verify import verify, verify_rows, verify_tree
+
+if TYPE_CHECKING:
+    from lightning_bpd.decoding.proposers.dynamic_tree import RowTrees
+
+
+@dataclass
+class Outcome:
+    """A verdict in the loop's terms: the candidates' tokens along each row's accepted path (b, w), how many of them
+    it keeps (b,), the token that opens its next proposal (b,; -1 where a sampling rule draws it afresh from p_1),
+    the index of the accepted input in the verify pass (b,) and, for a tree, the accepted path's nodes (b, w)."""
+
+    tokens: Tensor
+    accepted: Tensor
+    first: Tensor | None
+    at: Tensor
+    path: Tensor | None = None
+
+    def select(self, rows: Tensor) -> Outcome:
+        """The live rows ``rows`` (b',) of this outcome."""
+        return Outcome(self.tokens[rows], self.accepted[rows], None if self.first is None else self.first[rows],
+                       self.at[rows], None if self.path is None else self.path[rows])
+
+
+class Candidates(Protocol):
+    """One verify pass's candidates (see the module docstring)."""
+
+    def verify_pass(self, model: BlockwiseModel, context: Context, cache: Cache) -> Tensor: ...
+
+    def judge(self, model: BlockwiseModel, criterion: Criterion, rules: RuleBook, book: RowBook,
+              hidden: Tensor) -> Outcome: ...
+
+    def keep(self, cache: Cache, outcome: Outcome, book: RowBook) -> None: ...
+
+
+@dataclass
+class Path:
+    """A block of candidates per row, token 1 first (:class:`~lightning_bpd.decoding.criteria.Block`: tokens (b, w),
+    for sampling the distributions they were drawn from, and where a row proposes fewer, its ``widths``). ``lazy``:
+    prefix rules check position by position (:func:`~lightning_bpd.decoding.verify.verify_lazily`)."""
+
+    block: Block
+    lazy: bool = False
+
+    def verify_pass(self, model: BlockwiseModel, context: Context, cache: Cache) -> Tensor:
+        return model.decode_step(self.block.tokens, context, cache)  # (b, w, D)
+
+    def judge(self, model: BlockwiseModel, criterion: Criterion, rules: RuleBook, book: RowBook,
+              hidden: Tensor) -> Outcome:
+        tokens = self.block.tokens
+        accepted, first = verify(model, criterion, self.block, hidden, self.lazy, rules.verifying(book, tokens))
+        return Outcome(tokens, accepted, first, accepted - 1)
+
+    def keep(self, cache: Cache, outcome: Outcome, book: RowBook) -> None:
+        """Keep BOS and every committed token (a live row kept all it accepted)."""
+        width = self.block.tokens.shape[1]
+        cache.crop(cache.lengths - width + outcome.accepted, bounds=book.length_bounds(offset=1), check=False)
+
+
+@dataclass
+class SharedTree:
+    """The same tree for every row: its ``tokens`` (b, N), the tree and its depths (N,), ancestor mask (N, N) and
+    root-to-node table (N, depth + 1); for speculative sampling, the distributions q (b, M, V) its children were
+    drawn from (:func:`~lightning_bpd.decoding.tree_sampling.propose_sampled_tree`) and whether the heads are chained."""
+
+    tokens: Tensor
+    tree: Tree
+    depths: Tensor
+    ancestors: Tensor
+    table: Tensor
+    q: Tensor | None = None
+    chained: bool = False
+
+    def verify_pass(self, model: BlockwiseModel, context: Context, cache: Cache) -> Tensor:
+        return model.decode_tree(self.tokens, self.depths, self.ancestors, context, cache)  # (b, N, D)
+
+    def judge(self, model: BlockwiseModel, criterion: Criterion, rules: RuleBook, book: RowBook,
+              hidden: Tensor) -> Outcome:
+        reader: Any = rules.on_tree(book, self.tokens, self.depths, self.table) or model  # p_1 at every node
+        if criterion.stochastic:  # SpecInfer's walk: the accepted node and the next token, from its residual
+            p = criterion.distribution(reader.logits_first(hidden))  # (b, N, V)
+            node, first = judge_tree(criterion, self.tree, self.tokens, p, self.q, self.chained)
+        else:
+            node, first = verify_tree(reader, criterion, self.tree, self.tokens, hidden)  # (b,), (b,)
+        path = self.table[node]  # (b, depth + 1)
+        return Outcome(self.tokens.gather(1, path), self.depths[node] + 1, first, node, path)
+
+    def keep(self, cache: Cache, outcome: Outcome, book: RowBook) -> None:
+        """The accepted nodes' K/V move up after each row's prefix; the rest is dropped."""
+        cache.keep_path(outcome.path, outcome.accepted, self.tree.size, bounds=book.length_bounds(offset=1))
+
+
+@dataclass
+class RowTree:
+    """One tree per row (:class:`~lightning_bpd.decoding.proposers.dynamic_tree.RowTrees`), exact acceptance."""
+
+    trees: RowTrees
+
+    def verify_pass(self, model: BlockwiseModel, context: Context, cache: Cache) -> Tensor:
+        t = self.trees
+        return model.decode_tree(t.tokens, t.depths, t.ancestors, context, cache)  # (b, N, D)
+
+    def judge(self, model: BlockwiseModel, criterion: Criterion, rules: RuleBook, book: RowBook,
+              hidden: Tensor) -> Outcome:
+        t = self.trees
+        reader: Any = rules.on_tree(book, t.tokens, t.depths, t.paths) or model  # p_1 at every node
+        node, first = verify_rows(reader, t, hidden)  # (b,), (b,)
+        path = t.paths.gather(1, node[:, None, None].expand(-1, 1, t.paths.shape[-1]))[:, 0]  # (b, depth + 1)
+        accepted = t.depths.gather(1, node[:, None])[:, 0] + 1  # (b,)
+        return Outcome(t.tokens.gather(1, path), accepted, first, node, path)
+
+    def keep(self, cache: Cache, outcome: Outcome, book: RowBook) -> None:
+        cache.keep_path(outcome.path, outcome.accepted, self.trees.tokens.shape[1], bounds=book.length_bounds(offset=1))

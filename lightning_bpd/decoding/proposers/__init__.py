@@ -1,0 +1,19 @@
+"""Proposers of the one decoding loop (:mod:`~lightning_bpd.decoding.loop`), one file each. Torch only.
+
+- :class:`Heads`: the model's own heads (the paper's block, chained heads, Medusa heads);
+- :class:`HeadTree`: a static tree of the heads' candidates (Medusa trees);
+- :class:`DynamicHeadTree`: a tree grown per row from the heads' confidence (EAGLE-2);
+- :class:`DraftModel`: a separate draft model;
+- :class:`PromptLookup`: tokens copied from the row's own prompt and output.
+
+A new proposer subclasses :class:`Proposer` (:mod:`~lightning_bpd.decoding.proposers.base`); docs/design.md shows one.
+"""
+
+from lightning_bpd.decoding.proposers.base import Proposer
+from lightning_bpd.decoding.proposers.draft import DraftModel
+from lightning_bpd.decoding.proposers.dynamic_tree import DynamicHeadTree
+from lightning_bpd.decoding.proposers.heads import Heads
+from lightning_bpd.decoding.proposers.prompt_lookup import PromptLookup
+from lightning_bpd.decoding.proposers.tree import HeadTree
+
+__all__ = ["DraftModel", "DynamicHeadTree", "HeadTree", "Heads", "PromptLookup", "Proposer"]

@@ -1,0 +1,113 @@
+"""Prompt lookup as a proposer: candidates copied from the row itself, no heads and no draft model. Torch only.
+
+As transformers' ``prompt_lookup_num_tokens`` (Saxena's prompt lookup decoding): the row's history is its prompt
+(the source's non-pad tokens, in order) followed by what it committed and greedy's next token ``first``; its last
+n tokens (n from ``max_ngram`` down to 1) are looked up earlier in the history, and the up to ``num_tokens`` tokens
+that followed the match are proposed after ``first``. Unlike transformers (batch 1 only), every row of a ragged batch
+looks up its own history at once: a row without a match proposes ``first`` alone (its ``widths`` entry), and the
+verify pass is as wide as the longest row's proposal. Any base: the verify pass is the model's own ``decode_step``.
+
+``match="last"`` takes the most recent match (code repeats what it just wrote); ``"first"`` the earliest, as
+transformers does. Deterministic rules only: a copied token has no distribution to sample it from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_bpd.decoding.candidates import Path
+from lightning_bpd.decoding.criteria import Block, Criterion
+from lightning_bpd.decoding.proposers.base import Proposer, opening_token
+from lightning_bpd.decoding.protocol import BlockwiseModel
+
+
+@dataclass(frozen=True)
+class PromptLookup(Proposer):
+    """Propose the ``num_tokens`` tokens that followed the last earlier occurrence of the row's last n-gram
+    (n = ``max_ngram``, ..., 1), after greedy's next token."""
+
+    max_ngram: int = 3
+    num_tokens: int = 8
+    match: str = "last"
+
+    deterministic_only = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_ngram", "num_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PromptLookup {name} must be an integer >= 1, got {value!r}")
+        if self.match not in ("last", "first"):
+            raise ValueError(f"PromptLookup match must be 'last' or 'first', got {self.match!r}")
+
+    @property
+    def width(self) -> int:  # type: ignore[override]
+        return self.num_tokens + 1
+
+    def check(self, model: BlockwiseModel, criterion: Criterion) -> Criterion:
+        if criterion.stochastic:
+            raise ValueError(f"prompt lookup takes deterministic rules (exact, topN, epsX, minL_...), not "
+                             f"{criterion.name}: copied tokens have no distribution to sample from")
+        criterion.validate(self.width)
+        return criterion
+
+    def propose(self, run: Any, h: Tensor, first: Tensor | None) -> Path:
+        book = run.book
+        first = opening_token(run, h, first)  # (b,)
+        history, lengths = histories(run.src[book.live], book.tokens[book.live], book.committed(), first,
+                                     run.model.pad_id)
+        found, count = lookup(history, lengths, self.max_ngram, self.num_tokens, self.match == "last")
+        width = min(book.block_width(self.width, run.room) - 1, int(count.max()))  # host read: the pass's width
+        found = torch.where(torch.arange(width, device=h.device) < count[:, None], found[:, :width], first[:, None])
+        tokens = torch.cat([first[:, None], found], dim=1)  # (b, 1 + width): past a row's count, fillers
+        tokens = run.rules.forced_proposals(book, tokens)
+        return Path(Block(tokens, widths=1 + count.clamp(max=width)))
+
+
+def histories(prompts: Tensor, outputs: Tensor, committed: Tensor, first: Tensor, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Each row's history, left-aligned (b, L) with -1 past its length (b,): the prompt's non-pad tokens (prompts
+    (b, S)), the first ``committed`` (b,) tokens of ``outputs`` (b, T), then ``first`` (b,)."""
+    b, s = prompts.shape
+    valid = prompts != pad_id  # (b, S)
+    order = torch.sort((~valid).long(), dim=1, stable=True).indices  # non-pad slots first, in order
+    plen = valid.sum(dim=1)  # (b,)
+    c = int(committed.max()) if b else 0
+    lengths = plen + committed + 1  # (b,)
+    width = s + c + 2  # the last column takes what lies past a row's history
+    history = torch.full((b, width), -1, dtype=torch.long, device=prompts.device)
+    history[:, :s] = torch.where(valid.gather(1, order), prompts.gather(1, order), -1)
+    j = torch.arange(c, device=prompts.device)
+    at = torch.where(j < committed[:, None], plen[:, None] + j, width - 1)  # (b, c)
+    history.scatter_(1, at, outputs[:, :c])
+    history.scatter_(1, (plen + committed)[:, None], first[:, None])
+    history[:, -1] = -1
+    return history[:, :-1], lengths
+
+
+def lookup(history: Tensor, lengths: Tensor, max_ngram: int, num_tokens: int,
+           latest: bool = True) -> tuple[Tensor, Tensor]:
+    """For each row of ``history`` (b, L) (-1 past ``lengths`` (b,)): the ``num_tokens`` tokens after the last
+    (``latest``) or first earlier occurrence of its last n tokens, n from ``max_ngram`` down to 1, the largest n
+    with a match winning (b, num_tokens), and how many of them lie inside the history (b,): 0 where nothing matched."""
+    b, L = history.shape
+    device = history.device
+    start = torch.zeros(b, dtype=torch.long, device=device)  # where the copied tokens start
+    found = torch.zeros(b, dtype=torch.bool, device=device)
+    for n in range(max_ngram, 0, -1):
+        if L < n + 1:
+            continue
+        tail = history.gather(1, (lengths[:, None] - n + torch.arange(n, device=device)).clamp(min=0))  # (b, n)
+        hit = (history.unfold(1, n, 1) == tail[:, None, :]).all(dim=-1)  # (b, L - n + 1): windows equal to it
+        s = torch.arange(L - n + 1, device=device)
+        hit &= (s[None, :] + n < lengths[:, None]) & (lengths[:, None] > n)  # a continuation before the tail
+        key = torch.where(hit, s if latest else L - s, -1)  # (b, L - n + 1)
+        best, ok = key.argmax(dim=1), key.amax(dim=1) >= 0  # (b,) each
+        start = torch.where(ok & ~found, best + n, start)
+        found |= ok
+    at = (start[:, None] + torch.arange(num_tokens, device=device)).clamp(max=L - 1)  # (b, num_tokens)
+    count = torch.where(found, (lengths - start).clamp(min=0, max=num_tokens), 0)  # (b,)
+    return history.gather(1, at), count
