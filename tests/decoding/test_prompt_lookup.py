@@ -11,7 +11,7 @@ import torch
 from lightning_bpd.decoding import Exact, TopK, decode, greedy_decode
 from lightning_bpd.decoding.candidates import Path
 from lightning_bpd.decoding.criteria import Block, SpeculativeSampling
-from lightning_bpd.decoding.proposers import Proposer, PromptLookup
+from lightning_bpd.decoding.proposers import PromptLookup, Proposer
 from lightning_bpd.decoding.proposers.base import opening_token
 from lightning_bpd.decoding.proposers.prompt_lookup import histories, lookup
 from tests.models import EOS, PAD, StubModel, pick_eos, random_model, random_sources, stub_sources
