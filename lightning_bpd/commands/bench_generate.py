@@ -18,7 +18,9 @@ Three ways to decode the same sentences with the same checkpoint (a run of
   ``--precision`` (default: as trained, float32);
 - ``exact+nodes<N>`` for each ``--tree-nodes N``: the same, verifying the tree of N nodes built from the heads'
   rank agreement table (stored with them, else measured on the inputs first; 0 = the single path); ``exact+nodes-auto``
-  for ``--tree-nodes auto``: the budget that pays here (its choice and cost curve in the record's ``tree_nodes_auto``).
+  for ``--tree-nodes auto``: the budget that pays here (its choice and cost curve in the record's ``tree_nodes_auto``);
+- ``prompt_lookup``: our prompt lookup (:class:`~lightning_bpd.decoding.proposers.PromptLookup`, generate's n-gram
+  size and token count, looking up the source sentence and the output so far), exact, at every batch size.
 
 ``generate`` always runs the base as loaded (its own modules, float32 for a float32 checkpoint) with the checkpoint's
 own generation config (forced BOS/EOS, EOS ids, suppressed and banned tokens, minimum lengths: the rules our
@@ -59,7 +61,8 @@ from lightning_bpd.benchmarks.ctranslate2_peer import failure, quiet_transformer
 from lightning_bpd.benchmarks.tally import Tally, differing
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.commands.bench_generate_lm import add_lm_args, main_lm
-from lightning_bpd.decoding import Exact, Tree, blockwise_decode
+from lightning_bpd.decoding import Exact, Tree, blockwise_decode, decode
+from lightning_bpd.decoding.proposers import PromptLookup, Proposer
 from lightning_bpd.evaluation import batched, load_inputs, timed
 from lightning_bpd.inference import build_runtime
 from lightning_bpd.inference.arguments import (
@@ -72,6 +75,7 @@ from lightning_bpd.records import device_name, write_json
 from lightning_bpd.tree_budget import budget_trees, tree_nodes_arg
 
 GENERATE, LOOKUP, OURS = "hf_generate", "hf_prompt_lookup", "exact"
+OURS_LOOKUP = "prompt_lookup"  # ours: PromptLookup through the one loop, exact, any batch size
 METHODS = (GENERATE, LOOKUP, OURS)
 
 
@@ -132,13 +136,16 @@ def hf_generate(model, src: Tensor, max_len: int, lookup_tokens: int | None = No
     return cut(out[:, 1:].tolist(), model.generation_rules.eos_ids or model.eos_id)
 
 
-def ours(runtime, k: int | None, tree: Tree | None = None):
-    """Our exact blockwise decoding (verifying ``tree``, when given) as a method: ``(src, max_len) -> (sequences,
-    iterations, model_calls)``."""
+def ours(runtime, k: int | None, tree: Tree | None = None, proposer: Proposer | None = None):
+    """Our exact decoding as a method: ``(src, max_len) -> (sequences, iterations, model_calls)``; the heads propose
+    (verifying ``tree``, when given), or ``proposer`` does (e.g. :class:`~lightning_bpd.decoding.proposers.PromptLookup`)."""
 
     def run(src: Tensor, max_len: int) -> tuple[list[list[int]], int, int]:
         with torch.no_grad():
-            result = blockwise_decode(runtime, src, Exact(), max_len, k=k, tree=tree)
+            if proposer is not None:
+                result = decode(runtime, src, Exact(), proposer, max_len)
+            else:
+                result = blockwise_decode(runtime, src, Exact(), max_len, k=k, tree=tree)
         return result.sequences(), int(result.iterations.sum()), int(result.model_calls)
 
     return run
@@ -171,7 +178,9 @@ def bench_batch_size(module, runtime, inputs: list[Tensor], batch_size: int, arg
         LOOKUP: lambda src, n: hf_generate(model, src, n, args.prompt_lookup_tokens, args.max_matching_ngram),
         OURS: ours(runtime, args.k),
         **{name: ours(runtime, args.k, tree) for name, tree in trees.items()},
+        OURS_LOOKUP: ours(runtime, None, proposer=PromptLookup(args.max_matching_ngram, args.prompt_lookup_tokens)),
     }
+    trees = {**trees, OURS_LOOKUP: None}  # our other rows, each timed and tallied as ours
     if refused is not None:
         del methods[LOOKUP]
     for peer in peers:

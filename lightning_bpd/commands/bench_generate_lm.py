@@ -9,7 +9,9 @@ Methods (:mod:`lightning_bpd.benchmarks.lm_generate`): ``hf_generate`` (greedy, 
 config; batch 1 and larger, left-padded ragged batches), ``hf_prompt_lookup`` (``prompt_lookup_num_tokens``, batch
 1), ``hf_assisted`` (``--assistant``: a local Hugging Face causal LM directory with the checkpoint's tokenizer, or an
 LM run's checkpoint whose base is the draft; ``assistant_model=``, batch 1), ``exact`` (ours, through the inference
-runtime with ``--precision``, ``--proposal-precision``, ``--draft-vocab``; ``exact+nodes<N>`` per ``--tree-nodes``)
+runtime with ``--precision``, ``--proposal-precision``, ``--draft-vocab``; ``exact+nodes<N>`` per ``--tree-nodes``),
+``prompt_lookup`` (ours: :class:`~lightning_bpd.decoding.proposers.PromptLookup` with generate's n-gram size and token
+count, exact, at every batch size)
 and, with ``--peers llamacpp``, ``llamacpp_f32`` (:mod:`lightning_bpd.benchmarks.llamacpp_peer`: the base written as
 a float32 GGUF, greedy in llama.cpp with ``--llamacpp-threads`` threads, batch 1; the GGUF must tokenize every prompt
 as the checkpoint's tokenizer does, else the command stops with one line).
@@ -46,6 +48,8 @@ from lightning_bpd.benchmarks.lm_generate import (
     load_assistant,
 )
 from lightning_bpd.records import device_name, write_json
+
+OURS_LOOKUP = "prompt_lookup"  # our prompt lookup (PromptLookup through the one loop), exact, any batch size
 
 DATA_KEYS = ("suffixes", "val_fraction", "test_fraction", "prompt_tokens", "reference_lines")
 
@@ -159,8 +163,10 @@ def print_rows(batch_size: int, report: dict[str, Any]) -> None:
 
 def lm_methods(model: Any, runtime: Any, args: argparse.Namespace, trees: dict[str, Any],
                draft: Any) -> dict[str, Any]:
-    """generate greedy, prompt lookup, assisted generation (with ``draft``), ours and ours per tree, by name."""
+    """generate greedy, prompt lookup, assisted generation (with ``draft``), ours, ours per tree and our prompt lookup
+    (any batch size; the same n-gram size and token count as generate's), by name."""
     from lightning_bpd.commands.bench_generate import ours
+    from lightning_bpd.decoding.proposers import PromptLookup
 
     eos = list(model.generation_rules.eos_ids or [model.eos_id])
     return {
@@ -169,6 +175,7 @@ def lm_methods(model: Any, runtime: Any, args: argparse.Namespace, trees: dict[s
         **({ASSISTED: LMGenerate(model.base, model.pad_id, eos, assistant=draft)} if draft is not None else {}),
         OURS: ours(runtime, args.k),
         **{name: ours(runtime, args.k, tree) for name, tree in trees.items()},
+        OURS_LOOKUP: ours(runtime, None, proposer=PromptLookup(args.max_matching_ngram, args.prompt_lookup_tokens)),
     }
 
 
@@ -234,7 +241,7 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
         print_header(result, runtime.precision)
         for bs in args.batch_sizes:
             batches = [module.encode_prompts(prompts[i : i + bs]) for i in range(0, len(prompts), bs)]
-            report = bench_methods(methods, batches, max_new, args.warmup, [OURS, *trees],
+            report = bench_methods(methods, batches, max_new, args.warmup, [OURS, *trees, OURS_LOOKUP],
                                    peers=[name for name in methods if name.startswith("llamacpp")])
             result["batch_sizes"][str(bs)] = report
             print_rows(bs, report)

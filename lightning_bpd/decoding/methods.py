@@ -7,6 +7,7 @@ A method spec is one of:
   (the baseline of speculative sampling with the same temperature and top-p);
 - a criterion (``exact``, ``top2``, ``eps2``, ``min2_top3``, ``sample_t0.7``, ...): blockwise
   decoding, the model's own heads proposing;
+- any of them with another proposer than the heads (``make_method(..., proposer=PromptLookup())``);
 - ``draft:<criterion>``: a separate draft model proposes, the model verifies
   (:func:`~lightning_bpd.decoding.draft.draft_decode`);
 - ``beam4``, ``beam4_a0.6``: beam search over p_1 with that beam size and length penalty alpha
@@ -28,6 +29,8 @@ from lightning_bpd.decoding.blockwise import blockwise_decode
 from lightning_bpd.decoding.criteria import Criterion, Exact, SpeculativeSampling
 from lightning_bpd.decoding.draft import check_draft_args, draft_decode
 from lightning_bpd.decoding.greedy import greedy_decode
+from lightning_bpd.decoding.loop import decode
+from lightning_bpd.decoding.proposers.base import Proposer
 from lightning_bpd.decoding.proposers.heads import check_stop_below
 from lightning_bpd.decoding.proposers.tree import check_tree_args
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, resolve_k
@@ -87,8 +90,9 @@ class DecodeMethod:
     alpha: float = 0.6
     fixed_shape: bool = False  # greedy / deterministic rules: fixed shapes, CUDA graphs on CUDA (decoding.static)
     stop_below: float | None = None  # deterministic rules: the confidence stop (blockwise.propose)
-    tree: Tree | DynamicTree | None = None  # prefix rules and sampling: verify this tree of candidates (tree_decode);
-    # exact: a DynamicTree grows one per row and iteration (decoding.dynamic_tree)
+    tree: Tree | DynamicTree | None = None  # prefix rules and sampling: verify this tree of candidates
+    # (proposers.HeadTree); exact: a DynamicTree grows one per row and iteration (proposers.DynamicHeadTree)
+    proposer: Proposer | None = None  # blockwise rules: this proposer instead of the model's heads (decoding.loop)
 
     @property
     def is_baseline(self) -> bool:
@@ -116,6 +120,8 @@ class DecodeMethod:
             return 1
         if self.draft is not None:
             return int(self.k)  # type: ignore[arg-type]
+        if self.proposer is not None:
+            return self.proposer.width
         if self.tree is not None:
             return self.tree.depth + 1
         return resolve_k(model, self.k)
@@ -131,6 +137,8 @@ class DecodeMethod:
                 return greedy_decode(model, src, max_len)
             generator = new_generator(self.seed, src.device)
             return sample_decode(model, src, max_len, self.temperature, self.top_p, generator)
+        if self.proposer is not None:
+            return decode(model, src, self.criterion, self.proposer, max_len)
         if self.draft is not None:
             return draft_decode(model, self.draft, src, self.criterion, max_len, k=int(self.k))  # type: ignore[arg-type]
         return blockwise_decode(model, src, self.criterion, max_len, k=self.k, lazy=self.lazy,
@@ -148,6 +156,7 @@ def make_method(
     fixed_shape: bool = False,
     stop_below: float | None = None,
     tree: Tree | DynamicTree | None = None,
+    proposer: Proposer | None = None,
 ) -> DecodeMethod:
     """Build (and check) the method named ``spec`` for ``model``; raise ValueError saying what to fix.
 
@@ -162,10 +171,19 @@ def make_method(
     (:class:`~lightning_bpd.decoding.tree.Tree`): the deterministic prefix rules and speculative sampling of the
     model's own heads verify that tree of candidates (:func:`~lightning_bpd.decoding.tree_decode.tree_decode`); a
     :class:`~lightning_bpd.decoding.dynamic_tree.DynamicTree` grows one per row and iteration (exact only); other
-    methods ignore it.
+    methods ignore it. ``proposer`` (:mod:`~lightning_bpd.decoding.proposers`, e.g.
+    :class:`~lightning_bpd.decoding.proposers.PromptLookup`): the blockwise rules decode with it instead of the
+    model's heads (the other methods ignore it); it takes no tree, fixed shapes, confidence stop or lazy verification.
     """
     s = spec.strip()
     method = build_method(s, make_criterion, model, k, draft, seed, lazy)
+    if proposer is not None and method.criterion is not None and method.draft is None:
+        if tree is not None or fixed_shape or stop_below is not None or lazy:
+            raise ValueError(f"{type(proposer).__name__} proposes on its own: it takes no tree, fixed shapes, "
+                             "confidence stop or lazy verification")
+        method.criterion = proposer.check(model, method.criterion)
+        method.proposer = proposer
+        return method
     if tree is not None and method.criterion is not None and method.draft is None:
         check_tree_args(model, method.criterion, tree, k)
         if fixed_shape or stop_below is not None or lazy:

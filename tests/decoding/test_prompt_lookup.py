@@ -112,3 +112,19 @@ def test_a_proposer_written_outside_the_package_runs_in_the_loop():
     assert got.sequences() == targets
     assert got.block_sizes[0][0] == 4  # 5 5 5 5 in one call
     assert got.block_sizes[1] == [1, 1, 1, 1, 1]
+
+
+def test_a_method_with_a_proposer_decodes_through_it():
+    from lightning_bpd.decoding.criteria import parse_criterion
+    from lightning_bpd.decoding.methods import make_method
+
+    model, src = random_model(k=2, seed=1), random_sources(4, seed=2)
+    method = make_method("exact", parse_criterion, model, proposer=PromptLookup(num_tokens=5))
+    assert method.block_size(model) == 6 and method.baseline == "greedy"
+    got = method(model, src, 12)
+    assert got.sequences() == greedy_decode(model, src, 12).sequences()
+    assert got.sequences() == decode(model, src, Exact(), PromptLookup(num_tokens=5), max_len=12).sequences()
+    with pytest.raises(ValueError, match="deterministic"):
+        make_method("sample_t1", parse_criterion, model, proposer=PromptLookup())
+    with pytest.raises(ValueError, match="no tree"):
+        make_method("exact", parse_criterion, model, proposer=PromptLookup(), lazy=True)
