@@ -22,7 +22,7 @@ Three ways to decode the same sentences with the same checkpoint (a run of
 
 ``generate`` always runs the base as loaded (its own modules, float32 for a float32 checkpoint) with the checkpoint's
 own generation config (forced BOS/EOS, EOS ids, suppressed and banned tokens, minimum lengths: the rules our
-decoders apply too, :mod:`lightning_bpd.decoding.rules`), greedy (``num_beams=1, do_sample=False``) and
+decoders apply too, :mod:`lightning_bpd.decoding.generation_rules`), greedy (``num_beams=1, do_sample=False``) and
 ``max_new_tokens`` = the module's ``max_decode_len`` of the batch (our limit too). Every output is compared without
 the decoder start token and cut after its first EOS id, as our outputs are.
 
@@ -69,7 +69,8 @@ from lightning_bpd.inference.arguments import (
     options_from_args,
 )
 from lightning_bpd.records import device_name, write_json
-from lightning_bpd.tree_budget import budget_trees, tree_nodes_arg
+from lightning_bpd.decoding.trees.budget import tree_nodes_arg
+from lightning_bpd.evaluation import budget_trees
 
 GENERATE, LOOKUP, OURS = "hf_generate", "hf_prompt_lookup", "exact"
 METHODS = (GENERATE, LOOKUP, OURS)

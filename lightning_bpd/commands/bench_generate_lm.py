@@ -177,7 +177,7 @@ def prepare(module: Any, args: argparse.Namespace) -> tuple[int, list[str], Any,
     (one line) on bad input."""
     from lightning_bpd.inference import build_runtime
     from lightning_bpd.inference.arguments import options_from_args
-    from lightning_bpd.tree_budget import budget_trees
+    from lightning_bpd.evaluation import budget_trees
 
     model = module.model
     if "ctranslate2" in args.peers:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.criteria import Block, Criterion, Exact
+from lightning_bpd.decoding.acceptance import Block, Criterion, Exact
 from lightning_bpd.decoding.protocol import (
     BlockwiseModel,
     Context,
@@ -43,8 +43,8 @@ from lightning_bpd.decoding.protocol import (
     source_room,
 )
 from lightning_bpd.decoding.row_book import RowBook
-from lightning_bpd.decoding.rules import RuleBook
-from lightning_bpd.decoding.tree import Tree
+from lightning_bpd.decoding.generation_rules import RuleBook
+from lightning_bpd.decoding.trees.tree import Tree
 
 if TYPE_CHECKING:
     from lightning_bpd.decoding.dynamic_tree import DynamicTree

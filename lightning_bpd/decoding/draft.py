@@ -24,10 +24,10 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.blockwise import verify
-from lightning_bpd.decoding.criteria import Block, Criterion, Exact
+from lightning_bpd.decoding.acceptance import Block, Criterion, Exact
 from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context, DecodeResult, check_decode_args
 from lightning_bpd.decoding.row_book import RowBook
-from lightning_bpd.decoding.rules import RuleBook
+from lightning_bpd.decoding.generation_rules import RuleBook
 
 
 def check_draft_args(target: BlockwiseModel, draft: BlockwiseModel, k: int) -> None:

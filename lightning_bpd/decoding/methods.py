@@ -25,14 +25,14 @@ from torch import Tensor
 
 from lightning_bpd.decoding.beam import beam_search
 from lightning_bpd.decoding.blockwise import blockwise_decode, check_stop_below, resolve_k
-from lightning_bpd.decoding.criteria import Criterion, Exact, SpeculativeSampling
+from lightning_bpd.decoding.acceptance import Criterion, Exact, SpeculativeSampling
 from lightning_bpd.decoding.draft import check_draft_args, draft_decode
 from lightning_bpd.decoding.dynamic_tree import DynamicTree
 from lightning_bpd.decoding.greedy import greedy_decode
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult
 from lightning_bpd.decoding.sampling import check_sampling_args, new_generator, sample_decode
 from lightning_bpd.decoding.static import static_decode
-from lightning_bpd.decoding.tree import Tree
+from lightning_bpd.decoding.trees.tree import Tree
 
 DRAFT_PREFIX = "draft:"
 

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from lightning_bpd.decoding.greedy import strip_padding, token_by_token
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
-from lightning_bpd.decoding.rules import reference_rules, ruled_at
+from lightning_bpd.decoding.generation_rules import reference_rules, ruled_at
 
 
 def check_sampling_args(temperature: float, top_p: float) -> None:

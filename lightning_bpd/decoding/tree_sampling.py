@@ -40,7 +40,7 @@ from torch import Tensor
 
 from lightning_bpd.decoding.protocol import BlockwiseModel, Source
 from lightning_bpd.decoding.sampling import residual, sample
-from lightning_bpd.decoding.tree import Tree
+from lightning_bpd.decoding.trees.tree import Tree
 
 
 def draw_children(q: Tensor, n: int, generator: torch.Generator | None = None) -> Tensor:

@@ -40,8 +40,8 @@ from torch import Tensor, nn
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
 from lightning_bpd.decoding.protocol import OptionalCapabilities
-from lightning_bpd.decoding.rules import GenerationRules
-from lightning_bpd.decoding.runtime_parts import RuntimeParts
+from lightning_bpd.decoding.generation_rules import GenerationRules
+from lightning_bpd.nn.runtime_parts import RuntimeParts
 from lightning_bpd.hf.checkpoint_dir import load_weights, read_config
 from lightning_bpd.hf.compat import attention_implementation, relative_position_buckets
 from lightning_bpd.hf.generation_rules import ids, rules_from_config

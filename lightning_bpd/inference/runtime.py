@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.decoding.runtime_parts import RuntimeParts
+from lightning_bpd.nn.runtime_parts import RuntimeParts
 from lightning_bpd.inference.draft_vocab import DraftVocabulary
 from lightning_bpd.inference.options import InferenceOptions
 from lightning_bpd.inference.precision import parse_precision

@@ -24,7 +24,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd import tree_budget
+from lightning_bpd.decoding.trees import budget as tree_budget
 from lightning_bpd.hf.base import HEAD_TYPES, HFSeq2SeqBlockwise, load_base
 from lightning_bpd.tasks.blockwise_module import MAX_K, BlockwiseModule, options_of, split_flat
 from lightning_bpd.tasks.training_options import TrainingOptions

@@ -6,7 +6,7 @@ tokens of the node's own path), then every root-to-leaf candidate is checked on 
 extended with it (p_1 after each of its tokens, the rule's ``accept``). The longest accepted prefix of any
 candidate wins (ties to the lowest node index of its last accepted node); it is cut after an EOS and at max_len.
 
-Sampling (:class:`~lightning_bpd.decoding.criteria.SpeculativeSampling`): the children's distributions come from the
+Sampling (:class:`~lightning_bpd.decoding.acceptance.SpeculativeSampling`): the children's distributions come from the
 uncached prefix (chained heads: teacher-forced on each node's own path), the target at every node on the walk from
 the uncached prefix extended with that node's path, and the walk is SpecInfer's, one child at a time in plain
 Python (:func:`walk_reference`). It draws its random numbers in the fast decoder's order and shapes (one row), so
@@ -21,13 +21,13 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.blockwise import chain_source
-from lightning_bpd.decoding.criteria import Criterion, Exact, SpeculativeSampling
+from lightning_bpd.decoding.acceptance import Criterion, Exact, SpeculativeSampling
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args, source_room
-from lightning_bpd.decoding.reference import accepted_block, reference_result, ruled_verify
-from lightning_bpd.decoding.rules import BoundRules, reference_rules, ruled_at
+from lightning_bpd.decoding.reference.blockwise import accepted_block, reference_result, ruled_verify
+from lightning_bpd.decoding.generation_rules import BoundRules, reference_rules, ruled_at
 from lightning_bpd.decoding.sampling import residual, sample
-from lightning_bpd.decoding.tree import Tree
+from lightning_bpd.decoding.trees.tree import Tree
 from lightning_bpd.decoding.tree_decode import check_tree_args
 from lightning_bpd.decoding.tree_sampling import draw_children, expanded
 
