@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, Tree, blockwise_decode, greedy_decode, head_rank_agreement
-from lightning_bpd.evaluation import BatchRun, EvalBatch, MethodRun
 from lightning_bpd.decoding.trees.budget import as_record, budget_tree, from_record, measure_rank_agreement
+from lightning_bpd.evaluation import BatchRun, EvalBatch, MethodRun
 from tests.models import pick_eos, random_model, random_sources
 
 

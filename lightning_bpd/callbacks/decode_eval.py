@@ -29,10 +29,17 @@ from torch import Tensor
 
 from lightning_bpd.decoding import Criterion, head_agreement, head_rank_agreement
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
+from lightning_bpd.decoding.trees.budget import (
+    RANKS,
+    TreeNodes,
+    auto_tree,
+    budget_tree,
+    measure_rank_agreement,
+    tree_nodes_arg,
+)
 from lightning_bpd.decoding.trees.tree import budget_limit
 from lightning_bpd.evaluation import BatchRun, EvalBatch, MethodRun, run_batch
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.decoding.trees.budget import RANKS, TreeNodes, auto_tree, budget_tree, measure_rank_agreement, tree_nodes_arg
 
 __all__ = ["BatchRun", "DecodeEval", "EvalBatch", "MethodRun", "run_decode_eval"]
 

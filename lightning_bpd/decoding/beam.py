@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.greedy import strip_padding
-from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
+from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args
 
 
 @dataclass

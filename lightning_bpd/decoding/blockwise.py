@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.acceptance import Block, Criterion, Exact
+from lightning_bpd.decoding.generation_rules import RuleBook
 from lightning_bpd.decoding.protocol import (
     BlockwiseModel,
     Context,
@@ -43,7 +44,6 @@ from lightning_bpd.decoding.protocol import (
     source_room,
 )
 from lightning_bpd.decoding.row_book import RowBook
-from lightning_bpd.decoding.generation_rules import RuleBook
 from lightning_bpd.decoding.trees.tree import Tree
 
 if TYPE_CHECKING:

@@ -23,11 +23,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.blockwise import verify
 from lightning_bpd.decoding.acceptance import Block, Criterion, Exact
+from lightning_bpd.decoding.blockwise import verify
+from lightning_bpd.decoding.generation_rules import RuleBook
 from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context, DecodeResult, check_decode_args
 from lightning_bpd.decoding.row_book import RowBook
-from lightning_bpd.decoding.generation_rules import RuleBook
 
 
 def check_draft_args(target: BlockwiseModel, draft: BlockwiseModel, k: int) -> None:

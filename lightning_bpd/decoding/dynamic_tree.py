@@ -24,13 +24,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.blockwise import chain_source, resolve_k, restricted
 from lightning_bpd.decoding.acceptance import Criterion, Exact
+from lightning_bpd.decoding.blockwise import chain_source, resolve_k, restricted
+from lightning_bpd.decoding.generation_rules import RuleBook
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, Source, check_decode_args, first_argmax
 from lightning_bpd.decoding.row_book import RowBook
-from lightning_bpd.decoding.generation_rules import RuleBook
-from lightning_bpd.decoding.trees.tree import budget_limit
 from lightning_bpd.decoding.tree_advance import advance
+from lightning_bpd.decoding.trees.tree import budget_limit
 from lightning_bpd.nn.argmax import top_ranks
 
 

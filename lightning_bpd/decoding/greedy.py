@@ -9,10 +9,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, first_argmax, pack_rows
+from lightning_bpd.decoding.generation_rules import RuleBook, RuledFirst
+from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, first_argmax
 from lightning_bpd.decoding.row_book import ends_row
-from lightning_bpd.decoding.generation_rules import RuleBook, RuledFirst, reference_rules, ruled_at
-from lightning_bpd.nn.argmax import argmax
 
 
 @torch.no_grad()

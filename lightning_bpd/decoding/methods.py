@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from lightning_bpd.decoding.acceptance import Criterion, Exact, SpeculativeSampling
 from lightning_bpd.decoding.beam import beam_search
 from lightning_bpd.decoding.blockwise import blockwise_decode, check_stop_below, resolve_k
-from lightning_bpd.decoding.acceptance import Criterion, Exact, SpeculativeSampling
 from lightning_bpd.decoding.draft import check_draft_args, draft_decode
 from lightning_bpd.decoding.dynamic_tree import DynamicTree
 from lightning_bpd.decoding.greedy import greedy_decode

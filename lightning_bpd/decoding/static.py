@@ -28,11 +28,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.blockwise import chain_source, propose, resolve_k, verify
 from lightning_bpd.decoding.acceptance import Block, Criterion, Exact
+from lightning_bpd.decoding.blockwise import chain_source, propose, resolve_k, verify
+from lightning_bpd.decoding.generation_rules import RuleBook
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args
 from lightning_bpd.decoding.row_book import ends_row
-from lightning_bpd.decoding.generation_rules import RuleBook
 
 
 class StaticDecoder:

@@ -26,9 +26,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.blockwise import chain_source, propose, resolve_k, restricted
 from lightning_bpd.decoding.acceptance import Criterion, Exact, SpeculativeSampling
+from lightning_bpd.decoding.blockwise import chain_source, propose, resolve_k, restricted
 from lightning_bpd.decoding.dynamic_tree import DynamicTree, check_dynamic_args
+from lightning_bpd.decoding.generation_rules import RuleBook
 from lightning_bpd.decoding.protocol import (
     BlockwiseModel,
     DecodeResult,
@@ -38,11 +39,10 @@ from lightning_bpd.decoding.protocol import (
     source_room,
 )
 from lightning_bpd.decoding.row_book import RowBook
-from lightning_bpd.decoding.generation_rules import RuleBook
 from lightning_bpd.decoding.sampling import sample
-from lightning_bpd.decoding.trees.tree import Tree
 from lightning_bpd.decoding.tree_advance import advance
 from lightning_bpd.decoding.tree_sampling import judge_tree, propose_sampled_tree
+from lightning_bpd.decoding.trees.tree import Tree
 from lightning_bpd.nn.argmax import argmax, top_ranks
 
 

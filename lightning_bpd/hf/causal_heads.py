@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.nn.runtime_parts import RuntimeParts
 from lightning_bpd.nn.image_readout import NO_IMAGE, NoImage
 from lightning_bpd.nn.products import FLOAT, Products
+from lightning_bpd.nn.runtime_parts import RuntimeParts
 
 
 class CausalHeads(RuntimeParts):

@@ -38,12 +38,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_bpd.nn.lean_step import column_layouts, layout_linear, script
 from lightning_bpd.kernels import int8
 from lightning_bpd.kernels.int8 import int8_linear, pack_int8
 from lightning_bpd.nn import argmax, pixel_neighbours
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.intensity_prior import RESERVED
+from lightning_bpd.nn.lean_step import column_layouts, layout_linear, script
 
 TABLE_BUDGET = 512 * 2**20  # bytes of token tables above which the token's terms are multiplied instead
 

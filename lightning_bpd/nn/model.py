@@ -13,7 +13,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.nn.runtime_parts import RuntimeParts
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.conditioning import source_taps
@@ -24,6 +23,7 @@ from lightning_bpd.nn.intensity_prior import IntensityPrior
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.positions import ImageGrid, build_positions
 from lightning_bpd.nn.products import FLOAT, Products
+from lightning_bpd.nn.runtime_parts import RuntimeParts
 from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
 
 __all__ = ["BlockwiseTransformer", "ModelConfig"]

@@ -10,8 +10,8 @@ from torch import Tensor
 
 from lightning_bpd.decoding import Exact, SpeculativeSampling, TopK, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.reference.blockwise import blockwise_decode_reference
-from lightning_bpd.decoding.trees.tree import Tree
 from lightning_bpd.decoding.reference.tree import tree_decode_reference
+from lightning_bpd.decoding.trees.tree import Tree
 from lightning_bpd.nn.kv_cache import KVCache
 from tests.models import StubContext, TreeStub, stub_sources
 

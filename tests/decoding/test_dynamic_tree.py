@@ -6,9 +6,9 @@ import torch
 
 from lightning_bpd.decoding import Exact, TopK, Tree, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.blockwise import chain_source
-from lightning_bpd.decoding.reference.dynamic import dynamic_tree_reference, reference_dynamic_tree
 from lightning_bpd.decoding.dynamic_tree import DynamicTree, RowTrees, grow
 from lightning_bpd.decoding.protocol import first_argmax
+from lightning_bpd.decoding.reference.dynamic import dynamic_tree_reference, reference_dynamic_tree
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from tests.models import pick_eos, random_model, random_sources, scramble_chain
 

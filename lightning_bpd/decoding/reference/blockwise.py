@@ -13,8 +13,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.blockwise import chain_source, check_stop_below, resolve_k
 from lightning_bpd.decoding.acceptance import Criterion, Exact
+from lightning_bpd.decoding.blockwise import chain_source, check_stop_below, resolve_k
+from lightning_bpd.decoding.generation_rules import BoundRules, reference_rules, ruled_at
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import (
     BlockwiseModel,
@@ -24,7 +25,6 @@ from lightning_bpd.decoding.protocol import (
     pack_rows,
     source_room,
 )
-from lightning_bpd.decoding.generation_rules import BoundRules, reference_rules, ruled_at
 
 
 def chained(model: BlockwiseModel) -> bool:

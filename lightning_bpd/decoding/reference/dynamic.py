@@ -14,12 +14,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.blockwise import chain_source
 from lightning_bpd.decoding.acceptance import Criterion, Exact
+from lightning_bpd.decoding.blockwise import chain_source
 from lightning_bpd.decoding.dynamic_tree import DynamicTree, check_dynamic_args, log_probs
 from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args
-from lightning_bpd.decoding.trees.tree import Path, Tree
 from lightning_bpd.decoding.reference.tree import exact_tree_reference
+from lightning_bpd.decoding.trees.tree import Path, Tree
 
 
 @torch.no_grad()

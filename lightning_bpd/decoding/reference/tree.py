@@ -20,16 +20,16 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.blockwise import chain_source
 from lightning_bpd.decoding.acceptance import Criterion, Exact, SpeculativeSampling
+from lightning_bpd.decoding.blockwise import chain_source
+from lightning_bpd.decoding.generation_rules import BoundRules, reference_rules, ruled_at
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args, source_room
 from lightning_bpd.decoding.reference.blockwise import accepted_block, reference_result, ruled_verify
-from lightning_bpd.decoding.generation_rules import BoundRules, reference_rules, ruled_at
 from lightning_bpd.decoding.sampling import residual, sample
-from lightning_bpd.decoding.trees.tree import Tree
 from lightning_bpd.decoding.tree_decode import check_tree_args
 from lightning_bpd.decoding.tree_sampling import draw_children, expanded
+from lightning_bpd.decoding.trees.tree import Tree
 
 
 def reference_tree_tokens(model: BlockwiseModel, criterion: Criterion, tree: Tree, h: Tensor, context: Context,

@@ -26,8 +26,8 @@ from torch import Tensor
 
 from lightning_bpd.decoding.agreement import head_rank_agreement
 from lightning_bpd.decoding.greedy import greedy_decode
-from lightning_bpd.decoding.trees.tree import Tree, budget_limit
 from lightning_bpd.decoding.trees.cost import CostCurve, TreeChoice, choose_nodes, measure_pass_costs, measured_widths
+from lightning_bpd.decoding.trees.tree import Tree, budget_limit
 
 RANKS = 8  # ranks measured per head: trees up to 8 children wide
 KEY = "head_rank_agreement"  # where a checkpoint and heads.json keep the table

@@ -27,11 +27,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.blockwise import chain_source
 from lightning_bpd.decoding.acceptance import Exact
+from lightning_bpd.decoding.blockwise import chain_source
 from lightning_bpd.decoding.protocol import BlockwiseModel, first_argmax
-from lightning_bpd.decoding.trees.tree import Tree, agreement_table, budget_limit, greedy_nodes
 from lightning_bpd.decoding.tree_decode import check_tree_args, propose_tree, verify_tree
+from lightning_bpd.decoding.trees.tree import Tree, agreement_table, budget_limit, greedy_nodes
 
 
 # ---- the expected side ---------------------------------------------------------------------------------------------
