@@ -4,7 +4,7 @@ The model and decoding core (:mod:`lightning_bpd.nn`, :mod:`lightning_bpd.decodi
 the tasks (:mod:`lightning_bpd.tasks`) wrap them in LightningModules.
 """
 
-__version__ = "0.1.0"
+from lightning_bpd.version import __version__
 
 
 def load_model(path, device="cpu", base=None):
@@ -15,4 +15,4 @@ def load_model(path, device="cpu", base=None):
     return _load(path, device, base)
 
 
-__all__ = ["load_model"]
+__all__ = ["__version__", "load_model"]

@@ -10,6 +10,7 @@ as ``method(model, src, max_len) -> DecodeResult``, e.g. a
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding import DecodeResult
+from lightning_bpd.decoding.trees import budget as tree_budget
 
 
 @dataclass
@@ -177,4 +179,32 @@ def batched(module: Any, rows: list[Tensor], size: int) -> list[EvalBatch]:
     for start in range(0, len(rows), size):
         src = pad_rows(rows[start : start + size], module.model.pad_id)
         out.append(EvalBatch(src, module.max_decode_len(src)))
+    return out
+
+
+def budget_trees(module: Any, model: Any, inputs: list[Tensor], budgets: list[tree_budget.TreeNodes] | None,
+                 k: int | None, who: str, batch_size: int = 1,
+                 choices: dict[str, Any] | None = None) -> dict[str, tree_budget.Tree | None]:
+    """``nodes<N>``: the tree of each budget N for ``module``'s heads decoding with ``k`` of them (None: all), from
+    the table stored with them, or measured with ``model`` (the module's model or a runtime of it) on the single-row
+    ``inputs`` (batches of 32) first where none is (said on stderr, after ``who``). ``nodes-auto`` (``nodes-auto:M``)
+    for ``auto`` (``auto:M``): :func:`~lightning_bpd.decoding.trees.budget.auto_tree` timed on the first
+    ``batch_size`` inputs; its choice goes to stderr and, as a record, into ``choices``."""
+    if not budgets:
+        return {}
+    k = module.model.k if k is None else k
+    table = module.rank_agreement
+    if table is None and k > 1 and any(budgets):
+        table = tree_budget.measure_rank_agreement(model, batched(module, inputs, 32))
+        print(f"{who}: the heads store no rank agreement table: measured on the {len(inputs)} inputs", file=sys.stderr)
+    out: dict[str, tree_budget.Tree | None] = {}
+    for n in budgets:
+        if isinstance(n, str):
+            src = pad_rows(inputs[:batch_size], module.model.pad_id)
+            out[f"nodes-{n}"], choice = tree_budget.auto_tree(model, table, k, src, n)
+            print(f"{who}: {choice.summary()} (timed at batch {src.shape[0]})", file=sys.stderr)
+            if choices is not None:
+                choices[f"nodes-{n}"] = {**choice.as_record(), "batch": src.shape[0]}
+        else:
+            out[f"nodes{n}"] = tree_budget.budget_tree(n, table, k)
     return out

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import beam_search, greedy_decode
-from lightning_bpd.decoding.criteria import parse_criterion
+from lightning_bpd.decoding.acceptance import parse_criterion
 from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.evaluation import EvalBatch, decode_all, pad_rows, run_batch
 from tests.models import StubModel, pick_eos, random_model, random_sources, stub_sources

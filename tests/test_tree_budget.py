@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, Tree, blockwise_decode, greedy_decode, head_rank_agreement
+from lightning_bpd.decoding.trees.budget import as_record, budget_tree, from_record, measure_rank_agreement
 from lightning_bpd.evaluation import BatchRun, EvalBatch, MethodRun
-from lightning_bpd.tree_budget import as_record, budget_tree, from_record, measure_rank_agreement
 from tests.models import pick_eos, random_model, random_sources
 
 
@@ -76,7 +76,7 @@ def test_records_round_trip_and_malformed_ones_are_one_line():
 def test_tree_nodes_takes_integers_auto_and_auto_m():
     import argparse
 
-    from lightning_bpd.tree_budget import auto_limit, tree_nodes_arg
+    from lightning_bpd.decoding.trees.budget import auto_limit, tree_nodes_arg
 
     assert tree_nodes_arg("12") == 12 and tree_nodes_arg("-1") == -1  # range-checked by budget_tree, one line
     assert tree_nodes_arg("auto") == "auto" and auto_limit("auto") == 64
@@ -90,7 +90,8 @@ def test_tree_nodes_takes_integers_auto_and_auto_m():
 def test_auto_is_measured_once_per_runtime_and_reported(monkeypatch, capsys):
     from types import SimpleNamespace
 
-    import lightning_bpd.tree_budget as tb
+    import lightning_bpd.decoding.trees.budget as tb
+    from lightning_bpd.evaluation import budget_trees
     from lightning_bpd.inference import InferenceOptions, build_runtime
 
     model = random_model(k=4, seed=3)
@@ -107,7 +108,7 @@ def test_auto_is_measured_once_per_runtime_and_reported(monkeypatch, capsys):
     monkeypatch.setattr(tb, "measure_pass_costs", stub)
     choices: dict = {}
     for _ in range(2):
-        trees = tb.budget_trees(module, runtime, list(src.split(1)), ["auto:12", 4], None, "bench", 2, choices)
+        trees = budget_trees(module, runtime, list(src.split(1)), ["auto:12", 4], None, "bench", 2, choices)
     assert calls == [[2, 4, 8, 13, 4]]  # the curve's widths, then the single path's; once per runtime
     assert list(trees) == ["nodes-auto:12", "nodes4"]
     record = choices["nodes-auto:12"]
@@ -123,7 +124,7 @@ def test_auto_is_measured_once_per_runtime_and_reported(monkeypatch, capsys):
 
 
 def test_auto_measures_the_cost_curve_once_per_runtime(monkeypatch):
-    from lightning_bpd import tree_budget
+    from lightning_bpd.decoding.trees import budget as tree_budget
     from lightning_bpd.inference import InferenceOptions, build_runtime
 
     calls = []

@@ -117,15 +117,15 @@ def ceilings(greedy: dict[str, Any], method: dict[str, Any]) -> dict[str, float]
 
 def lm_inputs(module: Any, args: argparse.Namespace) -> tuple[list[torch.Tensor], int]:
     """A language-modelling checkpoint's prompts, one (1, P) tensor each, and the new tokens each is continued by
-    (:func:`~lightning_bpd.commands.bench_generate_lm.lm_prompts`: each checked against the model's context)."""
-    from lightning_bpd.commands.bench_generate_lm import lm_prompts, new_tokens
+    (:func:`~lightning_bpd.benchmarks.lm_prompts.lm_prompts`: each checked against the model's context)."""
+    from lightning_bpd.benchmarks.lm_prompts import lm_prompts, new_tokens
 
     max_new = new_tokens(module, args)
     return [module.encode_prompts([p]) for p in lm_prompts(module, args, max_new)], max_new
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from lightning_bpd.commands.bench_generate_lm import add_prompt_args
+    from lightning_bpd.benchmarks.lm_prompts import add_prompt_args
 
     p = argparse.ArgumentParser(prog="python -m lightning_bpd.benchmarks.where_time_goes", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -29,10 +29,17 @@ from torch import Tensor
 
 from lightning_bpd.decoding import Criterion, head_agreement, head_rank_agreement
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
-from lightning_bpd.decoding.tree import budget_limit
+from lightning_bpd.decoding.trees.budget import (
+    RANKS,
+    TreeNodes,
+    auto_tree,
+    budget_tree,
+    measure_rank_agreement,
+    tree_nodes_arg,
+)
+from lightning_bpd.decoding.trees.tree import budget_limit
 from lightning_bpd.evaluation import BatchRun, EvalBatch, MethodRun, run_batch
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.tree_budget import RANKS, TreeNodes, auto_tree, budget_tree, measure_rank_agreement, tree_nodes_arg
 
 __all__ = ["BatchRun", "DecodeEval", "EvalBatch", "MethodRun", "run_decode_eval"]
 
@@ -99,7 +106,7 @@ def decode_shard(task: DecodeEvalTask, batches: list[EvalBatch], criteria: list[
 
 def valid_budget(n: Any) -> bool:
     """A tree budget ``DecodeEval`` takes: an integer >= 0, or ``auto`` / ``auto:M`` as ``--tree-nodes`` reads them
-    (:func:`~lightning_bpd.tree_budget.tree_nodes_arg`)."""
+    (:func:`~lightning_bpd.decoding.trees.budget.tree_nodes_arg`)."""
     if isinstance(n, str):
         try:
             return tree_nodes_arg(n) == n  # "auto" or "auto:M" exactly (not a number given as text)
@@ -255,12 +262,12 @@ class DecodeEval(pl.Callback):
         screened_argmax: greedy decoding and exact verification take p_1's argmax through the int8 screen
             (:mod:`lightning_bpd.inference.screened_argmax`; CPU, float32, translation models).
         tree_nodes: tree budgets: each also decodes exact with Medusa's greedy tree of that many nodes
-            (:meth:`~lightning_bpd.decoding.tree.Tree.from_budget`; 0 = the single path), logged as the method
+            (:meth:`~lightning_bpd.decoding.trees.tree.Tree.from_budget`; 0 = the single path), logged as the method
             ``exact+nodes<N>``; ``auto`` (``auto:M``) picks the budget up to 64 (M) of most expected tokens per
-            unit of pass cost timed on the first batch (:func:`~lightning_bpd.tree_budget.auto_tree`), logged as
+            unit of pass cost timed on the first batch (:func:`~lightning_bpd.decoding.trees.budget.auto_tree`), logged as
             ``exact+nodes-auto`` with its choice (``exact+nodes-auto/nodes``, ``/predicted_speedup``). Every
             evaluation of a model with heads measures their top-r agreement table on its greedy outputs
-            (:mod:`lightning_bpd.tree_budget`). While fitting (and in ``validate``) the trees are built from it and
+            (:mod:`lightning_bpd.decoding.trees.budget`). While fitting (and in ``validate``) the trees are built from it and
             the module keeps it as ``rank_agreement`` (its checkpoints store it, for ``decode --tree-nodes``);
             ``test`` builds them from the table the checkpoint stores (measured on validation), else from one
             measured on the first ``subset`` validation examples, so that the tree is never tuned on the test set

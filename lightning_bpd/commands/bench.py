@@ -29,8 +29,9 @@ import torch
 from lightning_bpd.benchmarks.ctranslate2_peer import Peers
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
-from lightning_bpd.decoding.tree import DynamicTree, Tree, parse_tree
-from lightning_bpd.evaluation import batched, load_inputs, run_batch
+from lightning_bpd.decoding.trees.budget import tree_nodes_arg
+from lightning_bpd.decoding.trees.tree import DynamicTree, Tree, parse_tree
+from lightning_bpd.evaluation import batched, budget_trees, load_inputs, run_batch
 from lightning_bpd.inference import InferenceOptions, Runtime, build_runtime
 from lightning_bpd.inference.arguments import (
     add_draft_vocab_args,
@@ -40,7 +41,6 @@ from lightning_bpd.inference.arguments import (
 )
 from lightning_bpd.inference.memory import measured_build
 from lightning_bpd.records import device_name, write_json
-from lightning_bpd.tree_budget import budget_trees, tree_nodes_arg
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ Three ways to decode the same sentences with the same checkpoint (a run of
 
 ``generate`` always runs the base as loaded (its own modules, float32 for a float32 checkpoint) with the checkpoint's
 own generation config (forced BOS/EOS, EOS ids, suppressed and banned tokens, minimum lengths: the rules our
-decoders apply too, :mod:`lightning_bpd.decoding.rules`), greedy (``num_beams=1, do_sample=False``) and
+decoders apply too, :mod:`lightning_bpd.decoding.generation_rules`), greedy (``num_beams=1, do_sample=False``) and
 ``max_new_tokens`` = the module's ``max_decode_len`` of the batch (our limit too). Every output is compared without
 the decoder start token and cut after its first EOS id, as our outputs are.
 
@@ -50,7 +50,6 @@ import argparse
 import copy
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -58,12 +57,14 @@ from torch import Tensor
 
 from lightning_bpd.benchmarks.ctranslate2_hf import CT2_HINT, CT2Translator, cut, start_ct2
 from lightning_bpd.benchmarks.ctranslate2_peer import failure, quiet_transformers
+from lightning_bpd.benchmarks.ours import ours, runtime_options
 from lightning_bpd.benchmarks.tally import Tally, differing
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.commands.bench_generate_lm import add_lm_args, main_lm
-from lightning_bpd.decoding import Exact, Tree, blockwise_decode, decode
-from lightning_bpd.decoding.proposers import PromptLookup, Proposer
-from lightning_bpd.evaluation import batched, load_inputs, timed
+from lightning_bpd.decoding import Tree
+from lightning_bpd.decoding.proposers import PromptLookup
+from lightning_bpd.decoding.trees.budget import tree_nodes_arg
+from lightning_bpd.evaluation import batched, budget_trees, load_inputs, timed
 from lightning_bpd.inference import build_runtime
 from lightning_bpd.inference.arguments import (
     add_draft_vocab_args,
@@ -72,7 +73,6 @@ from lightning_bpd.inference.arguments import (
     options_from_args,
 )
 from lightning_bpd.records import device_name, write_json
-from lightning_bpd.tree_budget import budget_trees, tree_nodes_arg
 
 GENERATE, LOOKUP, OURS = "hf_generate", "hf_prompt_lookup", "exact"
 OURS_LOOKUP = "prompt_lookup"  # ours: PromptLookup through the one loop, exact, any batch size
@@ -134,21 +134,6 @@ def hf_generate(model, src: Tensor, max_len: int, lookup_tokens: int | None = No
     if not bool((out[:, 0] == model.bos_id).all()):
         raise RuntimeError("generate's output does not start with the decoder start token")
     return cut(out[:, 1:].tolist(), model.generation_rules.eos_ids or model.eos_id)
-
-
-def ours(runtime, k: int | None, tree: Tree | None = None, proposer: Proposer | None = None):
-    """Our exact decoding as a method: ``(src, max_len) -> (sequences, iterations, model_calls)``; the heads propose
-    (verifying ``tree``, when given), or ``proposer`` does (e.g. :class:`~lightning_bpd.decoding.proposers.PromptLookup`)."""
-
-    def run(src: Tensor, max_len: int) -> tuple[list[list[int]], int, int]:
-        with torch.no_grad():
-            if proposer is not None:
-                result = decode(runtime, src, Exact(), proposer, max_len)
-            else:
-                result = blockwise_decode(runtime, src, Exact(), max_len, k=k, tree=tree)
-        return result.sequences(), int(result.iterations.sum()), int(result.model_calls)
-
-    return run
 
 
 # ---- the benchmark ----------------------------------------------------------------------------------------------
@@ -238,11 +223,6 @@ def run_or_drop(methods: dict[str, Any], failed: dict[str, str], name: str, devi
         failed[name] = f"failed at batch size {batch_size}: {failure(err)}"
         del methods[name]
         return None
-
-
-def runtime_options(options, args: argparse.Namespace) -> dict[str, Any]:
-    """What our decoding ran with, for the record (the draft vocabulary by its size and source)."""
-    return {**asdict(options), "draft_vocab": args.draft_vocab, "draft_vocab_from": args.draft_vocab_from}
 
 
 def check_hf(module, ckpt: str) -> None:

@@ -28,9 +28,9 @@ import torch
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding import parse_criterion, parse_tree
 from lightning_bpd.decoding.methods import make_method
+from lightning_bpd.decoding.trees.budget import auto_tree, budget_tree, tree_nodes_arg
 from lightning_bpd.inference import build_runtime
 from lightning_bpd.inference.arguments import add_draft_vocab_args, add_precision_arg, options_from_args
-from lightning_bpd.tree_budget import auto_tree, budget_tree, tree_nodes_arg
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -131,9 +131,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.arch == "llama":
             from lightning_bpd.hf.causal_base import make_causal_base
+            from lightning_bpd.tasks.lm.files import training_texts
 
             make_causal_base(args.data, args.out, args.vocab or 8192, args.shape or "code", args.seed,
-                             args.tokenizer_from)
+                             args.tokenizer_from, training_texts=training_texts)
         else:
             if args.data is None or args.tokenizer_from is not None:
                 raise ValueError("--arch marian needs --data (a translation corpus) and takes no --tokenizer-from")

@@ -1,10 +1,7 @@
 """Task-agnostic decoding core (torch only): greedy, blockwise parallel decoding (eager, with fixed shapes for
 CUDA graphs, and with a tree of candidates), beam search and their references."""
 
-from lightning_bpd.decoding.agreement import head_agreement, head_rank_agreement
-from lightning_bpd.decoding.beam import BeamResult, beam_search, beam_search_reference
-from lightning_bpd.decoding.blockwise import blockwise_decode
-from lightning_bpd.decoding.criteria import (
+from lightning_bpd.decoding.acceptance import (
     Criterion,
     Distance,
     Exact,
@@ -13,13 +10,18 @@ from lightning_bpd.decoding.criteria import (
     TopK,
     parse_criterion,
 )
-from lightning_bpd.decoding.greedy import greedy_decode, greedy_decode_reference
+from lightning_bpd.decoding.agreement import head_agreement, head_rank_agreement
+from lightning_bpd.decoding.beam import BeamResult, beam_search
+from lightning_bpd.decoding.blockwise import blockwise_decode
+from lightning_bpd.decoding.greedy import greedy_decode
 from lightning_bpd.decoding.loop import decode
 from lightning_bpd.decoding.protocol import DecodeResult
-from lightning_bpd.decoding.reference import blockwise_decode_reference
+from lightning_bpd.decoding.reference.beam import beam_search_reference
+from lightning_bpd.decoding.reference.blockwise import blockwise_decode_reference
+from lightning_bpd.decoding.reference.greedy import greedy_decode_reference
+from lightning_bpd.decoding.reference.tree import tree_decode_reference
 from lightning_bpd.decoding.static import StaticDecoder, static_decode
-from lightning_bpd.decoding.tree import DynamicTree, Tree, parse_tree
-from lightning_bpd.decoding.tree_reference import tree_decode_reference
+from lightning_bpd.decoding.trees.tree import DynamicTree, Tree, parse_tree
 
 __all__ = [
     "BeamResult",

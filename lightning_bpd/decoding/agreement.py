@@ -6,7 +6,7 @@ agreement with greedy's output (not its accuracy against reference translations)
 over greedy's tokens, and count how often head i's argmax at position t is greedy's token t + i
 (chained heads are fed greedy's tokens t .. t + i - 1, as they are when heads 1..i-1 were right).
 :func:`head_rank_agreement` counts, for trees of candidates, how often greedy's token is a head's
-rank-r choice (:meth:`~lightning_bpd.decoding.tree.Tree.from_budget`).
+rank-r choice (:meth:`~lightning_bpd.decoding.trees.tree.Tree.from_budget`).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def head_rank_agreement(model: BlockwiseModel, src: Tensor, tokens: Tensor, leng
                         k: int | None = None) -> Tensor:
     """How often greedy's token is each proposing head's rank-r choice: (k - 1, ranks) probabilities, row d - 1
     for the head at depth d (heads 2..k), teacher-forced on greedy's output ``tokens`` (B, L) of ``lengths`` (B,)
-    as in :func:`head_agreement`. The table :meth:`~lightning_bpd.decoding.tree.Tree.from_budget` builds a tree
+    as in :func:`head_agreement`. The table :meth:`~lightning_bpd.decoding.trees.tree.Tree.from_budget` builds a tree
     from. Head logits are read as the model proposes from them (its draft vocabulary, when it has one)."""
     k = model.k if k is None else k
     if not isinstance(ranks, int) or ranks < 1:

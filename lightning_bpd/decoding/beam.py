@@ -1,4 +1,5 @@
-"""Beam search over p_1 (the scoring model): the cached batched fast path and the uncached reference. Torch only.
+"""Beam search over p_1 (the scoring model): the cached batched fast path (the uncached reference:
+:mod:`lightning_bpd.decoding.reference.beam`). Torch only.
 
 Contract (both functions, exactly). Each source keeps ``beam_size`` alive hypotheses with raw
 scores = sums of ``log_softmax(model.logits_first(h))``. A step extends every alive hypothesis by
@@ -27,8 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.greedy import strip_padding
-from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
+from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args
 
 
 @dataclass
@@ -134,39 +134,3 @@ def beam_search(model: BlockwiseModel, src: Tensor, max_len: int, beam_size: int
     tokens = fin[0][:, 0, : max(1, int(lengths.max()))]  # (B, L') already pad past each length
     blocks = [[1] * m for m in lengths.tolist()]
     return BeamResult(tokens, lengths, lengths.clone(), steps, blocks, scores=fin[1][:, 0].clone())
-
-
-@torch.no_grad()
-def beam_search_reference(
-    model: BlockwiseModel, src: Tensor, max_len: int, beam_size: int = 4, alpha: float = 0.6
-) -> BeamResult:
-    """Slow, obviously correct beam search with the same contract: one unpadded source at a time,
-    no KV cache (the whole prefix of every hypothesis re-run with ``decode_full``), Python lists."""
-    check_beam_args(model, src, max_len, beam_size, alpha)
-    eos, rows, scores, calls = model.eos_id, [], [], 0
-    for row_src in strip_padding(src, model.pad_id):
-        context = model.encode(row_src)
-        alive: list[tuple[list[int], float]] = [([], 0.0)]  # (tokens, raw score), best first
-        finished: list[tuple[list[int], float]] = []  # (tokens, normalized score), best first
-        for n in range(1, max_len + 1):
-            cands: list[tuple[float, list[int]]] = []
-            for toks, score in alive:
-                prefix = torch.tensor([[model.bos_id, *toks]], device=src.device)
-                logp = log_probs(model, model.decode_full(prefix, context)[0, -1]).tolist()
-                calls += 1
-                cands += [(score + lp, [*toks, tok]) for tok, lp in enumerate(logp)]
-            ranked = sorted(cands, key=lambda c: -c[0])[: 2 * beam_size]
-            new = [(t, s / length_penalty(n, alpha)) for i, (s, t) in enumerate(ranked) if i < beam_size and t[-1] == eos]
-            finished = sorted(finished + new, key=lambda f: -f[1])[:beam_size]
-            alive = [(t, s) for s, t in ranked if t[-1] != eos][:beam_size]
-            if n == max_len:
-                at_max = [(t, s / length_penalty(max_len, alpha)) for t, s in alive]
-                finished = sorted(finished + at_max, key=lambda f: -f[1])[:beam_size]
-            elif len(finished) == beam_size and alive[0][1] / length_penalty(max_len, alpha) <= finished[-1][1]:
-                break
-        rows.append(finished[0][0])
-        scores.append(finished[0][1])
-    lengths = torch.tensor([len(r) for r in rows], device=src.device)
-    out = torch.tensor(scores, dtype=torch.float64, device=src.device)
-    return BeamResult(pack_rows(rows, model.pad_id, src.device), lengths, lengths.clone(), calls,
-                      [[1] * len(r) for r in rows], scores=out)

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from lightning_bpd.decoding.criteria import Criterion
+from lightning_bpd.decoding.acceptance import Criterion
 from lightning_bpd.decoding.loop import decode
 from lightning_bpd.decoding.proposers.base import Proposer
 from lightning_bpd.decoding.proposers.dynamic_tree import DynamicHeadTree
 from lightning_bpd.decoding.proposers.heads import Heads
 from lightning_bpd.decoding.proposers.tree import HeadTree
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult
-from lightning_bpd.decoding.tree import DynamicTree, Tree
+from lightning_bpd.decoding.trees.tree import DynamicTree, Tree
 
 
 def heads_proposer(k: int | None = None, lazy: bool = False, stop_below: float | None = None,
@@ -53,7 +53,7 @@ def blockwise_decode(
     ``stop_below`` is the confidence stop of deterministic rules (:func:`~lightning_bpd.decoding.proposers.heads.propose`):
     blocks may be shorter than k. ``tree``: propose and verify a tree of candidates instead
     (:class:`~lightning_bpd.decoding.proposers.HeadTree`), or a dynamic tree per row and iteration
-    (:class:`~lightning_bpd.decoding.tree.DynamicTree`, exact acceptance). The one loop
+    (:class:`~lightning_bpd.decoding.trees.tree.DynamicTree`, exact acceptance). The one loop
     (:func:`~lightning_bpd.decoding.loop.decode`) with the matching proposer (:func:`heads_proposer`).
     """
     return decode(model, src, criterion, heads_proposer(k, lazy, stop_below, tree), max_len)

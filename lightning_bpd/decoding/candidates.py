@@ -10,7 +10,7 @@ Each kind knows its own verify pass, its verdict and what the cache keeps afterw
 
 - :class:`Path`: a block (b, w) of tokens, verified by ``decode_step`` (the heads' chain, a draft model, prompt
   lookup); the cache is cropped back to what each row accepted.
-- :class:`SharedTree`: one :class:`~lightning_bpd.decoding.tree.Tree` for every row (static trees of the heads).
+- :class:`SharedTree`: one :class:`~lightning_bpd.decoding.trees.tree.Tree` for every row (static trees of the heads).
 - :class:`RowTree`: one tree per row (dynamic trees, EAGLE-2). Both verify through ``decode_tree`` and keep the
   accepted path's cache entries (``cache.keep_path``).
 """
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor
 
-from lightning_bpd.decoding.criteria import Block, Criterion
+from lightning_bpd.decoding.acceptance import Block, Criterion
+from lightning_bpd.decoding.generation_rules import RuleBook
 from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context
 from lightning_bpd.decoding.row_book import RowBook
-from lightning_bpd.decoding.rules import RuleBook
-from lightning_bpd.decoding.tree import Tree
 from lightning_bpd.decoding.tree_sampling import judge_tree
+from lightning_bpd.decoding.trees.tree import Tree
 from lightning_bpd.decoding.verify import verify, verify_rows, verify_tree
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class Candidates(Protocol):
 
 @dataclass
 class Path:
-    """A block of candidates per row, token 1 first (:class:`~lightning_bpd.decoding.criteria.Block`: tokens (b, w),
+    """A block of candidates per row, token 1 first (:class:`~lightning_bpd.decoding.acceptance.Block`: tokens (b, w),
     for sampling the distributions they were drawn from, and where a row proposes fewer, its ``widths``). ``lazy``:
     prefix rules check position by position (:func:`~lightning_bpd.decoding.verify.verify_lazily`)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from lightning_bpd.decoding.criteria import Criterion
+from lightning_bpd.decoding.acceptance import Criterion
 from lightning_bpd.decoding.loop import decode
 from lightning_bpd.decoding.proposers.draft import DraftModel, check_draft_args
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult

@@ -1,4 +1,5 @@
-"""Greedy decoding of p_1: the cached fast path and the uncached reference (the oracle). Torch only."""
+"""Greedy decoding of p_1, the cached fast path (its uncached reference, the oracle:
+:mod:`lightning_bpd.decoding.reference.greedy`). Torch only."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, first_argmax, pack_rows
+from lightning_bpd.decoding.generation_rules import RuleBook, RuledFirst
+from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, first_argmax
 from lightning_bpd.decoding.row_book import ends_row
-from lightning_bpd.decoding.rules import RuleBook, RuledFirst, reference_rules, ruled_at
-from lightning_bpd.nn.argmax import argmax
 
 
 @torch.no_grad()
@@ -29,7 +29,7 @@ def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int,
                    pick: Callable[[Tensor, Any], Tensor]) -> DecodeResult:
     """The cached one-token-per-step loop: ``pick(h, p1)`` turns the decoder's hidden states (b, D) into the
     next tokens (b,) through p_1 as ``p1`` reads it (the model, or the model under its generation rules at this
-    step: :mod:`lightning_bpd.decoding.rules`): its argmax (:func:`first_argmax`) or a draw.
+    step: :mod:`lightning_bpd.decoding.generation_rules`): its argmax (:func:`first_argmax`) or a draw.
 
     Shared by greedy decoding (argmax) and ancestral sampling (a draw). Rows stop after an EOS id or at
     ``max_len`` and leave the batch.
@@ -79,29 +79,3 @@ def token_by_token(model: BlockwiseModel, src: Tensor, max_len: int,
 def strip_padding(src: Tensor, pad_id: int) -> list[Tensor]:
     """Each source row without its pad tokens, as a (1, S_b) tensor."""
     return [row[row != pad_id][None] for row in src]
-
-
-@torch.no_grad()
-def greedy_decode_reference(model: BlockwiseModel, src: Tensor, max_len: int) -> DecodeResult:
-    """Slow, obviously correct greedy: one row at a time, no padding, the whole prefix re-run each step, the
-    generation rules applied to p_1's logits in ``generate``'s order."""
-    check_decode_args(model, src, max_len)
-    bound, stops, befores = reference_rules(model, src, max_len)  # befores: what the rules see before token 0
-    rows: list[list[int]] = []
-    for before, row_src in zip(befores, strip_padding(src, model.pad_id)):
-        context = model.encode(row_src)
-        out: list[int] = []
-        while len(out) < max_len:
-            prefix = [model.bos_id, *out]
-            h = model.decode_full(torch.tensor([prefix], device=src.device), context)[0, -1:]  # (1, D)
-            if bound is None:
-                nxt = int(first_argmax(model, h)[0])
-            else:  # the rules on p_1's logits, then their argmax
-                nxt = int(argmax(ruled_at(bound, [*before, *out], len(out))(model.logits_first(h)))[0])
-            out.append(nxt)
-            if nxt in stops:
-                break
-        rows.append(out)
-    lengths = torch.tensor([len(r) for r in rows], device=src.device)
-    calls = int(lengths.sum())
-    return DecodeResult(pack_rows(rows, model.pad_id, src.device), lengths, lengths.clone(), calls, [[1] * len(r) for r in rows])

@@ -26,11 +26,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.criteria import Criterion, Exact
+from lightning_bpd.decoding.acceptance import Criterion, Exact
+from lightning_bpd.decoding.generation_rules import RuleBook
 from lightning_bpd.decoding.proposers.base import Proposer
 from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args, source_room
 from lightning_bpd.decoding.row_book import RowBook
-from lightning_bpd.decoding.rules import RuleBook
 
 
 @dataclass
@@ -68,7 +68,7 @@ def decode(model: BlockwiseModel, src: Tensor, criterion: Criterion | None = Non
     """Decode ``src`` (B, S) with ``proposer``'s candidates (default: the model's own heads,
     :class:`~lightning_bpd.decoding.proposers.Heads`), each iteration verified in one call of ``model``.
 
-    ``criterion`` defaults to :class:`~lightning_bpd.decoding.criteria.Exact`, which reproduces greedy decoding of
+    ``criterion`` defaults to :class:`~lightning_bpd.decoding.acceptance.Exact`, which reproduces greedy decoding of
     p_1 (under the model's generation rules) token for token, whatever the proposer. ``model_calls`` counts the
     target's decoder calls: the first on the start token, then one per iteration."""
     from lightning_bpd.decoding.proposers.heads import Heads  # the default proposer

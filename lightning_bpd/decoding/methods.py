@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from lightning_bpd.decoding.acceptance import Criterion, Exact, SpeculativeSampling
 from lightning_bpd.decoding.beam import beam_search
 from lightning_bpd.decoding.blockwise import blockwise_decode
-from lightning_bpd.decoding.criteria import Criterion, Exact, SpeculativeSampling
 from lightning_bpd.decoding.draft import check_draft_args, draft_decode
 from lightning_bpd.decoding.greedy import greedy_decode
 from lightning_bpd.decoding.loop import decode
@@ -36,7 +36,7 @@ from lightning_bpd.decoding.proposers.tree import check_tree_args
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, resolve_k
 from lightning_bpd.decoding.sampling import check_sampling_args, new_generator, sample_decode
 from lightning_bpd.decoding.static import static_decode
-from lightning_bpd.decoding.tree import DynamicTree, Tree
+from lightning_bpd.decoding.trees.tree import DynamicTree, Tree
 
 DRAFT_PREFIX = "draft:"
 
@@ -168,9 +168,9 @@ def make_method(
     (:mod:`~lightning_bpd.decoding.static`: CUDA graphs on CUDA, no row compaction). ``stop_below`` is the
     confidence stop of the deterministic rules with the model's own heads (:func:`~lightning_bpd.decoding.
     blockwise.propose`); other methods ignore it, so one value can apply to a whole list of methods. ``tree``
-    (:class:`~lightning_bpd.decoding.tree.Tree`): the deterministic prefix rules and speculative sampling of the
-    model's own heads verify that tree of candidates (:func:`~lightning_bpd.decoding.tree_decode.tree_decode`); a
-    :class:`~lightning_bpd.decoding.dynamic_tree.DynamicTree` grows one per row and iteration (exact only); other
+    (:class:`~lightning_bpd.decoding.trees.tree.Tree`): the deterministic prefix rules and speculative sampling of the
+    model's own heads verify that tree of candidates (:class:`~lightning_bpd.decoding.proposers.HeadTree`); a
+    :class:`~lightning_bpd.decoding.trees.tree.DynamicTree` grows one per row and iteration (exact only); other
     methods ignore it. ``proposer`` (:mod:`~lightning_bpd.decoding.proposers`, e.g.
     :class:`~lightning_bpd.decoding.proposers.PromptLookup`): the blockwise rules decode with it instead of the
     model's heads (the other methods ignore it); it takes no tree, fixed shapes, confidence stop or lazy verification.

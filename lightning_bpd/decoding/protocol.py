@@ -22,7 +22,7 @@ from torch import Tensor
 from lightning_bpd.nn.argmax import argmax
 
 if TYPE_CHECKING:
-    from lightning_bpd.decoding.rules import GenerationRules
+    from lightning_bpd.decoding.generation_rules import GenerationRules
 
 
 class Context(Protocol):
@@ -121,7 +121,7 @@ class BlockwiseModel(Protocol):
     None: no draft vocabulary (every token may be proposed)."""
 
     generation_rules: GenerationRules | None
-    """The checkpoint's rules on p_1 (:mod:`lightning_bpd.decoding.rules`: forced BOS/EOS, EOS ids, suppressed and
+    """The checkpoint's rules on p_1 (:mod:`lightning_bpd.decoding.generation_rules`: forced BOS/EOS, EOS ids, suppressed and
     banned tokens, minimum lengths) that its own greedy ``generate`` applies; every decoder applies them wherever
     p_1 is read. None: greedy decoding of p_1 as it is, ending at ``eos_id``."""
 
@@ -150,7 +150,7 @@ class BlockwiseModel(Protocol):
     token). None: :meth:`chain_step` and :func:`~lightning_bpd.nn.argmax.top_ranks` of its logits."""
 
     decode_tree: Callable[[Tensor, Tensor, Tensor, Context, Cache], Tensor] | None
-    """The verify pass of tree decoding (:mod:`lightning_bpd.decoding.tree_decode`): ``decode_tree(tokens (B, N),
+    """The verify pass of tree decoding (:mod:`lightning_bpd.decoding.proposers.tree`): ``decode_tree(tokens (B, N),
     depths (N,), ancestors (N, N) bool, context, cache)`` -> hidden (B, N, D), node i at the row's length +
     ``depths[i]`` and seeing the cached prefix and the nodes j with ``ancestors[i, j]``; appends N slots to the
     cache (:meth:`Cache.keep_path`). None: the model verifies single paths only."""

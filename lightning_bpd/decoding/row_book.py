@@ -74,7 +74,7 @@ class RowBook:
     def tail(self, window: int, bos_id: int, start: Tensor | None = None) -> Tensor:
         """The last ``window`` decoder inputs of each live row (b, window): the start token ``bos_id`` and the
         committed tokens, -1 before the start token; with ``start`` (B, window), what comes before each original
-        row's committed tokens instead (:func:`~lightning_bpd.decoding.rules.start_tail`)."""
+        row's committed tokens instead (:func:`~lightning_bpd.decoding.generation_rules.start_tail`)."""
         at = self.committed()[:, None] - window + torch.arange(window, device=self.tokens.device)  # (b, window); -1: the start
         got = self.tokens[self.live[:, None], at.clamp(min=0)]  # (b, window)
         if start is not None:

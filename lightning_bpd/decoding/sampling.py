@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lightning_bpd.decoding.generation_rules import reference_rules, ruled_at
 from lightning_bpd.decoding.greedy import strip_padding, token_by_token
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, check_decode_args, pack_rows
-from lightning_bpd.decoding.rules import reference_rules, ruled_at
 
 
 def check_sampling_args(temperature: float, top_p: float) -> None:

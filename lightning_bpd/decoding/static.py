@@ -28,11 +28,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.criteria import Block, Criterion, Exact
+from lightning_bpd.decoding.acceptance import Block, Criterion, Exact
+from lightning_bpd.decoding.generation_rules import RuleBook
 from lightning_bpd.decoding.proposers.heads import propose
 from lightning_bpd.decoding.protocol import BlockwiseModel, DecodeResult, chain_source, check_decode_args, resolve_k
 from lightning_bpd.decoding.row_book import ends_row
-from lightning_bpd.decoding.rules import RuleBook
 from lightning_bpd.decoding.verify import verify
 
 

@@ -1,7 +1,7 @@
 """Lossless speculative sampling on a tree of candidates (SpecInfer's multi-candidate rejection). Torch only.
 
-The tree decoder (:mod:`~lightning_bpd.decoding.tree_decode`) hands a
-:class:`~lightning_bpd.decoding.criteria.SpeculativeSampling` rule here. Every iteration::
+The tree decoder (:mod:`~lightning_bpd.decoding.proposers.tree`) hands a
+:class:`~lightning_bpd.decoding.acceptance.SpeculativeSampling` rule here. Every iteration::
 
     tokens, q   = propose_sampled_tree(model, rule, tree, h, first, source)   # draws, and what they came from
     hidden      = model.decode_tree(tokens, ...)                               # the verify pass, as for exact
@@ -40,7 +40,7 @@ from torch import Tensor
 
 from lightning_bpd.decoding.protocol import BlockwiseModel, Source
 from lightning_bpd.decoding.sampling import residual, sample
-from lightning_bpd.decoding.tree import Tree
+from lightning_bpd.decoding.trees.tree import Tree
 
 
 def draw_children(q: Tensor, n: int, generator: torch.Generator | None = None) -> Tensor:
@@ -80,7 +80,7 @@ def propose_sampled_tree(model: BlockwiseModel, rule, tree: Tree, h: Tensor, fir
                          source: Source | None = None) -> tuple[Tensor, Tensor]:
     """The tree's tokens (b, N), the root ``first`` (b,), and the distributions q (b, M, V) the children were drawn
     from (:func:`q_slots` maps a node to its children's), at the hidden state h (b, D) of each row's last accepted
-    position. ``rule``: a :class:`~lightning_bpd.decoding.criteria.SpeculativeSampling` (its distribution and
+    position. ``rule``: a :class:`~lightning_bpd.decoding.acceptance.SpeculativeSampling` (its distribution and
     random numbers)."""
     b, g = h.shape[0], rule.rng(h.device)
     tokens = first[:, None].expand(-1, tree.size).clone()  # (b, N)

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.criteria import Block, Criterion, Exact
+from lightning_bpd.decoding.acceptance import Block, Criterion, Exact
 from lightning_bpd.decoding.protocol import BlockwiseModel, first_argmax
-from lightning_bpd.decoding.tree import Tree
+from lightning_bpd.decoding.trees.tree import Tree
 from lightning_bpd.nn.argmax import argmax
 
 if TYPE_CHECKING:
@@ -26,13 +26,13 @@ def verify(model: BlockwiseModel, criterion: Criterion, block: Block, hidden: Te
     """Accepted block sizes (b,) in [1, k] and the token opening each row's next block (b,), from the
     verify pass ``hidden`` (b, k, D) over ``block`` (b, k). No host read (except ``lazy``).
 
-    Deterministic rules: the rule's :meth:`~lightning_bpd.decoding.criteria.Criterion.verify` (p_1 at all k
+    Deterministic rules: the rule's :meth:`~lightning_bpd.decoding.acceptance.Criterion.verify` (p_1 at all k
     positions; token j+1 is judged by p_1 at position j), and greedy's token at the last accepted position
     opens the next block. Sampling rules: their judge, whose ``next_first`` is -1 where p_1 must still be
     sampled.
 
     ``p1``: what reads p_1 at the block's positions (b, k) under the generation rules
-    (:meth:`~lightning_bpd.decoding.rules.RuleBook.verifying`); None: the model itself. With rules the check is never
+    (:meth:`~lightning_bpd.decoding.generation_rules.RuleBook.verifying`); None: the model itself. With rules the check is never
     lazy (the verdict is the same).
     """
     if criterion.stochastic:
@@ -51,7 +51,7 @@ def verify_lazily(model: BlockwiseModel, criterion: Criterion, tokens: Tensor, h
     """Check a block position by position, projecting p_1 only where the verdict is still open.
 
     tokens (b, k), hidden (b, k, D) from the verify pass. Token j+1 is checked against p_1 at
-    ``hidden[:, j]`` (the rule's :meth:`~lightning_bpd.decoding.criteria.Criterion.check_position`) for
+    ``hidden[:, j]`` (the rule's :meth:`~lightning_bpd.decoding.acceptance.Criterion.check_position`) for
     the rows whose tokens 2..j all passed; a row stops at its first failure, and the argmax of p_1
     there, the token greedy decoding emits next, becomes the first token of its next block (p_1 was
     computed there anyway, and head 1 is p_1); rows that accepted all k get it from p_1 at the last

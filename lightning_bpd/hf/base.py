@@ -39,9 +39,8 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
+from lightning_bpd.decoding.generation_rules import GenerationRules
 from lightning_bpd.decoding.protocol import OptionalCapabilities
-from lightning_bpd.decoding.rules import GenerationRules
-from lightning_bpd.decoding.runtime_parts import RuntimeParts
 from lightning_bpd.hf.checkpoint_dir import load_weights, read_config
 from lightning_bpd.hf.compat import attention_implementation, relative_position_buckets
 from lightning_bpd.hf.generation_rules import ids, rules_from_config
@@ -53,6 +52,7 @@ from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.image_readout import NO_IMAGE, NoImage
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.products import FLOAT, Products, version
+from lightning_bpd.nn.runtime_parts import RuntimeParts
 
 HEAD_TYPES = ("paper", "chained", "chained_attn")
 # Families whose decoders are: token embedding (+ scale), + a position table, [layernorm_embedding], BART-style

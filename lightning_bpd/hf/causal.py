@@ -42,8 +42,8 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from lightning_bpd.decoding.generation_rules import GenerationRules
 from lightning_bpd.decoding.protocol import OptionalCapabilities
-from lightning_bpd.decoding.rules import GenerationRules
 from lightning_bpd.hf.base import ATTENTION, as_mask
 from lightning_bpd.hf.causal_heads import CausalHeads
 from lightning_bpd.hf.checkpoint_dir import load_weights, read_config

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -71,19 +71,15 @@ def llama_config(vocab_size: int, shape: dict[str, int]):
                        eos_token_id=EOS, attention_dropout=0.0)
 
 
-def training_texts(data: str | Path, val_fraction: float, test_fraction: float) -> list[str]:
-    """The train split's texts, split as the LM task splits the folder (held-out files never shape the tokenizer)."""
-    from lightning_bpd.tasks.lm.files import read_split, split_files
-
-    root = Path(data)
-    return read_split(root, "train", split_files(root, val_fraction, test_fraction)["train"]).texts
-
-
 def make_causal_base(data: str | Path | None, out: str | Path, vocab: int = 8192, shape: str = "code", seed: int = 0,
                      tokenizer_from: str | Path | None = None, val_fraction: float = 0.05,
-                     test_fraction: float = 0.05) -> Path:
+                     test_fraction: float = 0.05,
+                     training_texts: Callable[[str | Path, float, float], list[str]] | None = None) -> Path:
     """Write a seeded random ``LlamaForCausalLM`` of ``shape`` and its tokenizer to ``out``: a tokenizer learnt from
-    ``data``'s training split, or the one in ``tokenizer_from`` (a draft model shares its target's)."""
+    ``data``'s training split, or the one in ``tokenizer_from`` (a draft model shares its target's).
+    ``training_texts(data, val_fraction, test_fraction)`` reads that split (the LM task's
+    :func:`~lightning_bpd.tasks.lm.files.training_texts`, which the command passes in: the task layer sits above
+    this one); it is needed only without ``tokenizer_from``."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     if shape not in CAUSAL_SHAPES:
@@ -96,6 +92,9 @@ def make_causal_base(data: str | Path | None, out: str | Path, vocab: int = 8192
     else:
         if data is None:
             raise ValueError("--data: give the folder of source files the tokenizer learns from (or --tokenizer-from)")
+        if training_texts is None:
+            raise ValueError("make_causal_base: learning a tokenizer from --data needs training_texts (the LM task's "
+                             "lightning_bpd.tasks.lm.files.training_texts)")
         check_vocab(vocab)  # before reading the folder
         tokenizer = byte_bpe_tokenizer(training_texts(data, val_fraction, test_fraction), vocab, dims["positions"])
     torch.manual_seed(seed)

@@ -12,14 +12,14 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.decoding.runtime_parts import RuntimeParts
 from lightning_bpd.nn.image_readout import NO_IMAGE, NoImage
 from lightning_bpd.nn.products import FLOAT, Products
+from lightning_bpd.nn.runtime_parts import RuntimeParts
 
 
 class CausalHeads(RuntimeParts):
     """Mixed into an ``nn.Module`` with ``base``, ``head``, ``k``, ``chained_heads`` and ``vocab_size``: the
-    :class:`~lightning_bpd.decoding.runtime_parts.RuntimeParts` of a causal base (the lean step is the
+    :class:`~lightning_bpd.nn.runtime_parts.RuntimeParts` of a causal base (the lean step is the
     adapter's: :meth:`HFCausalBlockwise.use_lean_steps`)."""
 
     products: Products = FLOAT  # how p_1 and the proposals multiply (a runtime gives its snapshot its own)

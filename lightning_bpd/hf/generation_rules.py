@@ -2,7 +2,7 @@
 
 ``generate(do_sample=False, num_beams=1)`` runs the checkpoint's ``generation_config`` through logits processors
 before each argmax. The ones that change greedy's output become a
-:class:`~lightning_bpd.decoding.rules.GenerationRules`, which every decoder applies wherever it reads p_1:
+:class:`~lightning_bpd.decoding.generation_rules.GenerationRules`, which every decoder applies wherever it reads p_1:
 ``eos_token_id`` (one id or several), ``forced_bos_token_id``, ``forced_eos_token_id``, ``suppress_tokens``,
 ``begin_suppress_tokens``, ``bad_words_ids`` (of one token or several), ``min_length`` and ``min_new_tokens``.
 History-dependent penalties and the other settings that change greedy's output are refused, each with one line
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning_bpd.decoding.rules import GenerationRules
+from lightning_bpd.decoding.generation_rules import GenerationRules
 
 # setting -> (whether a value changes greedy's output)
 REFUSED = {

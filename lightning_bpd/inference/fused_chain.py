@@ -38,12 +38,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_bpd.inference.lean_step import column_layouts, layout_linear, script
 from lightning_bpd.kernels import int8
 from lightning_bpd.kernels.int8 import int8_linear, pack_int8
 from lightning_bpd.nn import argmax, pixel_neighbours
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.intensity_prior import RESERVED
+from lightning_bpd.nn.lean_step import column_layouts, layout_linear, script
 
 TABLE_BUDGET = 512 * 2**20  # bytes of token tables above which the token's terms are multiplied instead
 
@@ -107,7 +107,7 @@ def chain_links(z: Tensor, token: Tensor, links: int, zq_t: list[Tensor], zq_b: 
       ``keys_t`` empty without source attention); with ``packed`` (3 int8 weights per link: zq, c, out, biases
       inside) the cell's products are int8 instead;
     - the proposal: the argmax over the projection rows ``weight`` (N, D), ``bias``, token ids ``ids`` (None: the
-      rows are the vocabulary) in the layout ``by_columns`` (:func:`~lightning_bpd.inference.lean_step.column_layouts`),
+      rows are the vocabulary) in the layout ``by_columns`` (:func:`~lightning_bpd.nn.lean_step.column_layouts`),
       or over the int8 ``projection`` (one packed weight) when given;
     - own-centre Gaussian image heads (``carried`` non-empty: what head 1's state carries, (b, k [+ 2 k n])):
       each link's input is made by :func:`image_link_input` and its token is the intensity nearest the Gaussian's

@@ -20,10 +20,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.decoding.runtime_parts import RuntimeParts
 from lightning_bpd.kernels import int8 as int8_ops
 from lightning_bpd.kernels import invariant, onednn
 from lightning_bpd.nn.products import Products, inference
+from lightning_bpd.nn.runtime_parts import RuntimeParts
 
 
 class WideAttention(Products):

@@ -26,7 +26,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.decoding.runtime_parts import RuntimeParts
 from lightning_bpd.inference.draft_vocab import DraftVocabulary
 from lightning_bpd.inference.options import InferenceOptions
 from lightning_bpd.inference.precision import parse_precision
@@ -36,6 +35,7 @@ from lightning_bpd.inference.proposer import Proposer
 from lightning_bpd.inference.shared_copy import cast_copy, shared_copy
 from lightning_bpd.nn.draft_ids import checked_ids
 from lightning_bpd.nn.products import FLOAT, Products
+from lightning_bpd.nn.runtime_parts import RuntimeParts
 
 
 def make_products(options: InferenceOptions, model: nn.Module) -> Products:

@@ -85,7 +85,7 @@ class RowInt8:
 
 
 def row_int8(x: Tensor, packed: torch.classes.quantized.LinearPackedParamsBase, bias: Tensor) -> Tensor:
-    """The product of :class:`RowInt8` (also compiled into :mod:`~lightning_bpd.inference.lean_step`'s TorchScript):
+    """The product of :class:`RowInt8` (also compiled into :mod:`~lightning_bpd.nn.lean_step`'s TorchScript):
     x (..., in) scaled per row to [-1, 1], quantized on [-1, 1]'s fixed grid, the exact int8 product with the
     packed weight (out, in), the row's scale multiplied back and ``bias`` (out,) added -> (..., out)."""
     flat = x.reshape(-1, x.shape[-1])  # (N, in)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -23,9 +23,6 @@ from torch import Tensor, nn
 from lightning_bpd.nn.intensity_prior import IntensityPrior
 from lightning_bpd.nn.pixel_neighbours import PixelNeighbours
 from lightning_bpd.nn.transformer import EncoderContext
-
-if TYPE_CHECKING:
-    from lightning_bpd.nn.model import BlockwiseTransformer
 
 
 class ImageReadout:
@@ -37,7 +34,7 @@ class ImageReadout:
     prior: heads 2..k read out through a copy of the prior's shift-and-width layer (``head.prior_adapt``); residual:
     through the prior's layer, detached, plus ``head.prior_adapt`` (starting at zero)."""
 
-    def __init__(self, model: BlockwiseTransformer) -> None:
+    def __init__(self, model: Any) -> None:  # the BlockwiseTransformer that holds it (which imports this module)
         c, img = model.config, model.config.image
         self.model = model
         self.k = c.k

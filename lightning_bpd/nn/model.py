@@ -13,7 +13,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd.decoding.runtime_parts import RuntimeParts
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.chained_head import ChainedHead, ChainSource
 from lightning_bpd.nn.conditioning import source_taps
@@ -24,6 +23,7 @@ from lightning_bpd.nn.intensity_prior import IntensityPrior
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.positions import ImageGrid, build_positions
 from lightning_bpd.nn.products import FLOAT, Products
+from lightning_bpd.nn.runtime_parts import RuntimeParts
 from lightning_bpd.nn.transformer import Decoder, Encoder, EncoderContext
 
 __all__ = ["BlockwiseTransformer", "ModelConfig"]
@@ -243,9 +243,9 @@ class BlockwiseTransformer(RuntimeParts, nn.Module):
         return (weight, bias) if self.prior is None else (self.prior.output_weight(weight), bias)
 
     def use_lean_steps(self, on: bool) -> None:
-        """The encoder and the cached decoder step through the runtime's TorchScript lean functions
-        (:mod:`lightning_bpd.inference.lean_step`), or through the modules (a model as built)."""
-        from lightning_bpd.inference.lean_step import encode, step  # inference-only code, asked for by a runtime
+        """The encoder and the cached decoder step through the TorchScript lean functions
+        (:mod:`lightning_bpd.nn.lean_step`), or through the modules (a model as built)."""
+        from lightning_bpd.nn.lean_step import encode, step  # imported when a runtime asks for them
 
         self.encoder.lean, self.decoder.lean = (encode, step) if on else (None, None)
 

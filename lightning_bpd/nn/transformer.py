@@ -63,7 +63,7 @@ class EncoderContext:
 
 def lean_applies(stack: nn.Module, x: Tensor, invariant_ok: bool = False) -> bool:
     """Whether an encoder or decoder may run ``x`` through its lean path (``stack.lean``: a runtime installs
-    :mod:`~lightning_bpd.inference.lean_step`'s, none otherwise): inference
+    :mod:`~lightning_bpd.nn.lean_step`'s, none otherwise): inference
     (eval mode, no gradients), with products the lean encoder takes unless ``invariant_ok`` (the decoder step
     takes float64 ones too), and that apply to ``x`` (int8: float32 on CPU)."""
     products = stack.products
@@ -107,7 +107,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(d_model, n_heads, d_ff, dropout) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model)
-        # a runtime's snapshot: the encoder as one TorchScript function (inference.lean_step.encode); None: the modules
+        # a runtime's snapshot: the encoder as one TorchScript function (nn.lean_step.encode); None: the modules
         self.lean: Callable[..., Tensor] | None = None
 
     def forward(self, x: Tensor, src_valid: Tensor) -> Tensor:
@@ -160,7 +160,7 @@ class Decoder(nn.Module):
         self.cross_attention = cross_attention  # False: a decoder-only model's stack (nn.causal_model runs it)
         self.norm = nn.LayerNorm(d_model)
         self.window = window
-        # a runtime's snapshot: cached steps as one TorchScript function (inference.lean_step.step); None: the modules
+        # a runtime's snapshot: cached steps as one TorchScript function (nn.lean_step.step); None: the modules
         self.lean: Callable[..., Tensor] | None = None
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
@@ -192,7 +192,7 @@ class Decoder(nn.Module):
     def step(self, x: Tensor, context: EncoderContext, cache: KVCache, ancestors: Tensor | None = None) -> Tensor:
         """Cached pass over T new inputs per row ``x`` (B, T, D); appends them to ``cache``. At inference
         without a static cache, in a runtime's snapshot, the same ops run as one TorchScript function (``lean``:
-        :mod:`~lightning_bpd.inference.lean_step`'s, installed by the runtime). ``ancestors`` (T, T) bool: the inputs are a tree's nodes, node i seeing
+        :mod:`~lightning_bpd.nn.lean_step`'s, installed by the runtime). ``ancestors`` (T, T) bool: the inputs are a tree's nodes, node i seeing
         the cached prefix and the nodes j with ``ancestors[i, j]`` (:func:`~lightning_bpd.nn.attention.tree_span`);
         x then carries each node's own position already."""
         n_new = x.shape[1]
@@ -225,7 +225,7 @@ class Decoder(nn.Module):
         return self.norm(x)
 
     def lean_applies(self, x: Tensor, cache: KVCache) -> bool:
-        """Whether :meth:`step` may run as :func:`~lightning_bpd.inference.lean_step.lean_decoder_step` (local windows,
+        """Whether :meth:`step` may run as :func:`~lightning_bpd.nn.lean_step.lean_decoder_step` (local windows,
         ring caches and the float64 products of float32-invariant included; not static caches)."""
         return not cache.static and cache.k.dtype == x.dtype and lean_applies(self, x, invariant_ok=True)
 

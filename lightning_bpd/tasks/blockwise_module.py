@@ -21,7 +21,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd import tree_budget
+from lightning_bpd.decoding.trees import budget as tree_budget
 from lightning_bpd.nn.config import IMAGE_KEYS, MODEL_KEYS, ModelConfig
 from lightning_bpd.nn.loss import blockwise_loss, choose_heads, decoder_inputs, shifted_targets
 from lightning_bpd.nn.model import BlockwiseTransformer
@@ -87,7 +87,7 @@ class BlockwiseModule(pl.LightningModule):
         self.model = model if model is not None else BlockwiseTransformer(copy.deepcopy(architecture))
         self.freeze = training.freeze_base
         self.frozen_states = None
-        self.rank_agreement: Tensor | None = None  # the heads' top-r agreement table (lightning_bpd.tree_budget)
+        self.rank_agreement: Tensor | None = None  # the heads' top-r agreement table (lightning_bpd.decoding.trees.budget)
         if self.freeze:
             freeze_base_params(self.model)
             if training.train_readout:

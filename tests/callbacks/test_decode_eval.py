@@ -131,7 +131,7 @@ def test_int8_validation_decodes_are_refused_at_setup_off_the_cpu():
 
 def test_tree_budgets_decode_with_the_table_of_greedys_runs_on_every_shard():
     from lightning_bpd.callbacks.decode_eval import decode_shard, decode_trees, rank_agreement, summarize
-    from lightning_bpd.tree_budget import measure_rank_agreement
+    from lightning_bpd.decoding.trees.budget import measure_rank_agreement
 
     task = RandomTask(random_model(k=3, seed=4))
     batches = [EvalBatch(random_sources(2, seed=s), 10, [[]] * 2, ["src"] * 2, [2 * s, 2 * s + 1]) for s in range(3)]

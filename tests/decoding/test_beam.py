@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import greedy_decode
-from lightning_bpd.decoding.beam import beam_search, beam_search_reference
+from lightning_bpd.decoding.beam import beam_search
 from lightning_bpd.decoding.protocol import OptionalCapabilities
+from lightning_bpd.decoding.reference.beam import beam_search_reference
 from lightning_bpd.nn.kv_cache import KVCache
 from tests.models import BOS, EOS, PAD, StubContext, Wrapped, pick_eos, random_model, random_sources
 

@@ -166,7 +166,7 @@ def test_empty_source_is_refused():
 
 @pytest.mark.parametrize("rule", ["exact", "top2", "eps3"])
 def test_lazy_verification_gives_the_full_verdict(rule):
-    from lightning_bpd.decoding.criteria import Block
+    from lightning_bpd.decoding.acceptance import Block
     from lightning_bpd.decoding.verify import verify, verify_lazily
 
     model = random_model(k=4, seed=5)

@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding import Exact, SpeculativeSampling, TopK, blockwise_decode, greedy_decode
-from lightning_bpd.decoding.reference import blockwise_decode_reference
-from lightning_bpd.decoding.tree import Tree
-from lightning_bpd.decoding.tree_reference import tree_decode_reference
+from lightning_bpd.decoding.reference.blockwise import blockwise_decode_reference
+from lightning_bpd.decoding.reference.tree import tree_decode_reference
+from lightning_bpd.decoding.trees.tree import Tree
 from lightning_bpd.nn.kv_cache import KVCache
 from tests.models import StubContext, TreeStub, stub_sources
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lightning_bpd.decoding.criteria import Distance, Exact, MinBlock, TopK, parse_criterion
+from lightning_bpd.decoding.acceptance import Distance, Exact, MinBlock, TopK, parse_criterion
 from tests.models import random_model
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, TopK, greedy_decode
-from lightning_bpd.decoding.criteria import SpeculativeSampling
+from lightning_bpd.decoding.acceptance import SpeculativeSampling
 from lightning_bpd.decoding.draft import draft_decode
 from lightning_bpd.decoding.sampling import new_generator
 from tests.decoding.sampling_helpers import (

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, TopK, Tree, blockwise_decode, greedy_decode
-from lightning_bpd.decoding.dynamic_reference import dynamic_tree_reference, reference_dynamic_tree
 from lightning_bpd.decoding.proposers.dynamic_tree import RowTrees, grow
 from lightning_bpd.decoding.protocol import chain_source, first_argmax
-from lightning_bpd.decoding.tree import DynamicTree
+from lightning_bpd.decoding.reference.dynamic import dynamic_tree_reference, reference_dynamic_tree
+from lightning_bpd.decoding.trees.tree import DynamicTree
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from tests.models import pick_eos, random_model, random_sources, scramble_chain
 

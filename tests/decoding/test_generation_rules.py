@@ -21,7 +21,7 @@ from lightning_bpd.decoding import (
     static_decode,
 )
 from lightning_bpd.decoding.draft import draft_decode
-from lightning_bpd.decoding.rules import GenerationRules, history_tail
+from lightning_bpd.decoding.generation_rules import GenerationRules, history_tail
 from lightning_bpd.decoding.sampling import ancestral_sample, sample_decode
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from tests.models import pick_eos, random_model, random_sources, scramble_chain
@@ -209,7 +209,7 @@ def test_apply_follows_generate_order_on_hand_written_logits():
 @pytest.mark.parametrize("head_type", ["paper", "chained"])
 def test_trees_verify_under_the_rules(setting, head_type):
     from lightning_bpd.decoding import Tree
-    from lightning_bpd.decoding.tree_reference import tree_decode_reference
+    from lightning_bpd.decoding.reference.tree import tree_decode_reference
 
     model, src, rules, _ = model_and_rules(head_type, seed=6)
     with_rules(model, rules[setting])

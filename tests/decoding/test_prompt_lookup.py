@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, TopK, decode, greedy_decode
+from lightning_bpd.decoding.acceptance import Block, SpeculativeSampling
 from lightning_bpd.decoding.candidates import Path
-from lightning_bpd.decoding.criteria import Block, SpeculativeSampling
 from lightning_bpd.decoding.proposers import PromptLookup, Proposer
 from lightning_bpd.decoding.proposers.base import opening_token
 from lightning_bpd.decoding.proposers.prompt_lookup import histories, lookup
@@ -115,7 +115,7 @@ def test_a_proposer_written_outside_the_package_runs_in_the_loop():
 
 
 def test_a_method_with_a_proposer_decodes_through_it():
-    from lightning_bpd.decoding.criteria import parse_criterion
+    from lightning_bpd.decoding.acceptance import parse_criterion
     from lightning_bpd.decoding.methods import make_method
 
     model, src = random_model(k=2, seed=1), random_sources(4, seed=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_bpd.decoding.rules import GenerationRules, RuleBook, rules_of
+from lightning_bpd.decoding.generation_rules import GenerationRules, RuleBook, rules_of
 
 
 class Stub:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode, greedy_decode_reference
-from lightning_bpd.decoding.criteria import Block, MinBlock, SpeculativeSampling, parse_criterion
+from lightning_bpd.decoding.acceptance import Block, MinBlock, SpeculativeSampling, parse_criterion
 from lightning_bpd.decoding.sampling import (
     accept_draws,
     ancestral_sample,

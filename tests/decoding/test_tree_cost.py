@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, Tree, blockwise_decode, greedy_decode
-from lightning_bpd.decoding.tree_cost import (
+from lightning_bpd.decoding.trees.cost import (
     CostCurve,
     choose_nodes,
     choose_nodes_reference,
@@ -134,7 +134,7 @@ def test_measured_costs_on_a_tiny_model(head_type):
 
 @pytest.mark.parametrize("head_type", ["paper", "chained"])
 def test_the_chosen_tree_decodes_exactly_as_greedy(head_type):
-    from lightning_bpd.tree_budget import auto_tree, measure_rank_agreement
+    from lightning_bpd.decoding.trees.budget import auto_tree, measure_rank_agreement
 
     model = random_model(k=4, seed=4, head_type=head_type)
     if head_type == "chained":

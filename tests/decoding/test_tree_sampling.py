@@ -19,7 +19,7 @@ from lightning_bpd.decoding import (
     tree_decode_reference,
     tree_sampling,
 )
-from lightning_bpd.decoding.criteria import SpeculativeSampling, parse_criterion
+from lightning_bpd.decoding.acceptance import SpeculativeSampling, parse_criterion
 from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.decoding.tree_sampling import draw_children, judge_tree
 from lightning_bpd.inference import InferenceOptions, build_runtime

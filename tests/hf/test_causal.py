@@ -288,8 +288,8 @@ TREES = {"medusa": [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 
 def test_trees_equal_generate_and_the_tree_reference(family, extra, head_type):
     """Tree decoding (issue 47) on a causal base: each node at its row's own position, seeing the prompt, the
     cached prefix and its ancestors; exact equals generate, top2 equals the tree reference."""
-    from lightning_bpd.decoding.tree import Tree
-    from lightning_bpd.decoding.tree_reference import tree_decode_reference
+    from lightning_bpd.decoding.reference.tree import tree_decode_reference
+    from lightning_bpd.decoding.trees.tree import Tree
 
     base, src = tiny_lm(family, **extra), prompts()
     pick_eos(base, src)

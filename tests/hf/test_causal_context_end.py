@@ -11,10 +11,10 @@ import torch
 pytest.importorskip("transformers")
 
 from lightning_bpd.decoding import Exact, TopK, blockwise_decode, greedy_decode
-from lightning_bpd.decoding.reference import blockwise_decode_reference
+from lightning_bpd.decoding.reference.blockwise import blockwise_decode_reference
+from lightning_bpd.decoding.reference.tree import tree_decode_reference
 from lightning_bpd.decoding.static import static_decode
-from lightning_bpd.decoding.tree import Tree
-from lightning_bpd.decoding.tree_reference import tree_decode_reference
+from lightning_bpd.decoding.trees.tree import Tree
 from lightning_bpd.hf.causal import HFCausalBlockwise
 from lightning_bpd.inference import build_runtime
 from tests.hf.test_causal import hf_greedy, prompts, scramble_head, tiny_lm

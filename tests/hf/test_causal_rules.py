@@ -17,7 +17,7 @@ from lightning_bpd.decoding import (
     greedy_decode,
     greedy_decode_reference,
 )
-from lightning_bpd.decoding.criteria import parse_criterion
+from lightning_bpd.decoding.acceptance import parse_criterion
 from lightning_bpd.hf.causal import HFCausalBlockwise
 from tests.hf.test_causal import (
     FAMILIES,
@@ -122,7 +122,7 @@ def test_bad_words_of_several_tokens_see_the_prompt(family):
     assert greedy_decode(model, src, MAX_LEN).sequences() == want
     assert greedy_decode_reference(model, src, MAX_LEN).sequences() == want
     from lightning_bpd.decoding.methods import make_method
-    from lightning_bpd.decoding.tree import Tree
+    from lightning_bpd.decoding.trees.tree import Tree
 
     assert blockwise_decode(model, src, Exact(), MAX_LEN, tree=Tree.from_paths(TREES["medusa"])).sequences() == want
     assert make_method("sample_t0", parse_criterion, model, seed=3)(model, src, MAX_LEN).sequences() == want

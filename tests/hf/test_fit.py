@@ -293,8 +293,8 @@ def test_frozen_steps_bad_input_is_one_line(tmp_path):
 
 
 def test_saved_heads_keep_their_rank_agreement_table_for_decode_tree_nodes(checkpoint, tmp_path, capsys):
+    from lightning_bpd.decoding.trees.budget import KEY, measure_rank_agreement
     from lightning_bpd.evaluation import EvalBatch
-    from lightning_bpd.tree_budget import KEY, measure_rank_agreement
 
     module = scrambled(checkpoint, "chained_attn")
     sentences = [en for en, _ in sentence_pairs(3, seed=4)]

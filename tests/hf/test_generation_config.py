@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from lightning_bpd.decoding import Exact, MinBlock, TopK, blockwise_decode, blockwise_decode_reference, greedy_decode
-from lightning_bpd.decoding.criteria import parse_criterion
+from lightning_bpd.decoding.acceptance import parse_criterion
 from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.hf import HFSeq2SeqBlockwise
 from lightning_bpd.hf.generation_rules import ids

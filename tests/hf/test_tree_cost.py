@@ -10,10 +10,10 @@ import torch
 pytest.importorskip("transformers")
 
 from lightning_bpd.decoding import Exact, Tree, blockwise_decode
+from lightning_bpd.decoding.trees.budget import auto_tree, measure_rank_agreement
 from lightning_bpd.evaluation import EvalBatch
 from lightning_bpd.hf.causal import HFCausalBlockwise
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.tree_budget import auto_tree, measure_rank_agreement
 from tests.hf import test_causal as causal
 from tests.hf.test_generation_config import MAX_LEN, hf_greedy, model_for
 
@@ -48,8 +48,8 @@ def test_auto_on_a_causal_base_equals_generate(head_type):
 # ---- dynamic trees (EAGLE-2) on the Hugging Face bases ----------------------------------------------------------------
 @pytest.mark.parametrize("family", ["marian", "t5"])
 def test_dynamic_trees_on_a_seq2seq_base_equal_generate_and_the_reference(family):
-    from lightning_bpd.decoding.dynamic_reference import dynamic_tree_reference
-    from lightning_bpd.decoding.tree import DynamicTree
+    from lightning_bpd.decoding.reference.dynamic import dynamic_tree_reference
+    from lightning_bpd.decoding.trees.tree import DynamicTree
 
     base, model, src = model_for(family, "all", "chained_attn")
     spec = DynamicTree(8, 3, 3)
@@ -64,8 +64,8 @@ def test_dynamic_trees_on_a_seq2seq_base_equal_generate_and_the_reference(family
 @pytest.mark.parametrize("family, extra", [("llama", {}), ("gpt2", {}), ("mistral", {"sliding_window": 4})])
 @pytest.mark.parametrize("head_type", ["paper", "chained"])
 def test_dynamic_trees_on_a_causal_base_equal_generate_and_the_reference(family, extra, head_type):
-    from lightning_bpd.decoding.dynamic_reference import dynamic_tree_reference
-    from lightning_bpd.decoding.tree import DynamicTree
+    from lightning_bpd.decoding.reference.dynamic import dynamic_tree_reference
+    from lightning_bpd.decoding.trees.tree import DynamicTree
 
     base, src = causal.tiny_lm(family, **extra), causal.prompts()
     causal.pick_eos(base, src)

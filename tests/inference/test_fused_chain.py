@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
-from lightning_bpd.decoding.criteria import Distance
+from lightning_bpd.decoding.acceptance import Distance
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.inference.fused_chain import FusedChain
 from lightning_bpd.kernels import int8

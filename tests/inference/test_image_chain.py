@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import blockwise_decode
-from lightning_bpd.decoding.criteria import parse_criterion
+from lightning_bpd.decoding.acceptance import parse_criterion
 from lightning_bpd.inference import build_runtime
 from tests.nn.test_head_centres import assert_exact_decoding_is_the_reference_and_greedy, image_model
 from tests.nn.test_pixel_neighbours import K, neighbour_model, sources

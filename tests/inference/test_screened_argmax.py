@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
-from lightning_bpd.decoding.greedy import greedy_decode_reference
+from lightning_bpd.decoding.reference.greedy import greedy_decode_reference
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.inference.screened_argmax import ScreenedArgmax
 from lightning_bpd.kernels import int8

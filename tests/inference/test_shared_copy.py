@@ -66,7 +66,7 @@ def test_shared_copy_keeps_ties_and_copies_the_config():
 def test_a_model_without_runtime_parts_decodes_through_the_protocol_alone():
     """The runtime asks ``isinstance(model, RuntimeParts)`` (declared), not for single members: a stub gets no
     proposer, decodes as itself, and a draft vocabulary is refused in one line."""
-    from lightning_bpd.decoding.runtime_parts import RuntimeParts
+    from lightning_bpd.nn.runtime_parts import RuntimeParts
     from tests.models import StubModel, stub_sources
 
     class ModuleStub(StubModel, torch.nn.Module):  # hand-written logits, as a torch module

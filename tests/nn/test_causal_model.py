@@ -14,9 +14,9 @@ from lightning_bpd.decoding import (
     greedy_decode,
     greedy_decode_reference,
 )
+from lightning_bpd.decoding.reference.tree import tree_decode_reference
 from lightning_bpd.decoding.static import static_decode
-from lightning_bpd.decoding.tree import Tree
-from lightning_bpd.decoding.tree_reference import tree_decode_reference
+from lightning_bpd.decoding.trees.tree import Tree
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.nn.causal_model import CausalTransformer
 from lightning_bpd.nn.config import ModelConfig

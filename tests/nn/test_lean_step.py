@@ -145,7 +145,8 @@ def test_lean_encoder_equals_the_reference_bitwise(precision):
 @pytest.mark.skipif(not int8.available(), reason="no fbgemm/x86 quantized engine")
 def test_the_lean_functions_compile():
     """`script` falls back to plain Python where TorchScript fails: here it must not, or the speed is gone quietly."""
-    from lightning_bpd.inference import fused_chain, lean_step
+    from lightning_bpd.inference import fused_chain
+    from lightning_bpd.nn import lean_step
 
     for fn in (lean_step.lean_decoder_step, lean_step.lean_encoder, fused_chain.chain_links_scripted):
         assert isinstance(fn, torch.jit.ScriptFunction), fn

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import blockwise_decode, blockwise_decode_reference, greedy_decode, head_agreement
-from lightning_bpd.decoding.criteria import parse_criterion
+from lightning_bpd.decoding.acceptance import parse_criterion
 from lightning_bpd.inference import build_runtime
 from lightning_bpd.nn.config import ModelConfig
 from lightning_bpd.nn.model import BlockwiseTransformer

@@ -12,7 +12,7 @@ serve any number of decodes. For each decode the loop asks it, in order:
   position) and, after the verdict, :meth:`Proposer.advance` (rows that finished are gone: ``rows``).
 
 A proposer of a path returns :class:`~lightning_bpd.decoding.candidates.Path` (a
-:class:`~lightning_bpd.decoding.criteria.Block` of tokens (b, w), token 1 first); a tree proposer
+:class:`~lightning_bpd.decoding.acceptance.Block` of tokens (b, w), token 1 first); a tree proposer
 :class:`~lightning_bpd.decoding.candidates.SharedTree` or :class:`~lightning_bpd.decoding.candidates.RowTree`.
 """
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from lightning_bpd.decoding.criteria import Criterion
+from lightning_bpd.decoding.acceptance import Criterion
 
 if TYPE_CHECKING:
     from lightning_bpd.decoding.candidates import Candidates, Outcome

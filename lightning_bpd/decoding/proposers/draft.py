@@ -13,8 +13,8 @@ cache, and the target verifies a whole block in one call, in the one loop
 
 The draft's cache always holds BOS and every committed token but the newest one, which is fed
 again with the next y_1, so every draft step has the same width for every row. The deterministic
-rules (:class:`~lightning_bpd.decoding.criteria.Exact`, ``TopK``, ...) take the argmax of the draft;
-``Exact`` reproduces the target's greedy output. :class:`~lightning_bpd.decoding.criteria.SpeculativeSampling`
+rules (:class:`~lightning_bpd.decoding.acceptance.Exact`, ``TopK``, ...) take the argmax of the draft;
+``Exact`` reproduces the target's greedy output. :class:`~lightning_bpd.decoding.acceptance.SpeculativeSampling`
 samples the draft tokens with q_i = the draft's distribution at step i and is lossless.
 """
 
@@ -26,12 +26,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_bpd.decoding.acceptance import Block, Criterion
 from lightning_bpd.decoding.candidates import Outcome, Path
-from lightning_bpd.decoding.criteria import Block, Criterion
+from lightning_bpd.decoding.generation_rules import RuleBook
 from lightning_bpd.decoding.proposers.base import Proposer
 from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context
 from lightning_bpd.decoding.row_book import RowBook
-from lightning_bpd.decoding.rules import RuleBook
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Dynamic trees (EAGLE-2): per row and per iteration, the tree's nodes chosen by the heads' own confidence. Torch only.
 
-A static :class:`~lightning_bpd.decoding.tree.Tree` verifies the same ranks at every iteration. A
+A static :class:`~lightning_bpd.decoding.trees.tree.Tree` verifies the same ranks at every iteration. A
 :class:`DynamicTree` of ``nodes`` nodes, ``depth`` heads deep and ``width`` children per node instead grows, for each
 row at each iteration, the ``nodes`` candidates of highest *confidence*, the product along its path of each token's
 probability under the head that proposed it (parallel heads: head d at the last accepted position; chained heads:
@@ -13,7 +13,7 @@ root-to-node table, and the verify pass (``decode_tree``) takes them per row.
 
 Exact only: node j passes when its token is greedy's after its parent, and the deepest accepted node wins (with
 exact acceptance the accepted path is unique, since siblings hold different tokens). So the output is greedy's.
-:func:`~lightning_bpd.decoding.dynamic_reference.dynamic_tree_reference` builds each row's tree by enumerating the
+:func:`~lightning_bpd.decoding.reference.dynamic.dynamic_tree_reference` builds each row's tree by enumerating the
 whole ``width``-ary tree through the uncached decoder and checks every candidate path on its own.
 """
 
@@ -25,17 +25,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_bpd.decoding.acceptance import Criterion, Exact
 from lightning_bpd.decoding.candidates import RowTree
-from lightning_bpd.decoding.criteria import Criterion, Exact
 from lightning_bpd.decoding.proposers.base import Proposer, opening_token
 from lightning_bpd.decoding.protocol import BlockwiseModel, Source, chain_source, resolve_k, restricted
-from lightning_bpd.decoding.tree import DynamicTree
+from lightning_bpd.decoding.trees.tree import DynamicTree
 from lightning_bpd.nn.argmax import top_ranks
 
 
 @dataclass(frozen=True)
 class DynamicHeadTree(Proposer):
-    """The heads grow ``spec`` (a :class:`~lightning_bpd.decoding.tree.DynamicTree`) per row at every iteration;
+    """The heads grow ``spec`` (a :class:`~lightning_bpd.decoding.trees.tree.DynamicTree`) per row at every iteration;
     exact acceptance only (``k``: the heads used, default all)."""
 
     spec: DynamicTree

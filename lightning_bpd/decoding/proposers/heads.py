@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_bpd.decoding.acceptance import Block, Criterion
 from lightning_bpd.decoding.candidates import Path
-from lightning_bpd.decoding.criteria import Block, Criterion
 from lightning_bpd.decoding.proposers.base import Proposer
 from lightning_bpd.decoding.protocol import BlockwiseModel, Source, chain_source, resolve_k, restricted
 
@@ -67,7 +67,7 @@ def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, firs
     """Next block (b, k) from the hidden state (b, D) of each row's last accepted position.
 
     Deterministic rules: token 1 is ``first`` (b,), greedy's next token from the verdict, or else the
-    rule's :meth:`~lightning_bpd.decoding.criteria.Criterion.first_token` at h (from p_1); tokens 2..k are
+    rule's :meth:`~lightning_bpd.decoding.acceptance.Criterion.first_token` at h (from p_1); tokens 2..k are
     the heads' argmaxes, over the model's draft vocabulary when it has one
     (:mod:`lightning_bpd.inference.draft_vocab`; only p_1's verification needs the whole vocabulary).
     Sampling rules: the heads' draws, ``first`` (-1: none) replacing token 1 where a residual token was
@@ -80,7 +80,7 @@ def propose(model: BlockwiseModel, criterion: Criterion, h: Tensor, k: int, firs
     is as wide as the widest row (a chain stops computing links once every row stopped): the verify
     pass checks fewer tokens that would mostly be rejected. Exact decoding stays exact.
 
-    ``p1``: what reads p_1 for token 1 under the generation rules (:class:`~lightning_bpd.decoding.rules.RuleBook`,
+    ``p1``: what reads p_1 for token 1 under the generation rules (:class:`~lightning_bpd.decoding.generation_rules.RuleBook`,
     at the index of token 1); None: the model itself.
     """
     chained = model.chained_heads and k > 1

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_bpd.decoding.acceptance import Block, Criterion
 from lightning_bpd.decoding.candidates import Path
-from lightning_bpd.decoding.criteria import Block, Criterion
 from lightning_bpd.decoding.proposers.base import Proposer, opening_token
 from lightning_bpd.decoding.protocol import BlockwiseModel
 

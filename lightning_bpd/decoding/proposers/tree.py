@@ -1,13 +1,13 @@
 """A static tree of the heads' candidates as a proposer (Medusa-style), verified in one pass. Torch only.
 
-Each iteration proposes a :class:`~lightning_bpd.decoding.tree.Tree` of tokens per row instead of one block: parallel
+Each iteration proposes a :class:`~lightning_bpd.decoding.trees.tree.Tree` of tokens per row instead of one block: parallel
 heads give every node at depth d the rank-r token of head d (the same head for every branch, as in Medusa); chained
 heads run each expanded node's own link, fed that node's token (batched over the expanded nodes of a depth). The root
 is greedy's token (from the verdict). The loop verifies all nodes in one ``decode_tree`` call under the tree mask and
 keeps the longest root-to-node path the rule accepts (:func:`~lightning_bpd.decoding.verify.verify_tree`); for the
 single path (:meth:`Tree.path`) this is the heads' block, token for token and block for block. Rules: the
 deterministic prefix rules (exact, top-n, eps) and lossless speculative sampling
-(:class:`~lightning_bpd.decoding.criteria.SpeculativeSampling`: the candidates are drawn, not ranked, and judged by
+(:class:`~lightning_bpd.decoding.acceptance.SpeculativeSampling`: the candidates are drawn, not ranked, and judged by
 SpecInfer's walk, :mod:`~lightning_bpd.decoding.tree_sampling`).
 """
 
@@ -19,15 +19,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_bpd.decoding.acceptance import Criterion, SpeculativeSampling
 from lightning_bpd.decoding.candidates import SharedTree
-from lightning_bpd.decoding.criteria import Criterion, SpeculativeSampling
 from lightning_bpd.decoding.proposers.base import Proposer
 from lightning_bpd.decoding.proposers.dynamic_tree import check_dynamic_args
 from lightning_bpd.decoding.proposers.heads import propose
 from lightning_bpd.decoding.protocol import BlockwiseModel, Source, chain_source, resolve_k, restricted
 from lightning_bpd.decoding.sampling import sample
-from lightning_bpd.decoding.tree import DynamicTree, Tree
 from lightning_bpd.decoding.tree_sampling import propose_sampled_tree
+from lightning_bpd.decoding.trees.tree import DynamicTree, Tree
 from lightning_bpd.nn.argmax import top_ranks
 
 

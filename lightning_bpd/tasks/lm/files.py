@@ -95,3 +95,10 @@ def read_split(root: Path, split: str, files: list[Path]) -> SplitTexts:
         raise ValueError(f"the {split} split has no UTF-8 text: {len(files)} file(s) in {layout}, {out.skipped} "
                          "skipped as binary or not UTF-8")
     return out
+
+
+def training_texts(data: str | Path, val_fraction: float, test_fraction: float) -> list[str]:
+    """The train split's texts, split as the LM task splits the folder (held-out files never shape the tokenizer):
+    what :func:`~lightning_bpd.hf.causal_base.make_causal_base` learns a tokenizer from."""
+    root = Path(data)
+    return read_split(root, "train", split_files(root, val_fraction, test_fraction)["train"]).texts

@@ -24,12 +24,13 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
-from lightning_bpd import tree_budget
+from lightning_bpd.decoding.trees import budget as tree_budget
 from lightning_bpd.hf.base import HEAD_TYPES, HFSeq2SeqBlockwise, load_base
 from lightning_bpd.tasks.blockwise_module import MAX_K, BlockwiseModule, options_of, split_flat
 from lightning_bpd.tasks.training_options import TrainingOptions
 from lightning_bpd.tasks.translation.hf_tokenizer import HFTokenizer
 from lightning_bpd.tasks.translation.module import TranslationModule
+from lightning_bpd.version import __version__
 
 __all__ = ["HEADS_JSON", "HEADS_WEIGHTS", "HFTranslationModule", "attach_heads", "config_hash", "read_heads_meta",
            "save_heads"]
@@ -224,7 +225,6 @@ def save_heads(module_or_model: pl.LightningModule | nn.Module, out_dir: str | o
     fine-tuned base: its heads need that base (save the whole checkpoint)."""
     from safetensors.torch import save_file
 
-    import lightning_bpd
     from lightning_bpd.hf.causal import HFCausalBlockwise
 
     model = getattr(module_or_model, "model", module_or_model)
@@ -243,7 +243,7 @@ def save_heads(module_or_model: pl.LightningModule | nn.Module, out_dir: str | o
     meta = {"k": model.k, "head_type": model.head_type, "head_hidden": model.head_hidden, "base": base,
             "model_type": model.base.config.model_type, "config_hash": config_hash(model),
             "base_fingerprint": base_fingerprint(model), "vocab_size": model.vocab_size,
-            "dtype": str(head_dtype(model)).removeprefix("torch."), "lightning_bpd_version": lightning_bpd.__version__,
+            "dtype": str(head_dtype(model)).removeprefix("torch."), "lightning_bpd_version": __version__,
             "module": HEADS_MODULES[isinstance(model, HFCausalBlockwise)]}  # the class that re-attaches them
     for key in ("max_len_a", "max_len_b", "max_new_tokens"):
         if key in hparams:

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from lightning_bpd.commands.cli import main
 from lightning_bpd.commands.export_base import main as export_main
 from lightning_bpd.commands.make_base import main as make_main
-from lightning_bpd.hf.causal_base import training_texts
+from lightning_bpd.tasks.lm.files import training_texts
 from tests.tasks.lm.test_lm_fit import FAST
 from tests.tasks.lm.tiny_lm import write_corpus
 

@@ -1,10 +1,10 @@
-"""The slow reference of dynamic trees (:mod:`lightning_bpd.decoding.dynamic_tree`). Torch only.
+"""The slow reference of dynamic trees (:mod:`lightning_bpd.decoding.proposers.dynamic_tree`). Torch only.
 
 One row at a time, no cache, no tree mask, no depth-by-depth pruning: at every iteration the whole ``width``-ary
 tree ``depth`` deep is enumerated, each node's token and confidence from the uncached decoder (a chained head
 teacher-forced on the node's own path), the ``nodes`` most confident (ties to the shallower, then the lower path)
-become a :class:`~lightning_bpd.decoding.tree.Tree`, and every root-to-leaf candidate is checked on its own
-(:func:`~lightning_bpd.decoding.tree_reference.exact_tree_reference`).
+become a :class:`~lightning_bpd.decoding.trees.tree.Tree`, and every root-to-leaf candidate is checked on its own
+(:func:`~lightning_bpd.decoding.reference.tree.exact_tree_reference`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.criteria import Criterion, Exact
+from lightning_bpd.decoding.acceptance import Criterion, Exact
 from lightning_bpd.decoding.proposers.dynamic_tree import check_dynamic_args, log_probs
 from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, chain_source, check_decode_args
-from lightning_bpd.decoding.tree import DynamicTree, Path, Tree
-from lightning_bpd.decoding.tree_reference import exact_tree_reference
+from lightning_bpd.decoding.reference.tree import exact_tree_reference
+from lightning_bpd.decoding.trees.tree import DynamicTree, Path, Tree
 
 
 @torch.no_grad()

@@ -27,10 +27,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.criteria import Exact
+from lightning_bpd.decoding.acceptance import Exact
 from lightning_bpd.decoding.proposers.tree import check_tree_args, propose_tree
 from lightning_bpd.decoding.protocol import BlockwiseModel, chain_source, first_argmax
-from lightning_bpd.decoding.tree import Tree, agreement_table, budget_limit, greedy_nodes
+from lightning_bpd.decoding.trees.tree import Tree, agreement_table, budget_limit, greedy_nodes
 from lightning_bpd.decoding.verify import verify_tree
 
 

@@ -13,7 +13,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.criteria import Criterion, Exact
+from lightning_bpd.decoding.acceptance import Criterion, Exact
+from lightning_bpd.decoding.generation_rules import BoundRules, reference_rules, ruled_at
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.proposers.heads import check_stop_below
 from lightning_bpd.decoding.protocol import (
@@ -26,7 +27,6 @@ from lightning_bpd.decoding.protocol import (
     resolve_k,
     source_room,
 )
-from lightning_bpd.decoding.rules import BoundRules, reference_rules, ruled_at
 
 
 def chained(model: BlockwiseModel) -> bool:

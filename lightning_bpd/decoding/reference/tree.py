@@ -1,4 +1,4 @@
-"""The slow, obviously correct reference of tree decoding (:mod:`lightning_bpd.decoding.tree_decode`). Torch only.
+"""The slow, obviously correct reference of tree decoding (:mod:`lightning_bpd.decoding.proposers.tree`). Torch only.
 
 One row at a time, no cache, no tree mask: at every iteration the whole prefix is re-run to propose the tree's
 tokens (each node's token from its head's logits, a chained head evaluated through the teacher-forced path fed the
@@ -6,7 +6,7 @@ tokens of the node's own path), then every root-to-leaf candidate is checked on 
 extended with it (p_1 after each of its tokens, the rule's ``accept``). The longest accepted prefix of any
 candidate wins (ties to the lowest node index of its last accepted node); it is cut after an EOS and at max_len.
 
-Sampling (:class:`~lightning_bpd.decoding.criteria.SpeculativeSampling`): the children's distributions come from the
+Sampling (:class:`~lightning_bpd.decoding.acceptance.SpeculativeSampling`): the children's distributions come from the
 uncached prefix (chained heads: teacher-forced on each node's own path), the target at every node on the walk from
 the uncached prefix extended with that node's path, and the walk is SpecInfer's, one child at a time in plain
 Python (:func:`walk_reference`). It draws its random numbers in the fast decoder's order and shapes (one row), so
@@ -20,7 +20,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.criteria import Criterion, Exact, SpeculativeSampling
+from lightning_bpd.decoding.acceptance import Criterion, Exact, SpeculativeSampling
+from lightning_bpd.decoding.generation_rules import BoundRules, reference_rules, ruled_at
 from lightning_bpd.decoding.greedy import strip_padding
 from lightning_bpd.decoding.proposers.tree import check_tree_args
 from lightning_bpd.decoding.protocol import (
@@ -31,11 +32,10 @@ from lightning_bpd.decoding.protocol import (
     check_decode_args,
     source_room,
 )
-from lightning_bpd.decoding.reference import accepted_block, reference_result, ruled_verify
-from lightning_bpd.decoding.rules import BoundRules, reference_rules, ruled_at
+from lightning_bpd.decoding.reference.blockwise import accepted_block, reference_result, ruled_verify
 from lightning_bpd.decoding.sampling import residual, sample
-from lightning_bpd.decoding.tree import Tree
 from lightning_bpd.decoding.tree_sampling import draw_children, expanded
+from lightning_bpd.decoding.trees.tree import Tree
 
 
 def reference_tree_tokens(model: BlockwiseModel, criterion: Criterion, tree: Tree, h: Tensor, context: Context,

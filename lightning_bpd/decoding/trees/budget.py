@@ -1,5 +1,6 @@
 """Tree budgets (issue 47): ``--tree-nodes N`` verifies Medusa's greedy tree of N nodes (:meth:`Tree.from_budget`),
-built from each head's top-r agreement table stored with the heads. Lightning-free.
+built from each head's top-r agreement table stored with the heads. Torch only (the trees of a run's inputs, measured
+where the heads store no table: :func:`lightning_bpd.evaluation.budget_trees`).
 
 The table (:func:`~lightning_bpd.decoding.agreement.head_rank_agreement`: row d - 1, column r, how often greedy's
 token is the rank-r choice of the head at depth d) is measured against the model's own greedy output, so any
@@ -9,7 +10,7 @@ and ``save_heads`` writes to ``heads.json``; ``bench`` and ``bench-generate`` me
 checkpoint has none. ``decode --tree-nodes N`` then builds the tree without data. N = 0 is today's single path.
 
 ``--tree-nodes auto`` (or ``auto:M``, budgets up to M; ``auto`` is ``auto:64``) picks the budget that pays on this
-machine (:mod:`~lightning_bpd.decoding.tree_cost`): a few iterations of trees 2, 4, 8, ... wide are timed against
+machine (:mod:`~lightning_bpd.decoding.trees.cost`): a few iterations of trees 2, 4, 8, ... wide are timed against
 greedy's step on the first batch of the run's inputs, once per runtime (kept in ``Runtime.measurements``), and the
 budget of most expected accepted tokens per unit of cost wins; the choice and the cost curve are reported.
 """
@@ -17,18 +18,16 @@ budget of most expected accepted tokens per unit of cost wins; the choice and th
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding import Tree, greedy_decode, head_rank_agreement
-from lightning_bpd.decoding.tree import budget_limit
-from lightning_bpd.decoding.tree_cost import CostCurve, TreeChoice, choose_nodes, measure_pass_costs, measured_widths
-from lightning_bpd.evaluation import EvalBatch, batched, pad_rows
-from lightning_bpd.inference.runtime import Runtime
+from lightning_bpd.decoding.agreement import head_rank_agreement
+from lightning_bpd.decoding.greedy import greedy_decode
+from lightning_bpd.decoding.trees.cost import CostCurve, TreeChoice, choose_nodes, measure_pass_costs, measured_widths
+from lightning_bpd.decoding.trees.tree import Tree, budget_limit
 
 RANKS = 8  # ranks measured per head: trees up to 8 children wide
 KEY = "head_rank_agreement"  # where a checkpoint and heads.json keep the table
@@ -56,9 +55,11 @@ def auto_limit(spec: str) -> int:
 
 
 @torch.no_grad()
-def measure_rank_agreement(model: Any, batches: Sequence[EvalBatch], ranks: int = RANKS) -> Tensor:
+def measure_rank_agreement(model: Any, batches: Sequence[Any], ranks: int = RANKS) -> Tensor:
     """The (k - 1, ranks) agreement table of ``model``'s heads over every batch: greedy decodes each batch, then each
-    head is scored teacher-forced on greedy's output, the batches weighted by the positions they score."""
+    head is scored teacher-forced on greedy's output, the batches weighted by the positions they score. A batch is
+    anything with a source ``src`` (B, S) and a length cap ``max_len`` (an
+    :class:`~lightning_bpd.evaluation.EvalBatch`)."""
     k = model.k
     if k < 2:
         raise ValueError(f"a head rank agreement table needs a model with k >= 2 heads, got k={k}")
@@ -128,7 +129,9 @@ def auto_tree(model: Any, table: Tensor | None, k: int, src: Tensor, spec: str =
     n_max = min(auto_limit(spec), budget_limit(*rows.shape))
     widths = measured_widths(n_max, path_width=k)
     key = ("tree_cost", k, tuple(src.shape), tuple(widths), tuple(map(tuple, rows.tolist())))
-    memo = model.measurements if isinstance(model, Runtime) else {}  # a runtime's: measured once per run
+    memo = getattr(model, "measurements", None)  # a runtime's: measured once per run
+    if memo is None:  # a model keeps nothing
+        memo = {}
     if key not in memo:
         trees = [Tree.from_budget(w - 1, rows) for w in widths]
         costs = measure_pass_costs(model, src, [*trees, Tree.path(k - 1)], repeats)
@@ -136,30 +139,3 @@ def auto_tree(model: Any, table: Tensor | None, k: int, src: Tensor, spec: str =
     curve, path_cost = memo[key]
     choice = choose_nodes(rows, curve, n_max, path_cost)
     return (None if choice.nodes == 0 else Tree.from_budget(choice.nodes, rows)), choice
-
-
-def budget_trees(module: Any, model: Any, inputs: list[Tensor], budgets: list[TreeNodes] | None, k: int | None,
-                 who: str, batch_size: int = 1, choices: dict[str, Any] | None = None) -> dict[str, Tree | None]:
-    """``nodes<N>``: the tree of each budget N for ``module``'s heads decoding with ``k`` of them (None: all), from
-    the table stored with them, or measured with ``model`` (the module's model or a runtime of it) on the single-row
-    ``inputs`` (batches of 32) first where none is (said on stderr, after ``who``). ``nodes-auto`` (``nodes-auto:M``)
-    for ``auto`` (``auto:M``): :func:`auto_tree` timed on the first ``batch_size`` inputs; its choice goes to stderr
-    and, as a record, into ``choices``."""
-    if not budgets:
-        return {}
-    k = module.model.k if k is None else k
-    table = module.rank_agreement
-    if table is None and k > 1 and any(budgets):
-        table = measure_rank_agreement(model, batched(module, inputs, 32))
-        print(f"{who}: the heads store no rank agreement table: measured on the {len(inputs)} inputs", file=sys.stderr)
-    out: dict[str, Tree | None] = {}
-    for n in budgets:
-        if isinstance(n, str):
-            src = pad_rows(inputs[:batch_size], module.model.pad_id)
-            out[f"nodes-{n}"], choice = auto_tree(model, table, k, src, n)
-            print(f"{who}: {choice.summary()} (timed at batch {src.shape[0]})", file=sys.stderr)
-            if choices is not None:
-                choices[f"nodes-{n}"] = {**choice.as_record(), "batch": src.shape[0]}
-        else:
-            out[f"nodes{n}"] = budget_tree(n, table, k)
-    return out

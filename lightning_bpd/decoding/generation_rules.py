@@ -29,7 +29,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.protocol import first_argmax
 from lightning_bpd.nn.argmax import argmax
 
 
@@ -295,7 +294,8 @@ class RuledFirst:
 
     def argmax_first(self, h: Tensor) -> Tensor:
         """Greedy's tokens (...) under the rules: the model's own argmax, corrected where a rule touches it."""
-        plain = first_argmax(self.model, h)  # (...)
+        own = self.model.argmax_first  # as protocol.first_argmax, which imports these rules' type: not imported
+        plain = own(h) if own is not None else argmax(self.model.logits_first(h))  # (...)
         index = self.index.expand(plain.shape)
         tail = None if self.tail is None else self.tail.expand(*plain.shape, self.tail.shape[-1])
         return self.rules.argmax(plain, lambda where: self.model.logits_first(h[where]), index, tail)

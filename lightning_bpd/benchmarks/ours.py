@@ -1,0 +1,34 @@
+"""What ``bench-generate``'s two paths (seq2seq and language-model checkpoints) share: our exact blockwise decoding as
+a benchmark method, and the options it ran with, for the record."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_bpd.decoding import Exact, Tree, blockwise_decode, decode
+from lightning_bpd.decoding.proposers import Proposer
+
+
+def ours(runtime, k: int | None, tree: Tree | None = None, proposer: Proposer | None = None):
+    """Our exact decoding as a method: ``(src, max_len) -> (sequences, iterations, model_calls)``; the heads propose
+    (verifying ``tree``, when given), or ``proposer`` does (e.g. :class:`~lightning_bpd.decoding.proposers.PromptLookup`)."""
+
+    def run(src: Tensor, max_len: int) -> tuple[list[list[int]], int, int]:
+        with torch.no_grad():
+            if proposer is not None:
+                result = decode(runtime, src, Exact(), proposer, max_len)
+            else:
+                result = blockwise_decode(runtime, src, Exact(), max_len, k=k, tree=tree)
+        return result.sequences(), int(result.iterations.sum()), int(result.model_calls)
+
+    return run
+
+
+def runtime_options(options, args: argparse.Namespace) -> dict[str, Any]:
+    """What our decoding ran with, for the record (the draft vocabulary by its size and source)."""
+    return {**asdict(options), "draft_vocab": args.draft_vocab, "draft_vocab_from": args.draft_vocab_from}
