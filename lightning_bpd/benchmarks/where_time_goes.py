@@ -44,6 +44,7 @@ from lightning_bpd.inference.arguments import (
     add_draft_vocab_args,
     add_precision_arg,
     add_timing_args,
+    draft_vocab_of,
     options_from_args,
 )
 from lightning_bpd.records import write_json
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {"ckpt": args.ckpt, "inputs": len(inputs), "threads": torch.get_num_threads(),
                               "criterion": args.criterion, "precision": runtime.precision,
                               "proposal_precision": args.proposal_precision, "stop_below": args.stop_below,
-                              "draft_vocab": args.draft_vocab, "fused_chain": not args.unfused_chain,
+                              "draft_vocab": draft_vocab_of(args)[0], "fused_chain": not args.unfused_chain,
                               "screened_argmax": args.screened_argmax, "lean_steps": not args.reference_steps,
                               **({} if new is None else {"max_new_tokens": new, "prompts_from": args.input or
                                                          f"{args.data_root} ({args.split} split)"}),

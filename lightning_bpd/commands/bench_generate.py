@@ -59,6 +59,7 @@ from lightning_bpd.benchmarks.ctranslate2_peer import failure, quiet_transformer
 from lightning_bpd.benchmarks.tally import Tally, differing
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.commands.bench_generate_lm import add_lm_args, main_lm
+from lightning_bpd.commands.deprecated_options import deprecated_alias
 from lightning_bpd.decoding import Exact, Tree, blockwise_decode
 from lightning_bpd.evaluation import batched, load_inputs, timed
 from lightning_bpd.inference import build_runtime
@@ -66,6 +67,7 @@ from lightning_bpd.inference.arguments import (
     add_draft_vocab_args,
     add_precision_arg,
     add_timing_args,
+    draft_vocab_of,
     options_from_args,
 )
 from lightning_bpd.records import device_name, write_json
@@ -83,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", default=None, help="the base directory, if it moved since the run (load_model's base=)")
     p.add_argument("--input", default=None, help="source sentences, one per line (.gz allowed); a language model: "
                    'JSON Lines, each {"prompt": "..."} (or --data-root)')
-    p.add_argument("--inputs", type=int, default=100, help="number of sentences (prompts) decoded per batch size")
+    p.add_argument("--limit", type=int, default=100, dest="inputs",
+                   help="number of sentences (prompts) decoded per batch size")
+    deprecated_alias(p, "--inputs", "--limit")
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
     p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
     p.add_argument("--k", type=int, default=None, help="heads used by our exact decoding (default: all)")
@@ -233,7 +237,7 @@ def run_or_drop(methods: dict[str, Any], failed: dict[str, str], name: str, devi
 
 def runtime_options(options, args: argparse.Namespace) -> dict[str, Any]:
     """What our decoding ran with, for the record (the draft vocabulary by its size and source)."""
-    return {**asdict(options), "draft_vocab": args.draft_vocab, "draft_vocab_from": args.draft_vocab_from}
+    return {**asdict(options), "draft_vocab": draft_vocab_of(args)[0], "draft_vocab_from": draft_vocab_of(args)[1]}
 
 
 def check_hf(module, ckpt: str) -> None:
