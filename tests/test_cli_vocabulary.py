@@ -112,7 +112,7 @@ def test_proposer_parses_each_kind(text, fields):
     assert proposer.text == text
 
 
-@pytest.mark.parametrize("text", ["", "tree", "tree:-1", "tree:auto:0", "tree:0;x", "dynamic:", "dynamic:0",
+@pytest.mark.parametrize("text", ["", "tree", "tree:-1", "tree:auto:0", "dynamic:", "dynamic:0",
                                   "dynamic:1:2:3:4", "draft:", "prompt-lookup:3", "prompt-lookup:0:8", "medusa"])
 def test_a_bad_proposer_is_one_line(text):
     with pytest.raises(argparse.ArgumentTypeError, match=r"^--proposer"):
@@ -130,6 +130,8 @@ def test_a_proposer_builds_the_tree_and_criterion_the_old_options_did():
     assert proposer_arg("draft:d.ckpt").criterion("exact") == "draft:exact"
     assert proposer_arg("draft:d.ckpt").criterion("draft:sample_t1") == "draft:sample_t1"
     assert Proposer("heads").method_kwargs() == {} and proposer_arg("tree:4").method_kwargs() == {}
+    with pytest.raises(ValueError, match=r"^--proposer tree:0;x: invalid literal"):
+        proposer_arg("tree:0;x").tree(table, 4)
     with pytest.raises(ValueError, match=r"^--proposer tree:9 must lie in"):
         proposer_arg("tree:9").tree(table[:1, :2], 4)
 

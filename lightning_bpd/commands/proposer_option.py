@@ -58,7 +58,10 @@ class Proposer:
         if self.nodes is not None:
             return budget_tree(self.nodes, table, k, option=f"--proposer {self.text}")
         if self.paths is not None:
-            return parse_tree(self.paths)
+            try:
+                return parse_tree(self.paths)
+            except ValueError as err:  # parse_tree's line names --tree: name this option
+                raise ValueError(f"--proposer {self.text}: {str(err).split(': ', 1)[-1]}") from None
         if self.dynamic:
             nodes, depth, *width = self.dynamic
             return parse_tree(":".join(map(str, ("dynamic", nodes, depth if depth else k - 1, *width))))
@@ -90,18 +93,15 @@ def proposer_arg(text: str) -> Proposer:
             return Proposer(text)
         if kind == "tree" and rest:
             if rest == "auto" or rest.startswith("auto:"):
-                if rest != "auto":
-                    positive(rest[5:], "M of tree:auto:M")
-                return Proposer(text, "tree", auto=rest)
+                from lightning_bpd.tree_budget import tree_nodes_arg
+
+                return Proposer(text, "tree", auto=tree_nodes_arg(rest))
             if rest.lstrip("-").isdigit():
                 nodes = int(rest)
                 if nodes < 0:
                     raise ValueError("a node budget must be >= 0 (0 = the single path)")
                 return Proposer(text, "tree", nodes=nodes)
-            from lightning_bpd.decoding import parse_tree
-
-            parse_tree(rest)  # checked here: one line on a bad path
-            return Proposer(text, "tree", paths=rest)
+            return Proposer(text, "tree", paths=rest)  # read by parse_tree when the tree is built: its error line
         if kind == "dynamic" and rest:
             numbers = [positive(v, "a dynamic tree's N, D and W") for v in rest.split(":")]
             if len(numbers) > 3:
@@ -117,7 +117,7 @@ def proposer_arg(text: str) -> Proposer:
                 raise ValueError("prompt lookup is prompt-lookup or prompt-lookup:NGRAM:TOKENS")
             return Proposer(text, "prompt-lookup", ngram=positive(numbers[0], "NGRAM"),
                             tokens=positive(numbers[1], "TOKENS"))
-    except ValueError as err:
+    except (ValueError, argparse.ArgumentTypeError) as err:
         raise argparse.ArgumentTypeError(f"--proposer {text!r}: {err}") from None
     raise argparse.ArgumentTypeError(f"--proposer {text!r}: write {KINDS}")
 
