@@ -154,3 +154,23 @@ def test_the_console_script_runs_the_cli(capsys):
     with pytest.raises(SystemExit) as stop:
         entry(["decode", "--help"])
     assert stop.value.code == 0 and "--proposer" in capsys.readouterr().out
+
+
+def test_every_recipe_stage_parses_in_the_new_spellings(capsys):
+    """The recipes' command lines (conf/recipes) are in the new vocabulary: each stage of a plain command parses with
+    that command's parser and prints no deprecation line."""
+    import importlib
+
+    from lightning_bpd.commands.cli import PLAIN_COMMANDS
+    from lightning_bpd.commands.recipe import available, load_recipe
+
+    parsed = 0
+    for name in available():
+        for stage in load_recipe(name).stages:
+            if stage.command not in PLAIN_COMMANDS or stage.command == "recipe":
+                continue
+            argv = [re.sub(r"\{[a-z_0-9]+\}", "x", arg) for arg in stage.args]
+            importlib.import_module(PLAIN_COMMANDS[stage.command]).build_parser().parse_args(argv)
+            assert "deprecated" not in capsys.readouterr().err, (name, stage.name)
+            parsed += 1
+    assert parsed >= 10
