@@ -56,7 +56,7 @@ class Proposer:
         from lightning_bpd.tree_budget import budget_tree
 
         if self.nodes is not None:
-            return budget_tree(self.nodes, table, k, option=f"--proposer {self.text}")
+            return budget_tree(self.nodes, table, k, option="--proposer tree:N")
         if self.paths is not None:
             try:
                 return parse_tree(self.paths)

@@ -607,13 +607,13 @@ def test_decode_with_a_tree_budget_built_from_the_stored_table(fitted, capsys):
     with pytest.raises(SystemExit):  # argparse's one line
         main(["decode", "--ckpt", str(ckpt), "--input", str(src), "--proposer", "tree:auto:0"])
     assert "auto:M takes an integer M >= 1" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match=r"^decode: --proposer tree:73 must lie in \[0, 72\] for 2 heads of 8 measured"):
+    with pytest.raises(SystemExit, match=r"^decode: --proposer tree:N must lie in \[0, 72\] for 2 heads of 8 measured"):
         main(["decode", "--ckpt", str(ckpt), "--input", str(src), "--proposer", "tree:73"])
     with pytest.raises(SystemExit):  # argparse's one line
         main(["decode", "--ckpt", str(ckpt), "--input", str(src), "--proposer", "tree:4", "--tree", "0"])
     assert "give one" in capsys.readouterr().err
     old = without_agreement_table(ckpt, root / "old.ckpt")
-    with pytest.raises(SystemExit, match=r"^decode: --proposer tree:4: no head rank agreement table is stored"):
+    with pytest.raises(SystemExit, match=r"^decode: --proposer tree:N 4: no head rank agreement table is stored"):
         main(["decode", "--ckpt", str(old), "--input", str(src), "--proposer", "tree:4"])
 
 
