@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -146,8 +145,10 @@ def test_prompt_lookup_is_passed_to_make_method_as_its_proposer():
 
 
 def test_the_console_script_runs_the_cli(capsys):
-    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    module, _, name = scripts["lightning-bpd"].partition(":")
+    pyproject = (REPO / "pyproject.toml").read_text()  # tomllib is Python 3.11+: the one line, read plainly
+    section = pyproject.split("[project.scripts]\n", 1)[1].split("\n[", 1)[0]
+    (target,) = re.findall(r'^lightning-bpd = "([\w.]+:\w+)"$', section, re.MULTILINE)
+    module, _, name = target.partition(":")
     entry = getattr(__import__(module, fromlist=[name]), name)
     assert entry(["--help"]) == 0
     assert "recipe" in capsys.readouterr().out
@@ -174,3 +175,14 @@ def test_every_recipe_stage_parses_in_the_new_spellings(capsys):
             assert "deprecated" not in capsys.readouterr().err, (name, stage.name)
             parsed += 1
     assert parsed >= 10
+
+
+def test_a_recipe_finds_the_stage_input_inside_a_prefixed_value(tmp_path):
+    """``--draft-vocab N:PATH`` and ``--proposer draft:PATH`` still name their input stage (run that stage first)."""
+    from lightning_bpd.commands.recipe import load_recipe, stage_inputs
+
+    recipe = load_recipe("multi30k-k8", runs=str(tmp_path))
+    stages = {stage.name: stage for stage in recipe.stages}
+    text, ckpt = f"{stages['distill'].folder}/train.de", f"{stages['base'].folder}/last.ckpt"
+    argv = ["--draft-vocab", f"1000:{text}", "--proposer", f"draft:{ckpt}", "--k", "4"]
+    assert stage_inputs(argv, stages["bench_int8"], recipe) == [(text, "distill"), (ckpt, "base")]

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from lightning_bpd.commands.deprecated_options import deprecated_alias
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
 from lightning_bpd.evaluation import load_inputs
 from lightning_bpd.inference import Runtime, build_runtime
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--input", default=None, help="translation: source sentences (.gz allowed); a language model: "
                    'JSON Lines of {"prompt": ...}')
     p.add_argument("--images", default=None, help="super-resolution: CelebA folder (default: synthetic faces)")
-    p.add_argument("--inputs", type=int, default=30)
+    p.add_argument("--limit", type=int, default=30, dest="inputs", help="number of inputs (prompts) decoded")
+    deprecated_alias(p, "--inputs", "--limit")
     p.add_argument("--k", type=int, nargs="+", default=None, help="block sizes (default: the model's k)")
     p.add_argument("--criterion", default="exact")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
