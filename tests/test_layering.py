@@ -46,7 +46,7 @@ def test_the_decoding_core_imports_only_the_argmax_and_the_loss_of_nn():
 # Layers, bottom to top: a module may import its own layer and those below it. Package folders by name; the modules
 # at the package root by file (the package itself, ``lightning_bpd/__init__.py``, is the front door: ``load_model``).
 LAYERS = {
-    "kernels": 0, "version": 0,
+    "kernels": 0, "version": 0, "deprecated_options": 0,
     "nn": 1,
     "decoding": 2,
     "inference": 3,

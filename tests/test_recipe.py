@@ -69,7 +69,7 @@ def test_dry_run_prints_the_commands_in_order_and_writes_nothing(repo, capsys, t
                        "--trainer.logger=false"]
     assert cmds[5][-2:] == ["--json", f"{out}/bench/bench.json"]
     assert cmds[6][-2:] == ["--json", f"{out}/bench_int8/bench.json"] and "int8" in cmds[6]
-    assert f"{out}/distill/train.de" in cmds[6]
+    assert f"1000:{out}/distill/train.de" in cmds[6]
     assert "--decode_eval.tree_nodes=[16,32,64]" in cmds[7] and cmds[8][cmds[8].index("--tree-nodes") + 1:][:4] == [
         "0", "8", "16", "auto"]
     assert sum("would run" in line for line in lines) == 9

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from lightning_bpd.decoding import Exact, Tree, blockwise_decode, decode
 from lightning_bpd.decoding.proposers import Proposer
+from lightning_bpd.inference.arguments import draft_vocab_of
 
 
 def ours(runtime, k: int | None, tree: Tree | None = None, proposer: Proposer | None = None):
@@ -31,4 +32,5 @@ def ours(runtime, k: int | None, tree: Tree | None = None, proposer: Proposer | 
 
 def runtime_options(options, args: argparse.Namespace) -> dict[str, Any]:
     """What our decoding ran with, for the record (the draft vocabulary by its size and source)."""
-    return {**asdict(options), "draft_vocab": args.draft_vocab, "draft_vocab_from": args.draft_vocab_from}
+    size, source = draft_vocab_of(args)
+    return {**asdict(options), "draft_vocab": size, "draft_vocab_from": source}

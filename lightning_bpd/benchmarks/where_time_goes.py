@@ -38,12 +38,14 @@ from typing import Any
 import torch
 
 from lightning_bpd.decoding import blockwise_decode, greedy_decode
+from lightning_bpd.deprecated_options import deprecated_alias
 from lightning_bpd.evaluation import load_inputs
 from lightning_bpd.inference import Runtime, build_runtime
 from lightning_bpd.inference.arguments import (
     add_draft_vocab_args,
     add_precision_arg,
     add_timing_args,
+    draft_vocab_of,
     options_from_args,
 )
 from lightning_bpd.records import write_json
@@ -133,7 +135,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--input", default=None, help="translation: source sentences (.gz allowed); a language model: "
                    'JSON Lines of {"prompt": ...}')
     p.add_argument("--images", default=None, help="super-resolution: CelebA folder (default: synthetic faces)")
-    p.add_argument("--inputs", type=int, default=30)
+    p.add_argument("--limit", type=int, default=30, dest="inputs", help="number of inputs (prompts) decoded")
+    deprecated_alias(p, "--inputs", "--limit")
     p.add_argument("--k", type=int, nargs="+", default=None, help="block sizes (default: the model's k)")
     p.add_argument("--criterion", default="exact")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {"ckpt": args.ckpt, "inputs": len(inputs), "threads": torch.get_num_threads(),
                               "criterion": args.criterion, "precision": runtime.precision,
                               "proposal_precision": args.proposal_precision, "stop_below": args.stop_below,
-                              "draft_vocab": args.draft_vocab, "fused_chain": not args.unfused_chain,
+                              "draft_vocab": draft_vocab_of(args)[0], "fused_chain": not args.unfused_chain,
                               "screened_argmax": args.screened_argmax, "lean_steps": not args.reference_steps,
                               **({} if new is None else {"max_new_tokens": new, "prompts_from": args.input or
                                                          f"{args.data_root} ({args.split} split)"}),

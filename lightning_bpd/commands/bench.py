@@ -13,7 +13,7 @@ against cached ancestral sampling at the same temperature and top-p (``ancestral
 automatically); ``draft:<criterion>`` lets the ``--draft`` checkpoint propose instead of the heads.
 
     python -m lightning_bpd bench --ckpt runs/m30k-k8-finetune/last.ckpt --input src.en \\
-        --criteria exact top2 --batch-sizes 1 32 --inputs 100 --json results/bench.json
+        --criteria exact top2 --batch-sizes 1 32 --limit 100 --json results/bench.json
     python -m lightning_bpd bench --ckpt runs/m30k-k8-frozen/last.ckpt --draft runs/m30k-draft/last.ckpt \\
         --input src.en --criteria exact draft:exact sample_t1 draft:sample_t1 --batch-sizes 1
 """
@@ -31,12 +31,14 @@ from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 from lightning_bpd.decoding.trees.budget import tree_nodes_arg
 from lightning_bpd.decoding.trees.tree import DynamicTree, Tree, parse_tree
+from lightning_bpd.deprecated_options import deprecated_alias
 from lightning_bpd.evaluation import batched, budget_trees, load_inputs, run_batch
 from lightning_bpd.inference import InferenceOptions, Runtime, build_runtime
 from lightning_bpd.inference.arguments import (
     add_draft_vocab_args,
     add_precision_arg,
     add_timing_args,
+    draft_vocab_of,
     options_from_args,
 )
 from lightning_bpd.inference.memory import measured_build
@@ -57,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "Several values run every method at each k, named <method>@k<k>, against one baseline")
     p.add_argument("--draft", default=None, help="checkpoint of a draft model (same vocabulary) for draft:<rule>")
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
-    p.add_argument("--inputs", type=int, default=100, help="number of inputs decoded per batch size")
+    p.add_argument("--limit", type=int, default=100, dest="inputs", help="number of inputs decoded per batch size")
+    deprecated_alias(p, "--inputs", "--limit")
     p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
     add_draft_vocab_args(p)
     p.add_argument("--trees", nargs="+", default=None,
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
     k = (args.k[0] if len(args.k) == 1 else args.k) if args.k else module.model.k
     result = {"ckpt": args.ckpt, "draft": args.draft, "k": k, "device": str(module.device),
               "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(inputs),
-              "lazy_verify": args.lazy_verify, "fixed_shape": args.fixed_shape, "draft_vocab": args.draft_vocab,
+              "lazy_verify": args.lazy_verify, "fixed_shape": args.fixed_shape, "draft_vocab": draft_vocab_of(args)[0],
               "precision": runtime.precision, "proposal_precision": args.proposal_precision,
               "stop_below": args.stop_below, "fused_chain": not args.unfused_chain,
               "screened_argmax": args.screened_argmax, "lean_steps": not args.reference_steps, "trees": args.trees,

@@ -64,6 +64,7 @@ from lightning_bpd.commands.bench_generate_lm import add_lm_args, main_lm
 from lightning_bpd.decoding import Tree
 from lightning_bpd.decoding.proposers import PromptLookup
 from lightning_bpd.decoding.trees.budget import tree_nodes_arg
+from lightning_bpd.deprecated_options import deprecated_alias
 from lightning_bpd.evaluation import batched, budget_trees, load_inputs, timed
 from lightning_bpd.inference import build_runtime
 from lightning_bpd.inference.arguments import (
@@ -87,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", default=None, help="the base directory, if it moved since the run (load_model's base=)")
     p.add_argument("--input", default=None, help="source sentences, one per line (.gz allowed); a language model: "
                    'JSON Lines, each {"prompt": "..."} (or --data-root)')
-    p.add_argument("--inputs", type=int, default=100, help="number of sentences (prompts) decoded per batch size")
+    p.add_argument("--limit", type=int, default=100, dest="inputs",
+                   help="number of sentences (prompts) decoded per batch size")
+    deprecated_alias(p, "--inputs", "--limit")
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
     p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
     p.add_argument("--k", type=int, default=None, help="heads used by our exact decoding (default: all)")

@@ -6,11 +6,13 @@ checkpoint or heads): JSON Lines in, each ``{"prompt": "..."}``, and one ``{"com
 in order (:mod:`lightning_bpd.tasks.lm.jsonl`). Either way a stats line (sentences, iterations, mean accepted block size,
 seconds) goes to stderr. ``--criterion`` picks the method: ``greedy``; blockwise with the model's
 heads (``exact``, ``top2``, ``min2_top3``, ...); lossless speculative sampling with the heads
-(``sample_t0.7_p0.9``) or plain ancestral sampling (``ancestral_t0.7_p0.9``); or any rule with a
-separate draft model proposing (``draft:exact``, ``draft:sample_t1`` with ``--draft CKPT``). ``--tree``
-verifies a tree of candidates instead of one block (``--tree '0;1;0,0'``); ``--tree-nodes N`` the tree of N nodes
-built from the heads' rank agreement table stored with them (Medusa's greedy tree; 0 = the single path), ``--tree-nodes
-auto`` the budget that pays on this machine (a few iterations timed on the first batch; the choice goes to stderr). Sampling is seeded (``--seed``) and
+(``sample_t0.7_p0.9``) or plain ancestral sampling (``ancestral_t0.7_p0.9``); and ``--proposer`` what proposes
+(:mod:`lightning_bpd.commands.proposer_option`): the heads (``heads``, the default); a tree of candidates verified in
+one pass (``tree:N``: the tree of N nodes built from the heads' rank agreement table stored with them, Medusa's greedy
+tree, 0 = the single path; ``tree:auto`` the budget that pays on this machine, a few iterations timed on the first
+batch, the choice to stderr; ``tree:0;1;0,0`` paths of head ranks; ``dynamic:N`` EAGLE-2's dynamic tree); a separate
+draft model (``draft:CKPT``: any rule, ``draft:exact``, ``draft:sample_t1``); or n-grams of the prompt
+(``prompt-lookup``). Sampling is seeded (``--seed``) and
 reproducible. ``--max-new-tokens N`` caps every translation at N tokens, as ``generate(max_new_tokens=N)`` does (a
 checkpoint that forces EOS at the cap ends its capped rows with it); the default is the task's own cap
 (``max_len_a * source length + max_len_b``).
@@ -26,9 +28,11 @@ from typing import Any
 import torch
 
 from lightning_bpd.checkpoints import load_model
-from lightning_bpd.decoding import parse_criterion, parse_tree
+from lightning_bpd.commands.proposer_option import add_proposer_arg
+from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.methods import make_method
-from lightning_bpd.decoding.trees.budget import auto_tree, budget_tree, tree_nodes_arg
+from lightning_bpd.decoding.trees.budget import auto_tree
+from lightning_bpd.deprecated_options import deprecated_alias
 from lightning_bpd.inference import build_runtime
 from lightning_bpd.inference.arguments import add_draft_vocab_args, add_precision_arg, options_from_args
 
@@ -40,23 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "(save_heads: heads.json names their Hugging Face base)")
     p.add_argument("--input", default="-", help="text file, one sentence per line (.gz allowed); a language model: "
                         'JSON Lines, each {"prompt": "..."}; - for stdin')
-    p.add_argument("--output", default="-", help="where to write the translations (or completions); - for stdout")
+    p.add_argument("--out", default="-", dest="output", metavar="FILE",
+                   help="where to write the translations (or completions); - for stdout")
+    deprecated_alias(p, "--output", "--out")
     p.add_argument("--criterion", default="exact",
                    help="greedy, exact, topN (top2), minL[_<rule>], sample_tX[_pY], ancestral_tX[_pY], "
                         "or draft:<rule> (default: exact)")
     p.add_argument("--k", type=int, default=None,
                    help="heads to use (default: all of the model's); with a draft, the block size (default: the model's k, >= 2)")
-    p.add_argument("--tree", default=None,
-                   help="verify a tree of candidates per iteration (exact, topN, epsX, sample_tX with the model's heads): paths of "
-                        "head ranks in Medusa's format, e.g. '0;1;0,0;0,1' (the first and second choice of head 2, then "
-                        "head 3's first two after the first), 'path:D' (the single path D heads deep), or "
-                        "'dynamic:N:D[:W]' (exact: EAGLE-2's dynamic tree, per sentence and iteration the N nodes of "
-                        "highest confidence under the heads, D deep, each node's W best children competing)")
-    p.add_argument("--tree-nodes", type=tree_nodes_arg, default=None,
-                   help="verify the tree of N candidate nodes of highest expected gain, built from the head rank "
-                        "agreement table stored with the heads (measured while fitting); 0 = the single path; auto "
-                        "(auto:M) = the budget up to 64 (M) of most expected tokens per unit of pass cost, timed here")
-    p.add_argument("--draft", default=None, help="checkpoint of a draft model with the same vocabulary (for draft:<rule>)")
+    add_proposer_arg(p)
     p.add_argument("--seed", type=int, default=0, help="random seed of sampling methods")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="at most this many tokens per translation, as generate's max_new_tokens "
@@ -86,12 +82,12 @@ def read_lm_input(module: Any, args: argparse.Namespace) -> list[str]:
 
 
 def decode_auto_tree(module: Any, runtime: Any, sentences: list[str], lm: bool, args: argparse.Namespace) -> Any:
-    """``--tree-nodes auto``: the tree that pays, timed on the first batch of the input; the choice to stderr."""
+    """``--proposer tree:auto``: the tree that pays, timed on the first batch of the input; the choice to stderr."""
     first = [s for s in sentences if lm or s.strip()][: args.batch_size]
     if not first:
-        raise ValueError(f"--tree-nodes {args.tree_nodes} times trees on the input, which is empty")
+        raise ValueError(f"--proposer {args.proposer.text} times trees on the input, which is empty")
     src = module.encode_prompts(first) if lm else module.encode_sources(first)
-    tree, choice = auto_tree(runtime, module.rank_agreement, args.k or module.model.k, src, args.tree_nodes)
+    tree, choice = auto_tree(runtime, module.rank_agreement, args.k or module.model.k, src, args.proposer.auto)
     print(f"decode: {choice.summary()} (timed at batch {src.shape[0]})", file=sys.stderr)
     return tree
 
@@ -102,8 +98,6 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("decode: --batch-size must be >= 1")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         sys.exit(f"decode: --max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.tree is not None and args.tree_nodes is not None:
-        sys.exit("decode: give --tree or --tree-nodes, not both")
     try:
         module = load_model(args.ckpt, args.device)
         lm = hasattr(module, "encode_prompts")  # a language-modelling checkpoint: JSON Lines in and out
@@ -111,14 +105,15 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"{args.ckpt} is not a translation checkpoint")
         options = options_from_args(args, module)
         runtime = build_runtime(module.model, options)
-        draft = build_runtime(load_model(args.draft, args.device).model, options) if args.draft else None
+        proposer = args.proposer
+        draft = build_runtime(load_model(proposer.ckpt, args.device).model, options) if proposer.ckpt else None
         sentences = read_lm_input(module, args) if lm else read_input(args.input)
-        tree = parse_tree(args.tree) if args.tree is not None else None
-        if isinstance(args.tree_nodes, str):
+        if proposer.auto is not None:
             tree = decode_auto_tree(module, runtime, sentences, lm, args)
-        elif args.tree_nodes is not None:
-            tree = budget_tree(args.tree_nodes, module.rank_agreement, args.k or module.model.k)
-        method = make_method(args.criterion, parse_criterion, runtime, args.k, draft, seed=args.seed, tree=tree)
+        else:
+            tree = proposer.tree(module.rank_agreement, args.k or module.model.k)
+        method = make_method(proposer.criterion(args.criterion), parse_criterion, runtime, args.k, draft,
+                             seed=args.seed, tree=tree, **proposer.method_kwargs())
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"decode: {err}")
     from lightning_bpd.tasks.lm.jsonl import as_lines, complete

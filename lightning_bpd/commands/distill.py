@@ -45,6 +45,7 @@ from tqdm import tqdm
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.methods import make_method
+from lightning_bpd.deprecated_options import deprecated_alias
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.tasks.translation.module import translate
 from lightning_bpd.tasks.translation.text_files import read_lines, resolve_split_files
@@ -78,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "language model: N prefixes, evenly spaced over the training files")
     p.add_argument("--prompt-tokens", type=int, default=64,
                    help="language model: at most this many tokens (whole lines) per training prefix")
-    p.add_argument("--new-tokens", type=int, default=64, help="language model: tokens generated after each prefix")
+    p.add_argument("--max-new-tokens", type=int, default=64, dest="new_tokens",
+                   help="language model: tokens generated after each prefix")
+    deprecated_alias(p, "--new-tokens", "--max-new-tokens")
     p.add_argument("--suffixes", nargs="+", default=None,
                    help="language model: only the data files with these suffixes (default: the run's data.suffixes)")
     p.add_argument("--decoder", choices=("exact", "greedy"), default="exact",
@@ -240,7 +243,7 @@ def check_lm_args(module, args: argparse.Namespace) -> None:
         sys.exit("distill: a language model is distilled on its training split: leave --prefix out")
     positions = module.model.n_positions  # the last verify passes shrink to the context (no k past it)
     if positions is not None and args.prompt_tokens + args.new_tokens > positions:
-        sys.exit(f"distill: --prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens} exceeds the "
+        sys.exit(f"distill: --prompt-tokens {args.prompt_tokens} + --max-new-tokens {args.new_tokens} exceeds the "
                  f"model's context ({positions} positions)")
 
 

@@ -6,13 +6,13 @@ trains a Marian-architecture model from scratch. This command writes its startin
 (source and target side), both ``save_pretrained`` into ``--out``, so that ``AutoModelForSeq2SeqLM.from_pretrained``
 and ``AutoTokenizer.from_pretrained`` load the folder like a downloaded opus-mt checkpoint.
 
-    python -m lightning_bpd make-base --data ../shared/data/translation/multi30k --out runs/hf-base-init \\
+    python -m lightning_bpd make-base --data-root ../shared/data/translation/multi30k --out runs/hf-base-init \\
         --vocab 8000 --shape multi30k
 
 ``--arch llama`` writes a random ``LlamaForCausalLM`` and a byte-level BPE tokenizer learnt from the training split
 of a folder of source files instead (``lightning_bpd/hf/causal_base.py``; the code LM recipe)::
 
-    python -m lightning_bpd make-base --arch llama --data ../shared/data/code/python-stdlib --out runs/lm-init \\
+    python -m lightning_bpd make-base --arch llama --data-root ../shared/data/code/python-stdlib --out runs/lm-init \\
         --vocab 8192 --shape code
     python -m lightning_bpd make-base --arch llama --tokenizer-from runs/lm-init --out runs/draft-init --shape code-draft
 
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from lightning_bpd.deprecated_options import deprecated_alias
 from lightning_bpd.tasks.translation.text_files import read_lines, resolve_split_files
 
 __all__ = ["SHAPES", "make_base", "train_tokenizer"]
@@ -113,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", default="marian", choices=["marian", "llama"],
                    help="marian (a translation base, default) or llama (a causal LM for the LM task)")
-    p.add_argument("--data", help="the corpus folder: {train}.{en,de}[.gz] (marian), or source files (llama)")
+    p.add_argument("--data-root", dest="data",
+                   help="the corpus folder: {train}.{en,de}[.gz] (marian), or source files (llama)")
+    deprecated_alias(p, "--data", "--data-root")
     p.add_argument("--out", required=True, help="the checkpoint directory to write")
     p.add_argument("--vocab", type=int, default=None, help="the BPE vocabulary size (default 8000 marian, 8192 llama)")
     p.add_argument("--shape", default=None,
@@ -137,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
                              args.tokenizer_from, training_texts=training_texts)
         else:
             if args.data is None or args.tokenizer_from is not None:
-                raise ValueError("--arch marian needs --data (a translation corpus) and takes no --tokenizer-from")
+                raise ValueError("--arch marian needs --data-root (a translation corpus) and takes no --tokenizer-from")
             make_base(args.data, args.out, args.vocab or 8000, args.shape or "multi30k", args.seed, args.prefix,
                       (args.src_lang, args.tgt_lang))
     except (ValueError, FileNotFoundError) as err:

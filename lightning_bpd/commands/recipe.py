@@ -385,12 +385,16 @@ def under(path: str, folder: str) -> bool:
 
 
 def stage_inputs(argv: list[str], stage: Stage, recipe: Recipe) -> list[tuple[str, str]]:
-    """The paths in ``argv`` that lie in the folder of another stage of the recipe: ``(path, that stage)``."""
+    """The paths in ``argv`` that lie in the folder of another stage of the recipe: ``(path, that stage)``. A value
+    ``PREFIX:PATH`` (``--draft-vocab 1000:PATH``, ``--proposer draft:PATH``) names its PATH."""
     found = []
     for arg in argv:
         path = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
         if arg.startswith("-") and "=" not in arg:
             continue
+        prefix, colon, rest = path.partition(":")
+        if colon and rest and "/" not in prefix:
+            path = rest
         for other in recipe.stages:
             if other.name != stage.name and str(other.folder) != str(stage.folder) and under(path, str(other.folder)):
                 found.append((path, other.name))

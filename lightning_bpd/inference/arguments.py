@@ -26,11 +26,31 @@ def add_precision_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default=None, help=PRECISION_HELP)
 
 
+def draft_vocab_arg(text: str) -> tuple[int, str | None]:
+    """``--draft-vocab``'s argparse type: ``N:TEXT`` (or N alone, with the deprecated ``--draft-vocab-from TEXT``)."""
+    size, _, path = text.partition(":")
+    try:
+        return int(size), path or None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--draft-vocab N:TEXT takes an integer N, got {text!r}") from None
+
+
 def add_draft_vocab_args(p: argparse.ArgumentParser) -> None:
-    """``--draft-vocab N --draft-vocab-from TEXT``: the heads propose only the N most frequent target tokens."""
-    p.add_argument("--draft-vocab", type=int, default=None,
-                   help="translation: the heads propose only this many most frequent target tokens of --draft-vocab-from")
-    p.add_argument("--draft-vocab-from", default=None, help="target-language text (.gz allowed) to count tokens in")
+    """``--draft-vocab N:TEXT``: the heads propose only the N most frequent target tokens of TEXT (the old
+    ``--draft-vocab N --draft-vocab-from TEXT`` still works, with a deprecation line)."""
+    from lightning_bpd.deprecated_options import deprecated_option
+
+    p.add_argument("--draft-vocab", type=draft_vocab_arg, default=None, metavar="N:TEXT",
+                   help="the heads propose only the N most frequent target tokens of the text file TEXT "
+                        "(target-language text, .gz allowed)")
+    deprecated_option(p, "--draft-vocab-from", "--draft-vocab N:TEXT", default=None)
+
+
+def draft_vocab_of(args: argparse.Namespace) -> tuple[int | None, str | None]:
+    """The size and text of ``--draft-vocab N:TEXT`` (or of ``--draft-vocab N --draft-vocab-from TEXT``)."""
+    value = getattr(args, "draft_vocab", None)
+    size, text = value if isinstance(value, tuple) else (value, None)
+    return size, text or getattr(args, "draft_vocab_from", None)
 
 
 def add_timing_args(p: argparse.ArgumentParser) -> None:
@@ -62,7 +82,7 @@ def options_from_args(args: argparse.Namespace, module: Any = None) -> Inference
 
     return InferenceOptions(
         precision=getattr(args, "precision", None),
-        draft_vocab=draft_vocab_ids(module, getattr(args, "draft_vocab", None), getattr(args, "draft_vocab_from", None)),
+        draft_vocab=draft_vocab_ids(module, *draft_vocab_of(args)),
         proposal_precision=getattr(args, "proposal_precision", None),
         screened_argmax=getattr(args, "screened_argmax", False),
         lean_steps=not getattr(args, "reference_steps", False),

@@ -1,0 +1,135 @@
+"""``--proposer``: what proposes the candidates a decoding step verifies, as one option.
+
+* ``heads`` (default): the model's own heads, one block;
+* ``tree:N``: the heads verify the tree of N nodes built from their rank agreement table (0 = the single path);
+  ``tree:auto`` (``tree:auto:M``): the budget up to 64 (M) that pays on this machine, timed on the input;
+  ``tree:PATHS``: a tree given as paths of head ranks in Medusa's format (``tree:0;1;0,0;0,1``) or ``tree:path:D``;
+* ``dynamic:N[:D[:W]]``: EAGLE-2's dynamic tree of N nodes, D heads deep (default k - 1), W wide (default 4);
+* ``draft:CKPT``: a draft model (same vocabulary) proposes; the criterion becomes ``draft:<criterion>``;
+* ``prompt-lookup[:NGRAM:TOKENS]``: n-grams of the prompt propose (up to NGRAM long, TOKENS tokens; default 3 and 8).
+
+:func:`proposer_arg` is the argparse type (one line naming what to write on anything else);
+:func:`add_proposer_arg` adds the option and the old ``--tree``, ``--tree-nodes`` and ``--draft`` as deprecated
+spellings of it."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_bpd.deprecated_options import deprecated_alias
+
+PROPOSER_HELP = ("what proposes the candidates: heads (default), tree:N (the tree of N nodes from the heads' rank "
+                 "agreement table; 0 = the single path), tree:auto[:M] (the budget up to 64 (M) that pays here, timed), "
+                 "tree:PATHS (Medusa-format paths such as '0;1;0,0;0,1', or path:D), dynamic:N[:D[:W]] (EAGLE-2's "
+                 "dynamic tree of N nodes, D deep (default k-1), W wide (default 4); exact), draft:CKPT (a draft model "
+                 "of the same vocabulary; the criterion becomes draft:<criterion>), prompt-lookup[:NGRAM:TOKENS] "
+                 "(n-grams of the prompt; default 3:8)")
+KINDS = "heads, tree:N, tree:auto[:M], tree:PATHS, dynamic:N[:D[:W]], draft:CKPT or prompt-lookup[:NGRAM:TOKENS]"
+
+
+@dataclass(frozen=True)
+class ProposerChoice:
+    """A parsed ``--proposer``: ``kind`` (heads, tree, draft or prompt-lookup) and what that kind reads."""
+
+    text: str
+    kind: str = "heads"
+    nodes: int | None = None  # tree:N
+    auto: str | None = None  # tree:auto / tree:auto:M, in tree_budget's spelling ("auto", "auto:M")
+    paths: str | None = None  # tree:PATHS, in parse_tree's spelling
+    dynamic: tuple[int, ...] = ()  # dynamic:N[:D[:W]]
+    ckpt: str | None = None  # draft:CKPT
+    ngram: int = 3  # prompt-lookup
+    tokens: int = 8
+
+    def criterion(self, spec: str) -> str:
+        """The criterion ``make_method`` reads: a draft proposer's rule is ``draft:<rule>``."""
+        if self.kind == "draft" and not spec.strip().startswith("draft:"):
+            return f"draft:{spec.strip()}"
+        return spec
+
+    def tree(self, table: Any, k: int) -> Any:
+        """The tree of a ``tree:N``, ``tree:PATHS`` or ``dynamic:...`` proposer for ``k`` heads with rank agreement
+        ``table`` (None for the others and for ``tree:0``); ``tree:auto`` is timed on the input by the command."""
+        from lightning_bpd.decoding import parse_tree
+        from lightning_bpd.decoding.trees.budget import budget_tree
+
+        if self.nodes is not None:
+            return budget_tree(self.nodes, table, k, option="--proposer tree:N")
+        if self.paths is not None:
+            try:
+                return parse_tree(self.paths)
+            except ValueError as err:  # parse_tree's line names --tree: name this option
+                raise ValueError(f"--proposer {self.text}: {str(err).split(': ', 1)[-1]}") from None
+        if self.dynamic:
+            nodes, depth, *width = self.dynamic
+            return parse_tree(":".join(map(str, ("dynamic", nodes, depth if depth else k - 1, *width))))
+        return None
+
+    def method_kwargs(self) -> dict[str, Any]:
+        """The keywords of ``make_method`` this proposer adds beside ``tree`` and ``draft``: ``proposer=`` for prompt
+        lookup (:mod:`lightning_bpd.decoding.proposers`), none for the others."""
+        if self.kind != "prompt-lookup":
+            return {}
+        from lightning_bpd.decoding.proposers import PromptLookup  # the decoding loop's proposers
+
+        return {"proposer": PromptLookup(max_ngram=self.ngram, num_tokens=self.tokens)}
+
+
+def positive(text: str, what: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{what} must be >= 1")
+    return value
+
+
+def proposer_arg(text: str) -> ProposerChoice:
+    """``--proposer``'s argparse type (see the module)."""
+    text = text.strip()
+    kind, _, rest = text.partition(":")
+    try:
+        if text == "heads":
+            return ProposerChoice(text)
+        if kind == "tree" and rest:
+            if rest == "auto" or rest.startswith("auto:"):
+                from lightning_bpd.decoding.trees.budget import tree_nodes_arg
+
+                return ProposerChoice(text, "tree", auto=tree_nodes_arg(rest))
+            if rest.lstrip("-").isdigit():
+                nodes = int(rest)
+                if nodes < 0:
+                    raise ValueError("a node budget must be >= 0 (0 = the single path)")
+                return ProposerChoice(text, "tree", nodes=nodes)
+            return ProposerChoice(text, "tree", paths=rest)  # read by parse_tree when the tree is built: its error line
+        if kind == "dynamic" and rest:
+            numbers = [positive(v, "a dynamic tree's N, D and W") for v in rest.split(":")]
+            if len(numbers) > 3:
+                raise ValueError("a dynamic tree is dynamic:N, dynamic:N:D or dynamic:N:D:W")
+            return ProposerChoice(text, "tree", dynamic=(numbers[0], *(numbers[1:] or [0])))
+        if kind == "draft" and rest:
+            return ProposerChoice(text, "draft", ckpt=rest)
+        if kind == "prompt-lookup":
+            if not rest:
+                return ProposerChoice(text, "prompt-lookup")
+            numbers = rest.split(":")
+            if len(numbers) != 2:
+                raise ValueError("prompt lookup is prompt-lookup or prompt-lookup:NGRAM:TOKENS")
+            return ProposerChoice(text, "prompt-lookup", ngram=positive(numbers[0], "NGRAM"),
+                            tokens=positive(numbers[1], "TOKENS"))
+    except (ValueError, argparse.ArgumentTypeError) as err:
+        raise argparse.ArgumentTypeError(f"--proposer {text!r}: {err}") from None
+    raise argparse.ArgumentTypeError(f"--proposer {text!r}: write {KINDS}")
+
+
+def old_tree(text: str) -> str:
+    """``--tree``'s value as a ``--proposer``."""
+    return text if text.strip().startswith("dynamic:") else f"tree:{text}"
+
+
+def add_proposer_arg(p: argparse.ArgumentParser) -> None:
+    """``--proposer`` (default heads), and the old ``--tree``, ``--tree-nodes`` and ``--draft`` mapped onto it."""
+    p.add_argument("--proposer", type=proposer_arg, default=ProposerChoice("heads"), help=PROPOSER_HELP)
+    deprecated_alias(p, "--tree", "--proposer", convert=old_tree, note="--proposer tree:PATHS or dynamic:N:D")
+    deprecated_alias(p, "--tree-nodes", "--proposer", convert=lambda v: f"tree:{v}", note="--proposer tree:N")
+    deprecated_alias(p, "--draft", "--proposer", convert=lambda v: f"draft:{v}", note="--proposer draft:CKPT")
