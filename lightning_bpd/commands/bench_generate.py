@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(inputs),
         "precision": runtime.precision, "options": runtime_options(options, args),
         "generate_dtype": str(next(module.model.base.parameters()).dtype),
-        "methods": [*METHODS, *trees], "tree_nodes": args.tree_nodes, "tree_nodes_auto": choices, "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
+        "methods": [*METHODS, *trees, OURS_LOOKUP], "tree_nodes": args.tree_nodes, "tree_nodes_auto": choices, "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
         "max_matching_ngram_size": args.max_matching_ngram, "max_new_tokens": "the module's max_decode_len of each batch",
         "transformers_version": __import__("transformers").__version__, "batch_sizes": {}}
     if "ctranslate2" in args.peers:

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from lightning_bpd.benchmarks import ctranslate2_hf
-from lightning_bpd.commands.bench_generate import GENERATE, LOOKUP, METHODS, OURS, cut, hf_generate
+from lightning_bpd.commands.bench_generate import GENERATE, LOOKUP, METHODS, OURS, OURS_LOOKUP, cut, hf_generate
 from lightning_bpd.commands.bench_generate import main as hf_bench
 from lightning_bpd.decoding import greedy_decode
 from lightning_bpd.kernels import int8
@@ -54,15 +54,16 @@ def run(root, *extra: str) -> dict:
 
 def test_the_record_has_the_three_methods_on_the_same_sentences(tiny, capsys):
     result = run(tiny, "--prompt-lookup-tokens", "4")
-    assert result["methods"] == list(METHODS) and result["inputs"] == N and result["precision"] == "float32"
+    assert result["methods"] == [*METHODS, OURS_LOOKUP] and result["inputs"] == N and result["precision"] == "float32"
     assert result["prompt_lookup_num_tokens"] == 4 and result["generate_dtype"] == "torch.float32"
     one, three = result["batch_sizes"]["1"], result["batch_sizes"]["3"]
-    assert list(one) == list(METHODS)
+    assert list(one) == [*METHODS, OURS_LOOKUP]
     for report in (one, three):
         ran = {name: r for name, r in report.items() if "skipped" not in r}
         assert {r["sentences"] for r in ran.values()} == {N}
         mine = ran[OURS]
         assert set(mine["speedup_over"]) == set(ran) - {OURS}
+        assert ran[OURS_LOOKUP]["differs_from_hf_generate"] == 0  # our prompt lookup at batch 1 and 3: generate's
         for name, r in ran.items():
             assert r["ms_per_output_token"] == pytest.approx(1000 * r["seconds"] / r["tokens"])
             assert r["tokens_per_second"] == pytest.approx(r["tokens"] / r["seconds"])
@@ -151,7 +152,7 @@ def test_without_ctranslate2_the_peer_is_a_skipped_row_with_a_message(tiny, monk
     result = run(tiny, "--peers", "ctranslate2", "--warmup", "0")
     assert "pip install ctranslate2" in result["peers"]["skipped"]
     for report in result["batch_sizes"].values():
-        assert list(report) == [*METHODS, *PEER_ROWS]
+        assert list(report) == [*METHODS, OURS_LOOKUP, *PEER_ROWS]
         assert all("pip install ctranslate2" in report[name]["skipped"] for name in PEER_ROWS)
         assert report[OURS]["differs_from_hf_generate"] == 0
     assert "skipped: the ctranslate2 package is not installed" in capsys.readouterr().out
@@ -194,7 +195,7 @@ def test_a_peer_that_fails_while_decoding_is_dropped_with_its_reason(tiny, monke
     reason = "failed at batch size 1: RuntimeError: out of memory"
     assert result["peers"]["failed"] == {"ctranslate2_int8": reason}
     for report in result["batch_sizes"].values():
-        assert list(report) == [*METHODS, *PEER_ROWS]
+        assert list(report) == [*METHODS, OURS_LOOKUP, *PEER_ROWS]
         assert report["ctranslate2_int8"] == {"skipped": reason}  # at batch 3 too: dropped for the rest
         assert report["ctranslate2_float32"]["sentences"] == N
         assert report["ctranslate2_float32"]["differs_from_hf_generate"] == 0
@@ -209,7 +210,7 @@ def test_ctranslate2_greedy_of_the_converted_base(tmp_path):
     assert result["peers"]["converted_from"] == "the base directory"
     for bs in ("1", "3"):
         report = result["batch_sizes"][bs]
-        assert list(report) == [*METHODS, "ctranslate2_float32"]
+        assert list(report) == [*METHODS, OURS_LOOKUP, "ctranslate2_float32"]
         peer = report["ctranslate2_float32"]
         assert peer["sentences"] == N and peer["exact_speedup"] > 0
         assert report[OURS]["speedup_over"]["ctranslate2_float32"] == peer["exact_speedup"]
@@ -225,7 +226,7 @@ def test_ctranslate2_converts_a_base_whose_pad_is_not_last(tiny):
     assert result["peers"]["ctranslate2_version"] == ctranslate2.__version__ and result["peers"]["failed"] == {}
     assert result["peers"]["converted_from"] == "the base, <pad> moved last (saved)"
     for report in result["batch_sizes"].values():
-        assert list(report) == [*METHODS, *PEER_ROWS]
+        assert list(report) == [*METHODS, OURS_LOOKUP, *PEER_ROWS]
         assert report["ctranslate2_float32"]["differs_from_hf_generate"] == 0
         assert report["ctranslate2_int8"]["sentences"] == N
 
@@ -236,8 +237,8 @@ def test_a_row_per_tree_budget_with_the_table_measured_on_the_inputs(tiny, capsy
     assert "no rank agreement table: measured on the 7 inputs" in err and "hf_generate: tree-nodes auto: " in err
     report = result["batch_sizes"]["3"]
     trees = ["exact+nodes0", "exact+nodes5", "exact+nodes-auto:5"]
-    assert result["methods"] == [*METHODS, *trees] and result["tree_nodes"] == [0, 5, "auto:5"]
-    assert list(report) == [*METHODS, *trees] and result["tree_nodes_auto"]["nodes-auto:5"]["batch"] == 3
+    assert result["methods"] == [*METHODS, *trees, OURS_LOOKUP] and result["tree_nodes"] == [0, 5, "auto:5"]
+    assert list(report) == [*METHODS, *trees, OURS_LOOKUP] and result["tree_nodes_auto"]["nodes-auto:5"]["batch"] == 3
     for name in trees:
         assert report[name]["differs_from_hf_generate"] == 0 and report[name]["sentences"] == N
     assert report["exact+nodes0"]["mean_accepted_block_size"] == report[OURS]["mean_accepted_block_size"]

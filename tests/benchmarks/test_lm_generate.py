@@ -15,9 +15,10 @@ pytest.importorskip("safetensors")
 import lightning_bpd
 from lightning_bpd.benchmarks.ctranslate2_hf import cut
 from lightning_bpd.benchmarks.lm_generate import ASSISTED, GENERATE, LOOKUP, OURS, load_assistant
+from lightning_bpd.benchmarks.lm_prompts import data_settings
 from lightning_bpd.commands.bench_generate import build_parser
 from lightning_bpd.commands.bench_generate import main as bench
-from lightning_bpd.commands.bench_generate_lm import data_settings, main_lm
+from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP, main_lm
 from lightning_bpd.commands.export_base import export_base
 from lightning_bpd.decoding import Exact, blockwise_decode
 from lightning_bpd.tasks.lm import LMDataModule, LMModule
@@ -60,16 +61,17 @@ def run(root: Path, *extra: str) -> dict:
 def test_every_method_on_the_same_prompts_equals_generate(tiny, capsys):
     result = run(tiny, "--input", str(tiny / "prompts.jsonl"), "--assistant", str(tiny / "draft"),
                  "--prompt-lookup-tokens", "3")
-    assert result["methods"] == [GENERATE, LOOKUP, ASSISTED, OURS] and result["inputs"] == len(PROMPTS)
+    assert result["methods"] == [GENERATE, LOOKUP, ASSISTED, OURS, OURS_LOOKUP] and result["inputs"] == len(PROMPTS)
     assert result["max_new_tokens"] == N and result["assistant"]["layers"] == 2 and result["k"] == 3
     one, three = result["batch_sizes"]["1"], result["batch_sizes"]["3"]
-    for name in (LOOKUP, ASSISTED, OURS):  # all exact: the same tokens as generate greedy, row by row
+    for name in (LOOKUP, ASSISTED, OURS, OURS_LOOKUP):  # all exact: the same tokens as generate greedy, row by row
         assert one[name]["differs_from_hf_generate"] == 0 and one[name]["sentences"] == len(PROMPTS)
     assert one[GENERATE]["tokens"] == one[OURS]["tokens"] > 0
-    assert three[OURS]["differs_from_hf_generate"] == 0 and three[GENERATE]["sentences"] == len(PROMPTS)
+    assert three[OURS]["differs_from_hf_generate"] == three[OURS_LOOKUP]["differs_from_hf_generate"] == 0
+    assert three[GENERATE]["sentences"] == len(PROMPTS)
     assert "batch_size = 1" in three[LOOKUP]["skipped"] and "batch_size = 1" in three[ASSISTED]["skipped"]
     mine = one[OURS]
-    assert set(mine["speedup_over"]) == {GENERATE, LOOKUP, ASSISTED} and mine["mean_accepted_block_size"] >= 1
+    assert set(mine["speedup_over"]) == {GENERATE, LOOKUP, ASSISTED, OURS_LOOKUP} and mine["mean_accepted_block_size"] >= 1
     assert mine["speedup_over"][GENERATE] == pytest.approx(one[GENERATE]["seconds"] / mine["seconds"])
     assert one[GENERATE]["speedup_over_hf_generate"] == 1.0
     # generate's rows are its own new tokens: ours, decoded here, and the base's generate agree with them
@@ -88,7 +90,7 @@ def test_prompts_from_the_held_out_split(tiny, tmp_path):
                  "--tree-nodes", "4", "--draft-vocab", "60", "--draft-vocab-from", str(data / "train" / "mod_0.py"))
     held_out = LMDataModule(root=str(data), tokenizer_path=str(tiny / "llama"), prompt_tokens=24)
     assert result["inputs"] == min(4, len(held_out.eval_prompts("val", None)[0])) > 0
-    assert result["methods"] == [GENERATE, LOOKUP, OURS, f"{OURS}+nodes4"] and result["options"]["draft_vocab"] == 60
+    assert result["methods"] == [GENERATE, LOOKUP, OURS, f"{OURS}+nodes4", OURS_LOOKUP] and result["options"]["draft_vocab"] == 60
     for report in result["batch_sizes"].values():
         assert report[OURS]["differs_from_hf_generate"] == report[f"{OURS}+nodes4"]["differs_from_hf_generate"] == 0
 
