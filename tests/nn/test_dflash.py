@@ -182,3 +182,44 @@ def test_gqa_groups_query_heads_onto_kv_heads():
     positions = anchors[..., None] + torch.arange(BK)
     torch.testing.assert_close(gqa.train_forward(feats, embeds, anchors, positions),
                                mha.train_forward(feats, embeds, anchors, positions))
+
+
+def naive_block(model: DFlashDrafter, feats: torch.Tensor, anchor: int, embeds: torch.Tensor, pos: torch.Tensor):
+    """The Qwen3/z-lab layer written out by hand for one block: keys/values = [context[:anchor] | block], k_norm and
+    q_norm before rotate-half RoPE, kv heads repeated, no mask, pre-norm residuals, SwiGLU, final norm."""
+    cfg = model.config
+    rms = lambda x, norm: norm.weight * x / (x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps).sqrt()
+
+    def rotate(x, p):  # x (P, heads, hd), p (P,)
+        inv = cfg.rope_theta ** (-torch.arange(0, cfg.head_dim, 2, dtype=x.dtype) / cfg.head_dim)
+        ang = torch.cat([p[:, None] * inv] * 2, dim=-1)[:, None, :]
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * ang.cos() + torch.cat([-x2, x1], dim=-1) * ang.sin()
+
+    g = rms(feats[:anchor] @ model.fc.weight.T, model.hidden_norm)
+    kv_pos = torch.cat([torch.arange(anchor), pos]).to(feats.dtype)
+    x = embeds
+    for layer in model.layers:
+        att, h = layer.self_attn, rms(x, layer.input_layernorm)
+        q = rotate(rms((h @ att.q_proj.weight.T).view(BK, cfg.num_heads, -1), att.q_norm), pos.to(feats.dtype))
+        kv_in = torch.cat([g, h])
+        k = rotate(rms((kv_in @ att.k_proj.weight.T).view(len(kv_in), cfg.num_kv_heads, -1), att.k_norm), kv_pos)
+        v = (kv_in @ att.v_proj.weight.T).view(len(kv_in), cfg.num_kv_heads, -1)
+        rep = cfg.num_heads // cfg.num_kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        p = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) / cfg.head_dim ** 0.5, dim=-1)
+        x = x + torch.einsum("hqk,khd->qhd", p, v).reshape(BK, -1) @ att.o_proj.weight.T
+        h = rms(x, layer.post_attention_layernorm)
+        x = x + (torch.nn.functional.silu(h @ layer.mlp.gate_proj.weight.T) * (h @ layer.mlp.up_proj.weight.T)) \
+            @ layer.mlp.down_proj.weight.T
+    return rms(x, model.norm)
+
+
+def test_draft_matches_the_layer_written_out_by_hand():
+    model = make()
+    feats = torch.randn(9, A * H, dtype=torch.float64)
+    embeds = torch.randn(BK, H, dtype=torch.float64)
+    for anchor in (0, 1, 6):
+        pos = anchor + torch.arange(BK)
+        torch.testing.assert_close(reference(model, feats, anchor, embeds, pos),
+                                   naive_block(model, feats, anchor, embeds, pos))
