@@ -36,7 +36,7 @@ from lightning_bpd.decoding.row_book import RowBook
 @dataclass
 class Run:
     """The state of one decode that proposers may read: the target ``model``, the sources ``src`` (B, S), the rule,
-    the generation ``rules``, each row's ``room`` (None: no bound), the live rows' ``context`` and, once the loop
+    the generation ``rules``, each row's ``room`` (None: no bound), the live rows' ``context`` (once encoded) and, once the loop
     made it, the ``book`` of committed tokens (:class:`~lightning_bpd.decoding.row_book.RowBook`: ``book.live`` maps
     the live rows to the original ones)."""
 
@@ -46,7 +46,7 @@ class Run:
     max_len: int
     rules: RuleBook
     room: list[int] | None
-    context: Context
+    context: Context = field(init=False)
     book: RowBook = field(init=False)
     opened: bool = False
 
@@ -79,9 +79,9 @@ def decode(model: BlockwiseModel, src: Tensor, criterion: Criterion | None = Non
     criterion = proposer.check(model, criterion)
     criterion.reset(src.device)
     batch, device = src.shape[0], src.device
-    run = Run(model, src, criterion, max_len, RuleBook(model, max_len, device, src), source_room(model, src),
-              model.encode(src))
+    run = Run(model, src, criterion, max_len, RuleBook(model, max_len, device, src), source_room(model, src))
     drafter = proposer.start(run)
+    run.context = drafter.encode(run)  # the model's own encode, or one the proposer also reads (a drafter's features)
     cache = model.new_cache(batch, capacity=1 + max_len + drafter.width, extra_slots=drafter.extra_slots)
     run.book = book = RowBook(batch, max_len, drafter.width, model.pad_id, device)
     bos = torch.full((batch, 1), model.bos_id, dtype=torch.long, device=device)

@@ -163,6 +163,21 @@ class BlockwiseModel(Protocol):
     finished rows, a draft model's proposals past max_len) may still pass it, so the model must compute them
     without failing. None: no bound."""
 
+    embed_tokens: Callable[[Tensor], Tensor]
+    """The decoder's token embeddings: tokens (...) -> (..., D), what its first layer reads (chained heads are fed
+    them; a block drafter embeds its block with them). Every model that offers :attr:`encode_features` offers it."""
+
+    encode_features: Callable[..., tuple[Any, Tensor, Tensor, Tensor]] | None
+    """Block drafters (DFlash): :meth:`encode` that also returns the target's hidden states at the outputs of its
+    decoder layers ``layers``: ``encode_features(src (B, S), layers)`` -> (context, features (B, S, len(layers) * D)
+    concatenated in that order, valid (B, S) bool: the source slots that hold a token, positions (B, S) long: each
+    slot's position). None: not offered."""
+
+    decode_step_features: Callable[..., tuple[Tensor, Tensor]] | None
+    """Block drafters: :meth:`decode_step` that also returns the hidden states at the outputs of ``layers``:
+    ``decode_step_features(tokens (B, T), context, cache, layers)`` -> (hidden (B, T, D), features
+    (B, T, len(layers) * D)). None: not offered."""
+
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: Source | None = None) -> tuple[Tensor, Tensor]:
         """Chained heads only: head i's state (b, D) and logits (b, V) from head i-1's state z (b, D) and its
         token (b,)."""
@@ -188,6 +203,8 @@ class OptionalCapabilities:
     chain_ranks: Callable[..., tuple[Tensor, Tensor]] | None = None
     decode_tree: Callable[..., Tensor] | None = None
     decode_room: Callable[[Tensor], list[int]] | None = None
+    encode_features: Callable[..., Any] | None = None
+    decode_step_features: Callable[..., Any] | None = None
 
 
 @dataclass

@@ -35,8 +35,9 @@ tokens, bad words of one or several tokens (matched against each prompt's tail a
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -210,6 +211,25 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
     def encode(self, src: Tensor) -> CausalContext:
         """Prompts (B, P), padded with ``pad_id`` on either side -> every layer's keys and values of each prompt
         but its last token (the first decode step feeds that one)."""
+        return self.prefilled(src)[0]
+
+    def encode_features(self, src: Tensor, layers: Sequence[int]) -> tuple[CausalContext, Tensor, Tensor, Tensor]:
+        """:meth:`encode`, and the outputs of the decoder layers ``layers`` at every prompt slot, concatenated
+        (B, P, len(layers) * D), with the slots that hold a token (B, P) and their positions (B, P) (a block drafter's
+        context; the row's last token included, seeing the tokens before it)."""
+        context, features = self.prefilled(src, self.checked_layers(layers))
+        return context, features, context.valid, context.key_positions
+
+    def checked_layers(self, layers: Sequence[int]) -> tuple[int, ...]:
+        """``layers`` as a tuple of decoder layer indices; one clear line where one is out of range."""
+        layers = tuple(int(i) for i in layers)
+        bad = [i for i in layers if not 0 <= i < self.n_layers]
+        if not layers or bad:
+            raise ValueError(f"target layers {list(layers)}: each must be a decoder layer in [0, {self.n_layers - 1}]")
+        return layers
+
+    def prefilled(self, src: Tensor, layers: tuple[int, ...] = ()) -> tuple[CausalContext, Tensor | None]:
+        """:meth:`encode`'s context and, for ``layers``, the prompt slots' features (B, P, len(layers) * D)."""
         valid = src != self.pad_id  # (B, P)
         n = valid.sum(dim=1)  # (B,)
         longest = int(n.max())
@@ -223,20 +243,22 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
         # the prefill: slot j sees the prompt slots before it, and itself (a pad slot must see something)
         itself = torch.eye(src.shape[1], dtype=torch.bool, device=src.device)  # (P, P)
         seen = {t: allowed_keys(positions, positions, attend[:, None, :], w) | itself for t, w in self.windows.items()}
-        kv = self.prefill(src, positions, seen)
-        return CausalContext(src, valid, attend, positions, src[rows, last_slot], n - 1, kv, longest)
+        kv, features = self.prefill(src, positions, seen, layers)
+        return CausalContext(src, valid, attend, positions, src[rows, last_slot], n - 1, kv, longest), features
 
-    def prefill(self, tokens: Tensor, positions: Tensor, seen: dict[str, Tensor]) -> list[tuple[Tensor, Tensor]]:
+    def prefill(self, tokens: Tensor, positions: Tensor, seen: dict[str, Tensor],
+                layers: tuple[int, ...] = ()) -> tuple[list[tuple[Tensor, Tensor]], Tensor | None]:
         """Every layer's keys and values (B, Hkv, P, Dh) of ``tokens`` (B, P) at ``positions``, queries seeing
-        ``seen`` (B, P, P) by layer type; one clear line where the layers' keys are not one shape."""
+        ``seen`` (B, P, P) by layer type, and the outputs of ``layers`` (B, P, len(layers) * D) or None; one clear
+        line where the layers' keys are not one shape."""
         cache = PrefillCache()
-        self.run(tokens, positions, seen, cache)
+        _, features = self.run_features(tokens, positions, seen, cache, layers)
         shapes = {(k.shape[1], k.shape[3]) for k, _ in cache.kv.values()}
         if sorted(cache.kv) != list(range(self.n_layers)) or len(shapes) != 1:
             raise ValueError(f"{self.base.config.model_type}: its attention layers cache keys of shapes "
                              f"{sorted(shapes)} in layers {sorted(cache.kv)}, not one shape in all {self.n_layers} "
                              "layers: not supported")
-        return [cache.kv[i] for i in range(self.n_layers)]
+        return [cache.kv[i] for i in range(self.n_layers)], features
 
     @property
     def kv_shape(self) -> tuple[int, int]:
@@ -247,23 +269,31 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
             one = torch.full((1, 1), self.pad_id, dtype=torch.long, device=device)
             seen = {t: torch.ones(1, 1, 1, dtype=torch.bool, device=device) for t in self.windows}
             with torch.no_grad():
-                keys = self.prefill(one, torch.zeros_like(one), seen)[0][0]  # (1, Hkv, 1, Dh)
+                keys = self.prefill(one, torch.zeros_like(one), seen)[0][0][0]  # (1, Hkv, 1, Dh)
             self._kv_shape = (keys.shape[1], keys.shape[3])
         return self._kv_shape
 
     def run(self, tokens: Tensor, positions: Tensor, seen: dict[str, Tensor], cache: object) -> Tensor:
         """The base's own forward over ``tokens`` (B, T) at ``positions`` (B, T), each layer type's queries seeing
         the keys ``seen[type]`` (B, T, S), through ``cache`` -> the last hidden states (B, T, D)."""
+        return self.run_features(tokens, positions, seen, cache)[0]
+
+    def run_features(self, tokens: Tensor, positions: Tensor, seen: dict[str, Tensor], cache: object,
+                     layers: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
+        """:meth:`run`, and the outputs of the decoder layers ``layers`` (B, T, len(layers) * D), or None for none
+        (transformers' ``hidden_states[i + 1]``: layer i's output; the last layer's after the final norm)."""
         masks = self.masks(seen)
         mask = masks if len(masks) > 1 else next(iter(masks.values()))
         try:
-            out = self.trunk(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+            out = self.trunk(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                             output_hidden_states=bool(layers))
         except AttributeError as err:
             if type(cache).__name__ not in str(err):
                 raise
             raise ValueError(f"{self.base.config.model_type}: its model asks the cache for more than update() "
                              f"({err}): not supported (positions or ALiBi biases derived from the cache)") from None
-        return out.last_hidden_state
+        features = torch.cat([out.hidden_states[i + 1] for i in layers], dim=-1) if layers else None
+        return out.last_hidden_state, features
 
     def masks(self, seen: dict[str, Tensor]) -> dict[str, Tensor]:
         """Each layer type's boolean ``seen`` (B, T, S) as the attention implementation takes it (B, 1, T, S)."""
@@ -287,6 +317,18 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
         held = torch.arange(stop, device=tokens.device)  # (S',) cache slots
         k_pos = context.start[:, None] + held  # (B, S')
         return self.step(tokens, slots, context.start[:, None] + slots, k_pos, k_pos >= 0, stop, context, cache)
+
+    def decode_step_features(self, tokens: Tensor, context: CausalContext, cache: KVCache,
+                             layers: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """:meth:`decode_step`, and the outputs of the decoder layers ``layers`` (B, T, len(layers) * D) (through
+        the base's modules, never the lean step)."""
+        layers = self.checked_layers(layers)
+        n_new = tokens.shape[1]
+        slots, stop = self.room(n_new, context, cache)  # (B, T)
+        tokens = torch.where(slots == 0, context.last[:, None], tokens)
+        k_pos = context.start[:, None] + torch.arange(stop, device=tokens.device)  # (B, S')
+        return self.step(tokens, slots, context.start[:, None] + slots, k_pos, k_pos >= 0, stop, context, cache,
+                         layers)
 
     def decode_tree(self, tokens: Tensor, depths: Tensor, ancestors: Tensor,  # type: ignore[override]
                     context: CausalContext, cache: KVCache) -> Tensor:
@@ -344,14 +386,18 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
         return q_pos if self.n_positions is None else q_pos.clamp(max=self.n_positions - 1)
 
     def step(self, tokens: Tensor, slots: Tensor, q_pos: Tensor, k_pos: Tensor, visible: Tensor, stop: int,
-             context: CausalContext, cache: KVCache) -> Tensor:
+             context: CausalContext, cache: KVCache, layers: tuple[int, ...] = ()) -> Any:
         """Inputs (B, T) written at cache ``slots`` (B, T), at positions ``q_pos`` (B, T), seeing the prompt and
         the cache slots 0..stop-1 at positions ``k_pos`` (B, S') where ``visible`` ((B, S') or (B, T, S')) ->
-        hidden (B, T, D)."""
+        hidden (B, T, D); with ``layers``, (hidden, their outputs (B, T, len(layers) * D))."""
         vis = visible if visible.dim() == 3 else visible[:, None, :]
         seen = {t: torch.cat([allowed_keys(q_pos, context.key_positions, context.attend[:, None, :], w),
                               allowed_keys(q_pos, k_pos, vis, w)], dim=2) for t, w in self.windows.items()}
         fed = self.fed_positions(q_pos)  # (B, T)
+        if layers:
+            h, features = self.run_features(tokens, fed, seen, PromptStepCache(cache, slots, stop), layers)
+            cache.advance(tokens.shape[1])
+            return h, features
         if self.runs_lean():  # the same ops, fewer calls
             h = self.lean_trunk()(tokens, fed, self.masks(seen), cache, slots, stop, self.products.linear)
         else:

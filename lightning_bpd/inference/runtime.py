@@ -178,6 +178,18 @@ class Runtime:
     def decode_tree(self) -> Callable[..., Tensor] | None:
         return without_grad(self.model.decode_tree)
 
+    @grad_free
+    def embed_tokens(self, tokens: Tensor) -> Tensor:
+        return self.model.embed_tokens(tokens)
+
+    @functools.cached_property
+    def encode_features(self) -> Callable[..., Any] | None:
+        return without_grad(self.model.encode_features)
+
+    @functools.cached_property
+    def decode_step_features(self) -> Callable[..., Any] | None:
+        return without_grad(self.model.decode_step_features)
+
     @functools.cached_property
     def argmax_first(self) -> Callable[[Tensor], Tensor] | None:
         return None if self.proposer is None else without_grad(self.proposer.argmax_first)

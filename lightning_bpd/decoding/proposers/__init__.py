@@ -4,16 +4,18 @@
 - :class:`HeadTree`: a static tree of the heads' candidates (Medusa trees);
 - :class:`DynamicHeadTree`: a tree grown per row from the heads' confidence (EAGLE-2);
 - :class:`DraftModel`: a separate draft model;
-- :class:`PromptLookup`: tokens copied from the row's own prompt and output.
+- :class:`PromptLookup`: tokens copied from the row's own prompt and output;
+- :class:`DFlash`: a DFlash block drafter, a whole block per pass from the target's features.
 
 A new proposer subclasses :class:`Proposer` (:mod:`~lightning_bpd.decoding.proposers.base`); docs/design.md shows one.
 """
 
 from lightning_bpd.decoding.proposers.base import Proposer
+from lightning_bpd.decoding.proposers.dflash import DFlash
 from lightning_bpd.decoding.proposers.draft import DraftModel
 from lightning_bpd.decoding.proposers.dynamic_tree import DynamicHeadTree
 from lightning_bpd.decoding.proposers.heads import Heads
 from lightning_bpd.decoding.proposers.prompt_lookup import PromptLookup
 from lightning_bpd.decoding.proposers.tree import HeadTree
 
-__all__ = ["DraftModel", "DynamicHeadTree", "HeadTree", "Heads", "PromptLookup", "Proposer"]
+__all__ = ["DFlash", "DraftModel", "DynamicHeadTree", "HeadTree", "Heads", "PromptLookup", "Proposer"]

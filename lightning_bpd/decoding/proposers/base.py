@@ -5,7 +5,8 @@ serve any number of decodes. For each decode the loop asks it, in order:
 
 - :meth:`Proposer.check`: can it propose for this model under this rule (ValueError saying what to fix otherwise);
   it returns the rule to decode with (a tree decodes sampling at temperature 0 as exact);
-- :meth:`Proposer.start`: the object that proposes during this decode (``self`` when it keeps no state; a draft
+- :meth:`Proposer.start`: the object that proposes during this decode (then its :meth:`Proposer.encode` encodes the
+  sources) (``self`` when it keeps no state; a draft
   model returns a fresh drafting object holding its own cache), with ``width`` (tokens per verify pass at most,
   token 1 included) and ``extra_slots`` (a tree's nodes beyond its depth);
 - per iteration, :meth:`Proposer.propose` (candidates at the hidden state of each live row's last accepted
@@ -48,6 +49,11 @@ class Proposer:
     def start(self, run: Run) -> Proposer:
         """The object that proposes during this decode (``self``: no per-decode state)."""
         return self
+
+    def encode(self, run: Run) -> Any:
+        """The sources' context (``run.model.encode``; a proposer that reads what the encoding computes, a block
+        drafter the target's features of the prompts, encodes through the model itself)."""
+        return run.model.encode(run.src)
 
     def propose(self, run: Run, h: Tensor, first: Tensor | None) -> Candidates:
         """Candidates at the hidden states h (b, D) of each live row's last accepted position. ``first`` (b,): the
