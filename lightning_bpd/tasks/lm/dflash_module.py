@@ -1,0 +1,351 @@
+"""Training a DFlash block drafter (:mod:`lightning_bpd.nn.dflash`) on a frozen Hugging Face causal LM: the
+LightningModule.
+
+The target (``pretrained``, a local checkpoint directory) is frozen: no gradients, eval mode (no dropout), and held
+outside the module's registered children, so that neither the optimizer nor the checkpoint's ``state_dict`` sees it
+(a checkpoint holds the drafter alone and re-reads the target from ``pretrained``; ``.to()`` still moves it).
+
+A training step, as speculators trains DFlash (the target's own greedy output, not the data, is the label):
+
+* the target reads the packed sequence ``src`` (B, T) once under ``no_grad``: its features, the concatenated
+  outputs of the decoder layers ``target_layer_ids`` (``hidden_states[i + 1]``) (B, T, A*H), and its greedy next token
+  at every position, ``labels[t] = argmax(lm_head(last_hidden[t]))`` (B, T);
+* ``M = min(anchors, T - block_size)`` distinct anchors per sequence are drawn from ``[1, T - block_size]`` (sorted;
+  a generator seeded by the step); block m is ``[src[a], mask x (Bk - 1)]`` at positions ``a + [0, Bk)``, embedded
+  with the target's embedding, and sees the features of the positions ``< a``
+  (:meth:`~lightning_bpd.nn.dflash.DFlashDrafter.train_forward`);
+* slot j >= 1 is read through the target's LM head and trained toward ``labels[a + j - 1]`` (the target's choice
+  of the token at position ``a + j``), with the weight ``w_j = exp(-(j - 1) / gamma)``; the loss is the weighted
+  cross-entropy summed over the slots and divided by the number of slots (speculators' normaliser).
+
+Metrics (:func:`block_acceptance`): per-slot accuracy and the expected accepted block size of exact acceptance,
+``1 + sum_j prod_{i <= j} correct_i``. At the end of validation the drafter decodes held-out prompts through the one
+decoding loop (:class:`~lightning_bpd.decoding.proposers.DFlash`, exact acceptance) beside greedy decoding:
+``val/exact_equal`` (1.0 when every continuation equals greedy's), ``val/decode_block`` (mean accepted block size)
+and the model calls of both.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lightning_bpd.decoding import Exact, decode, greedy_decode
+from lightning_bpd.decoding.proposers import DFlash
+from lightning_bpd.hf.causal import load_causal
+from lightning_bpd.hf.prompts import CausalLM, load_tokenizer
+from lightning_bpd.nn.argmax import argmax
+from lightning_bpd.nn.dflash import DFlashConfig, DFlashDrafter, default_target_layers
+from lightning_bpd.tasks.lm.module import LMModule
+
+
+def slot_weights(block_size: int, gamma: float) -> Tensor:
+    """The loss weights of slots 1..Bk-1 (Bk - 1,): ``exp(-(j - 1) / gamma)`` (slot 0, the given token, has none)."""
+    return torch.exp(-torch.arange(block_size - 1, dtype=torch.float32) / gamma)
+
+
+def block_acceptance(logits: Tensor, labels: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Teacher-forced acceptance of drafted blocks. logits (N, M, K, V) of slots 1..K, labels (N, M, K), mask (N, M, K)
+    bool (default all) -> per-slot accuracy (K,) over the unmasked slots, and the expected accepted block size of
+    exact acceptance ``1 + sum_j prod_{i <= j} correct_i`` (a masked slot counts as wrong) averaged over the blocks
+    whose first slot is unmasked (a scalar; 1 where there is none)."""
+    correct = argmax(logits) == labels  # (N, M, K)
+    mask = torch.ones_like(correct) if mask is None else mask.bool()
+    correct = correct & mask
+    acc = correct.sum(dim=(0, 1)).float() / mask.sum(dim=(0, 1)).clamp(min=1).float()  # (K,)
+    accepted = 1 + torch.cumprod(correct.long(), dim=-1).sum(dim=-1).float()  # (N, M)
+    blocks = mask[..., 0]
+    mean = (accepted * blocks).sum() / blocks.sum() if bool(blocks.any()) else accepted.new_ones(())
+    return acc, mean
+
+
+def sample_anchors(batch: int, length: int, block_size: int, count: int, generator: torch.Generator) -> Tensor:
+    """``min(count, length - block_size)`` distinct anchors per row in ``[1, length - block_size]``, sorted (B, M)
+    (on the CPU, from ``generator``)."""
+    room = length - block_size
+    if room < 1:
+        raise ValueError(f"a training sequence of {length} tokens leaves no anchor for blocks of {block_size}: "
+                         "data.seq_len must exceed model.block_size")
+    m = min(count, room)
+    order = torch.rand(batch, room, generator=generator).argsort(dim=1)[:, :m]  # (B, M) distinct
+    return order.sort(dim=1).values + 1
+
+
+def drafter_shape(config: Any) -> dict[str, Any]:
+    """The DFlashConfig fields that follow the target's config (Llama/Qwen-like keys, GPT-2-like ones as their
+    attribute aliases: hidden size, heads; head_dim = H // heads, intermediate 4H where the config names none)."""
+    hidden, heads = int(config.hidden_size), int(config.num_attention_heads)
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    inter = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
+    out: dict[str, Any] = {"hidden_size": hidden, "num_heads": heads, "num_kv_heads": int(kv),
+                           "head_dim": int(head_dim), "intermediate_size": int(inter)}
+    if getattr(config, "rms_norm_eps", None):
+        out["rms_norm_eps"] = float(config.rms_norm_eps)
+    theta = getattr(config, "rope_theta", None) or (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
+    if theta:
+        out["rope_theta"] = float(theta)
+    return out
+
+
+def default_mask_id(tokenizer: Any) -> int:
+    """The tokenizer's mask id, else its pad id, else its EOS id."""
+    for name in ("mask_token_id", "pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            return int(value)
+    raise ValueError("model.mask_token_id: the tokenizer has no mask, pad or EOS token: give one")
+
+
+def lr_factor(step: int, warmup: int, total: float) -> float:
+    """Linear warmup over ``warmup`` steps, then cosine decay to 10% at ``total`` steps (inverse square root after
+    the warmup where ``total`` is unknown, infinite)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if not math.isfinite(total) or total <= warmup:
+        return math.sqrt(max(1, warmup) / (step + 1))
+    progress = min(1.0, (step - warmup) / (total - warmup))
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class DFlashModule(pl.LightningModule):
+    """A DFlash drafter trained on a frozen Hugging Face causal LM (``pretrained``).
+
+    Args:
+        pretrained: a local checkpoint directory with its tokenizer (never downloaded): the target, frozen.
+        num_layers: draft decoder layers.
+        block_size: tokens per drafted block (slot 0 the given token, ``block_size - 1`` drafts), >= 2.
+        target_layer_ids: the target's decoder layers whose outputs are the context (default z-lab's
+            ``default_target_layers(n_target_layers, num_layers)``).
+        mask_token_id: the id of the mask slots (default: the tokenizer's mask, else pad, else EOS id).
+        anchors: random blocks per training sequence.
+        gamma: slot j's loss weight ``exp(-(j - 1) / gamma)``.
+        feature_noise: uniform noise in ``[-x, x]`` added to the target features while training.
+        lr, warmup_steps, weight_decay: AdamW on the drafter (decay on its matrices), linear warmup then cosine
+            decay to 10% of ``lr`` at the run's last step.
+        max_new_tokens: validation decodes continue each held-out prompt by at most this many tokens.
+        decode_prompts: held-out prompts decoded at the end of each validation (0: none).
+    """
+
+    def __init__(self, pretrained: str, num_layers: int = 1, block_size: int = 8,
+                 target_layer_ids: list[int] | None = None, mask_token_id: int | None = None, anchors: int = 32,
+                 gamma: float = 4.0, feature_noise: float = 0.0, lr: float = 6e-4, warmup_steps: int = 100,
+                 weight_decay: float = 0.01, max_new_tokens: int = 32, decode_prompts: int = 8) -> None:
+        super().__init__()
+        if not isinstance(block_size, int) or block_size < 2:
+            raise ValueError(f"model.block_size must be an integer >= 2, got {block_size!r}")
+        for name, value, least in (("num_layers", num_layers, 1), ("anchors", anchors, 1),
+                                   ("max_new_tokens", max_new_tokens, 1), ("warmup_steps", warmup_steps, 0),
+                                   ("decode_prompts", decode_prompts, 0)):
+            if value < least:
+                raise ValueError(f"model.{name} must be >= {least}, got {value}")
+        if not gamma > 0 or feature_noise < 0 or not lr > 0 or weight_decay < 0:
+            raise ValueError(f"model: need gamma > 0, feature_noise >= 0, lr > 0 and weight_decay >= 0, got "
+                             f"{gamma}, {feature_noise}, {lr}, {weight_decay}")
+        if pretrained is None or not os.path.isdir(os.fspath(pretrained)):
+            raise ValueError(f"model.pretrained: {pretrained} is not a directory (a local Hugging Face causal LM "
+                             "checkpoint with its tokenizer)")
+        pretrained = os.path.abspath(os.fspath(pretrained))
+        target = load_causal(pretrained, k=1, frozen=True)
+        target.eval().requires_grad_(False)
+        tokenizer = load_tokenizer(pretrained)
+        n = target.n_layers
+        layers = list(target_layer_ids) if target_layer_ids is not None else default_target_layers(n, num_layers)
+        bad = [i for i in layers if not 0 <= int(i) < n]
+        if not layers or bad:
+            raise ValueError(f"model.target_layer_ids {layers}: each must be a decoder layer of the target in "
+                             f"[0, {n - 1}]")
+        mask_id = default_mask_id(tokenizer) if mask_token_id is None else int(mask_token_id)
+        if not 0 <= mask_id < target.vocab_size:
+            raise ValueError(f"model.mask_token_id {mask_id} is not a token of the target's vocabulary "
+                             f"[0, {target.vocab_size})")
+        config = DFlashConfig(**drafter_shape(target.base.config), target_layer_ids=tuple(int(i) for i in layers),
+                              mask_token_id=mask_id, num_layers=num_layers, block_size=block_size)
+        self.drafter = DFlashDrafter(config)
+        # the target: not a registered child (no optimizer, no state_dict, no .train()); _apply moves it along
+        object.__setattr__(self, "model", target)
+        object.__setattr__(self, "lm", CausalLM(target, tokenizer))
+        self.save_hyperparameters({"pretrained": pretrained, "num_layers": num_layers, "block_size": block_size,
+                                   "target_layer_ids": list(config.target_layer_ids), "mask_token_id": mask_id,
+                                   "anchors": anchors, "gamma": gamma, "feature_noise": feature_noise, "lr": lr,
+                                   "warmup_steps": warmup_steps, "weight_decay": weight_decay,
+                                   "max_new_tokens": max_new_tokens, "decode_prompts": decode_prompts})
+        self.register_buffer("weights", slot_weights(block_size, gamma), persistent=False)
+        self.block_size, self.anchors, self.gamma, self.feature_noise = block_size, anchors, gamma, feature_noise
+        self.max_new_tokens, self.decode_prompts = max_new_tokens, decode_prompts
+        self.rank_agreement = None  # DecodeEval's table of heads (none here)
+
+    # ---- the frozen target -----------------------------------------------------------------------------------
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> DFlashModule:
+        super()._apply(fn, *args, **kwargs)
+        self.model._apply(fn, *args, **kwargs)
+        return self
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.lm.tokenizer
+
+    @torch.no_grad()
+    def target_pass(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """The target over ``src`` (B, T): its features at ``target_layer_ids`` (B, T, A*H) and its greedy next token
+        at every position (B, T)."""
+        layers = self.drafter.config.target_layer_ids
+        out = self.model.trunk(input_ids=src, output_hidden_states=True, use_cache=False)
+        features = torch.cat([out.hidden_states[i + 1] for i in layers], dim=-1)
+        labels = torch.stack([argmax(self.model.logits_first(h)) for h in out.last_hidden_state])  # row by row
+        return features, labels
+
+    def blocks(self, src: Tensor, anchors: Tensor, labels: Tensor, real: Tensor) -> tuple[Tensor, Tensor, Tensor,
+                                                                                          Tensor, Tensor]:
+        """For anchors (B, M) of ``src`` (B, T): the block embeddings (B, M, Bk, H), positions (B, M, Bk), slot labels
+        (B, M, Bk - 1) (``labels[a + j - 1]`` for slot j), the slot mask (B, M, Bk - 1) (slots whose label reads only
+        the first ``real`` (B,) tokens) and the anchors' validity (B, M)."""
+        bk = self.block_size
+        first = src.gather(1, anchors)  # (B, M)
+        tokens = torch.cat([first[..., None], first.new_full((*first.shape, bk - 1), self.drafter.config.mask_token_id)],
+                           dim=-1)  # (B, M, Bk)
+        with torch.no_grad():
+            embeds = self.model.embed_tokens(tokens)
+        positions = anchors[..., None] + torch.arange(bk, device=src.device)  # (B, M, Bk)
+        where = positions[..., :-1]  # (B, M, Bk - 1): slot j's label sits at a + j - 1
+        slot_labels = labels.gather(1, where.flatten(1)).view(where.shape)
+        mask = where < real[:, None, None]
+        return embeds, positions, slot_labels, mask, anchors < real[:, None]
+
+    def step(self, batch: dict[str, Tensor], generator: torch.Generator, noise: float) -> dict[str, Tensor]:
+        """The loss and metrics of one batch (anchors from ``generator``, feature noise ``noise``)."""
+        src = batch["src"]
+        b, t = src.shape
+        if t <= self.block_size:
+            raise ValueError(f"a training sequence of {t} tokens is not longer than model.block_size "
+                             f"{self.block_size}: raise data.seq_len")
+        features, labels = self.target_pass(src)
+        length = batch.get("length")
+        real = (length + 1).clamp(max=t) if length is not None else torch.full((b,), t, device=src.device)
+        anchors = sample_anchors(b, t, self.block_size, self.anchors, generator).to(src.device)
+        embeds, positions, slot_labels, mask, valid = self.blocks(src, anchors, labels, real.to(src.device))
+        dtype = self.drafter.fc.weight.dtype
+        features = features.to(dtype)
+        if noise > 0:
+            features = features + (torch.rand_like(features) * 2 - 1) * noise
+        h = self.drafter.train_forward(features, embeds.to(dtype), anchors, positions, valid)  # (B, M, Bk, H)
+        lm_dtype = self.model.base.get_output_embeddings().weight.dtype
+        logits = self.model.logits_first(h[:, :, 1:].to(lm_dtype)).float()  # (B, M, Bk - 1, V)
+        ce = F.cross_entropy(logits.flatten(0, 2), slot_labels.flatten(), reduction="none").view(slot_labels.shape)
+        m = mask.float()
+        loss = (ce * self.weights * m).sum() / (m.sum() + 1e-5)
+        acc, accepted = block_acceptance(logits.detach(), slot_labels, mask)
+        return {"loss": loss, "acc": acc, "accepted": accepted}
+
+    def generator(self, seed: int) -> torch.Generator:
+        return torch.Generator().manual_seed(seed)
+
+    def log_metrics(self, prefix: str, out: dict[str, Tensor], n: int) -> None:
+        self.log(f"{prefix}/loss", out["loss"], prog_bar=True, batch_size=n, sync_dist=prefix != "train")
+        self.log(f"{prefix}/accepted", out["accepted"], prog_bar=True, batch_size=n, sync_dist=prefix != "train")
+        for j, value in enumerate(out["acc"].tolist(), start=1):
+            self.log(f"{prefix}/acc_slot{j}", value, batch_size=n, sync_dist=prefix != "train")
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        out = self.step(batch, self.generator(self.global_step), self.feature_noise)
+        self.log_metrics("train", out, batch["src"].shape[0])
+        return out["loss"]
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        out = self.step(batch, self.generator(10**9 + batch_idx), 0.0)  # the same anchors at every validation
+        self.log_metrics("val", out, batch["src"].shape[0])
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking or not self.decode_prompts:
+            return
+        metrics = self.decode_check(self.decode_eval_batches("val", self.decode_prompts, self.decode_prompts))
+        for key, value in metrics.items():
+            self.log(f"val/{key}", value, rank_zero_only=True)
+
+    @torch.no_grad()
+    def decode_check(self, batches: list[Any]) -> dict[str, float]:
+        """Decode every batch greedily and with the drafter (exact acceptance): ``exact_equal`` (1.0 when every
+        continuation is greedy's), ``decode_block`` (the drafter's mean accepted block size), the calls of both."""
+        drafter = self.drafter
+        dtype = self.model.base.get_output_embeddings().weight.dtype
+        if drafter.fc.weight.dtype != dtype:  # decode with the target's dtype (its features are)
+            drafter = copy.deepcopy(drafter).to(dtype)
+        was = drafter.training
+        drafter.eval()
+        equal, blocks, calls, greedy_calls = True, [], 0, 0
+        try:
+            for batch in batches:
+                want = greedy_decode(self.model, batch.src, batch.max_len)
+                got = decode(self.model, batch.src, Exact(), DFlash(drafter), max_len=batch.max_len)
+                equal = equal and got.sequences() == want.sequences()
+                blocks += [size for row in got.block_sizes for size in row]
+                calls, greedy_calls = calls + got.model_calls, greedy_calls + want.model_calls
+        finally:
+            drafter.train(was)
+        return {"exact_equal": float(equal), "decode_block": sum(blocks) / max(1, len(blocks)),
+                "decode_calls": float(calls), "greedy_calls": float(greedy_calls)}
+
+    # ---- optimizer -------------------------------------------------------------------------------------------
+    def configure_optimizers(self) -> Any:
+        hp = self.hparams
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=(0.9, 0.95))
+        total = float(self.trainer.estimated_stepping_batches) if self._trainer is not None else math.inf
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, hp.warmup_steps, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    # ---- checks and checkpoints ------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        """A training sequence must exceed the block size and fit the target's context (checked before any step)."""
+        seq_len = getattr(getattr(self._trainer, "datamodule", None), "seq_len", None)
+        if seq_len is not None and seq_len <= self.block_size:
+            raise ValueError(f"data.seq_len {seq_len} must exceed model.block_size {self.block_size}")
+        positions = self.model.n_positions
+        if seq_len is not None and positions is not None and seq_len > positions:
+            raise ValueError(f"data.seq_len {seq_len} is longer than the model's context ({positions} positions)")
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        cls = type(self)
+        checkpoint["lightning_bpd_class"] = f"{cls.__module__}.{cls.__qualname__}"
+        checkpoint["dflash_config"] = self.drafter.config.to_dict()
+        checkpoint["hf_pretrained"] = self.hparams.pretrained
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The drafter rebuilt from the hyperparameters must be the one saved (same target, same shapes)."""
+        saved = checkpoint.get("dflash_config")
+        if saved is not None and saved != self.drafter.config.to_dict():
+            raise ValueError(f"the checkpoint's drafter {saved} is not the one its options build on "
+                             f"{self.hparams.pretrained} ({self.drafter.config.to_dict()}): was the target changed?")
+
+    @classmethod
+    def init_args_of_checkpoint(cls, hparams: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``__init__`` arguments kept in a checkpoint's hyperparameters."""
+        names = set(inspect.signature(cls.__init__).parameters) - {"self"}
+        return {key: value for key, value in hparams.items() if key in names}
+
+    # ---- held-out prompts (LMModule's, on the target) and DecodeEval's hooks ------------------------------------
+    encode_prompts = LMModule.encode_prompts
+    detokenize = LMModule.detokenize
+    max_decode_len = LMModule.max_decode_len
+    make_criterion = LMModule.make_criterion
+    decode_eval_batches = LMModule.decode_eval_batches
+    decode_eval_metrics = LMModule.decode_eval_metrics
+    render_blocks = LMModule.render_blocks
+    decode_eval_samples = LMModule.decode_eval_samples
+
+
+
+__all__ = ["DFlashModule", "block_acceptance", "default_mask_id", "drafter_shape", "lr_factor", "sample_anchors",
+           "slot_weights"]
+
