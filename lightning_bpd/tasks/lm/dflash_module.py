@@ -112,7 +112,7 @@ def lr_factor(step: int, warmup: int, total: float) -> float:
     if step < warmup:
         return (step + 1) / warmup
     if not math.isfinite(total) or total <= warmup:
-        return math.sqrt(max(1, warmup) / (step + 1))
+        return math.sqrt(max(1, warmup) / max(1, step))
     progress = min(1.0, (step - warmup) / (total - warmup))
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
