@@ -129,6 +129,13 @@ def logged(run: Path) -> dict[str, float]:
     return out
 
 
+def test_a_sequence_not_longer_than_a_block_is_one_error_line(checkpoint, data, tmp_path):
+    with pytest.raises(SystemExit, match=r"^error: data.seq_len 8 must exceed model.block_size 8$"):
+        main(["fit", "--config", str(CONF_DIR / "lm" / "dflash.yaml"), f"--model.init_args.pretrained={checkpoint}",
+              f"--data.init_args.root={data}", f"--run_dir={tmp_path / 'run'}", "--trainer.logger=false",
+              "--trainer.accelerator=cpu", "--data.init_args.seq_len=8"])
+
+
 def test_fit_writes_a_drafter_checkpoint_that_decodes_as_greedy(checkpoint, data, tmp_path):
     run = tmp_path / "run"
     logger = json.dumps({"class_path": "pytorch_lightning.loggers.CSVLogger", "init_args": {"save_dir": str(run)}})
@@ -158,8 +165,16 @@ def test_fit_writes_a_drafter_checkpoint_that_decodes_as_greedy(checkpoint, data
     assert got.sequences() == want and max(len(r) for r in want) == 12
 
 
+def repetitive_corpus(root: Path) -> Path:
+    """One short function written over and over (the target's greedy tokens then repeat with the text)."""
+    for split in ("train", "val"):
+        (root / split).mkdir(parents=True)
+        (root / split / "rep.py").write_text("def f_1(x, y):\n    x = x + 3\n    return x\n\n" * 60, encoding="utf-8")
+    return root
+
+
 def accepted_curve(checkpoint: Path, data: Path, steps: int) -> list[float]:
-    """``train/accepted`` of each step of plain AdamW steps on the tiny corpus's training sequences."""
+    """``train/accepted`` of each of ``steps`` plain AdamW steps on the training sequences of ``data``."""
     from lightning_bpd.tasks.lm import LMDataModule
 
     module = DFlashModule(str(checkpoint), block_size=4, anchors=16, lr=3e-3, warmup_steps=10)
@@ -177,8 +192,7 @@ def accepted_curve(checkpoint: Path, data: Path, steps: int) -> list[float]:
     return curve
 
 
-@pytest.mark.slow
-def test_training_raises_the_accepted_block_size(checkpoint, data):
-    curve = accepted_curve(checkpoint, data, 300)
-    first, last = sum(curve[:20]) / 20, sum(curve[-20:]) / 20
-    assert last > first + 0.5, (first, last)
+def test_training_raises_the_accepted_block_size(checkpoint, tmp_path):
+    curve = accepted_curve(checkpoint, repetitive_corpus(tmp_path / "rep"), 300)
+    first, last = sum(curve[:20]) / 20, sum(curve[-20:]) / 20  # blocks of 4: 1 (nothing right) to 4 (all right)
+    assert first < 1.6 and last > 3.0, (first, last)
