@@ -94,7 +94,8 @@ def test_a_step_trains_the_drafter_only(checkpoint):
     out["loss"].backward()
     assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in module.drafter.parameters())
     assert all(p.grad is None and not p.requires_grad for p in module.model.base.parameters())
-    optimizer = torch.optim.AdamW(module.drafter.parameters(), lr=1e-2)
+    optimizer = module.configure_optimizers()["optimizer"]  # AdamW on the drafter's parameters, all of them
+    assert {id(p) for g in optimizer.param_groups for p in g["params"]} == {id(p) for p in module.drafter.parameters()}
     drafter_before = [p.clone() for p in module.drafter.parameters()]
     optimizer.step()
     assert all(torch.equal(v, module.model.base.state_dict()[k]) for k, v in before.items())
