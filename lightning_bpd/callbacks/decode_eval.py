@@ -66,15 +66,21 @@ class DecodeEvalTask(Protocol):
         ...
 
     # optional: def decode_eval_extras(self, batches: list[EvalBatch]) -> dict[str, float]
+    # optional: def decode_eval_proposer(self, model: Any) -> Proposer  (what proposes instead of the model's heads)
 
 
 def build_methods(task: DecodeEvalTask, criteria: list[str], k: int | None = None,
                   model: Any = None) -> tuple[list[str], dict[str, DecodeMethod]]:
     """The methods of ``criteria`` with their baselines (greedy always), baselines first: ``(order, methods)``;
-    ``model``: what they decode with (default the task's model; or a runtime of it)."""
+    ``model``: what they decode with (default the task's model; or a runtime of it). A task with the optional hook
+    ``decode_eval_proposer(model)`` (a DFlash drafter's module) has its blockwise rules proposed by what it returns
+    instead of the model's heads."""
+    model = task.model if model is None else model
+    hook = getattr(task, "decode_eval_proposer", None)
+    proposer = hook(model) if hook is not None and criteria else None
 
     def make(spec: str) -> DecodeMethod:
-        return make_method(spec, task.make_criterion, task.model if model is None else model, k)
+        return make_method(spec, task.make_criterion, model, k, proposer=proposer)
 
     methods = {"greedy": make("greedy"), **{spec: make(spec) for spec in criteria}}
     return with_baselines(["greedy", *criteria], methods, make), methods

@@ -19,10 +19,11 @@ A training step, as speculators trains DFlash (the target's own greedy output, n
   cross-entropy summed over the slots and divided by the number of slots (speculators' normaliser).
 
 Metrics (:func:`block_acceptance`): per-slot accuracy and the expected accepted block size of exact acceptance,
-``1 + sum_j prod_{i <= j} correct_i``. At the end of validation the drafter decodes held-out prompts through the one
-decoding loop (:class:`~lightning_bpd.decoding.proposers.DFlash`, exact acceptance) beside greedy decoding:
-``val/exact_equal`` (1.0 when every continuation equals greedy's), ``val/decode_block`` (mean accepted block size)
-and the model calls of both.
+``1 + sum_j prod_{i <= j} correct_i``. At the end of validation :class:`~lightning_bpd.callbacks.decode_eval.DecodeEval`
+decodes held-out prompts greedily and with its blockwise rules (``decode_eval.criteria: [exact]``), the drafter
+proposing (:meth:`DFlashModule.decode_eval_proposer`, :class:`~lightning_bpd.decoding.proposers.DFlash` through the
+one decoding loop): ``val/exact/matches_greedy`` (1.0 when every continuation equals greedy's),
+``val/exact/mean_accepted_block_size``, ``val/exact/model_calls`` and ``val/exact/speedup`` beside greedy's.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_bpd.decoding import Exact, decode, greedy_decode
 from lightning_bpd.decoding.proposers import DFlash
 from lightning_bpd.hf.causal import load_causal
 from lightning_bpd.hf.prompts import CausalLM, load_tokenizer
@@ -117,6 +117,62 @@ def lr_factor(step: int, warmup: int, total: float) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+DFLASH_CLASS = "lightning_bpd.tasks.lm.dflash_module.DFlashModule"
+
+
+def check_drafter_fits(drafter: Any, model: Any, what: str = "the drafter") -> None:
+    """ValueError (one line) unless ``drafter``'s shapes are those the target ``model`` (a causal LM, or a runtime of
+    one) gives it: hidden size, heads, its layers and mask id within the target's."""
+    base = getattr(model, "base", None)
+    config = getattr(base, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False) or model.encode_features is None:
+        raise ValueError(f"{what} drafts for a Hugging Face causal LM; this checkpoint's model "
+                         f"({type(model).__name__}) offers no target features")
+    want, have = drafter_shape(config), drafter.config
+    differ = [f"{key} {getattr(have, key)} (target {value})" for key, value in want.items()
+              if key in ("hidden_size", "num_heads", "num_kv_heads", "head_dim") and getattr(have, key) != value]
+    layers = int(config.num_hidden_layers)
+    if any(not 0 <= i < layers for i in have.target_layer_ids):
+        differ.append(f"target_layer_ids {list(have.target_layer_ids)} (target layers 0..{layers - 1})")
+    if model.vocab_size is not None and not 0 <= have.mask_token_id < model.vocab_size:
+        differ.append(f"mask_token_id {have.mask_token_id} (target vocabulary {model.vocab_size})")
+    if differ:
+        raise ValueError(f"{what} was trained on another target: " + ", ".join(differ))
+
+
+def drafter_for(drafter: Any, model: Any) -> Any:
+    """A copy of ``drafter`` in eval mode, in the dtype and on the device of ``model``'s embeddings (a causal LM or a
+    runtime of one: its features come in that dtype), for decoding; the trained drafter is not touched."""
+    weight = model.base.get_input_embeddings().weight
+    return copy.deepcopy(drafter).to(device=weight.device, dtype=weight.dtype).eval()
+
+
+def dflash_proposer(drafter: Any, model: Any, block_size: int | None = None, what: str = "the drafter") -> DFlash:
+    """The DFlash proposer of ``drafter`` on the target ``model`` (checked to fit it; :func:`drafter_for`)."""
+    check_drafter_fits(drafter, model, what)
+    return DFlash(drafter_for(drafter, model), block_size)
+
+
+def load_drafter(path: str | os.PathLike) -> DFlashDrafter:
+    """The drafter alone of a DFlashModule checkpoint (its target is not loaded); one-line ValueError on a file that
+    is none (a heads checkpoint, a folder, ...)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no DFlash drafter checkpoint there (give the .ckpt of a fit with conf/lm/dflash.yaml)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # noqa: BLE001 (a corrupt or foreign file: say so once)
+        raise ValueError(f"{path} is not a readable PyTorch checkpoint ({type(err).__name__})") from None
+    kind = ckpt.get("lightning_bpd_class") if isinstance(ckpt, dict) else None
+    if kind != DFLASH_CLASS or "dflash_config" not in ckpt:
+        raise ValueError(f"{path} is not a DFlash drafter checkpoint ({str(kind or 'not lightning_bpd').rpartition('.')[2]}"
+                         "): give the .ckpt of a fit with conf/lm/dflash.yaml")
+    drafter = DFlashDrafter(DFlashConfig.from_dict(ckpt["dflash_config"]))
+    state = {k.removeprefix("drafter."): v for k, v in ckpt["state_dict"].items() if k.startswith("drafter.")}
+    drafter.load_state_dict(state, strict=True)
+    return drafter.eval()
+
+
 class DFlashModule(pl.LightningModule):
     """A DFlash drafter trained on a frozen Hugging Face causal LM (``pretrained``).
 
@@ -132,20 +188,18 @@ class DFlashModule(pl.LightningModule):
         feature_noise: uniform noise in ``[-x, x]`` added to the target features while training.
         lr, warmup_steps, weight_decay: AdamW on the drafter (decay on its matrices), linear warmup then cosine
             decay to 10% of ``lr`` at the run's last step.
-        max_new_tokens: validation decodes continue each held-out prompt by at most this many tokens.
-        decode_prompts: held-out prompts decoded at the end of each validation (0: none).
+        max_new_tokens: validation decodes (and ``decode``'s default) continue each prompt by at most this many tokens.
     """
 
     def __init__(self, pretrained: str, num_layers: int = 1, block_size: int = 8,
                  target_layer_ids: list[int] | None = None, mask_token_id: int | None = None, anchors: int = 32,
                  gamma: float = 4.0, feature_noise: float = 0.0, lr: float = 6e-4, warmup_steps: int = 100,
-                 weight_decay: float = 0.01, max_new_tokens: int = 32, decode_prompts: int = 8) -> None:
+                 weight_decay: float = 0.01, max_new_tokens: int = 32) -> None:
         super().__init__()
         if not isinstance(block_size, int) or block_size < 2:
             raise ValueError(f"model.block_size must be an integer >= 2, got {block_size!r}")
         for name, value, least in (("num_layers", num_layers, 1), ("anchors", anchors, 1),
-                                   ("max_new_tokens", max_new_tokens, 1), ("warmup_steps", warmup_steps, 0),
-                                   ("decode_prompts", decode_prompts, 0)):
+                                   ("max_new_tokens", max_new_tokens, 1), ("warmup_steps", warmup_steps, 0)):
             if value < least:
                 raise ValueError(f"model.{name} must be >= {least}, got {value}")
         if not gamma > 0 or feature_noise < 0 or not lr > 0 or weight_decay < 0:
@@ -178,10 +232,10 @@ class DFlashModule(pl.LightningModule):
                                    "target_layer_ids": list(config.target_layer_ids), "mask_token_id": mask_id,
                                    "anchors": anchors, "gamma": gamma, "feature_noise": feature_noise, "lr": lr,
                                    "warmup_steps": warmup_steps, "weight_decay": weight_decay,
-                                   "max_new_tokens": max_new_tokens, "decode_prompts": decode_prompts})
+                                   "max_new_tokens": max_new_tokens})
         self.register_buffer("weights", slot_weights(block_size, gamma), persistent=False)
         self.block_size, self.anchors, self.gamma, self.feature_noise = block_size, anchors, gamma, feature_noise
-        self.max_new_tokens, self.decode_prompts = max_new_tokens, decode_prompts
+        self.max_new_tokens = max_new_tokens
         self.rank_agreement = None  # DecodeEval's table of heads (none here)
 
     # ---- the frozen target -----------------------------------------------------------------------------------
@@ -264,35 +318,10 @@ class DFlashModule(pl.LightningModule):
         out = self.step(batch, self.generator(10**9 + batch_idx), 0.0)  # the same anchors at every validation
         self.log_metrics("val", out, batch["src"].shape[0])
 
-    def on_validation_epoch_end(self) -> None:
-        if self.trainer.sanity_checking or not self.decode_prompts:
-            return
-        metrics = self.decode_check(self.decode_eval_batches("val", self.decode_prompts, self.decode_prompts))
-        for key, value in metrics.items():
-            self.log(f"val/{key}", value, rank_zero_only=True)
-
-    @torch.no_grad()
-    def decode_check(self, batches: list[Any]) -> dict[str, float]:
-        """Decode every batch greedily and with the drafter (exact acceptance): ``exact_equal`` (1.0 when every
-        continuation is greedy's), ``decode_block`` (the drafter's mean accepted block size), the calls of both."""
-        drafter = self.drafter
-        dtype = self.model.base.get_output_embeddings().weight.dtype
-        if drafter.fc.weight.dtype != dtype:  # decode with the target's dtype (its features are)
-            drafter = copy.deepcopy(drafter).to(dtype)
-        was = drafter.training
-        drafter.eval()
-        equal, blocks, calls, greedy_calls = True, [], 0, 0
-        try:
-            for batch in batches:
-                want = greedy_decode(self.model, batch.src, batch.max_len)
-                got = decode(self.model, batch.src, Exact(), DFlash(drafter), max_len=batch.max_len)
-                equal = equal and got.sequences() == want.sequences()
-                blocks += [size for row in got.block_sizes for size in row]
-                calls, greedy_calls = calls + got.model_calls, greedy_calls + want.model_calls
-        finally:
-            drafter.train(was)
-        return {"exact_equal": float(equal), "decode_block": sum(blocks) / max(1, len(blocks)),
-                "decode_calls": float(calls), "greedy_calls": float(greedy_calls)}
+    def decode_eval_proposer(self, model: Any) -> DFlash:
+        """What proposes in :class:`~lightning_bpd.callbacks.decode_eval.DecodeEval`'s blockwise methods: the drafter
+        (a copy in the dtype of ``model``, the target or a runtime of it)."""
+        return dflash_proposer(self.drafter, model)
 
     # ---- optimizer -------------------------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
@@ -346,6 +375,6 @@ class DFlashModule(pl.LightningModule):
 
 
 
-__all__ = ["DFlashModule", "block_acceptance", "default_mask_id", "drafter_shape", "lr_factor", "sample_anchors",
-           "slot_weights"]
+__all__ = ["DFlashModule", "block_acceptance", "check_drafter_fits", "default_mask_id", "dflash_proposer",
+           "drafter_for", "drafter_shape", "load_drafter", "lr_factor", "sample_anchors", "slot_weights"]
 
