@@ -52,3 +52,12 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", base: str |
     module.on_load_checkpoint(ckpt)
     module.load_state_dict(ckpt["state_dict"], strict=True)
     return module.to(device).eval()
+
+
+def load_error(err: Exception, base: str | Path | None = None) -> str:
+    """One line for a command that could not load a checkpoint: ``err``'s first line, with a hint where the base
+    directory a Hugging Face run names (a DFlash drafter's target, ...) is missing and no ``--base`` was given."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if base is None and "pretrained" in text and "not a directory" in text:
+        text += "; if the base (target) moved since the run, give --base DIR"
+    return text

@@ -59,7 +59,7 @@ from lightning_bpd.benchmarks.ctranslate2_hf import CT2_HINT, CT2Translator, cut
 from lightning_bpd.benchmarks.ctranslate2_peer import failure, quiet_transformers
 from lightning_bpd.benchmarks.ours import ours, runtime_options
 from lightning_bpd.benchmarks.tally import Tally, differing
-from lightning_bpd.checkpoints import load_model
+from lightning_bpd.checkpoints import load_error, load_model
 from lightning_bpd.commands.bench_generate_lm import add_lm_args, main_lm
 from lightning_bpd.decoding import Tree
 from lightning_bpd.decoding.proposers import PromptLookup
@@ -84,8 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd bench-generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint of a Hugging Face heads run (translation or language "
-                   "model), or a save_heads folder")
-    p.add_argument("--base", default=None, help="the base directory, if it moved since the run (load_model's base=)")
+                   "model), a save_heads folder, or a DFlash drafter's run (row dflash)")
+    p.add_argument("--base", default=None, help="the base (a DFlash drafter's target) directory, if it moved since the "
+                   "run (load_model's base=)")
     p.add_argument("--input", default=None, help="source sentences, one per line (.gz allowed); a language model: "
                    'JSON Lines, each {"prompt": "..."} (or --data-root)')
     p.add_argument("--limit", type=int, default=100, dest="inputs",
@@ -93,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     deprecated_alias(p, "--inputs", "--limit")
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
     p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
-    p.add_argument("--k", type=int, default=None, help="heads used by our exact decoding (default: all)")
+    p.add_argument("--k", type=int, default=None, help="heads used by our exact decoding (default: all); a DFlash "
+                   "checkpoint: the drafter's block size (default: its own)")
     p.add_argument("--tree-nodes", type=tree_nodes_arg, nargs="+", default=[],
                    help="also decode exact with the tree of N nodes per budget (rows exact+nodes<N>); auto (auto:M): "
                         "the budget up to 64 (M) that pays on this machine, timed at the smallest batch size "
@@ -246,10 +248,11 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         module = load_model(args.ckpt, args.device, base=args.base)
     except (ValueError, TypeError, FileNotFoundError) as err:
-        sys.exit(f"hf_generate: {str(err).strip().splitlines()[0]}")
+        sys.exit(f"hf_generate: {load_error(err, args.base)}")
+    from lightning_bpd.tasks.lm.dflash_module import DFlashModule
     from lightning_bpd.tasks.lm.module import LMModule
 
-    if isinstance(module, LMModule):  # a language model: prompts, generate's peers, llama.cpp
+    if isinstance(module, (LMModule, DFlashModule)):  # a language model: prompts, generate's peers, llama.cpp
         return main_lm(module, args)
     try:
         if args.input is None:

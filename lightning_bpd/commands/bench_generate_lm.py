@@ -11,7 +11,10 @@ config; batch 1 and larger, left-padded ragged batches), ``hf_prompt_lookup`` (`
 LM run's checkpoint whose base is the draft; ``assistant_model=``, batch 1), ``exact`` (ours, through the inference
 runtime with ``--precision``, ``--proposal-precision``, ``--draft-vocab``; ``exact+nodes<N>`` per ``--tree-nodes``),
 ``prompt_lookup`` (ours: :class:`~lightning_bpd.decoding.proposers.PromptLookup` with generate's n-gram size and token
-count, exact, at every batch size)
+count, exact, at every batch size); on a DFlash drafter's checkpoint (a fit with ``conf/lm/dflash.yaml``; ``--base
+DIR`` where its target moved) ``dflash`` replaces ``exact``: exact acceptance of the target through the inference
+runtime at ``--precision``, the drafter proposing (:class:`~lightning_bpd.decoding.proposers.DFlash`; ``--k`` its
+block size, default the drafter's), and the ``generate`` rows run the target
 and, with ``--peers llamacpp``, ``llamacpp_f32`` (:mod:`lightning_bpd.benchmarks.llamacpp_peer`: the base written as
 a float32 GGUF, greedy in llama.cpp with ``--llamacpp-threads`` threads, batch 1; the GGUF must tokenize every prompt
 as the checkpoint's tokenizer does, else the command stops with one line).
@@ -49,9 +52,22 @@ from lightning_bpd.benchmarks.lm_generate import (
 )
 from lightning_bpd.benchmarks.lm_prompts import add_prompt_args, lm_prompts, new_tokens
 from lightning_bpd.benchmarks.ours import ours, runtime_options
+from lightning_bpd.decoding import Exact
 from lightning_bpd.records import device_name, write_json
 
 OURS_LOOKUP = "prompt_lookup"  # our prompt lookup (PromptLookup through the one loop), exact, any batch size
+DFLASH = "dflash"  # a DFlash checkpoint's row of ours: exact, the drafter proposing, the target verifying
+
+
+def is_dflash(module: Any) -> bool:
+    from lightning_bpd.tasks.lm.dflash_module import DFlashModule
+
+    return isinstance(module, DFlashModule)
+
+
+def main_row(module: Any) -> str:
+    """The name of our main row: ``exact`` with the heads, ``dflash`` with a DFlash drafter."""
+    return DFLASH if is_dflash(module) else OURS
 
 
 def add_lm_args(p: argparse.ArgumentParser) -> None:
@@ -75,19 +91,20 @@ def assistant_record(draft: Any, path: str) -> dict[str, Any]:
 
 
 def print_header(result: dict[str, Any], precision: str) -> None:
-    print(f"device: {result['device_name']}; ours = exact blockwise decoding at precision {precision}; "
+    what = "exact with the DFlash drafter" if result.get("drafter") else "exact blockwise decoding"
+    print(f"device: {result['device_name']}; ours = {what} at precision {precision}; "
           f"{result['inputs']} prompts, at most {result['max_new_tokens']} new tokens; x gen = generate's seconds over "
           "the method's; x ours = the method's seconds over ours; differ = rows whose tokens differ from hf_generate's")
     print(f"{'batch':>5s} {'method':22s} {'s/input':>9s} {'tok/s':>8s} {'ms/tok':>7s} {'x gen':>6s} {'x ours':>6s} "
           f"{'block':>6s} {'differ':>6s}")
 
 
-def print_rows(batch_size: int, report: dict[str, Any]) -> None:
+def print_rows(batch_size: int, report: dict[str, Any], mine: str = OURS) -> None:
     for name, r in report.items():
         if "skipped" in r:
             print(f"{batch_size:5d} {name:22s} skipped: {r['skipped']}", flush=True)
             continue
-        ours = report.get(OURS, {}).get("speedup_over", {}).get(name)
+        ours = report.get(mine, {}).get("speedup_over", {}).get(name)
         block = f"{r['mean_accepted_block_size']:6.2f}" if "mean_accepted_block_size" in r else f"{'':>6s}"
         print(f"{batch_size:5d} {name:22s} {r['seconds_per_input_median']:9.4f} {r['tokens_per_second']:8.1f} "
               f"{r['ms_per_output_token']:7.3f} {r['speedup_over_hf_generate']:6.2f} "
@@ -96,9 +113,10 @@ def print_rows(batch_size: int, report: dict[str, Any]) -> None:
 
 
 def lm_methods(model: Any, runtime: Any, args: argparse.Namespace, trees: dict[str, Any],
-               draft: Any) -> dict[str, Any]:
-    """generate greedy, prompt lookup, assisted generation (with ``draft``), ours, ours per tree and our prompt lookup
-    (any batch size; the same n-gram size and token count as generate's), by name."""
+               draft: Any, dflash: Any = None) -> dict[str, Any]:
+    """generate greedy, prompt lookup, assisted generation (with ``draft``), ours (``dflash``: the DFlash proposer,
+    row ``dflash``), ours per tree and our prompt lookup (any batch size; the same n-gram size and token count as
+    generate's), by name."""
     from lightning_bpd.decoding.proposers import PromptLookup
 
     eos = list(model.generation_rules.eos_ids or [model.eos_id])
@@ -106,15 +124,15 @@ def lm_methods(model: Any, runtime: Any, args: argparse.Namespace, trees: dict[s
         GENERATE: LMGenerate(model.base, model.pad_id, eos),
         LOOKUP: LMGenerate(model.base, model.pad_id, eos, lookup=(args.prompt_lookup_tokens, args.max_matching_ngram)),
         **({ASSISTED: LMGenerate(model.base, model.pad_id, eos, assistant=draft)} if draft is not None else {}),
-        OURS: ours(runtime, args.k),
+        **({DFLASH: ours(runtime, None, proposer=dflash)} if dflash is not None else {OURS: ours(runtime, args.k)}),
         **{name: ours(runtime, args.k, tree) for name, tree in trees.items()},
         OURS_LOOKUP: ours(runtime, None, proposer=PromptLookup(args.max_matching_ngram, args.prompt_lookup_tokens)),
     }
 
 
-def prepare(module: Any, args: argparse.Namespace) -> tuple[int, list[str], Any, Any, dict[str, Any], Any]:
-    """The cap, the prompts, the inference options, the runtime, the trees and the draft model (or None); ValueError
-    (one line) on bad input."""
+def prepare(module: Any, args: argparse.Namespace) -> tuple[int, list[str], Any, Any, dict[str, Any], Any, Any]:
+    """The cap, the prompts, the inference options, the runtime, the trees, the draft model (or None) and the DFlash
+    proposer (of a DFlash checkpoint, else None); ValueError (one line) on bad input."""
     from lightning_bpd.evaluation import budget_trees
     from lightning_bpd.inference import build_runtime
     from lightning_bpd.inference.arguments import options_from_args
@@ -124,15 +142,24 @@ def prepare(module: Any, args: argparse.Namespace) -> tuple[int, list[str], Any,
         raise ValueError("--peers ctranslate2 benches seq2seq checkpoints; on a language model use --peers llamacpp")
     max_new = new_tokens(module, args)
     prompts = lm_prompts(module, args, max_new)
-    if args.k is not None and not 1 <= args.k <= model.k:
+    if is_dflash(module) and args.tree_nodes:
+        raise ValueError("--tree-nodes: a DFlash checkpoint's target has no heads to build trees of (its drafter "
+                         "proposes single blocks)")
+    if not is_dflash(module) and args.k is not None and not 1 <= args.k <= model.k:
         raise ValueError(f"--k must lie in [1, {model.k}] (the checkpoint's heads), got {args.k}")
     options = options_from_args(args, module)
     runtime = build_runtime(model, options)
+    dflash = None
+    if is_dflash(module):
+        from lightning_bpd.tasks.lm.dflash_module import dflash_proposer
+
+        dflash = dflash_proposer(module.drafter, runtime, args.k, f"the drafter of {args.ckpt}")
+        dflash.check(runtime, Exact())  # --k outside the drafter's block: one line now
     singles = [module.encode_prompts([p]) for p in prompts]
     budgets = budget_trees(module, runtime, singles, args.tree_nodes, args.k, "bench-generate")
     trees = {f"{OURS}+{name}": tree for name, tree in budgets.items()}
     draft = load_assistant(args.assistant, module, prompts, args.device) if args.assistant else None
-    return max_new, prompts, options, runtime, trees, draft
+    return max_new, prompts, options, runtime, trees, draft, dflash
 
 
 def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -144,13 +171,16 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
         sys.exit(f"bench-generate: {args.ckpt}: a run of our own decoder-only base, which has no transformers generate "
                  "to compare with (this bench needs a Hugging Face base)")
     try:
-        max_new, prompts, options, runtime, trees, draft = prepare(module, args)
+        max_new, prompts, options, runtime, trees, draft, dflash = prepare(module, args)
     except (ValueError, TypeError, OSError) as err:
         sys.exit(f"bench-generate: {str(err).strip().splitlines()[0]}")
-    methods = lm_methods(model, runtime, args, trees, draft)
+    methods = lm_methods(model, runtime, args, trees, draft, dflash)
+    mine = main_row(module)
     result: dict[str, Any] = {
         "ckpt": args.ckpt, "base": module.hparams.get("pretrained"), "model_type": model.base.config.model_type,
-        "k": args.k or model.k, "head_type": model.head_type, "device": str(module.device),
+        "k": dflash.width if dflash is not None else args.k or model.k,
+        "head_type": "dflash" if dflash is not None else model.head_type,
+        "drafter": module.drafter.config.to_dict() if dflash is not None else None, "device": str(module.device),
         "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(prompts),
         "prompts_from": args.input or f"{args.data_root} ({args.split} split)", "max_new_tokens": max_new,
         "precision": runtime.precision, "options": runtime_options(options, args),
@@ -173,10 +203,10 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
         print_header(result, runtime.precision)
         for bs in args.batch_sizes:
             batches = [module.encode_prompts(prompts[i : i + bs]) for i in range(0, len(prompts), bs)]
-            report = bench_methods(methods, batches, max_new, args.warmup, [OURS, *trees, OURS_LOOKUP],
+            report = bench_methods(methods, batches, max_new, args.warmup, [mine, *trees, OURS_LOOKUP],
                                    peers=[name for name in methods if name.startswith("llamacpp")])
             result["batch_sizes"][str(bs)] = report
-            print_rows(bs, report)
+            print_rows(bs, report, mine)
     if args.json:
         write_json(args.json, result)
     return result

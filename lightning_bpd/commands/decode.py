@@ -11,8 +11,12 @@ heads (``exact``, ``top2``, ``min2_top3``, ...); lossless speculative sampling w
 one pass (``tree:N``: the tree of N nodes built from the heads' rank agreement table stored with them, Medusa's greedy
 tree, 0 = the single path; ``tree:auto`` the budget that pays on this machine, a few iterations timed on the first
 batch, the choice to stderr; ``tree:0;1;0,0`` paths of head ranks; ``dynamic:N`` EAGLE-2's dynamic tree); a separate
-draft model (``draft:CKPT``: any rule, ``draft:exact``, ``draft:sample_t1``); or n-grams of the prompt
-(``prompt-lookup``). Sampling is seeded (``--seed``) and
+draft model (``draft:CKPT``: any rule, ``draft:exact``, ``draft:sample_t1``); n-grams of the prompt
+(``prompt-lookup``); or a DFlash drafter (``dflash``, ``dflash:CKPT``). A DFlash drafter's checkpoint (a fit with
+``conf/lm/dflash.yaml``) continues prompts with its target, the drafter proposing (its default; ``--k`` the block
+size, ``--criterion`` the deterministic rules; ``--base DIR`` where the target's directory moved);
+``--proposer dflash:CKPT`` puts that drafter on a causal LM checkpoint of the same target shapes (the heads' base
+verifies). Sampling is seeded (``--seed``) and
 reproducible. ``--max-new-tokens N`` caps every translation at N tokens, as ``generate(max_new_tokens=N)`` does (a
 checkpoint that forces EOS at the cap ends its capped rows with it); the default is the task's own cap
 (``max_len_a * source length + max_len_b``).
@@ -27,7 +31,7 @@ from typing import Any
 
 import torch
 
-from lightning_bpd.checkpoints import load_model
+from lightning_bpd.checkpoints import load_error, load_model
 from lightning_bpd.commands.proposer_option import add_proposer_arg
 from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.methods import make_method
@@ -42,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint (.ckpt) of a translation run, or a folder of heads saved on their own "
                         "(save_heads: heads.json names their Hugging Face base)")
+    p.add_argument("--base", default=None, help="the Hugging Face base (a DFlash drafter's target) directory, if it "
+                   "moved since the run (load_model's base=)")
     p.add_argument("--input", default="-", help="text file, one sentence per line (.gz allowed); a language model: "
                         'JSON Lines, each {"prompt": "..."}; - for stdin')
     p.add_argument("--out", default="-", dest="output", metavar="FILE",
@@ -92,6 +98,26 @@ def decode_auto_tree(module: Any, runtime: Any, sentences: list[str], lm: bool, 
     return tree
 
 
+def dflash_choice(module: Any, runtime: Any, args: argparse.Namespace) -> Any:
+    """The DFlash proposer of ``--proposer dflash[:CKPT]``, or of a DFlash checkpoint under the default ``heads``
+    (None for every other choice); one-line ValueError where there is no drafter or it does not fit the target."""
+    from lightning_bpd.tasks.lm.dflash_module import DFlashModule, dflash_proposer, load_drafter
+
+    choice, own = args.proposer, isinstance(module, DFlashModule)
+    if choice.kind == "dflash" and choice.ckpt:
+        drafter, what = load_drafter(choice.ckpt), f"the drafter of {choice.ckpt}"
+    elif choice.kind == "dflash" or (own and choice.kind == "heads"):
+        if not own:
+            raise ValueError(f"--proposer {choice.text}: {args.ckpt} holds no DFlash drafter "
+                             f"({type(module).__name__}): give a DFlash checkpoint as --ckpt, or --proposer dflash:CKPT")
+        drafter, what = module.drafter, f"the drafter of {args.ckpt}"
+    else:
+        return None
+    if args.criterion.strip().startswith("draft:"):
+        raise ValueError(f"--criterion {args.criterion}: the DFlash drafter proposes, not a draft model")
+    return dflash_proposer(drafter, runtime, args.k, what)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.batch_size < 1:
@@ -99,21 +125,29 @@ def main(argv: list[str] | None = None) -> None:
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         sys.exit(f"decode: --max-new-tokens must be >= 1, got {args.max_new_tokens}")
     try:
-        module = load_model(args.ckpt, args.device)
+        try:
+            module = load_model(args.ckpt, args.device, base=args.base)
+        except (ValueError, FileNotFoundError, OSError) as err:
+            raise ValueError(load_error(err, args.base)) from None
         lm = hasattr(module, "encode_prompts")  # a language-modelling checkpoint: JSON Lines in and out
         if not hasattr(module, "tokenizer"):
             raise ValueError(f"{args.ckpt} is not a translation checkpoint")
         options = options_from_args(args, module)
         runtime = build_runtime(module.model, options)
         proposer = args.proposer
-        draft = build_runtime(load_model(proposer.ckpt, args.device).model, options) if proposer.ckpt else None
+        dflash = dflash_choice(module, runtime, args)
+        draft = (build_runtime(load_model(proposer.ckpt, args.device).model, options) if proposer.kind == "draft"
+                 else None)
         sentences = read_lm_input(module, args) if lm else read_input(args.input)
-        if proposer.auto is not None:
-            tree = decode_auto_tree(module, runtime, sentences, lm, args)
+        if dflash is not None:  # the drafter proposes (its block size is --k's); no heads, no tree
+            method = make_method(args.criterion, parse_criterion, runtime, None, seed=args.seed, proposer=dflash)
         else:
-            tree = proposer.tree(module.rank_agreement, args.k or module.model.k)
-        method = make_method(proposer.criterion(args.criterion), parse_criterion, runtime, args.k, draft,
-                             seed=args.seed, tree=tree, **proposer.method_kwargs())
+            if proposer.auto is not None:
+                tree = decode_auto_tree(module, runtime, sentences, lm, args)
+            else:
+                tree = proposer.tree(module.rank_agreement, args.k or module.model.k)
+            method = make_method(proposer.criterion(args.criterion), parse_criterion, runtime, args.k, draft,
+                                 seed=args.seed, tree=tree, **proposer.method_kwargs())
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"decode: {err}")
     from lightning_bpd.tasks.lm.jsonl import as_lines, complete

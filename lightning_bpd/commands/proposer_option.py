@@ -6,7 +6,10 @@
   ``tree:PATHS``: a tree given as paths of head ranks in Medusa's format (``tree:0;1;0,0;0,1``) or ``tree:path:D``;
 * ``dynamic:N[:D[:W]]``: EAGLE-2's dynamic tree of N nodes, D heads deep (default k - 1), W wide (default 4);
 * ``draft:CKPT``: a draft model (same vocabulary) proposes; the criterion becomes ``draft:<criterion>``;
-* ``prompt-lookup[:NGRAM:TOKENS]``: n-grams of the prompt propose (up to NGRAM long, TOKENS tokens; default 3 and 8).
+* ``prompt-lookup[:NGRAM:TOKENS]``: n-grams of the prompt propose (up to NGRAM long, TOKENS tokens; default 3 and 8);
+* ``dflash`` / ``dflash:CKPT``: a DFlash drafter proposes blocks from the target's features (exact and the other
+  deterministic rules): the checkpoint's own (a DFlashModule run, where it is the default), or the one of CKPT on a
+  causal LM checkpoint of the same target shapes (:mod:`lightning_bpd.tasks.lm.dflash_module`).
 
 :func:`proposer_arg` is the argparse type (one line naming what to write on anything else);
 :func:`add_proposer_arg` adds the option and the old ``--tree``, ``--tree-nodes`` and ``--draft`` as deprecated
@@ -25,13 +28,15 @@ PROPOSER_HELP = ("what proposes the candidates: heads (default), tree:N (the tre
                  "tree:PATHS (Medusa-format paths such as '0;1;0,0;0,1', or path:D), dynamic:N[:D[:W]] (EAGLE-2's "
                  "dynamic tree of N nodes, D deep (default k-1), W wide (default 4); exact), draft:CKPT (a draft model "
                  "of the same vocabulary; the criterion becomes draft:<criterion>), prompt-lookup[:NGRAM:TOKENS] "
-                 "(n-grams of the prompt; default 3:8)")
-KINDS = "heads, tree:N, tree:auto[:M], tree:PATHS, dynamic:N[:D[:W]], draft:CKPT or prompt-lookup[:NGRAM:TOKENS]"
+                 "(n-grams of the prompt; default 3:8), dflash[:CKPT] (a DFlash drafter: the checkpoint's own, the default on a "
+                 "DFlash checkpoint, or CKPT's on a causal LM of the same target; deterministic rules)")
+KINDS = ("heads, tree:N, tree:auto[:M], tree:PATHS, dynamic:N[:D[:W]], draft:CKPT, prompt-lookup[:NGRAM:TOKENS] or "
+         "dflash[:CKPT]")
 
 
 @dataclass(frozen=True)
 class ProposerChoice:
-    """A parsed ``--proposer``: ``kind`` (heads, tree, draft or prompt-lookup) and what that kind reads."""
+    """A parsed ``--proposer``: ``kind`` (heads, tree, draft, prompt-lookup or dflash) and what that kind reads."""
 
     text: str
     kind: str = "heads"
@@ -39,7 +44,7 @@ class ProposerChoice:
     auto: str | None = None  # tree:auto / tree:auto:M, in tree_budget's spelling ("auto", "auto:M")
     paths: str | None = None  # tree:PATHS, in parse_tree's spelling
     dynamic: tuple[int, ...] = ()  # dynamic:N[:D[:W]]
-    ckpt: str | None = None  # draft:CKPT
+    ckpt: str | None = None  # draft:CKPT, dflash:CKPT
     ngram: int = 3  # prompt-lookup
     tokens: int = 8
 
@@ -109,6 +114,8 @@ def proposer_arg(text: str) -> ProposerChoice:
             return ProposerChoice(text, "tree", dynamic=(numbers[0], *(numbers[1:] or [0])))
         if kind == "draft" and rest:
             return ProposerChoice(text, "draft", ckpt=rest)
+        if kind == "dflash":
+            return ProposerChoice(text, "dflash", ckpt=rest or None)
         if kind == "prompt-lookup":
             if not rest:
                 return ProposerChoice(text, "prompt-lookup")
