@@ -46,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint (.ckpt) of a translation run, or a folder of heads saved on their own "
                         "(save_heads: heads.json names their Hugging Face base)")
-    p.add_argument("--base", default=None, help="the Hugging Face base (a DFlash drafter's target) directory, if it "
-                   "moved since the run (load_model's base=)")
+    # --base DIR: the Hugging Face base (a DFlash drafter's target) if it moved since the run (load_model's base=);
+    # named in the description and in the error line of a missing base, not listed (decode lists at most 12 options)
+    p.add_argument("--base", default=None, help=argparse.SUPPRESS)
     p.add_argument("--input", default="-", help="text file, one sentence per line (.gz allowed); a language model: "
                         'JSON Lines, each {"prompt": "..."}; - for stdin')
     p.add_argument("--out", default="-", dest="output", metavar="FILE",
@@ -101,9 +102,11 @@ def decode_auto_tree(module: Any, runtime: Any, sentences: list[str], lm: bool, 
 def dflash_choice(module: Any, runtime: Any, args: argparse.Namespace) -> Any:
     """The DFlash proposer of ``--proposer dflash[:CKPT]``, or of a DFlash checkpoint under the default ``heads``
     (None for every other choice); one-line ValueError where there is no drafter or it does not fit the target."""
-    from lightning_bpd.tasks.lm.dflash_module import DFlashModule, dflash_proposer, load_drafter
+    choice, own = args.proposer, hasattr(module, "decode_eval_proposer") and hasattr(module, "drafter")
+    if choice.kind != "dflash" and not own:  # no DFlash here (and no transformers import for a translation run)
+        return None
+    from lightning_bpd.tasks.lm.dflash_module import dflash_proposer, load_drafter
 
-    choice, own = args.proposer, isinstance(module, DFlashModule)
     if choice.kind == "dflash" and choice.ckpt:
         drafter, what = load_drafter(choice.ckpt), f"the drafter of {choice.ckpt}"
     elif choice.kind == "dflash" or (own and choice.kind == "heads"):
