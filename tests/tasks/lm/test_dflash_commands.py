@@ -70,6 +70,8 @@ def test_decode_a_dflash_checkpoint_continues_as_greedy_with_the_drafter(fitted,
     assert len(got) == len(PROMPTS)
     got, block = run_decode(fitted, capsys, "--criterion", "greedy")
     assert got == want and block == 1.0
+    _, block = run_decode(fitted, capsys, "--precision", "float64")  # the drafter cast to the runtime's dtype
+    assert block > 2.5
 
 
 def test_decode_a_heads_checkpoint_with_the_drafter_of_its_base(fitted, capsys):
