@@ -153,6 +153,6 @@ def test_decode_eval_decodes_exact_with_the_drafter(fitted):
     from lightning_bpd.evaluation import EvalBatch
 
     batch = EvalBatch(src, N, references=["x = 1"] * len(PROMPTS), sources=list(PROMPTS))
-    metrics, runs = run_decode_eval(module, [batch], ["exact"])
+    metrics, _ = run_decode_eval(module, [batch], ["exact"])
     assert metrics["exact/matches_greedy"] == 1.0 and metrics["exact/mean_accepted_block_size"] > 2.5
     assert metrics["exact/model_calls"] < metrics["greedy/model_calls"] and "exact/speedup" in metrics
