@@ -19,10 +19,11 @@ already saved; ``--format`` picks what is written to ``--out``:
             '{"method": "dflash", "model": "<out>", "num_speculative_tokens": B-1}'
 
     (``B`` = the run's ``model.block_size``; ``vllm serve <out>`` alone also names the target, its
-    ``speculators_config.verifier``). Unverified here (no GPU, no vLLM): vLLM's loading of the export; that vLLM
-    captures a target layer that is the target's LAST (``aux_hidden_state_layer_ids`` = ``target_layer_ids`` + 1 =
-    the number of layers; export-heads warns); speculators' own ``DFlashDraftModel`` reads it and computes our
-    drafts (``tests/hf/test_dflash_export.py``, slow);
+    ``speculators_config.verifier``). Checked here (``tests/hf/test_dflash_export.py``, slow): speculators 0.9.0's
+    own ``DFlashDraftModel.from_pretrained`` loads the export on the CPU and computes the drafter's hidden states
+    and logits. Unverified (no GPU, no vLLM): vLLM's loading and serving of it, and whether vLLM captures a target
+    layer that is the target's LAST (``aux_hidden_state_layer_ids`` = ``target_layer_ids`` + 1 = the number of
+    layers; export-heads warns);
   - ``dflash-zlab``: z-lab's layout (``z-lab/*-DFlash-b16``), which llama.cpp converts to GGUF with the target's
     directory beside it::
 
@@ -112,8 +113,9 @@ def export_dflash(module: object, ckpt: str | Path, out: str | Path, layout: str
     from lightning_bpd.tasks.lm.dflash_module import DFlashModule
 
     if not isinstance(module, DFlashModule):
-        raise ValueError(f"{ckpt}: --format {layout} takes the checkpoint of a DFlash drafter run (conf/lm/dflash.yaml), "  # noqa: TRY004
-                         f"this is a {type(module).__name__}")
+        message = (f"{ckpt}: --format {layout} takes the checkpoint of a DFlash drafter run (conf/lm/dflash.yaml), "
+                   f"this is a {type(module).__name__}")
+        raise ValueError(message)  # noqa: TRY004 (bad input: one line, as every other)
     if layout not in DFLASH_FORMATS:
         raise ValueError(f"{ckpt}: a DFlash drafter run: use --format speculators (vLLM) or dflash-zlab (llama.cpp), "
                          f"not {layout}")
@@ -135,8 +137,9 @@ def export_dflash(module: object, ckpt: str | Path, out: str | Path, layout: str
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd export-heads", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="the last.ckpt of an LM fit run, or a folder of heads (heads.json), or the last.ckpt of a "
-                                                  "DFlash drafter run (--format speculators, dflash-zlab)")
+    p.add_argument("--ckpt", required=True, help="the last.ckpt of an LM fit run, or a folder of heads (heads.json), "
+                                                  "or the last.ckpt of a DFlash drafter run (--format speculators, "
+                                                  "dflash-zlab)")
     p.add_argument("--out", required=True, help="the folder to write")
     p.add_argument("--format", choices=FORMATS, default="heads",
                    help="heads: safetensors + heads.json (load_model re-attaches them); vllm-medusa: vLLM's Medusa "

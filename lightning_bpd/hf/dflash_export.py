@@ -34,7 +34,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from lightning_bpd.nn.dflash import DFlashConfig, DFlashDrafter
@@ -51,7 +50,7 @@ def _target(source: Any, target: str | os.PathLike | None) -> tuple[DFlashDrafte
     positions) of a DFlashModule, or of a drafter and its target directory."""
     drafter = getattr(source, "drafter", source)
     if not isinstance(drafter, DFlashDrafter):
-        raise ValueError(f"a DFlashModule or a DFlashDrafter is expected, not {type(source).__name__}")
+        raise TypeError(f"a DFlashModule or a DFlashDrafter is expected, not {type(source).__name__}")
     if target is None:
         model = getattr(source, "model", None)
         pretrained = getattr(getattr(source, "hparams", None), "pretrained", None)
@@ -79,7 +78,8 @@ def _target(source: Any, target: str | os.PathLike | None) -> tuple[DFlashDrafte
         raise ValueError(f"target_layer_ids {list(c.target_layer_ids)}: {bad} not a layer of the "
                          f"{facts['num_hidden_layers']}-layer target")
     if not 0 <= c.mask_token_id < facts["vocab_size"]:
-        raise ValueError(f"mask_token_id {c.mask_token_id} is outside the target's vocabulary [0, {facts['vocab_size']})")
+        raise ValueError(f"mask_token_id {c.mask_token_id} is outside the target's vocabulary "
+                         f"[0, {facts['vocab_size']})")
     return drafter, os.fspath(target), facts
 
 

@@ -186,11 +186,11 @@ def test_bad_input_is_one_line(run, checkpoint, tmp_path):
         read_zlab(folder)
     (tmp_path / "weights").rename(folder / "model.safetensors")
     config = json.loads((folder / "config.json").read_text())
+    shape_line = r"gate_proj.weight has shape \(64, 32\), config.json says \(48, 32\)"
     for change, match in (({"architectures": ["DFlashSpeculator"]}, "not \\['DFlashDraftModel'\\]"),
                           ({"layer_types": ["sliding_attention", "full_attention"]}, "sliding-window layers"),
                           ({"dflash_config": {"mask_token_id": 0}}, "no 'target_layer_ids'"),
-                          ({"intermediate_size": 48}, r"mlp.gate_proj.weight has shape \(64, 32\), config.json says "
-                                                      r"\(48, 32\)")):
+                          ({"intermediate_size": 48}, shape_line)):
         (folder / "config.json").write_text(json.dumps({**config, **change}))
         with pytest.raises(ValueError, match=match) as err:
             read_zlab(folder)
@@ -226,7 +226,7 @@ def speculators_python() -> Path:
     skip when it cannot be made (no network)."""
     python = VENV / "bin" / "python"
     if python.exists() and subprocess.run([python, "-c", "import speculators.models.dflash"],
-                                          capture_output=True).returncode == 0:
+                                          check=False, capture_output=True).returncode == 0:
         return python
     try:
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True, capture_output=True)
@@ -258,7 +258,8 @@ def test_speculators_dflash_model_computes_our_drafts(checkpoint, tmp_path):
     torch.save({"features": features, "input_ids": src, "loss_mask": loss_mask}, tmp_path / "inputs.pt")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([python, "-c", RUN_SPECULATORS, str(folder), str(tmp_path / "inputs.pt"),
-                           str(tmp_path / "out.pt")], capture_output=True, text=True, env=env, timeout=600)
+                           str(tmp_path / "out.pt")], check=False, capture_output=True, text=True, env=env,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     theirs = torch.load(tmp_path / "out.pt")
     assert theirs["anchors"].tolist() == [a + j for a in anchors[0].tolist() for j in range(bk)]
