@@ -4,8 +4,11 @@ it, and the z-lab one read back.
 * :func:`write_speculators`: the ``speculators`` ``dflash`` layout (``config.json`` with ``speculators_model_type``
   "dflash" + ``model.safetensors``) that vLLM loads as a DFlash drafter and that speculators' own
   ``DFlashDraftModel.from_pretrained`` reads (class ``speculators.models.dflash.DFlashDraftModel``, config
-  ``DFlashSpeculatorConfig``, architectures ``["DFlashSpeculator"]``). The format followed is that of speculators
-  0.9.0 (``SPECULATORS_VERSION``; its DFlash config and converter are the same as at ``hsc-v0.7.0``):
+  ``DFlashSpeculatorConfig``). The format followed is that of speculators 0.9.0 (``SPECULATORS_VERSION``; its DFlash
+  config and converter are the same as at ``hsc-v0.7.0``), checked against what its own converter writes:
+
+  - ``architectures`` is ``["DFlashDraftModel"]``, the class name ``save_pretrained`` writes over the config's
+    default ``["DFlashSpeculator"]`` (vLLM picks the model by ``speculators_model_type``);
 
   - ``aux_hidden_state_layer_ids`` are vLLM capture indices, the residual stream ENTERING decoder layer k (= the
     output of layer k - 1): our z-lab ``target_layer_ids`` + 1, as speculators' z-lab converter maps them;
@@ -105,7 +108,7 @@ def speculators_config(source: Any, target: str | os.PathLike | None = None) -> 
     """The ``config.json`` of :func:`write_speculators`."""
     drafter, target_dir, facts = _target(source, target)
     c = drafter.config
-    return {"architectures": ["DFlashSpeculator"], "speculators_model_type": "dflash",
+    return {"architectures": ["DFlashDraftModel"], "speculators_model_type": "dflash",
             "speculators_version": SPECULATORS_VERSION, "dtype": _dtype(drafter),
             "draft_vocab_size": facts["vocab_size"], "block_size": c.block_size,
             "target_hidden_size": facts["hidden_size"],
@@ -171,6 +174,8 @@ def read_zlab(folder: str | os.PathLike) -> DFlashDrafter:
         if not (path / name).is_file():
             raise ValueError(f"{path}: no {name} (a z-lab DFlash folder, as write_zlab writes, is expected)")
     data = json.loads((path / CONFIG).read_text())
+    if "speculators_model_type" in data:
+        raise ValueError(f"{path}: a speculators export (speculators_model_type), not z-lab's layout")
     if data.get("architectures") != ["DFlashDraftModel"]:
         raise ValueError(f"{path}: architectures {data.get('architectures')}, not ['DFlashDraftModel']")
     dflash = data.get("dflash_config") or {}

@@ -86,7 +86,7 @@ def test_speculators_layout(run, checkpoint, tmp_path, capsys):
     module = DFlashModule.load_from_checkpoint(run, map_location="cpu")
     config = json.loads((tmp_path / "spec" / "config.json").read_text())
     vocab = module.model.vocab_size
-    assert config["architectures"] == ["DFlashSpeculator"] and config["speculators_model_type"] == "dflash"
+    assert config["architectures"] == ["DFlashDraftModel"] and config["speculators_model_type"] == "dflash"
     assert config["speculators_version"] == SPECULATORS_VERSION
     assert (config["block_size"], config["draft_vocab_size"], config["target_hidden_size"]) == (4, vocab, 32)
     assert config["aux_hidden_state_layer_ids"] == [1, 2] and config["mask_token_id"] == PAD
@@ -187,7 +187,8 @@ def test_bad_input_is_one_line(run, checkpoint, tmp_path):
     (tmp_path / "weights").rename(folder / "model.safetensors")
     config = json.loads((folder / "config.json").read_text())
     shape_line = r"gate_proj.weight has shape \(64, 32\), config.json says \(48, 32\)"
-    for change, match in (({"architectures": ["DFlashSpeculator"]}, "not \\['DFlashDraftModel'\\]"),
+    for change, match in (({"architectures": ["Qwen3ForCausalLM"]}, "not \\['DFlashDraftModel'\\]"),
+                          ({"speculators_model_type": "dflash"}, "a speculators export"),
                           ({"layer_types": ["sliding_attention", "full_attention"]}, "sliding-window layers"),
                           ({"dflash_config": {"mask_token_id": 0}}, "no 'target_layer_ids'"),
                           ({"intermediate_size": 48}, shape_line)):
@@ -273,3 +274,39 @@ def test_speculators_dflash_model_computes_our_drafts(checkpoint, tmp_path):
     their_logits = theirs["logits"].view(logits.shape)
     assert torch.allclose(their_logits, logits, rtol=1e-4, atol=1e-5 * float(logits.abs().max()))
     assert torch.equal(their_logits.argmax(-1), logits.argmax(-1))  # the same drafts
+
+
+CONVERT_ZLAB = r"""
+import json, sys
+from speculators.convert.dflash import DFlashConverter
+zlab, target, out = sys.argv[1:]
+DFlashConverter().convert(zlab, out, base_model=target, validate=True)
+"""
+
+
+@pytest.mark.slow
+def test_speculators_converter_turns_our_zlab_export_into_our_speculators_export(checkpoint, tmp_path):
+    """speculators' own z-lab converter on our dflash-zlab export: its config (the +1 of the layer ids included) and
+    weights are those of our speculators export (a target layer below the last: the converter drops the last)."""
+    python = speculators_python()
+    module = trained(checkpoint, num_layers=1, target_layer_ids=[0])
+    write_zlab(module, tmp_path / "zlab")
+    ours = json.loads((write_speculators(module, tmp_path / "spec") / "config.json").read_text())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([python, "-c", CONVERT_ZLAB, str(tmp_path / "zlab"), str(checkpoint),
+                           str(tmp_path / "converted")], check=False, capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = json.loads((tmp_path / "converted" / "config.json").read_text())
+    for key in ("architectures", "speculators_model_type", "draft_vocab_size", "block_size",
+                "aux_hidden_state_layer_ids", "mask_token_id", "sample_from_anchor", "sliding_window_non_causal"):
+        assert theirs[key] == ours[key], key
+    assert theirs["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    assert theirs["speculators_config"]["algorithm"] == "dflash"
+    layer = theirs["transformer_layer_config"]
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "vocab_size", "rms_norm_eps"):
+        assert layer[key] == ours["transformer_layer_config"][key], key
+    state = load_file(str(tmp_path / "converted" / "model.safetensors"))
+    assert set(state) == set(module.drafter.state_dict())  # no embed_tokens / lm_head saved (0.9.0)
+    assert all(torch.equal(state[k], v) for k, v in module.drafter.state_dict().items())
