@@ -7,7 +7,32 @@ already saved; ``--format`` picks what is written to ``--out``:
   which ``load_model(<out>)`` and ``decode --ckpt <out>`` re-attach to the base directory named in ``heads.json``;
 * ``vllm-medusa``: medusa heads in vLLM's Medusa layout (``config.json`` + ``model.safetensors``,
   :func:`~lightning_bpd.hf.medusa_export.write_vllm_medusa`), the draft model of vLLM's Medusa speculative decoding on
-  a GPU server beside the base directory.
+  a GPU server beside the base directory;
+* ``speculators`` and ``dflash-zlab`` take the ``last.ckpt`` of a DFlash drafter run
+  (:class:`~lightning_bpd.tasks.lm.dflash_module.DFlashModule`, ``conf/lm/dflash.yaml``) and write the drafter alone
+  (:mod:`lightning_bpd.hf.dflash_export`), to be served beside its target (the directory named by the run's
+  ``model.pretrained``; the drafter borrows the target's embedding and LM head):
+
+  - ``speculators``: the layout of speculators' ``dflash`` drafters (speculators 0.9.0), which vLLM serves::
+
+        vllm serve <target dir> --speculative-config \\
+            '{"method": "dflash", "model": "<out>", "num_speculative_tokens": B-1}'
+
+    (``B`` = the run's ``model.block_size``; ``vllm serve <out>`` alone also names the target, its
+    ``speculators_config.verifier``). Checked here (``tests/hf/test_dflash_export.py``, slow): speculators 0.9.0's
+    own ``DFlashDraftModel.from_pretrained`` loads the export on the CPU and computes the drafter's hidden states
+    and logits. Unverified (no GPU, no vLLM): vLLM's loading and serving of it, and whether vLLM captures a target
+    layer that is the target's LAST (``aux_hidden_state_layer_ids`` = ``target_layer_ids`` + 1 = the number of
+    layers; export-heads warns);
+  - ``dflash-zlab``: z-lab's layout (``z-lab/*-DFlash-b16``), which llama.cpp converts to GGUF with the target's
+    directory beside it::
+
+        python convert_hf_to_gguf.py <out> --target-model-dir <target dir> --outfile D.gguf
+        python convert_hf_to_gguf.py <target dir> --outfile T.gguf
+        llama-server -m T.gguf -md D.gguf --spec-type draft-dflash --spec-draft-n-max B-1
+
+    Unverified here: llama.cpp's converter and runtime on this export (it follows the layout the converter reads:
+    ``architectures`` DFlashDraftModel, ``dflash_config.{target_layer_ids, mask_token_id}``, ``block_size``).
 
 Heads trained with their base (fine-tuned, or multi-token prediction from scratch) fit that base only: ``vllm-medusa``
 writes them with a note to serve them beside ``export-base --ckpt <the same run>``'s directory; ``heads`` refuses
@@ -16,6 +41,8 @@ heads in its checkpoint.
 
     python -m lightning_bpd export-heads --ckpt runs/code-lm/heads/last.ckpt --out runs/code-lm/medusa \\
         --format vllm-medusa
+    python -m lightning_bpd export-heads --ckpt runs/code-lm/dflash/last.ckpt --out runs/code-lm/dflash-spec \\
+        --format speculators
 """
 
 from __future__ import annotations
@@ -27,9 +54,10 @@ from pathlib import Path
 
 from lightning_bpd.checkpoints import load_model
 
-__all__ = ["FORMATS", "export_heads"]
+__all__ = ["DFLASH_FORMATS", "FORMATS", "export_dflash", "export_heads"]
 
-FORMATS = ("heads", "vllm-medusa")
+FORMATS = ("heads", "vllm-medusa", "speculators", "dflash-zlab")
+DFLASH_FORMATS = ("speculators", "dflash-zlab")
 
 
 def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads") -> Path:
@@ -37,11 +65,14 @@ def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads") -> Pa
     (one line) for a checkpoint that is no LM run, heads the layout cannot take or a fine-tuned base."""
     from lightning_bpd.hf.medusa_export import write_vllm_medusa
     from lightning_bpd.tasks.lm import LMModule
+    from lightning_bpd.tasks.lm.dflash_module import DFlashModule
     from lightning_bpd.tasks.translation.hf_module import save_heads
 
     if layout not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {layout!r}")
     module = load_model(ckpt)
+    if isinstance(module, DFlashModule) or layout in DFLASH_FORMATS:
+        return export_dflash(module, ckpt, out, layout)
     if not isinstance(module, LMModule):
         message = (f"{ckpt}: not a language-model run ({type(module).__name__}); export-heads takes the checkpoint of "
                    "an LM fit (conf/lm/) or a folder of its heads")
@@ -75,14 +106,45 @@ def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads") -> Pa
     return folder
 
 
+def export_dflash(module: object, ckpt: str | Path, out: str | Path, layout: str) -> Path:
+    """The drafter of the DFlash run ``module`` (read from ``ckpt``) written to ``out`` in ``layout``
+    (``speculators`` or ``dflash-zlab``); ValueError (one line) for another run or another layout."""
+    from lightning_bpd.hf.dflash_export import write_speculators, write_zlab
+    from lightning_bpd.tasks.lm.dflash_module import DFlashModule
+
+    if not isinstance(module, DFlashModule):
+        message = (f"{ckpt}: --format {layout} takes the checkpoint of a DFlash drafter run (conf/lm/dflash.yaml), "
+                   f"this is a {type(module).__name__}")
+        raise ValueError(message)  # noqa: TRY004 (bad input: one line, as every other)
+    if layout not in DFLASH_FORMATS:
+        raise ValueError(f"{ckpt}: a DFlash drafter run: use --format speculators (vLLM) or dflash-zlab (llama.cpp), "
+                         f"not {layout}")
+    config, target = module.drafter.config, module.hparams.pretrained
+    folder = (write_speculators if layout == "speculators" else write_zlab)(module, out)
+    (folder / "export_heads.json").write_text(json.dumps(
+        {"ckpt": str(Path(ckpt).resolve()), "target": target, "format": layout, "block_size": config.block_size,
+         "target_layer_ids": list(config.target_layer_ids), "mask_token_id": config.mask_token_id}, indent=2) + "\n")
+    last = module.model.n_layers - 1
+    if layout == "speculators" and last in config.target_layer_ids:
+        print(f"export-heads: warning: target layer {last} is the target's last: vLLM captures the input of a layer "
+              f"(aux_hidden_state_layer_ids {[i + 1 for i in config.target_layer_ids]}), so aux id {last + 1} may be "
+              "refused (unverified)", file=sys.stderr)
+    print(f"export-heads: the DFlash drafter of {ckpt} ({config.num_layers} layers, block {config.block_size}, "
+          f"target {target}) in {folder} ({layout})", file=sys.stderr)
+    return folder
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd export-heads", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="the last.ckpt of an LM fit run, or a folder of heads (heads.json)")
+    p.add_argument("--ckpt", required=True, help="the last.ckpt of an LM fit run, or a folder of heads (heads.json), "
+                                                  "or the last.ckpt of a DFlash drafter run (--format speculators, "
+                                                  "dflash-zlab)")
     p.add_argument("--out", required=True, help="the folder to write")
     p.add_argument("--format", choices=FORMATS, default="heads",
                    help="heads: safetensors + heads.json (load_model re-attaches them); vllm-medusa: vLLM's Medusa "
-                        "draft model (medusa heads only)")
+                        "draft model (medusa heads only); speculators (vLLM) / dflash-zlab (llama.cpp): a DFlash "
+                        "drafter run's drafter")
     return p
 
 
