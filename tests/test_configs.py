@@ -40,7 +40,8 @@ def test_config_parses(path: Path):
     cfg = parse("--config", str(path)).config
     assert cfg.model.class_path.startswith("lightning_bpd.tasks.")
     assert cfg.data.class_path.startswith("lightning_bpd.tasks.")
-    k = cfg.model.init_args.get("architecture.k", cfg.model.init_args.get("k"))  # a Hugging Face model: its own k
+    args = cfg.model.init_args  # a Hugging Face model: its own k; a DFlash drafter: its block size
+    k = args.get("architecture.k", args.get("k", args.get("block_size")))
     assert 1 <= k <= 16
 
 

@@ -191,7 +191,7 @@ class DFlashModule(pl.LightningModule):
         max_new_tokens: validation decodes (and ``decode``'s default) continue each prompt by at most this many tokens.
     """
 
-    def __init__(self, pretrained: str, num_layers: int = 1, block_size: int = 8,
+    def __init__(self, pretrained: str | None = None, num_layers: int = 1, block_size: int = 8,
                  target_layer_ids: list[int] | None = None, mask_token_id: int | None = None, anchors: int = 32,
                  gamma: float = 4.0, feature_noise: float = 0.0, lr: float = 6e-4, warmup_steps: int = 100,
                  weight_decay: float = 0.01, max_new_tokens: int = 32) -> None:
