@@ -320,8 +320,8 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
 
     def decode_step_features(self, tokens: Tensor, context: CausalContext, cache: KVCache,
                              layers: Sequence[int]) -> tuple[Tensor, Tensor]:
-        """:meth:`decode_step`, and the outputs of the decoder layers ``layers`` (B, T, len(layers) * D) (through
-        the base's modules, never the lean step)."""
+        """:meth:`decode_step`, and the outputs of the decoder layers ``layers`` (B, T, len(layers) * D) (a runtime's
+        lean step gives them too, bitwise the modules' features)."""
         layers = self.checked_layers(layers)
         n_new = tokens.shape[1]
         slots, stop = self.room(n_new, context, cache)  # (B, T)
@@ -394,12 +394,10 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
         seen = {t: torch.cat([allowed_keys(q_pos, context.key_positions, context.attend[:, None, :], w),
                               allowed_keys(q_pos, k_pos, vis, w)], dim=2) for t, w in self.windows.items()}
         fed = self.fed_positions(q_pos)  # (B, T)
-        if layers:
-            h, features = self.run_features(tokens, fed, seen, PromptStepCache(cache, slots, stop), layers)
-            cache.advance(tokens.shape[1])
-            return h, features
         if self.runs_lean():  # the same ops, fewer calls
-            h = self.lean_trunk()(tokens, fed, self.masks(seen), cache, slots, stop, self.products.linear)
+            h = self.lean_trunk()(tokens, fed, self.masks(seen), cache, slots, stop, self.products.linear, layers)
+        elif layers:
+            h = self.run_features(tokens, fed, seen, PromptStepCache(cache, slots, stop), layers)
         else:
             h = self.run(tokens, fed, seen, PromptStepCache(cache, slots, stop))  # seen: (B, T, P + S')
         cache.advance(tokens.shape[1])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -141,16 +142,24 @@ class LeanCausal:
                 and self.layers[-1].down[0] is last.mlp.down_proj.weight)
 
     def __call__(self, tokens: Tensor, positions: Tensor, masks: dict[str, Tensor], cache: KVCache, slots: Tensor,
-                 stop: int, linear: Linear) -> Tensor:
+                 stop: int, linear: Linear, layers: tuple[int, ...] = ()) -> Any:
         """Inputs (B, T) at ``positions`` (B, T) -> the final-norm hidden states (B, T, D), writing each layer's keys
         and values at the cache ``slots`` (B, T) and reading its prompt region and slots 0..stop-1 under
         ``masks[layer type]`` (B, 1, T, P + stop) as :func:`~lightning_bpd.hf.step_cache.as_mask` makes them.
-        ``linear``: the runtime's products."""
+        ``linear``: the runtime's products. With ``layers``: (hidden, the outputs of those decoder layers
+        (B, T, len(layers) * D), as transformers' ``hidden_states[i + 1]``: the last layer's after the final norm)."""
         x = self.trunk.embed_tokens(tokens)  # (B, T, D)
         cos, sin = self.trunk.rotary_emb(x, position_ids=positions)  # (B, T, Dh) each
+        outputs: dict[int, Tensor] = {}
         for i, w in enumerate(self.layers):
             x = self.layer(x, i, w, cos, sin, masks[w.layer_type], cache, slots, stop, linear)
-        return self.trunk.norm(x)
+            if i in layers:
+                outputs[i] = x
+        h = self.trunk.norm(x)
+        if not layers:
+            return h
+        last = len(self.layers) - 1
+        return h, torch.cat([h if i == last else outputs[i] for i in layers], dim=-1)
 
     def layer(self, x: Tensor, i: int, w: LlamaLayer, cos: Tensor, sin: Tensor, mask: Tensor, cache: KVCache,
               slots: Tensor, stop: int, linear: Linear) -> Tensor:

@@ -123,3 +123,27 @@ def test_a_runtime_decodes_with_the_drafter_as_the_model_does():
     got = decode(build_runtime(model, InferenceOptions()), src, Exact(), DFlash(drafter), max_len=max_len)
     assert got.sequences() == want.sequences() == causal.hf_greedy(base, src, max_len)
     assert got.block_sizes == want.block_sizes
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_lean_runtime_gives_the_modules_features_bit_for_bit(family):
+    """A runtime's lean step (Llama family) returns the same hidden states and layer outputs as the base's modules,
+    the last layer's after the final norm as transformers' hidden_states give it."""
+    from lightning_bpd.inference import InferenceOptions, build_runtime
+
+    base, src = causal.tiny_lm(family), causal.prompts(4)
+    model = HFCausalBlockwise(base, k=1)
+    runtime = build_runtime(model, InferenceOptions())
+    with torch.no_grad():
+        assert runtime.model.runs_lean() and not model.runs_lean()  # the runtime's step is lean, the model's is not
+    layers = (0, 1)
+    outs = []
+    for m in (model, runtime):
+        context, *_ = m.encode_features(src, layers)
+        cache = m.new_cache(src.shape[0], capacity=8)
+        with torch.no_grad():
+            m.decode_step(torch.full((src.shape[0], 1), model.bos_id), context, cache)
+            outs.append(m.decode_step_features(torch.tensor([[5, 6, 7]] * src.shape[0]), context, cache, layers))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    d = outs[0][0].shape[-1]
+    assert torch.equal(outs[0][1][..., d:], outs[0][0])  # layer 1 is the last: its output after the final norm
