@@ -29,6 +29,7 @@ from torch import Tensor
 from lightning_bpd.decoding.acceptance import Criterion, Exact
 from lightning_bpd.decoding.generation_rules import RuleBook
 from lightning_bpd.decoding.proposers.base import Proposer
+from lightning_bpd.decoding.proposers.heads import Heads
 from lightning_bpd.decoding.protocol import BlockwiseModel, Context, DecodeResult, check_decode_args, source_room
 from lightning_bpd.decoding.row_book import RowBook
 
@@ -71,8 +72,6 @@ def decode(model: BlockwiseModel, src: Tensor, criterion: Criterion | None = Non
     ``criterion`` defaults to :class:`~lightning_bpd.decoding.acceptance.Exact`, which reproduces greedy decoding of
     p_1 (under the model's generation rules) token for token, whatever the proposer. ``model_calls`` counts the
     target's decoder calls: the first on the start token, then one per iteration."""
-    from lightning_bpd.decoding.proposers.heads import Heads  # the default proposer
-
     criterion = Exact() if criterion is None else criterion
     proposer = Heads() if proposer is None else proposer
     check_decode_args(model, src, max_len)

@@ -93,7 +93,7 @@ class HFSeq2SeqBlockwise(OptionalCapabilities, RuntimeParts, nn.Module):
     values). ``head_hidden``: the head's hidden size (default d_model). ``frozen``: the base's parameters do not
     train. The head takes the base's dtype and device.
 
-    Beside the protocol it offers what the runtime's proposer (:mod:`lightning_bpd.inference.proposer`) builds its
+    Beside the protocol it offers what the runtime's proposer (:mod:`lightning_bpd.inference.fast_heads`) builds its
     fast proposals from, as :class:`~lightning_bpd.nn.model.BlockwiseTransformer` does: ``head``,
     :meth:`output_layer`, :meth:`embedding_table`, :meth:`chain_link` and ``products``; it has no intensity prior,
     no image read-out and no draft vocabulary of its own (a runtime's options may give one).

@@ -1,5 +1,5 @@
 """The head side of :class:`~lightning_bpd.hf.causal.HFCausalBlockwise`: p_1 and the heads through the base's own LM
-head, and what the runtime's proposer (:mod:`lightning_bpd.inference.proposer`) builds its fast proposals from
+head, and what the runtime's proposer (:mod:`lightning_bpd.inference.fast_heads`) builds its fast proposals from
 (``head``, :meth:`CausalHeads.output_layer`, :meth:`CausalHeads.embedding_table`, :meth:`CausalHeads.chain_link`,
 ``products``), as the seq2seq adapter offers them. Torch only; the base is any module with
 ``get_input_embeddings`` / ``get_output_embeddings``.

@@ -27,11 +27,11 @@ import torch
 from torch import Tensor, nn
 
 from lightning_bpd.inference.draft_vocab import DraftVocabulary
+from lightning_bpd.inference.fast_heads import FastHeads
 from lightning_bpd.inference.options import InferenceOptions
 from lightning_bpd.inference.precision import parse_precision
 from lightning_bpd.inference.product_kinds import Int8Products, PackedProducts, WideProducts
 from lightning_bpd.inference.product_swap import use_products
-from lightning_bpd.inference.proposer import Proposer
 from lightning_bpd.inference.shared_copy import cast_copy, shared_copy
 from lightning_bpd.nn.draft_ids import checked_ids
 from lightning_bpd.nn.products import FLOAT, Products
@@ -104,7 +104,7 @@ class Runtime:
     """
 
     def __init__(self, model: nn.Module, options: InferenceOptions, products: Products,
-                 proposer: Proposer | None = None) -> None:
+                 proposer: FastHeads | None = None) -> None:
         self.model = model
         self.options = options
         self.products = products
@@ -244,5 +244,5 @@ def build_runtime(model: nn.Module | Runtime, options: InferenceOptions | None =
         return Runtime(made, options, products)
     made.use_lean_steps(options.lean_steps)
     draft = draft_vocabulary(made, options, products)
-    proposer = Proposer(made, options.proposal_precision, options.fused_chain, options.screened_argmax, draft)
+    proposer = FastHeads(made, options.proposal_precision, options.fused_chain, options.screened_argmax, draft)
     return Runtime(made, options, products, proposer)

@@ -37,7 +37,7 @@ class BlockwiseTransformer(RuntimeParts, nn.Module):
 
     products: Products = FLOAT  # how the vocabulary projection multiplies (:mod:`~lightning_bpd.nn.products`)
     # The decoding protocol's fast paths: the model offers none (its heads and links are the reference); a runtime
-    # offers them (:mod:`lightning_bpd.inference.proposer`).
+    # offers them (:mod:`lightning_bpd.inference.fast_heads`).
     argmax_first = draft_tokens = draft_ranks = chain_draft = chain_drafts = chain_ranks = None
     generation_rules = None  # greedy decoding of p_1 as it is, ending at eos_id (a user may set rules)
     rules_history = None  # the rules' history before the first token: the start token (bos_id)

@@ -1,7 +1,7 @@
 """The fast deterministic proposals and greedy's fast argmax of a runtime, built once. Torch only.
 
 The model (:class:`~lightning_bpd.nn.model.BlockwiseTransformer`) is the reference: its heads' logits
-(``logits_heads``) and chain links (``chain_step``) are what these must reproduce. A :class:`Proposer` is built
+(``logits_heads``) and chain links (``chain_step``) are what these must reproduce. A :class:`FastHeads` is built
 by :func:`~lightning_bpd.inference.build_runtime` from the runtime's snapshot of the model and its options, and
 makes everything it needs there, once:
 
@@ -88,7 +88,7 @@ def proposal_path(model: nn.Module, precision: str | None, draft: DraftVocabular
                             None if bias is None else bias.detach().to(dtype), dtype)
 
 
-class Proposer:
+class FastHeads:
     """Deterministic proposals and greedy's argmax for the runtime's snapshot ``model`` (a
     :class:`~lightning_bpd.nn.model.BlockwiseTransformer`, or a Hugging Face base with heads,
     :class:`~lightning_bpd.hf.base.HFSeq2SeqBlockwise`), with the copies its options ask for made now; the heads
