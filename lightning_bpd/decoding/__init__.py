@@ -1,5 +1,7 @@
-"""Task-agnostic decoding core (torch only): greedy, blockwise parallel decoding (eager, with fixed shapes for
-CUDA graphs, and with a tree of candidates), beam search and their references."""
+"""Task-agnostic decoding core (torch only): greedy decoding, the one speculative loop (:func:`decode`, with the
+proposers of :mod:`~lightning_bpd.decoding.proposers`: the heads, trees of them, a draft model, prompt lookup, a
+DFlash drafter; :func:`blockwise_decode` is it with the heads), fixed shapes for CUDA graphs, beam search and their
+references."""
 
 from lightning_bpd.decoding.acceptance import (
     Criterion,

@@ -91,7 +91,7 @@ class Criterion(ABC):
     stochastic: bool = False  # whether draft/judge draw random numbers (then accept/matches are unusable)
     # whether the verdict is the longest prefix of independent per-position checks (``matches``) with
     # y_1 always the argmax of p_1: the decoder may then check positions one at a time and stop at the
-    # first failure (see ``lightning_bpd.decoding.blockwise.verify_lazily``)
+    # first failure (see ``lightning_bpd.decoding.verify.verify_lazily``)
     prefix_checks: bool = False
 
     def validate(self, k: int) -> None:

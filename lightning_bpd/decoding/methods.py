@@ -85,11 +85,11 @@ class DecodeMethod:
     temperature: float | None = None  # ancestral sampling only
     top_p: float = 1.0
     seed: int | None = 0
-    lazy: bool = False  # blockwise prefix rules: verify position by position (see blockwise.verify_lazily)
+    lazy: bool = False  # blockwise prefix rules: verify position by position (see verify.verify_lazily)
     beam: int | None = None  # beam search with this beam size (and ``alpha``)
     alpha: float = 0.6
     fixed_shape: bool = False  # greedy / deterministic rules: fixed shapes, CUDA graphs on CUDA (decoding.static)
-    stop_below: float | None = None  # deterministic rules: the confidence stop (blockwise.propose)
+    stop_below: float | None = None  # deterministic rules: the confidence stop (proposers.heads.propose)
     tree: Tree | DynamicTree | None = None  # prefix rules and sampling: verify this tree of candidates
     # (proposers.HeadTree); exact: a DynamicTree grows one per row and iteration (proposers.DynamicHeadTree)
     proposer: Proposer | None = None  # blockwise rules: this proposer instead of the model's heads (decoding.loop)

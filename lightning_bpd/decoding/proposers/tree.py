@@ -96,7 +96,7 @@ def propose_tree(model: BlockwiseModel, criterion: Criterion, tree: Tree, h: Ten
     """The tree's tokens (b, N) at the hidden state h (b, D) of each row's last accepted position: the root is
     ``first`` (b,), greedy's token; node i at depth d >= 1 is rank ``tree.ranks[i]`` of the head at depth d (over
     the draft vocabulary when the model has one), read at h (parallel heads) or from its parent's own link
-    (chained heads). The single path is today's block (:func:`~lightning_bpd.decoding.blockwise.propose`, with the
+    (chained heads). The single path is today's block (:func:`~lightning_bpd.decoding.proposers.heads.propose`, with the
     model's fast proposals where it offers them); the other trees through ``draft_ranks`` / ``chain_ranks`` where
     the model offers them (a runtime's proposal paths), else the heads' logits, and
     :func:`~lightning_bpd.nn.argmax.top_ranks` (a stable descending sort's first n, without the sort)."""
