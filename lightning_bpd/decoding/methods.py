@@ -167,7 +167,7 @@ def make_method(
     ``fixed_shape`` decodes greedy and the deterministic rules with fixed shapes
     (:mod:`~lightning_bpd.decoding.static`: CUDA graphs on CUDA, no row compaction). ``stop_below`` is the
     confidence stop of the deterministic rules with the model's own heads (:func:`~lightning_bpd.decoding.
-    blockwise.propose`); other methods ignore it, so one value can apply to a whole list of methods. ``tree``
+    proposers.heads.propose`); other methods ignore it, so one value can apply to a whole list of methods. ``tree``
     (:class:`~lightning_bpd.decoding.trees.tree.Tree`): the deterministic prefix rules and speculative sampling of the
     model's own heads verify that tree of candidates (:class:`~lightning_bpd.decoding.proposers.HeadTree`); a
     :class:`~lightning_bpd.decoding.trees.tree.DynamicTree` grows one per row and iteration (exact only); other
