@@ -80,6 +80,12 @@ def sample_anchors(batch: int, length: int, block_size: int, count: int, generat
     return order.sort(dim=1).values + 1
 
 
+def anchor_seed(step: int, rank: int, world: int) -> int:
+    """The seed of a training step's anchors on one rank: every (step, rank) its own, so ranks under DDP draw
+    different anchors from one another and from their other steps."""
+    return step * max(1, world) + rank
+
+
 def drafter_shape(config: Any) -> dict[str, Any]:
     """The DFlashConfig fields that follow the target's config (Llama/Qwen-like keys, GPT-2-like ones as their
     attribute aliases: hidden size, heads; head_dim = H // heads, intermediate 4H where the config names none)."""
@@ -310,7 +316,9 @@ class DFlashModule(pl.LightningModule):
             self.log(f"{prefix}/acc_slot{j}", value, batch_size=n, sync_dist=prefix != "train")
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        out = self.step(batch, self.generator(self.global_step), self.feature_noise)
+        world = self.trainer.world_size if self._trainer is not None else 1
+        out = self.step(batch, self.generator(anchor_seed(self.global_step, self.global_rank, world)),
+                        self.feature_noise)
         self.log_metrics("train", out, batch["src"].shape[0])
         return out["loss"]
 

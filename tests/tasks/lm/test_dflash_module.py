@@ -200,3 +200,11 @@ def test_training_raises_the_accepted_block_size(checkpoint, tmp_path):
     curve = accepted_curve(checkpoint, repetitive_corpus(tmp_path / "rep"), 300)
     first, last = sum(curve[:20]) / 20, sum(curve[-20:]) / 20  # blocks of 4: 1 (nothing right) to 4 (all right)
     assert first < 1.6 and last > 3.0, (first, last)
+
+
+def test_anchor_seeds_differ_across_ranks_and_steps():
+    from lightning_bpd.tasks.lm.dflash_module import anchor_seed
+
+    seeds = {anchor_seed(step, rank, 4) for step in range(50) for rank in range(4)}
+    assert len(seeds) == 200
+    assert anchor_seed(7, 0, 1) == 7  # one process: the step, as before
