@@ -103,8 +103,6 @@ def test_what_the_proposer_cannot_serve_is_one_line():
     base, src = causal.tiny_lm("llama"), causal.prompts(4)
     model = HFCausalBlockwise(base, k=1)
     drafter = drafter_for(base)
-    with pytest.raises(ValueError, match="deterministic"):
-        decode(model, src, SpeculativeSampling(temperature=1.0), DFlash(drafter), max_len=8)
     with pytest.raises(ValueError, match="block_size"):
         decode(model, src, Exact(), DFlash(drafter, block_size=9), max_len=8)
     with pytest.raises(ValueError, match="target layers"):
@@ -147,3 +145,32 @@ def test_a_lean_runtime_gives_the_modules_features_bit_for_bit(family):
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     d = outs[0][0].shape[-1]
     assert torch.equal(outs[0][1][..., d:], outs[0][0])  # layer 1 is the last: its output after the final norm
+
+
+def test_speculative_sampling_with_the_drafter_is_lossless():
+    """Sequences sampled with the drafter proposing follow ancestral sampling from the target's p_1 exactly
+    (chi-square against the exact sequence probabilities of a 6-token Llama), and drafted tokens do get accepted."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from tests.decoding.sampling_helpers import MAX_LEN, N_SAMPLES, P_MIN, chi_square_p_value, sequence_probabilities
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=6, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=32, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2, tie_word_embeddings=False)
+    base = AutoModelForCausalLM.from_config(config).double().eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in base.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * (1.0 if "embed" in name else 0.6))
+    model = HFCausalBlockwise(base, k=1)
+    src = torch.tensor([[3, 4, 5, 3]])
+    exact = sequence_probabilities(model, src, MAX_LEN, 1.0, 1.0)
+    drafter = drafter_for(base, block_size=3)
+    rule = SpeculativeSampling(temperature=1.0)
+    rule.seed = 5
+    out = decode(model, src.expand(N_SAMPLES, -1).contiguous(), rule, DFlash(drafter), max_len=MAX_LEN)
+    p_value, bins = chi_square_p_value(out.sequences(), exact)
+    assert bins >= 10 and p_value > P_MIN
+    assert max(max(sizes) for sizes in out.block_sizes) > 1

@@ -12,7 +12,8 @@ context. So the drafter sees exactly the target features of the row's prompt and
 The target offers its features through ``encode_features`` and ``decode_step_features``
 (:class:`~lightning_bpd.decoding.protocol.BlockwiseModel`); the drafter (:class:`~lightning_bpd.nn.dflash.
 DFlashDrafter`, seen here through its methods only) brings ``config`` (``block_size``, ``target_layer_ids``,
-``mask_token_id``), ``new_cache``, ``extend`` and ``draft``. Deterministic rules; exact reproduces greedy.
+``mask_token_id``), ``new_cache``, ``extend`` and ``draft``. Exact reproduces greedy; speculative sampling draws each
+slot from the drafter's distribution and stays lossless.
 """
 
 from __future__ import annotations
@@ -46,9 +47,6 @@ class DFlash(Proposer):
         if model.encode_features is None or model.decode_step_features is None:
             raise ValueError(f"{type(model).__name__} offers no target features (encode_features, "
                              "decode_step_features): a DFlash drafter needs a Hugging Face causal base")
-        if criterion.stochastic:
-            raise ValueError(f"the DFlash proposer drafts greedily: it takes deterministic rules (exact, topN, ...), "
-                             f"not {criterion.name}")
         most = int(self.drafter.config.block_size)
         if isinstance(self.width, bool) or not isinstance(self.width, int) or not 2 <= self.width <= most:
             raise ValueError(f"DFlash block_size must be an integer in [2, {most}] (the drafter's), got {self.width}")
@@ -89,16 +87,27 @@ class DFlashDrafting(Proposer):
         return context
 
     def propose(self, run: Any, h: Tensor, first: Tensor | None) -> Path:
-        model = run.model
-        first = opening_token(run, h, first)  # (b,)
+        """Deterministic rules: token 1 is greedy's, the drafts the argmax of each slot. Speculative sampling: token 1
+        the verdict's residual draw (or, where there is none, a draw from p_1 under the rules), then each slot's draft
+        drawn from the drafter's distribution there (the block keeps them for the verdict, which stays lossless)."""
+        model, criterion = run.model, run.criterion
+        if criterion.stochastic:
+            p1 = model.logits_first(h)  # (b, V): token 1 where no residual token was drawn
+            reader = run.p1()
+            one = criterion.draft((p1 if reader is None else reader.rule(p1))[:, None], first)  # (b, 1)
+        else:
+            one = Block(opening_token(run, h, first)[:, None])  # (b, 1): greedy's next token
         width = run.book.block_width(self.size, run.room)
         if width < 2:
-            return FeaturePath(Block(first[:, None]), sink=self)
-        block = torch.cat([first[:, None], first.new_full((first.shape[0], width - 1), self.mask_id)], dim=1)  # (b, w)
-        positions = self.cache.lengths[:, None] + torch.arange(width, device=first.device)  # the rows' next positions
+            return FeaturePath(one, sink=self)
+        opening = one.tokens  # (b, 1)
+        block = torch.cat([opening, opening.new_full((opening.shape[0], width - 1), self.mask_id)], dim=1)  # (b, w)
+        positions = self.cache.lengths[:, None] + torch.arange(width, device=opening.device)  # the rows' next positions
         out = self.drafter.draft(self.cache, model.embed_tokens(block), positions)  # (b, w, D)
-        drafts = argmax(restricted(model, model.logits_first(out[:, 1:])))  # (b, w - 1): the tokens at 1..w-1
-        tokens = run.rules.forced_proposals(run.book, torch.cat([first[:, None], drafts], dim=1))
+        logits = restricted(model, model.logits_first(out[:, 1:]))  # (b, w - 1, V): the tokens at 1..w-1
+        if criterion.stochastic:
+            return FeaturePath(Block.cat([one, criterion.draft(logits)]), sink=self)
+        tokens = run.rules.forced_proposals(run.book, torch.cat([opening, argmax(logits)], dim=1))
         return FeaturePath(Block(tokens), sink=self)
 
     def advance(self, run: Any, outcome: Outcome, rows: Tensor | None) -> None:
