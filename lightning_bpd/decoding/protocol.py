@@ -279,6 +279,12 @@ def source_room(model: BlockwiseModel, src: Tensor) -> list[int] | None:
     return None if room is None else room(src)
 
 
+def valid_first(valid: Tensor) -> Tensor:
+    """The slot order (B, S) that puts each row's valid slots (``valid`` (B, S) bool) first, in their order: gathering
+    with it left-aligns a padded row's tokens."""
+    return torch.sort((~valid).long(), dim=1, stable=True).indices
+
+
 def pack_rows(rows: list[list[int]], pad_id: int, device: torch.device | None = None) -> Tensor:
     """Pad a list of token lists into a (B, L) long tensor (L >= 1)."""
     width = max(1, max((len(r) for r in rows), default=0))

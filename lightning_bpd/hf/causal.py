@@ -311,22 +311,20 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
     def decode_step(self, tokens: Tensor, context: CausalContext, cache: KVCache) -> Tensor:
         """T >= 1 new inputs per row (B, T) after what ``cache`` holds -> hidden (B, T, D); an input at cache slot 0
         (the loop's start token) is the row's last prompt token."""
-        n_new = tokens.shape[1]
-        slots, stop = self.room(n_new, context, cache)  # (B, T)
-        tokens = torch.where(slots == 0, context.last[:, None], tokens)
-        held = torch.arange(stop, device=tokens.device)  # (S',) cache slots
-        k_pos = context.start[:, None] + held  # (B, S')
-        return self.step(tokens, slots, context.start[:, None] + slots, k_pos, k_pos >= 0, stop, context, cache)
+        return self.stepped(tokens, context, cache)
 
     def decode_step_features(self, tokens: Tensor, context: CausalContext, cache: KVCache,
                              layers: Sequence[int]) -> tuple[Tensor, Tensor]:
         """:meth:`decode_step`, and the outputs of the decoder layers ``layers`` (B, T, len(layers) * D) (a runtime's
         lean step gives them too, bitwise the modules' features)."""
-        layers = self.checked_layers(layers)
+        return self.stepped(tokens, context, cache, self.checked_layers(layers))
+
+    def stepped(self, tokens: Tensor, context: CausalContext, cache: KVCache, layers: tuple[int, ...] = ()) -> Any:
+        """:meth:`decode_step` (``layers`` empty) or :meth:`decode_step_features`."""
         n_new = tokens.shape[1]
         slots, stop = self.room(n_new, context, cache)  # (B, T)
         tokens = torch.where(slots == 0, context.last[:, None], tokens)
-        k_pos = context.start[:, None] + torch.arange(stop, device=tokens.device)  # (B, S')
+        k_pos = context.start[:, None] + torch.arange(stop, device=tokens.device)  # (B, S') cache slots' positions
         return self.step(tokens, slots, context.start[:, None] + slots, k_pos, k_pos >= 0, stop, context, cache,
                          layers)
 

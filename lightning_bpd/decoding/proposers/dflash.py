@@ -27,7 +27,7 @@ from torch import Tensor
 from lightning_bpd.decoding.acceptance import Block, Criterion
 from lightning_bpd.decoding.candidates import Outcome, Path
 from lightning_bpd.decoding.proposers.base import Proposer, opening_token
-from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context, restricted
+from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context, restricted, valid_first
 from lightning_bpd.nn.argmax import argmax
 
 
@@ -78,7 +78,7 @@ class DFlashDrafting(Proposer):
         """The target's prefill, and the drafter's cache filled with the prompts' features."""
         context, features, valid, positions = run.model.encode_features(run.src, self.layers)
         b, s = valid.shape
-        order = torch.sort((~valid).long(), dim=1, stable=True).indices  # each row's tokens first, in order
+        order = valid_first(valid)  # (B, S): each row's tokens first, in order
         features = features.gather(1, order[:, :, None].expand(-1, -1, features.shape[-1]))  # (B, S, A * D)
         counts = valid.sum(dim=1)  # (B,)
         capacity = s + 1 + run.max_len + self.size

@@ -22,7 +22,7 @@ from torch import Tensor
 from lightning_bpd.decoding.acceptance import Block, Criterion
 from lightning_bpd.decoding.candidates import Path
 from lightning_bpd.decoding.proposers.base import Proposer, opening_token
-from lightning_bpd.decoding.protocol import BlockwiseModel
+from lightning_bpd.decoding.protocol import BlockwiseModel, valid_first
 
 
 @dataclass(frozen=True)
@@ -55,13 +55,32 @@ class PromptLookup(Proposer):
         criterion.validate(self.width)
         return criterion
 
+    def start(self, run: Any) -> PromptLookupRun:
+        """This decode's state: every row's prompt left-aligned once (the rows' histories start with it)."""
+        return PromptLookupRun(self, *left_aligned(run.src, run.model.pad_id))
+
+
+@dataclass
+class PromptLookupRun(Proposer):
+    """One decode of :class:`PromptLookup`: ``prompts`` (B, S) each row's prompt tokens first (-1 after), ``lengths``
+    (B,) their count, for every original row (the live ones are ``book.live``)."""
+
+    spec: PromptLookup
+    prompts: Tensor
+    lengths: Tensor
+
+    @property
+    def width(self) -> int:  # type: ignore[override]
+        return self.spec.width
+
     def propose(self, run: Any, h: Tensor, first: Tensor | None) -> Path:
-        book = run.book
+        book, spec = run.book, self.spec
         first = opening_token(run, h, first)  # (b,)
-        history, lengths = histories(run.src[book.live], book.tokens[book.live], book.committed(), first,
-                                     run.model.pad_id)
-        found, count = lookup(history, lengths, self.max_ngram, self.num_tokens, self.match == "last")
-        width = min(book.block_width(self.width, run.room) - 1, int(count.max()))  # host read: the pass's width
+        live = book.live
+        history, lengths = joined(self.prompts[live], self.lengths[live], book.tokens[live], book.committed(),
+                                  max(book.live_lengths), first)
+        found, count = lookup(history, lengths, spec.max_ngram, spec.num_tokens, spec.match == "last")
+        width = min(book.block_width(spec.width, run.room) - 1, int(count.max()))  # host read: the pass's width
         found = torch.where(torch.arange(width, device=h.device) < count[:, None], found[:, :width], first[:, None])
         tokens = torch.cat([first[:, None], found], dim=1)  # (b, 1 + width): past a row's count, fillers
         tokens = run.rules.forced_proposals(book, tokens)
@@ -71,18 +90,29 @@ class PromptLookup(Proposer):
 def histories(prompts: Tensor, outputs: Tensor, committed: Tensor, first: Tensor, pad_id: int) -> tuple[Tensor, Tensor]:
     """Each row's history, left-aligned (b, L) with -1 past its length (b,): the prompt's non-pad tokens (prompts
     (b, S)), the first ``committed`` (b,) tokens of ``outputs`` (b, T), then ``first`` (b,)."""
-    b, s = prompts.shape
+    longest = int(committed.max()) if committed.numel() else 0
+    return joined(*left_aligned(prompts, pad_id), outputs, committed, longest, first)
+
+
+def left_aligned(prompts: Tensor, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Each row's non-pad tokens of ``prompts`` (b, S) first, in order, -1 after them (b, S), and their count (b,)."""
     valid = prompts != pad_id  # (b, S)
-    order = torch.sort((~valid).long(), dim=1, stable=True).indices  # non-pad slots first, in order
-    plen = valid.sum(dim=1)  # (b,)
-    c = int(committed.max()) if b else 0
+    order = valid_first(valid)
+    return torch.where(valid.gather(1, order), prompts.gather(1, order), -1), valid.sum(dim=1)
+
+
+def joined(prompts: Tensor, plen: Tensor, outputs: Tensor, committed: Tensor, longest: int,
+           first: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`histories` from left-aligned ``prompts`` (b, S) of ``plen`` (b,) tokens; ``longest``: the most tokens a
+    row committed (a host int, at least ``committed.max()``)."""
+    b, s = prompts.shape
     lengths = plen + committed + 1  # (b,)
-    width = s + c + 2  # the last column takes what lies past a row's history
+    width = s + longest + 2  # the last column takes what lies past a row's history
     history = torch.full((b, width), -1, dtype=torch.long, device=prompts.device)
-    history[:, :s] = torch.where(valid.gather(1, order), prompts.gather(1, order), -1)
-    j = torch.arange(c, device=prompts.device)
-    at = torch.where(j < committed[:, None], plen[:, None] + j, width - 1)  # (b, c)
-    history.scatter_(1, at, outputs[:, :c])
+    history[:, :s] = prompts
+    j = torch.arange(longest, device=prompts.device)
+    at = torch.where(j < committed[:, None], plen[:, None] + j, width - 1)  # (b, longest)
+    history.scatter_(1, at, outputs[:, :longest])
     history.scatter_(1, (plen + committed)[:, None], first[:, None])
     history[:, -1] = -1
     return history[:, :-1], lengths
