@@ -45,6 +45,7 @@ from lightning_bpd.hf.causal import load_causal
 from lightning_bpd.hf.prompts import CausalLM, load_tokenizer
 from lightning_bpd.nn.argmax import argmax
 from lightning_bpd.nn.dflash import DFlashConfig, DFlashDrafter, default_target_layers
+from lightning_bpd.tasks.frozen_states import FrozenStates
 from lightning_bpd.tasks.lm.module import LMModule
 
 
@@ -192,6 +193,9 @@ class DFlashModule(pl.LightningModule):
         anchors: random blocks per training sequence.
         gamma: slot j's loss weight ``exp(-(j - 1) / gamma)``.
         feature_noise: uniform noise in ``[-x, x]`` added to the target features while training.
+        feature_cache_gb: up to this many GiB of the target's features and greedy labels are kept per training
+            sequence (keyed by the batches' ``index``) and reused in later epochs instead of running the target again
+            (the frozen target in eval mode gives the same ones every time); 0 runs the target at every step.
         lr, warmup_steps, weight_decay: AdamW on the drafter (decay on its matrices), linear warmup then cosine
             decay to 10% of ``lr`` at the run's last step.
         max_new_tokens: validation decodes (and ``decode``'s default) continue each prompt by at most this many tokens.
@@ -200,7 +204,7 @@ class DFlashModule(pl.LightningModule):
     def __init__(self, pretrained: str | None = None, num_layers: int = 1, block_size: int = 8,
                  target_layer_ids: list[int] | None = None, mask_token_id: int | None = None, anchors: int = 32,
                  gamma: float = 4.0, feature_noise: float = 0.0, lr: float = 6e-4, warmup_steps: int = 100,
-                 weight_decay: float = 0.01, max_new_tokens: int = 32) -> None:
+                 weight_decay: float = 0.01, max_new_tokens: int = 32, feature_cache_gb: float = 4.0) -> None:
         super().__init__()
         if not isinstance(block_size, int) or block_size < 2:
             raise ValueError(f"model.block_size must be an integer >= 2, got {block_size!r}")
@@ -208,9 +212,10 @@ class DFlashModule(pl.LightningModule):
                                    ("max_new_tokens", max_new_tokens, 1), ("warmup_steps", warmup_steps, 0)):
             if value < least:
                 raise ValueError(f"model.{name} must be >= {least}, got {value}")
-        if not gamma > 0 or feature_noise < 0 or not lr > 0 or weight_decay < 0:
-            raise ValueError(f"model: need gamma > 0, feature_noise >= 0, lr > 0 and weight_decay >= 0, got "
-                             f"{gamma}, {feature_noise}, {lr}, {weight_decay}")
+        if not gamma > 0 or feature_noise < 0 or not lr > 0 or weight_decay < 0 or feature_cache_gb < 0:
+            raise ValueError(f"model: need gamma > 0, feature_noise >= 0, lr > 0, weight_decay >= 0 and "
+                             f"feature_cache_gb >= 0, got {gamma}, {feature_noise}, {lr}, {weight_decay}, "
+                             f"{feature_cache_gb}")
         if pretrained is None or not os.path.isdir(os.fspath(pretrained)):
             raise ValueError(f"model.pretrained: {pretrained} is not a directory (a local Hugging Face causal LM "
                              "checkpoint with its tokenizer)")
@@ -238,10 +243,11 @@ class DFlashModule(pl.LightningModule):
                                    "target_layer_ids": list(config.target_layer_ids), "mask_token_id": mask_id,
                                    "anchors": anchors, "gamma": gamma, "feature_noise": feature_noise, "lr": lr,
                                    "warmup_steps": warmup_steps, "weight_decay": weight_decay,
-                                   "max_new_tokens": max_new_tokens})
+                                   "max_new_tokens": max_new_tokens, "feature_cache_gb": feature_cache_gb})
         self.register_buffer("weights", slot_weights(block_size, gamma), persistent=False)
         self.block_size, self.anchors, self.gamma, self.feature_noise = block_size, anchors, gamma, feature_noise
         self.max_new_tokens = max_new_tokens
+        self.feature_cache = FrozenStates(int(feature_cache_gb * 2**30)) if feature_cache_gb > 0 else None
         self.rank_agreement = None  # DecodeEval's table of heads (none here)
 
     # ---- the frozen target -----------------------------------------------------------------------------------
@@ -263,6 +269,25 @@ class DFlashModule(pl.LightningModule):
         features = torch.cat([out.hidden_states[i + 1] for i in layers], dim=-1)
         labels = torch.stack([argmax(self.model.logits_first(h)) for h in out.last_hidden_state])  # row by row
         return features, labels
+
+    def target_outputs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """:meth:`target_pass` over the batch's ``src`` (B, T); while training, through the per-sequence cache
+        (``feature_cache_gb``): features (B, T, A*H) and labels (B, T), the same values either way."""
+        src, index = batch["src"], batch.get("index")
+        if self.feature_cache is None or index is None or not self.training:
+            return self.target_pass(src)
+        if self.model.vocab_size >= 2**24:
+            raise ValueError(f"model.feature_cache_gb: a vocabulary of {self.model.vocab_size} ids does not fit the "
+                             "cache's float32 label column: set model.init_args.feature_cache_gb=0")
+
+        def packed(rows: Tensor) -> Tensor:  # (b, T, A*H + 1): the labels, exact in float32, as the last column
+            features, labels = self.target_pass(src[rows])
+            return torch.cat([features.float(), labels[..., None].float()], dim=-1)
+
+        width = src.shape[1]
+        both = self.feature_cache.hidden(index, torch.full_like(index, width), width, packed)  # (B, T, A*H + 1)
+        dtype = self.model.base.get_output_embeddings().weight.dtype
+        return both[..., :-1].to(dtype), both[..., -1].long()
 
     def blocks(self, src: Tensor, anchors: Tensor, labels: Tensor, real: Tensor) -> tuple[Tensor, Tensor, Tensor,
                                                                                           Tensor, Tensor]:
@@ -288,7 +313,7 @@ class DFlashModule(pl.LightningModule):
         if t <= self.block_size:
             raise ValueError(f"a training sequence of {t} tokens is not longer than model.block_size "
                              f"{self.block_size}: raise data.seq_len")
-        features, labels = self.target_pass(src)
+        features, labels = self.target_outputs(batch)
         length = batch.get("length")
         real = (length + 1).clamp(max=t) if length is not None else torch.full((b,), t, device=src.device)
         anchors = sample_anchors(b, t, self.block_size, self.anchors, generator).to(src.device)

@@ -103,9 +103,34 @@ def test_a_step_trains_the_drafter_only(checkpoint):
     assert not module.model.base.training and module.training  # the target stays in eval mode
 
 
+def test_cached_target_features_give_the_step_the_uncached_target_gives(checkpoint):
+    cached = DFlashModule(str(checkpoint), block_size=4, anchors=6)
+    plain = DFlashModule(str(checkpoint), block_size=4, anchors=6, feature_cache_gb=0.0)
+    plain.drafter.load_state_dict(cached.drafter.state_dict())
+    src = torch.randint(3, 200, (3, 20), generator=torch.Generator().manual_seed(4))
+    batch = {"src": src, "index": torch.tensor([7, 2, 9])}
+    want = plain.step(batch, torch.Generator().manual_seed(0), 0.0)
+    assert plain.feature_cache is None
+    for _ in range(2):  # the first call fills the cache, the second reads it: the same loss and metrics both times
+        got = cached.step(batch, torch.Generator().manual_seed(0), 0.0)
+        assert torch.equal(got["loss"], want["loss"]) and torch.equal(got["acc"], want["acc"])
+    assert (cached.feature_cache.misses, cached.feature_cache.hits, len(cached.feature_cache)) == (3, 3, 3)
+    # a batch mixing cached and new sequences: each row's features are its own sequence's
+    mixed = {"src": torch.cat([src[1:2], src[0:1] + 1]), "index": torch.tensor([2, 11])}
+    features, labels = cached.target_outputs(mixed)
+    want_features, want_labels = plain.target_pass(mixed["src"])
+    # (rows computed alone or in a batch: equal up to the matmul's blocking)
+    assert torch.allclose(features, want_features, rtol=1e-5, atol=1e-5 * float(want_features.abs().max()))
+    assert torch.equal(labels, want_labels)
+    cached.eval()  # validation runs the target itself
+    assert cached.target_outputs(mixed)[0].shape == want_features.shape and cached.feature_cache.hits == 4
+
+
 def test_bad_options_are_one_line(checkpoint, tmp_path):
     with pytest.raises(ValueError, match="block_size must be an integer >= 2"):
         DFlashModule(str(checkpoint), block_size=1)
+    with pytest.raises(ValueError, match="feature_cache_gb >= 0"):
+        DFlashModule(str(checkpoint), feature_cache_gb=-1)
     with pytest.raises(ValueError, match=r"target_layer_ids \[0, 2\]: each must be a decoder layer .* \[0, 1\]"):
         DFlashModule(str(checkpoint), target_layer_ids=[0, 2])
     with pytest.raises(ValueError, match="is not a directory"):
