@@ -220,6 +220,13 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
         context, features = self.prefilled(src, self.checked_layers(layers))
         return context, features, context.valid, context.key_positions
 
+    def full_features(self, tokens: Tensor, layers: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """Uncached, the base's own forward: whole sequences (B, T) -> the last hidden states (B, T, D) and the outputs
+        of ``layers`` (B, T, len(layers) * D) (``hidden_states[i + 1]``; what a block drafter trains on)."""
+        layers = self.checked_layers(layers)
+        out = self.trunk(input_ids=tokens, output_hidden_states=True, use_cache=False)
+        return out.last_hidden_state, torch.cat([out.hidden_states[i + 1] for i in layers], dim=-1)
+
     def checked_layers(self, layers: Sequence[int]) -> tuple[int, ...]:
         """``layers`` as a tuple of decoder layer indices; one clear line where one is out of range."""
         layers = tuple(int(i) for i in layers)

@@ -16,7 +16,7 @@ stack over each row alone, its prompt followed by its decoder inputs, no padding
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -79,12 +79,44 @@ class CausalTransformer(BlockwiseTransformer):
     def layers_pass(self, x: Tensor, seen: Tensor, keys_of: KeysOf) -> Tensor:
         """The decoder's layers (self-attention and feed-forward) over embedded inputs x (B, T, D), query t seeing key
         s where ``seen`` (B or 1, T, S) is True, each layer's keys from ``keys_of`` -> hidden (B, T, D)."""
+        return self.layers_features(x, seen, keys_of)[0]
+
+    def layers_features(self, x: Tensor, seen: Tensor, keys_of: KeysOf,
+                        layers: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
+        """:meth:`layers_pass`, and the outputs of the decoder layers ``layers`` (B, T, len(layers) * D) in that order
+        (each layer's residual stream, before the final norm), or None for none."""
         bias = additive(seen[:, None], x.dtype)  # (B, 1, T, S): converted once for all layers
+        taps: dict[int, Tensor] = {}
         for i, layer in enumerate(self.decoder.layers):
             q, k, v = layer.self_attn.qkv(layer.norm1(x))  # (B, T, H, Dh) each
             k, v = keys_of(i, k, v)
             x = layer.feed_forward(x + layer.drop(layer.self_attn.attend(q, k, v, bias)))
-        return self.decoder.norm(x)
+            if i in layers:
+                taps[i] = x
+        return self.decoder.norm(x), (torch.cat([taps[i] for i in layers], dim=-1) if layers else None)
+
+    # ---- a block drafter's target features (DFlash) ---------------------------------------------------------------
+    @property
+    def n_layers(self) -> int:
+        return len(self.decoder.layers)
+
+    def checked_layers(self, layers: Sequence[int]) -> tuple[int, ...]:
+        """``layers`` as a tuple of decoder layer indices; one clear line where one is out of range."""
+        layers = tuple(int(i) for i in layers)
+        bad = [i for i in layers if not 0 <= i < self.n_layers]
+        if not layers or bad:
+            raise ValueError(f"target layers {list(layers)}: each must be a decoder layer in [0, {self.n_layers - 1}]")
+        return layers
+
+    def full_features(self, tokens: Tensor, layers: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """Uncached, as :meth:`causal_pass`: whole sequences (B, T) -> the last hidden states (B, T, D) and the
+        outputs of ``layers`` (B, T, len(layers) * D) (what a block drafter trains on)."""
+        t = tokens.shape[1]
+        pos = torch.arange(t, device=tokens.device)
+        x = self.embed_tgt(tokens, pos.expand_as(tokens), limit=t)
+        h, features = self.layers_features(x, (pos[None, :] <= pos[:, None])[None], lambda i, k, v: (k, v),
+                                           self.checked_layers(layers))
+        return h, features  # type: ignore[return-value]
 
     def causal_pass(self, tokens: Tensor) -> Tensor:
         """Uncached: whole sequences (B, T) at positions 0..T-1 -> hidden (B, T, D)."""
@@ -100,6 +132,18 @@ class CausalTransformer(BlockwiseTransformer):
     # ---- prefill ------------------------------------------------------------------------------------------------
     def encode(self, src: Tensor) -> PromptContext:
         """Prompts (B, P), padded with ``pad_id`` on either side -> every layer's keys and values of each prompt."""
+        return self.prefilled(src)[0]
+
+    def encode_features(self, src: Tensor, layers: Sequence[int]) -> tuple[PromptContext, Tensor, Tensor, Tensor]:
+        """:meth:`encode`, and the outputs of the decoder layers ``layers`` at every prompt slot (B, P, len(layers) *
+        D), with the slots that hold a token (B, P) and their positions (B, P) (a block drafter's context; the row's
+        last token included, seeing the tokens before it)."""
+        context, features = self.prefilled(src, self.checked_layers(layers))
+        positions = (context.valid.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, P)
+        return context, features, context.valid, positions  # type: ignore[return-value]
+
+    def prefilled(self, src: Tensor, layers: tuple[int, ...] = ()) -> tuple[PromptContext, Tensor | None]:
+        """:meth:`encode`'s context and, for ``layers``, the prompt slots' features (B, P, len(layers) * D)."""
         if src.dim() != 2 or src.shape[1] == 0:
             raise ValueError(f"src must be a non-empty (batch, length) tensor of prompts, got shape {tuple(src.shape)}")
         valid = src != self.pad_id  # (B, P)
@@ -122,18 +166,29 @@ class CausalTransformer(BlockwiseTransformer):
             kv.append((k, v))
             return k, v
 
-        self.layers_pass(self.embed_tgt(src, positions, limit=longest), seen, keep)
-        return PromptContext(src, valid, attend, src[rows, last_slot], n - 1, kv, longest)
+        _, features = self.layers_features(self.embed_tgt(src, positions, limit=longest), seen, keep, layers)
+        return PromptContext(src, valid, attend, src[rows, last_slot], n - 1, kv, longest), features
 
     # ---- decoder ------------------------------------------------------------------------------------------------
     def decode_step(self, tokens: Tensor, context: PromptContext, cache: KVCache) -> Tensor:  # type: ignore[override]
         """T >= 1 new inputs per row (B, T) after what ``cache`` holds -> hidden (B, T, D); an input at cache slot 0
         (the loop's start token) is the row's last prompt token."""
+        return self.stepped(tokens, context, cache)[0]
+
+    def decode_step_features(self, tokens: Tensor, context: PromptContext, cache: KVCache,
+                             layers: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """:meth:`decode_step`, and the outputs of the decoder layers ``layers`` (B, T, len(layers) * D)."""
+        return self.stepped(tokens, context, cache, self.checked_layers(layers))  # type: ignore[return-value]
+
+    def stepped(self, tokens: Tensor, context: PromptContext, cache: KVCache,
+                layers: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
+        """:meth:`decode_step` and, for ``layers``, the new inputs' features."""
         cache.check_room(tokens.shape[1])
         slots = cache.positions(tokens.shape[1])  # (B, T)
         tokens = torch.where(slots == 0, context.last[:, None], tokens)
         (_, stop), seen = cached_span(slots, None, cache)  # seen (B, 1, T, S'): causal over the cache's slots
-        return self.step(tokens, context.start[:, None] + slots, slots, stop, seen[:, 0], context, cache)
+        return self.step_features(tokens, context.start[:, None] + slots, slots, stop, seen[:, 0], context, cache,
+                                  layers)
 
     def tree_pass(self, tokens: Tensor, depths: Tensor, ancestors: Tensor, context: PromptContext,  # type: ignore[override]
                   cache: KVCache) -> Tensor:
@@ -150,6 +205,12 @@ class CausalTransformer(BlockwiseTransformer):
              cache: KVCache) -> Tensor:
         """Inputs (B, T) at positions ``q_pos`` (B, T), written at cache ``slots`` (B, T), seeing the prompt and the
         cache slots 0..stop-1 where ``seen`` (B, T, S') -> hidden (B, T, D); appends T positions to the cache."""
+        return self.step_features(tokens, q_pos, slots, stop, seen, context, cache)[0]
+
+    def step_features(self, tokens: Tensor, q_pos: Tensor, slots: Tensor, stop: int, seen: Tensor,
+                      context: PromptContext, cache: KVCache,
+                      layers: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
+        """:meth:`step`, and the outputs of ``layers`` (B, T, len(layers) * D) or None."""
         x = self.embed_tgt(tokens, q_pos, limit=context.longest - 1 + stop)
         prompt = context.attend[:, None, :].expand(-1, tokens.shape[1], -1)  # (B, T, P)
         if not cache.prefix:  # the first step: the prompt's keys and values go into the cache's prompt region, once
@@ -159,9 +220,9 @@ class CausalTransformer(BlockwiseTransformer):
             cache.write(i, slots, k, v)
             return cache.view_with_prefix(i, stop)  # (B, P + S', H, Dh): the prompt, then the decoded positions
 
-        h = self.layers_pass(x, torch.cat([prompt, seen], dim=2), keys_of)
+        out = self.layers_features(x, torch.cat([prompt, seen], dim=2), keys_of, layers)
         cache.advance(tokens.shape[1])
-        return h
+        return out
 
     def decode_full(self, tgt_in: Tensor, context: PromptContext) -> Tensor:  # type: ignore[override]
         """Uncached, the reference: the stack over each row alone (no padding), its prompt followed by ``tgt_in``

@@ -104,6 +104,43 @@ def drafter_shape(config: Any) -> dict[str, Any]:
     return out
 
 
+def is_own_base(model: Any) -> bool:
+    """Whether ``model`` (or the runtime of one) is our own decoder-only base
+    (:class:`~lightning_bpd.nn.causal_model.CausalTransformer`), not a Hugging Face causal LM."""
+    return bool(getattr(model, "decoder_only", False)) and getattr(model, "base", None) is None
+
+
+def target_shape(model: Any) -> dict[str, Any]:
+    """:func:`drafter_shape` of the target ``model``: a Hugging Face causal LM's config, or our own base's (hidden
+    size, heads, head_dim = d_model // heads, intermediate d_ff)."""
+    if is_own_base(model):
+        c = model.config
+        return {"hidden_size": c.d_model, "num_heads": c.n_heads, "num_kv_heads": c.n_heads,
+                "head_dim": c.d_model // c.n_heads, "intermediate_size": c.d_ff}
+    return drafter_shape(model.base.config)
+
+
+def embedding_weight(model: Any) -> Tensor:
+    """The target's input embedding table (V, D): its dtype and device are the features'."""
+    return model.tgt_embed.weight if is_own_base(model) else model.base.get_input_embeddings().weight
+
+
+def own_target(path: str) -> tuple[Any, Any]:
+    """The frozen base and tokenizer of a language-modelling run on our own decoder-only base (its .ckpt); one clear
+    line where the checkpoint is another kind."""
+    from lightning_bpd.checkpoints import load_model
+
+    try:
+        module = load_model(path)
+    except (ValueError, FileNotFoundError) as err:
+        raise ValueError(f"model.pretrained: {err}") from None
+    model = getattr(module, "model", None)
+    if not isinstance(module, LMModule) or not is_own_base(model):
+        raise ValueError(f"model.pretrained: {path} is a {type(module).__name__} checkpoint, not a language-modelling "
+                         "run on our own decoder-only base (give that run's .ckpt, or a Hugging Face causal LM folder)")
+    return model, module.tokenizer
+
+
 def default_mask_id(tokenizer: Any) -> int:
     """The tokenizer's mask id, else its pad id, else its EOS id."""
     for name in ("mask_token_id", "pad_token_id", "eos_token_id"):
@@ -130,15 +167,15 @@ DFLASH_CLASS = "lightning_bpd.tasks.lm.dflash_module.DFlashModule"
 def check_drafter_fits(drafter: Any, model: Any, what: str = "the drafter") -> None:
     """ValueError (one line) unless ``drafter``'s shapes are those the target ``model`` (a causal LM, or a runtime of
     one) gives it: hidden size, heads, its layers and mask id within the target's."""
-    base = getattr(model, "base", None)
-    config = getattr(base, "config", None)
-    if config is None or getattr(config, "is_encoder_decoder", False) or model.encode_features is None:
-        raise ValueError(f"{what} drafts for a Hugging Face causal LM; this checkpoint's model "
-                         f"({type(model).__name__}) offers no target features")
-    want, have = drafter_shape(config), drafter.config
+    config = getattr(getattr(model, "base", None), "config", None)
+    own = is_own_base(model)
+    if (config is None and not own) or getattr(config, "is_encoder_decoder", False) or model.encode_features is None:
+        raise ValueError(f"{what} drafts for a causal LM (Hugging Face or our own decoder-only base); this "
+                         f"checkpoint's model ({type(model).__name__}) offers no target features")
+    want, have = target_shape(model), drafter.config
     differ = [f"{key} {getattr(have, key)} (target {value})" for key, value in want.items()
               if key in ("hidden_size", "num_heads", "num_kv_heads", "head_dim") and getattr(have, key) != value]
-    layers = int(config.num_hidden_layers)
+    layers = int(model.n_layers)
     if any(not 0 <= i < layers for i in have.target_layer_ids):
         differ.append(f"target_layer_ids {list(have.target_layer_ids)} (target layers 0..{layers - 1})")
     if model.vocab_size is not None and not 0 <= have.mask_token_id < model.vocab_size:
@@ -150,7 +187,7 @@ def check_drafter_fits(drafter: Any, model: Any, what: str = "the drafter") -> N
 def drafter_for(drafter: Any, model: Any) -> Any:
     """A copy of ``drafter`` in eval mode, in the dtype and on the device of ``model``'s embeddings (a causal LM or a
     runtime of one: its features come in that dtype), for decoding; the trained drafter is not touched."""
-    weight = model.base.get_input_embeddings().weight
+    weight = embedding_weight(model)
     return copy.deepcopy(drafter).to(device=weight.device, dtype=weight.dtype).eval()
 
 
@@ -184,7 +221,8 @@ class DFlashModule(pl.LightningModule):
     """A DFlash drafter trained on a frozen Hugging Face causal LM (``pretrained``).
 
     Args:
-        pretrained: a local checkpoint directory with its tokenizer (never downloaded): the target, frozen.
+        pretrained: the target, frozen: a local Hugging Face causal LM directory with its tokenizer (never
+            downloaded), or the .ckpt of a language-modelling run on our own decoder-only base.
         num_layers: draft decoder layers.
         block_size: tokens per drafted block (slot 0 the given token, ``block_size - 1`` drafts), >= 2.
         target_layer_ids: the target's decoder layers whose outputs are the context (default z-lab's
@@ -216,13 +254,15 @@ class DFlashModule(pl.LightningModule):
             raise ValueError(f"model: need gamma > 0, feature_noise >= 0, lr > 0, weight_decay >= 0 and "
                              f"feature_cache_gb >= 0, got {gamma}, {feature_noise}, {lr}, {weight_decay}, "
                              f"{feature_cache_gb}")
-        if pretrained is None or not os.path.isdir(os.fspath(pretrained)):
-            raise ValueError(f"model.pretrained: {pretrained} is not a directory (a local Hugging Face causal LM "
-                             "checkpoint with its tokenizer)")
+        if pretrained is None or not (os.path.isdir(os.fspath(pretrained)) or os.path.isfile(os.fspath(pretrained))):
+            raise ValueError(f"model.pretrained: {pretrained} is not a .ckpt of a run on our own decoder-only base and "
+                             "not a directory (a local Hugging Face causal LM checkpoint with its tokenizer)")
         pretrained = os.path.abspath(os.fspath(pretrained))
-        target = load_causal(pretrained, k=1, frozen=True)
+        if os.path.isdir(pretrained):
+            target, tokenizer = load_causal(pretrained, k=1, frozen=True), load_tokenizer(pretrained)
+        else:
+            target, tokenizer = own_target(pretrained)
         target.eval().requires_grad_(False)
-        tokenizer = load_tokenizer(pretrained)
         n = target.n_layers
         layers = list(target_layer_ids) if target_layer_ids is not None else default_target_layers(n, num_layers)
         bad = [i for i in layers if not 0 <= int(i) < n]
@@ -233,7 +273,7 @@ class DFlashModule(pl.LightningModule):
         if not 0 <= mask_id < target.vocab_size:
             raise ValueError(f"model.mask_token_id {mask_id} is not a token of the target's vocabulary "
                              f"[0, {target.vocab_size})")
-        config = DFlashConfig(**drafter_shape(target.base.config), target_layer_ids=tuple(int(i) for i in layers),
+        config = DFlashConfig(**target_shape(target), target_layer_ids=tuple(int(i) for i in layers),
                               mask_token_id=mask_id, num_layers=num_layers, block_size=block_size)
         self.drafter = DFlashDrafter(config)
         # the target: not a registered child (no optimizer, no state_dict, no .train()); _apply moves it along
@@ -264,10 +304,8 @@ class DFlashModule(pl.LightningModule):
     def target_pass(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """The target over ``src`` (B, T): its features at ``target_layer_ids`` (B, T, A*H) and its greedy next token
         at every position (B, T)."""
-        layers = self.drafter.config.target_layer_ids
-        out = self.model.trunk(input_ids=src, output_hidden_states=True, use_cache=False)
-        features = torch.cat([out.hidden_states[i + 1] for i in layers], dim=-1)
-        labels = torch.stack([argmax(self.model.logits_first(h)) for h in out.last_hidden_state])  # row by row
+        last, features = self.model.full_features(src, self.drafter.config.target_layer_ids)  # (B, T, D), (B, T, A*D)
+        labels = torch.stack([argmax(self.model.logits_first(h)) for h in last])  # row by row
         return features, labels
 
     def target_outputs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
@@ -286,8 +324,7 @@ class DFlashModule(pl.LightningModule):
 
         width = src.shape[1]
         both = self.feature_cache.hidden(index, torch.full_like(index, width), width, packed)  # (B, T, A*H + 1)
-        dtype = self.model.base.get_output_embeddings().weight.dtype
-        return both[..., :-1].to(dtype), both[..., -1].long()
+        return both[..., :-1].to(embedding_weight(self.model).dtype), both[..., -1].long()
 
     def blocks(self, src: Tensor, anchors: Tensor, labels: Tensor, real: Tensor) -> tuple[Tensor, Tensor, Tensor,
                                                                                           Tensor, Tensor]:
@@ -323,8 +360,7 @@ class DFlashModule(pl.LightningModule):
         if noise > 0:
             features = features + (torch.rand_like(features) * 2 - 1) * noise
         h = self.drafter.train_forward(features, embeds.to(dtype), anchors, positions, valid)  # (B, M, Bk, H)
-        lm_dtype = self.model.base.get_output_embeddings().weight.dtype
-        logits = self.model.logits_first(h[:, :, 1:].to(lm_dtype)).float()  # (B, M, Bk - 1, V)
+        logits = self.model.logits_first(h[:, :, 1:].to(embedding_weight(self.model).dtype)).float()  # (B, M, Bk - 1, V)
         ce = F.cross_entropy(logits.flatten(0, 2), slot_labels.flatten(), reduction="none").view(slot_labels.shape)
         m = mask.float()
         loss = (ce * self.weights * m).sum() / (m.sum() + 1e-5)
@@ -409,5 +445,5 @@ class DFlashModule(pl.LightningModule):
 
 
 __all__ = ["DFlashModule", "block_acceptance", "check_drafter_fits", "default_mask_id", "dflash_proposer",
-           "drafter_for", "drafter_shape", "load_drafter", "lr_factor", "sample_anchors", "slot_weights"]
+           "drafter_for", "drafter_shape", "embedding_weight", "is_own_base", "load_drafter", "lr_factor", "sample_anchors", "slot_weights"]
 

@@ -104,7 +104,7 @@ def test_bad_dflash_input_is_one_line(fitted, capsys, tmp_path, checkpoint):
     ckpt = torch.load(fitted / "dflash.ckpt", map_location="cpu", weights_only=False)
     ckpt["hyper_parameters"]["pretrained"] = str(tmp_path / "moved")
     torch.save(ckpt, fitted / "moved.ckpt")
-    assert refused(ckpt="moved.ckpt").endswith("is not a directory (a local Hugging Face causal LM checkpoint with "
+    assert refused(ckpt="moved.ckpt").endswith("and not a directory (a local Hugging Face causal LM checkpoint with "
                                                "its tokenizer); if the base (target) moved since the run, give --base DIR")
     got, block = run_decode(fitted, capsys, "--base", str(checkpoint), ckpt="moved.ckpt")
     assert got == greedy_texts(fitted / "dflash.ckpt") and block > 2.5
