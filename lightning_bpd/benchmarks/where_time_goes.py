@@ -26,6 +26,13 @@ time in the same run): ``measured``; ``free_proposals`` (the heads' part cost no
 (also, the loop cost per iteration what greedy's costs per step); ``and_one_token_pass`` (also, the k-token
 verify pass and its verification cost what greedy's decoder step and next-token projection cost: the paper's
 premise, which leaves the encoder and one greedy step per iteration).
+
+On a DFlash drafter's checkpoint (``conf/lm/dflash.yaml``) the blockwise method is exact acceptance with the drafter
+proposing (``dflash@k<w>``, ``--k`` its block sizes, default the drafter's), and the parts are the target's
+``encode_features`` (the prefill with the drafter's layers) and ``decode_step_features`` (the w-token verify pass with
+them), ``logits_first``, and the proposals: the drafter's ``draft`` (its one bidirectional pass) and ``extend`` (the
+accepted positions' features into its context), the block's ``embed_tokens`` and the drafts' LM head
+(``draft_head``: the target's ``logits_first`` over the w - 1 drafted slots).
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from typing import Any
 
 import torch
 
-from lightning_bpd.decoding import blockwise_decode, greedy_decode
+from lightning_bpd.decoding import blockwise_decode, decode, greedy_decode
 from lightning_bpd.deprecated_options import deprecated_alias
 from lightning_bpd.evaluation import load_inputs
 from lightning_bpd.inference import Runtime, build_runtime
@@ -51,7 +58,9 @@ from lightning_bpd.inference.arguments import (
 from lightning_bpd.records import write_json
 
 TIMED = ("encode", "decode_step", "logits_first", "argmax_first", "logits_heads", "draft_tokens", "chain_drafts",
-         "chain_draft", "chain_step")
+         "chain_draft", "chain_step", "encode_features", "decode_step_features", "embed_tokens")
+DRAFTER = ("draft", "extend", "draft_head")  # a DFlash drafter's parts (TimedDrafter), the drafts' LM head included
+PARTS = (*TIMED, *DRAFTER)
 
 
 class TimedModel:
@@ -62,6 +71,7 @@ class TimedModel:
         self.model = model
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
+        self.drafted = False  # a DFlash drafter just drafted: the next logits_first reads its drafts (draft_head)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.model, name)
@@ -69,10 +79,36 @@ class TimedModel:
             return attr
 
         def timed(*args: Any, **kwargs: Any) -> Any:
+            part = name
+            if name == "logits_first" and self.drafted:
+                part, self.drafted = "draft_head", False
             start = time.perf_counter()
             out = attr(*args, **kwargs)
-            self.seconds[name] += time.perf_counter() - start
-            self.calls[name] += 1
+            self.seconds[part] += time.perf_counter() - start
+            self.calls[part] += 1
+            return out
+
+        return timed
+
+
+class TimedDrafter:
+    """A DFlash drafter whose ``draft`` and ``extend`` are timed into ``proxy``'s parts; ``draft`` marks the proxy's
+    next ``logits_first`` as the drafts' LM head (what the DFlash proposer reads right after drafting)."""
+
+    def __init__(self, drafter: Any, proxy: TimedModel) -> None:
+        self.drafter, self.proxy = drafter, proxy
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.drafter, name)
+        if name not in ("draft", "extend"):
+            return attr
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            out = attr(*args, **kwargs)
+            self.proxy.seconds[name] += time.perf_counter() - start
+            self.proxy.calls[name] += 1
+            self.proxy.drafted = name == "draft"
             return out
 
         return timed
@@ -82,25 +118,36 @@ def profile(module: Any, runtime: Runtime, inputs: list[torch.Tensor], k: int | 
             stop_below: float | None = None, new_tokens: int | None = None) -> dict[str, Any]:
     """Time one method of ``runtime`` (the module's model prepared) over ``inputs`` (greedy when ``criterion`` is
     None; ``stop_below``: the confidence stop), each decoded to at most ``new_tokens`` (None: the module's
-    ``max_decode_len``)."""
+    ``max_decode_len``); on a DFlash checkpoint the blockwise method is the drafter's, blocks of ``k``."""
     proxy = TimedModel(runtime)
     rule = module.make_criterion(criterion) if criterion else None
+    drafter = getattr(module, "drafter", None)
+    proposer = None
+    if drafter is not None and rule is not None:
+        from lightning_bpd.tasks.lm.dflash_module import dflash_proposer
+
+        made = dflash_proposer(drafter, runtime, k)
+        proposer = type(made)(TimedDrafter(made.drafter, proxy), made.block_size)
     start, steps = time.perf_counter(), 0
     for src in inputs:
         max_len = module.max_decode_len(src) if new_tokens is None else new_tokens
-        result = greedy_decode(proxy, src, max_len) if rule is None else blockwise_decode(proxy, src, rule, max_len, k=k,
-                                                                                             stop_below=stop_below)
+        if rule is None:
+            result = greedy_decode(proxy, src, max_len)
+        elif proposer is not None:
+            result = decode(proxy, src, rule, proposer, max_len=max_len)
+        else:
+            result = blockwise_decode(proxy, src, rule, max_len, k=k, stop_below=stop_below)
         steps += int(result.iterations.sum())
     total = time.perf_counter() - start
-    parts = {name: proxy.seconds[name] for name in TIMED}
+    parts = {name: proxy.seconds[name] for name in PARTS}
     parts["loop"] = total - sum(parts.values())
     return {"seconds": total, "steps": steps, "ms_per_step": 1e3 * total / steps,
             "ms_per_step_by_part": {n: 1e3 * s / steps for n, s in parts.items()},
             "share": {n: s / total for n, s in parts.items()}, "calls": dict(proxy.calls)}
 
 
-PROPOSALS = ("logits_heads", "draft_tokens", "chain_drafts", "chain_draft", "chain_step")
-VERIFY = ("decode_step", "logits_first", "argmax_first")
+PROPOSALS = ("logits_heads", "draft_tokens", "chain_drafts", "chain_draft", "chain_step", "embed_tokens", *DRAFTER)
+VERIFY = ("decode_step", "decode_step_features", "logits_first", "argmax_first")
 
 
 def ceilings(greedy: dict[str, Any], method: dict[str, Any]) -> dict[str, float]:
@@ -156,7 +203,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         inputs, new = lm_inputs(module, args) if hasattr(module, "encode_prompts") else (load_inputs(module, args), None)
     except (ValueError, FileNotFoundError, OSError) as err:
         raise SystemExit(f"where_time_goes: {str(err).strip().splitlines()[0]}") from None
-    ks = args.k or [module.model.k]
+    dflash = getattr(module, "drafter", None) is not None
+    ks = args.k or [module.drafter.config.block_size if dflash else module.model.k]
     profile(module, runtime, inputs[:2], ks[0], args.criterion, args.stop_below, new)  # warm-up
     report: dict[str, Any] = {"ckpt": args.ckpt, "inputs": len(inputs), "threads": torch.get_num_threads(),
                               "criterion": args.criterion, "precision": runtime.precision,
@@ -167,16 +215,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                          f"{args.data_root} ({args.split} split)"}),
                               "methods": {"greedy": profile(module, runtime, inputs, None, None, new_tokens=new)}}
     for k in ks:
-        report["methods"][f"{args.criterion}@k{k}"] = profile(module, runtime, inputs, k, args.criterion,
+        report["methods"][f"{'dflash' if dflash else args.criterion}@k{k}"] = profile(module, runtime, inputs, k, args.criterion,
                                                                args.stop_below, new)
     greedy = report["methods"]["greedy"]
     for name, r in report["methods"].items():
         if name != "greedy":
             r["ceilings"] = ceilings(greedy, r)
     greedy_ms = greedy["ms_per_step"]
-    print(f"{'method':12s} {'ms/step':>8s} {'x greedy':>8s}  " + " ".join(f"{n:>13s}" for n in (*TIMED, "loop")))
+    shown = [n for n in (*PARTS, "loop") if any(r["calls"].get(n) for r in report["methods"].values()) or n == "loop"]
+    print(f"{'method':12s} {'ms/step':>8s} {'x greedy':>8s}  " + " ".join(f"{n:>13s}" for n in shown))
     for name, r in report["methods"].items():
-        parts = " ".join(f"{r['ms_per_step_by_part'][n]:7.2f} ({r['share'][n]:3.0%})" for n in (*TIMED, "loop"))
+        parts = " ".join(f"{r['ms_per_step_by_part'][n]:7.2f} ({r['share'][n]:3.0%})" for n in shown)
         print(f"{name:12s} {r['ms_per_step']:8.2f} {r['ms_per_step'] / greedy_ms:8.2f}  {parts}")
     for name, r in report["methods"].items():
         if "ceilings" in r:

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from lightning_bpd.benchmarks.where_time_goes import TIMED, main
+from lightning_bpd.benchmarks.where_time_goes import PARTS, main
 from lightning_bpd.tasks.lm import LMModule
 from lightning_bpd.tasks.translation.hf_module import save_heads
 from tests.tasks.lm.tiny_lm import write_checkpoint, write_corpus
@@ -33,7 +33,7 @@ def check_parts(report: dict, inputs: int) -> None:
     iteration plus the first call on the start token)."""
     greedy, exact = report["methods"]["greedy"], report["methods"]["exact@k4"]
     for r in report["methods"].values():
-        assert set(r["share"]) == {*TIMED, "loop"} and sum(r["share"].values()) == pytest.approx(1.0)
+        assert set(r["share"]) == {*PARTS, "loop"} and sum(r["share"].values()) == pytest.approx(1.0)
         assert sum(r["ms_per_step_by_part"].values()) == pytest.approx(r["ms_per_step"])
         assert r["calls"]["encode"] == inputs
     assert greedy["calls"]["decode_step"] == greedy["steps"] and "ceilings" not in greedy
@@ -75,3 +75,24 @@ def test_bad_input_is_one_line(lm, tmp_path):
         with pytest.raises(SystemExit, match=f"^where_time_goes: .*{match}") as err:
             main(["--ckpt", str(heads), *argv])
         assert "\n" not in str(err.value)
+
+
+def test_a_dflash_checkpoint_is_timed_by_part(tmp_path):
+    """The drafter's parts (draft, extend, the drafts' LM head, the block's embeddings) and the verify pass with
+    features: one of each per iteration after the first call, the parts adding up."""
+    from tests.tasks.lm.tiny_dflash import PROMPTS, write_dflash
+
+    target = write_checkpoint(tmp_path / "llama")
+    ckpt = write_dflash(tmp_path / "dflash.ckpt", target, steps=5)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:3]))
+    report = main(["--ckpt", str(ckpt), "--input", str(prompts), "--limit", "3", "--max-new-tokens", "10"])
+    assert set(report["methods"]) == {"greedy", "dflash@k4"}
+    r = report["methods"]["dflash@k4"]
+    assert sum(r["share"].values()) == pytest.approx(1.0) and r["calls"]["encode_features"] == 3
+    drafted = r["calls"]["draft"]
+    assert drafted > 0 and r["calls"]["draft_head"] == drafted == r["calls"]["embed_tokens"]
+    assert r["calls"]["decode_step_features"] == r["steps"]  # one verify pass per iteration
+    # the prompt's features once per decode, then each verify's accepted ones but the last (the rows are done)
+    assert r["calls"]["extend"] == r["calls"]["decode_step_features"]
+    assert r["ceilings"]["free_proposals"] > r["ceilings"]["measured"]
