@@ -2,8 +2,8 @@
 
 Inputs per position ``p``: the token at ``p`` and a hidden state of position ``p - 1``: at first the target's
 features there (the outputs of a low, a middle and a high layer, concatenated ``(.., A*H)`` and projected by
-``fc`` to ``(.., H)``), later the drafter's own output state at ``p - 1``. One decoder layer of the target's family
-(Llama, or Qwen3 with its per-head ``q_norm``/``k_norm``) whose q/k/v read ``[input_layernorm(embed(token)) ;
+``fc`` to ``(.., H)``), later the drafter's own output state at ``p - 1``. One decoder layer, Llama's (or
+Qwen3's, with per-head ``q_norm``/``k_norm``), whose q/k/v read ``[input_layernorm(embed(token)) ;
 hidden_norm(state)]`` (2H); its residual is the state (``hidden_norm(state)`` under ``norm_before_residual``), then
 the usual MLP block. Output: the layer's output ``h`` (pre-norm), the state fed back at ``p + 1`` (``norm(h)`` under
 ``norm_output``), and ``lm_head(norm(h))`` over the draft vocabulary, the distribution of the token at ``p + 1``.
@@ -127,12 +127,14 @@ class Eagle3Config:
 
     @classmethod
     def from_target(cls, config: Any, draft_vocab_size: int | None = None,
-                    target_layer_ids: list[int] | tuple[int, ...] | None = None, family: str | None = None,
+                    target_layer_ids: list[int] | tuple[int, ...] | None = None, family: str = "llama",
                     **flags: Any) -> Eagle3Config:
         """The drafter of a Hugging Face causal config (its text config where it has one): the target's hidden size,
         heads, head dim, MLP width, norm eps, RoPE theta, positions and vocabulary; ``target_layer_ids`` default
-        :func:`default_eagle3_layers`; ``draft_vocab_size`` default the whole vocabulary; ``family`` "qwen3" for a
-        Qwen3 target, else "llama"; ``flags``: the norm flags (``norm_before_residual``, ...)."""
+        :func:`default_eagle3_layers`; ``draft_vocab_size`` default the whole vocabulary; ``family`` default "llama"
+        for every target (EAGLE-3's own layer, the one vLLM's ``Eagle3LlamaForCausalLM`` and llama.cpp's ``eagle3``
+        run; "qwen3" adds Qwen3's q/k norms, which only speculators' own class loads); ``flags``: the norm flags
+        (``norm_before_residual``, ...)."""
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         hidden, heads = int(text.hidden_size), int(text.num_attention_heads)
         theta = getattr(text, "rope_theta", None) or (getattr(text, "rope_parameters", None) or {}).get("rope_theta")
@@ -143,8 +145,6 @@ class Eagle3Config:
         if bad:
             raise ValueError(f"target_layer_ids {layers}: {bad} not a layer of the {text.num_hidden_layers}-layer "
                              "target")
-        if family is None:
-            family = "qwen3" if getattr(text, "model_type", "") == "qwen3" else "llama"
         unknown = sorted(set(flags) - {"norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"})
         if unknown:
             raise ValueError(f"Eagle3Config.from_target: unknown flags {unknown}")

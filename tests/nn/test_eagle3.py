@@ -233,7 +233,8 @@ def test_from_target_and_default_layers():
     qwen = Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=8,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     q = Eagle3Config.from_target(qwen, target_layer_ids=[0, 3, 7])
-    assert (q.family, q.head_dim, q.draft_vocab_size, q.target_layer_ids) == ("qwen3", 8, 300, (0, 3, 7))
+    assert (q.family, q.head_dim, q.draft_vocab_size, q.target_layer_ids) == ("llama", 8, 300, (0, 3, 7))
+    assert Eagle3Config.from_target(qwen, target_layer_ids=[0, 3, 7], family="qwen3").family == "qwen3"
     assert default_eagle3_layers(7) == [1, 2, 3]
     with pytest.raises(ValueError, match=">= 7 layers"):
         default_eagle3_layers(6)
