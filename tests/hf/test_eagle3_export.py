@@ -260,3 +260,53 @@ def close(theirs: torch.Tensor, ours: torch.Tensor, name: str) -> None:
     err = float((theirs - ours).abs().max())
     print(f"{name}: max |theirs - ours| = {err:.2e} of max |ours| {float(ours.abs().max()):.2f}")
     assert err <= 1e-5 * float(ours.abs().max()), (name, err)
+
+
+# ---- slow: llama.cpp's converter on the export ----------------------------------------------------------------------
+
+CONVERT_LLAMA_CPP = r"""
+import runpy, sys
+root, export, target, out = sys.argv[1:]
+sys.path[:0] = [root, root + "/gguf-py"]
+import conversion.llama
+conversion.llama.LlamaModel.set_vocab = lambda self: None  # the tiny target has no tokenizer; a real one's is read
+sys.argv = ["convert_hf_to_gguf.py", export, "--target-model-dir", target, "--outfile", out, "--outtype", "f32"]
+runpy.run_path(root + "/convert_hf_to_gguf.py", run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_llama_cpp_converter_takes_the_export_as_it_is(target, tmp_path):
+    """llama.cpp's ``convert_hf_to_gguf.py <export> --target-model-dir <target>`` (the source tree in
+    ``$LLAMA_CPP_DIR``; skipped without it) writes an ``eagle3`` GGUF: our aux ids, target hidden size and norm flag,
+    ``d2t`` as absolute target ids (= t2d's), the tensors as exported. Only the tokenizer step is stubbed (the tiny
+    target has none; llama.cpp reads the target's)."""
+    import sys
+
+    root = os.environ.get("LLAMA_CPP_DIR")
+    if not root or not Path(root, "convert_hf_to_gguf.py").is_file():
+        pytest.skip("set LLAMA_CPP_DIR to a llama.cpp source tree (with convert_hf_to_gguf.py and conversion/)")
+    gguf = pytest.importorskip("gguf")
+    drafter = drafter_for(target, norm_before_residual=True)
+    folder = write_speculators(drafter, tmp_path / "spec", target)
+    out = tmp_path / "draft.gguf"
+    done = subprocess.run([sys.executable, "-c", CONVERT_LLAMA_CPP, root, str(folder), str(target), str(out)],
+                          check=False, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    reader = gguf.GGUFReader(str(out))
+
+    def field(name: str) -> list:
+        f = reader.fields[name]
+        return [f.parts[i].tolist()[0] for i in f.data]
+
+    assert bytes(reader.fields["general.architecture"].parts[-1]).decode() == "eagle3"
+    assert field("eagle3.target_layers") == [2, 4, 5] and field("eagle3.target_hidden_size") == [H]
+    assert field("eagle3.norm_before_residual") == [True] and field("eagle3.block_count") == [1]
+    tensors = {t.name: torch.from_numpy(t.data.copy()) for t in reader.tensors}
+    assert torch.equal(tensors["d2t"], drafter.t2d.nonzero().flatten())
+    for ours, theirs in (("fc.weight", "fc.weight"), ("embed_tokens.weight", "token_embd.weight"),
+                         ("layers.0.hidden_norm.weight", "blk.0.attn_norm_2.weight"),
+                         ("layers.0.input_layernorm.weight", "blk.0.attn_norm.weight"),
+                         ("norm.weight", "output_norm.weight"), ("lm_head.weight", "output.weight")):
+        assert torch.equal(tensors[theirs].view(drafter.state_dict()[ours].shape), drafter.state_dict()[ours]), ours
