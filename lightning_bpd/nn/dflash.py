@@ -239,7 +239,7 @@ class DFlashCache:
         if bool((counts < 0).any()) or bool((counts > n).any()):
             raise ValueError(f"counts must lie in [0, {n}], got {counts.tolist()}")
         if bool((self.lengths + counts > self.capacity).any()):
-            raise RuntimeError(f"DFlashCache overflow: lengths {self.lengths.tolist()} + counts {counts.tolist()} "
+            raise RuntimeError(f"{type(self).__name__} overflow: lengths {self.lengths.tolist()} + counts {counts.tolist()} "
                                f"> capacity {self.capacity}")
         rows, j = (torch.arange(n, device=counts.device)[None, :] < counts[:, None]).nonzero(as_tuple=True)
         slots = self.lengths[rows] + j  # (P,)
