@@ -178,6 +178,11 @@ class BlockwiseModel(Protocol):
     ``decode_step_features(tokens (B, T), context, cache, layers)`` -> (hidden (B, T, D), features
     (B, T, len(layers) * D)). None: not offered."""
 
+    decode_tree_features: Callable[..., tuple[Tensor, Tensor]] | None
+    """Tree drafters (EAGLE-3 trees): :attr:`decode_tree` that also returns the hidden states at the outputs of
+    ``layers`` at every node: ``decode_tree_features(tokens (B, N), depths, ancestors, context, cache, layers)`` ->
+    (hidden (B, N, D), features (B, N, len(layers) * D)). None: not offered."""
+
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: Source | None = None) -> tuple[Tensor, Tensor]:
         """Chained heads only: head i's state (b, D) and logits (b, V) from head i-1's state z (b, D) and its
         token (b,)."""
@@ -205,6 +210,7 @@ class OptionalCapabilities:
     decode_room: Callable[[Tensor], list[int]] | None = None
     encode_features: Callable[..., Any] | None = None
     decode_step_features: Callable[..., Any] | None = None
+    decode_tree_features: Callable[..., Any] | None = None
 
 
 @dataclass

@@ -341,6 +341,16 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
         seeing the prompt, the cached prefix and the nodes j with ``ancestors[i, j]`` (N, N) -> hidden (B, N, D) (a
         tree per row: depths (B, N), ancestors (B, N, N));
         appends N slots to the cache (:meth:`KVCache.keep_path` keeps the accepted ones)."""
+        return self.tree_step(tokens, depths, ancestors, context, cache)
+
+    def decode_tree_features(self, tokens: Tensor, depths: Tensor, ancestors: Tensor, context: CausalContext,
+                             cache: KVCache, layers: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """:meth:`decode_tree`, and the outputs of the decoder layers ``layers`` at every node (B, N, len(layers) * D)."""
+        return self.tree_step(tokens, depths, ancestors, context, cache, self.checked_layers(layers))
+
+    def tree_step(self, tokens: Tensor, depths: Tensor, ancestors: Tensor, context: CausalContext, cache: KVCache,
+                  layers: tuple[int, ...] = ()) -> Any:
+        """:meth:`decode_tree` (``layers`` empty) or :meth:`decode_tree_features`."""
         b, n = tokens.shape
         depths, ancestors = depths.expand(b, n), ancestors.expand(b, n, n)  # a tree per row: (B, N), (B, N, N)
         slots, stop = self.room(n, context, cache)  # (B, N)
@@ -352,7 +362,7 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
         k_pos = context.start[:, None] + torch.where(rel < 0, held[None, :],
                                                      cache.lengths[:, None] + depths.gather(1, node))
         q_pos = context.start[:, None] + cache.lengths[:, None] + depths  # (B, N)
-        return self.step(tokens, slots, q_pos, k_pos, visible, stop, context, cache)
+        return self.step(tokens, slots, q_pos, k_pos, visible, stop, context, cache, layers)
 
     def room(self, n_new: int, context: CausalContext, cache: KVCache) -> tuple[Tensor, int]:
         """The cache slots (B, n_new) the next inputs take and the slots a query may read (a host int); raises

@@ -190,6 +190,10 @@ class Runtime:
     def decode_step_features(self) -> Callable[..., Any] | None:
         return without_grad(self.model.decode_step_features)
 
+    @property
+    def decode_tree_features(self) -> Callable[..., Any] | None:
+        return without_grad(self.model.decode_tree_features)
+
     @functools.cached_property
     def argmax_first(self) -> Callable[[Tensor], Tensor] | None:
         return None if self.proposer is None else without_grad(self.proposer.argmax_first)

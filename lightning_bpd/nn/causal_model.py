@@ -195,11 +195,22 @@ class CausalTransformer(BlockwiseTransformer):
         """The verify pass over a tree's N nodes per row (B, N): node i at the row's position + ``depths[i]`` (N,),
         seeing the prompt, the cached prefix and the nodes j with ``ancestors[i, j]`` (N, N) -> hidden (B, N, D);
         appends N slots to the cache (:meth:`KVCache.keep_path` keeps the accepted ones)."""
+        return self.tree_features(tokens, depths, ancestors, context, cache)[0]
+
+    def decode_tree_features(self, tokens: Tensor, depths: Tensor, ancestors: Tensor, context: PromptContext,
+                             cache: KVCache, layers: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """:meth:`tree_pass`, and the outputs of the decoder layers ``layers`` at every node (B, N, len(layers) * D)."""
+        return self.tree_features(tokens, depths, ancestors, context, cache,  # type: ignore[return-value]
+                                  self.checked_layers(layers))
+
+    def tree_features(self, tokens: Tensor, depths: Tensor, ancestors: Tensor, context: PromptContext,
+                      cache: KVCache, layers: tuple[int, ...] = ()) -> tuple[Tensor, Tensor | None]:
+        """:meth:`tree_pass` and, for ``layers``, the nodes' features."""
         cache.check_room(tokens.shape[1])
         slots = cache.positions(tokens.shape[1])  # (B, N)
         (_, stop), seen = tree_span(slots, ancestors, cache)  # seen (B, 1, N, S')
         q_pos = context.start[:, None] + cache.lengths[:, None] + depths  # (B, N)
-        return self.step(tokens, q_pos, slots, stop, seen[:, 0], context, cache)
+        return self.step_features(tokens, q_pos, slots, stop, seen[:, 0], context, cache, layers)
 
     def step(self, tokens: Tensor, q_pos: Tensor, slots: Tensor, stop: int, seen: Tensor, context: PromptContext,
              cache: KVCache) -> Tensor:

@@ -42,7 +42,8 @@ class BlockwiseTransformer(RuntimeParts, nn.Module):
     generation_rules = None  # greedy decoding of p_1 as it is, ending at eos_id (a user may set rules)
     rules_history = None  # the rules' history before the first token: the start token (bos_id)
     decode_room = None  # sinusoidal positions: no bound on the decoder's inputs
-    encode_features = decode_step_features = None  # target features for a block drafter: decoder-only bases only
+    # target features for a drafter (DFlash, EAGLE-3): decoder-only bases only
+    encode_features = decode_step_features = decode_tree_features = None
     decoder_only = False  # ModelConfig.decoder_only: the subclass CausalTransformer (nn.causal_model)
 
     def __init__(self, config: ModelConfig) -> None:

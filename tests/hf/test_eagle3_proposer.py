@@ -19,6 +19,7 @@ from lightning_bpd.hf.causal import HFCausalBlockwise
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.nn.eagle3 import Eagle3Config, Eagle3Drafter, vocab_mapping
 from tests.hf import test_causal as causal
+from tests.models import assert_close_to_rounding
 from tests.nn import test_causal_model as own
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -163,3 +164,95 @@ def test_speculative_sampling_with_the_drafter_is_lossless(draft_vocab):
     p_value, bins = chi_square_p_value(out.sequences(), exact)
     assert bins >= 10 and p_value > P_MIN
     assert max(max(sizes) for sizes in out.block_sizes) > 1
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("draft_vocab", [None, 50])
+def test_eagle3_trees_equal_generate_on_a_ragged_batch(family, draft_vocab):
+    from lightning_bpd.decoding.proposers import Eagle3Tree
+    from lightning_bpd.decoding.trees.tree import DynamicTree
+
+    base, src, max_len = causal.tiny_lm(family), causal.prompts(6, side="right"), 14
+    causal.pick_eos(base, src, max_len)
+    model = HFCausalBlockwise(base, k=1)
+    want = causal.hf_greedy(base, src, max_len)
+    drafter = drafter_for(32, causal.VOCAB, draft_vocab, embeddings=base.get_input_embeddings().weight)
+    for m in (model, build_runtime(model, InferenceOptions())):
+        for spec in (DynamicTree(nodes=6, depth=3, width=3), DynamicTree(nodes=2, depth=2, width=2)):
+            got = decode(m, src, Exact(), Eagle3Tree(drafter, spec=spec), max_len=max_len)
+            assert got.sequences() == want
+            assert max(max(sizes) for sizes in got.block_sizes) <= spec.depth + 1
+
+
+def test_an_eagle3_tree_of_one_path_is_the_chain():
+    """A tree one wide is the chain of the same depth: the same blocks, token for token (the tree's mask and
+    positions give each node what the chain gives its draft)."""
+    from lightning_bpd.decoding.proposers import Eagle3Tree
+    from lightning_bpd.decoding.trees.tree import DynamicTree
+
+    base, src = causal.tiny_lm("qwen3"), causal.prompts(5)
+    model = HFCausalBlockwise(base, k=1)
+    drafter = drafter_for(32, causal.VOCAB, embeddings=base.get_input_embeddings().weight)
+    chain = decode(model, src, Exact(), Eagle3(drafter, 4), max_len=14)
+    tree = decode(model, src, Exact(), Eagle3Tree(drafter, spec=DynamicTree(nodes=3, depth=3, width=1)), max_len=14)
+    assert tree.sequences() == chain.sequences() and tree.block_sizes == chain.block_sizes
+    assert max(max(sizes) for sizes in chain.block_sizes) > 1
+
+
+def test_our_own_base_decodes_trees_as_greedy():
+    from lightning_bpd.decoding.proposers import Eagle3Tree
+    from lightning_bpd.decoding.trees.tree import DynamicTree
+
+    model, src = own.tiny(k=1), own.prompts(6, side="left")
+    own.pick_eos(model, src)
+    want = greedy_decode_reference(model, src, own.MAX_LEN).sequences()
+    drafter = drafter_for(32, own.VOCAB, embeddings=model.embedding_table())
+    got = decode(model, src, Exact(), Eagle3Tree(drafter, spec=DynamicTree(nodes=5, depth=3, width=2)),
+                 max_len=own.MAX_LEN)
+    assert got.sequences() == want
+
+
+def test_each_tree_entry_is_the_training_time_test_along_its_path():
+    """Batch 1, a tree 3 wide: every node the drafter extends gets the logits the training-time test gives after the
+    node's own path (over the target's uncached features, the path's tokens fed), so each entry saw its ancestors,
+    not its siblings or cousins, at its own position."""
+    from lightning_bpd.decoding.proposers import Eagle3Tree
+    from lightning_bpd.decoding.proposers.eagle3_tree import Eagle3TreeDrafting
+    from lightning_bpd.decoding.trees.tree import DynamicTree
+
+    @dataclass
+    class Entries(Eagle3TreeDrafting):
+        log: list = field(default_factory=list)
+
+        def grow_entries(self, states, tokens, front, ancestors, committed, d):
+            out = super().grow_entries(states, tokens, front, ancestors, committed, d)
+            every = torch.cat(self.candidates, dim=1)[0]  # (M,): the candidates' tokens so far
+            for i, f in enumerate(front[0].tolist()):
+                path = every[ancestors[0, f].nonzero().flatten()].tolist()  # root .. f, ancestors first
+                self.log.append((int(committed[0]), path, out[1][0, i]))
+            return out
+
+    @dataclass(frozen=True)
+    class Recorded(Eagle3Tree):
+        def start(self, run):
+            made = super().start(run)
+            self.__dict__.setdefault("made", []).append(Entries(made.drafter, made.size, made.layers, spec=made.spec))
+            return self.made[-1]
+
+    base = causal.tiny_lm("llama")
+    model = HFCausalBlockwise(base, k=1)
+    drafter = drafter_for(32, causal.VOCAB, 50, embeddings=base.get_input_embeddings().weight)
+    prompt = causal.prompts(1, width=7)[0]
+    prompt = prompt[prompt != causal.PAD][None]  # (1, n)
+    proposer = Recorded(drafter, spec=DynamicTree(nodes=8, depth=3, width=3))
+    out = decode(model, prompt, Exact(), proposer, max_len=12).sequences()[0]
+    n, log = prompt.shape[1], proposer.made[-1].log
+    assert len(log) >= 10
+    for entries, path, logits in log:
+        committed = prompt[0].tolist() + out[: entries - n + 1 - 1]  # the drafter holds positions 1 .. L - 1
+        assert len(committed) == entries
+        seq = torch.tensor([committed + path + [0]])
+        features = uncached_features(base, committed)  # (1, L, 2D)
+        padded = torch.cat([features, features.new_zeros(1, seq.shape[1] - len(committed), 64)], dim=1)
+        want = drafter.train_forward(padded, seq, steps=len(path))[0, len(path) - 1, len(committed) - 1]
+        assert_close_to_rounding(logits, want)

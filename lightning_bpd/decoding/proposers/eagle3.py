@@ -95,9 +95,14 @@ class Eagle3Drafting(Proposer):
         self.features = features.gather(1, order[:, :, None].expand(-1, -1, features.shape[-1]))  # (B, S, A*D)
         self.tokens = run.src.gather(1, order)[:, 1:]  # (B, S - 1): the token after each prompt position
         self.counts = valid.sum(dim=1)  # (B,)
-        capacity = valid.shape[1] + 1 + run.max_len + self.size
+        capacity = valid.shape[1] + 1 + run.max_len + self.draft_slots
         self.cache = self.drafter.new_cache(valid.shape[0], capacity, dtype=features.dtype, device=features.device)
         return context
+
+    @property
+    def draft_slots(self) -> int:
+        """Cache entries past the committed ones that one proposal takes at most (the chain's)."""
+        return self.size
 
     def settle(self, opening: Tensor) -> tuple[Tensor, Tensor]:
         """The waiting positions into the cache, ``opening`` (b,) after the last of each row -> the drafter's state

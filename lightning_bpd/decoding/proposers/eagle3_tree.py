@@ -1,0 +1,180 @@
+"""EAGLE-3 dynamic trees (EAGLE-2's expand and rerank, the drafter's own confidence): per row and iteration, the
+``nodes`` most confident candidates of a ``width``-ary tree ``depth`` deep. Torch only.
+
+The tree is rooted at greedy's next token ``first``, whose entry (the target's features of the last accepted
+position with ``first``) goes into the drafter's cache with the positions the last verify pass accepted
+(:meth:`~lightning_bpd.decoding.proposers.eagle3.Eagle3Drafting.settle`); its logits give depth 1's candidates.
+Depth by depth, the kept nodes of the last depth go into the cache in one call, each seeing the committed entries,
+its own ancestors' entries and itself (a tree mask), each fed its parent's output state and its own token; their
+logits give the next depth's candidates (each node's ``width`` most likely tokens, confidence = the product of the
+probabilities along its path), of which the ``nodes`` most confident stay. The tree is the ``nodes`` most confident of
+all kept candidates (:func:`~lightning_bpd.decoding.proposers.dynamic_tree.select`), and the tree's entries leave the
+drafter's cache once it is drafted. The target verifies the tree in one pass (``decode_tree_features``) and the
+features along the accepted path wait for the next iteration.
+
+Exact only, as every dynamic tree: the deepest node whose path is greedy's wins, so the output is greedy's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_bpd.decoding.acceptance import Criterion, Exact
+from lightning_bpd.decoding.candidates import Outcome, RowTree
+from lightning_bpd.decoding.proposers.base import opening_token
+from lightning_bpd.decoding.proposers.dynamic_tree import log_probs, select
+from lightning_bpd.decoding.proposers.eagle3 import Eagle3, Eagle3Drafting
+from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context
+from lightning_bpd.decoding.trees.tree import DynamicTree
+from lightning_bpd.nn.argmax import top_ranks
+
+DEFAULT_TREE = DynamicTree(nodes=16, depth=6, width=4)
+
+
+@dataclass(frozen=True)
+class Eagle3Tree(Eagle3):
+    """``drafter`` grows ``spec`` (a :class:`~lightning_bpd.decoding.trees.tree.DynamicTree`: nodes, depth, width)
+    per row at every iteration; exact acceptance only."""
+
+    spec: DynamicTree = DEFAULT_TREE
+
+    @property
+    def width(self) -> int:  # type: ignore[override]
+        return self.spec.depth + 1
+
+    @property
+    def extra_slots(self) -> int:  # type: ignore[override]
+        return self.spec.size - self.spec.depth - 1
+
+    def check(self, model: BlockwiseModel, criterion: Criterion) -> Criterion:
+        if model.encode_features is None or model.decode_tree_features is None:
+            raise ValueError(f"{type(model).__name__} offers no target features on a tree (encode_features, "
+                             "decode_tree_features): an EAGLE-3 tree needs a causal base")
+        if not isinstance(criterion, Exact):  # the accepted path is unique only under exact acceptance
+            raise ValueError(  # noqa: TRY004 (a rule this proposer cannot serve: the decoders' one-line ValueError)
+                f"EAGLE-3 dynamic trees take exact acceptance, not {criterion.name}")
+        if model.vocab_size is not None and int(self.drafter.config.vocab_size) != model.vocab_size:
+            raise ValueError(f"the EAGLE-3 drafter's vocabulary ({self.drafter.config.vocab_size}) is not the "
+                             f"target's ({model.vocab_size}): it was trained on another target")
+        return criterion
+
+    def start(self, run: Any) -> Eagle3TreeDrafting:
+        return Eagle3TreeDrafting(self.drafter, self.width, tuple(self.drafter.config.target_layer_ids),
+                                  spec=self.spec)
+
+
+@dataclass
+class Eagle3TreeDrafting(Eagle3Drafting):
+    """One decode's drafter state (:class:`Eagle3Drafting`'s), growing a tree per row at each iteration."""
+
+    spec: DynamicTree = DEFAULT_TREE
+    trees: Any = None
+    candidates: list[Tensor] | None = None
+
+    @property
+    def extra_slots(self) -> int:  # type: ignore[override]
+        return self.spec.size - self.spec.depth - 1
+
+    @property
+    def draft_slots(self) -> int:  # type: ignore[override]
+        """The tree's entries: at most ``nodes`` per depth."""
+        return self.spec.nodes * self.spec.depth + 1
+
+    def propose(self, run: Any, h: Tensor, first: Tensor | None) -> FeatureRowTree:
+        model, spec = run.model, self.spec
+        first = opening_token(run, h, first)  # (b,)
+        state, logits = self.settle(first)  # (b, D), (b, Vd): the root's entry, depth 1's logits
+        committed = self.cache.lengths.clone()  # (b,)
+        b = first.shape[0]
+        zero = first.new_zeros(b, 1)
+        front = zero  # (b, m): the last depth's kept candidates
+        front_scores = state.new_zeros(b, 1).float()
+        states, logits = state[:, None], logits[:, None]  # (b, m, D), (b, m, Vd): each front node's entry
+        tokens, scores, depths, parents = [first[:, None]], [front_scores], [zero], [zero]
+        self.candidates = tokens  # the candidates' tokens by depth so far (read by tests of the tree's entries)
+        ancestors = torch.ones(b, 1, 1, dtype=torch.bool, device=first.device)  # (b, M, M) over the candidates
+        count = 1
+        for d in range(1, spec.depth + 1):
+            if d > 1:  # the last depth's kept nodes into the cache: their states and logits
+                states, logits = self.grow_entries(states, tokens[-1], front, ancestors, committed, d)
+            drafted = self.target_logits(model, logits)  # (b, m, V)
+            kids = top_ranks(drafted, spec.width)  # (b, m, W) target ids
+            kid_logp = log_probs(drafted).gather(-1, kids)  # (b, m, W)
+            score = (front_scores[:, :, None] + kid_logp).reshape(b, -1)  # (b, m * W)
+            keep = score.sort(dim=1, descending=True, stable=True).indices[:, : spec.nodes]  # (b, m')
+            parent = keep // spec.width  # (b, m'): the position in the front
+            new = keep.shape[1]
+            front_scores = score.gather(1, keep)
+            tokens.append(kids.reshape(b, -1).gather(1, keep))
+            scores.append(front_scores)
+            depths.append(torch.full_like(keep, d))
+            parents.append(front.gather(1, parent))
+            states = states.gather(1, parent[:, :, None].expand(-1, -1, states.shape[-1]))  # each kid's parent state
+            ancestors = grown(ancestors, front.gather(1, parent))  # (b, count + m', count + m')
+            front = count + torch.arange(new, device=first.device).expand(b, -1)
+            count += new
+        self.cache.crop(committed)  # the tree's entries go; the verify pass's features replace them
+        trees = select(torch.cat(tokens, 1), torch.cat(scores, 1), torch.cat(depths, 1), torch.cat(parents, 1), spec)
+        self.trees = trees
+        return FeatureRowTree(trees, sink=self)
+
+    def grow_entries(self, states: Tensor, tokens: Tensor, front: Tensor, ancestors: Tensor, committed: Tensor,
+                     d: int) -> tuple[Tensor, Tensor]:
+        """Nodes ``front`` (b, m) (candidate ids) of depth d - 1 into the cache, each fed its parent's output state
+        ``states`` (b, m, D) and its token ``tokens`` (b, m) at the row's position + d - 1, seeing the committed
+        entries, its ancestors' entries (candidate c >= 1 sits at slot ``committed + c - 1``) and itself -> their
+        output states (b, m, D) and logits (b, m, Vd)."""
+        b, m = front.shape
+        c = int(self.cache.lengths.max())  # the longest row's entries, the tree's so far included
+        rel = torch.arange(c, device=front.device)[None, :] - committed[:, None]  # (b, C): < 0 committed
+        cand = (rel + 1).clamp(0, ancestors.shape[-1] - 1)  # (b, C): the candidate in each tree slot
+        mine = ancestors.gather(1, front[:, :, None].expand(-1, -1, ancestors.shape[-1]))  # (b, m, M)
+        seen_tree = mine.gather(2, cand[:, None, :].expand(-1, m, -1))  # (b, m, C)
+        seen = (rel < 0)[:, None, :] | ((rel >= 0)[:, None, :] & seen_tree)
+        itself = torch.eye(m, dtype=torch.bool, device=front.device).expand(b, m, m)
+        positions = (committed + d - 1)[:, None].expand(b, m)  # the root sits at position ``committed``
+        return self.drafter.extend(self.cache, states, tokens, positions, mask=torch.cat([seen, itself], dim=-1))
+
+    def advance(self, run: Any, outcome: Outcome, rows: Tensor | None) -> None:
+        """The verify pass's features along each row's accepted path wait for the next proposal, with the accepted
+        tokens after the root."""
+        features, self.pending = self.pending, None
+        if rows is not None:
+            self.cache.select(rows)
+            features = features[rows]  # type: ignore[index]
+        path = outcome.path  # (b, depth + 1): the accepted nodes, root first
+        self.features = features.gather(1, path[:, :, None].expand(-1, -1, features.shape[-1]))  # type: ignore[union-attr]
+        self.tokens = outcome.tokens[:, 1:]  # (b, depth)
+        self.counts = outcome.accepted.to(torch.long)
+
+
+def grown(ancestors: Tensor, parents: Tensor) -> Tensor:
+    """The ancestor mask (b, M, M) (a candidate and its ancestors) of M candidates with m' more (b, m') appended,
+    each a child of candidate ``parents`` -> (b, M + m', M + m')."""
+    b, big = ancestors.shape[:2]
+    new = parents.shape[1]
+    out = torch.zeros(b, big + new, big + new, dtype=torch.bool, device=ancestors.device)
+    out[:, :big, :big] = ancestors
+    out[:, big:, :big] = ancestors.gather(1, parents[:, :, None].expand(-1, -1, big))
+    out[:, big:, big:] = torch.eye(new, dtype=torch.bool, device=ancestors.device)
+    return out
+
+
+@dataclass
+class FeatureRowTree(RowTree):
+    """A tree per row whose verify pass also hands the target's features at the drafter's layers to ``sink``."""
+
+    sink: Eagle3TreeDrafting | None = None
+
+    def verify_pass(self, model: BlockwiseModel, context: Context, cache: Cache) -> Tensor:
+        t = self.trees
+        hidden, self.sink.pending = model.decode_tree_features(  # type: ignore[union-attr,misc]
+            t.tokens, t.depths, t.ancestors, context, cache, self.sink.layers)  # type: ignore[union-attr]
+        return hidden  # (b, N, D)
+
+
+__all__ = ["Eagle3Tree", "FeatureRowTree", "grown"]
