@@ -5,7 +5,8 @@
 - :class:`DynamicHeadTree`: a tree grown per row from the heads' confidence (EAGLE-2);
 - :class:`DraftModel`: a separate draft model;
 - :class:`PromptLookup`: tokens copied from the row's own prompt and output;
-- :class:`DFlash`: a DFlash block drafter, a whole block per pass from the target's features.
+- :class:`DFlash`: a DFlash block drafter, a whole block per pass from the target's features;
+- :class:`Eagle3`: an EAGLE-3 drafter, a chain of drafts from the target's features and its own states.
 
 A new proposer subclasses :class:`Proposer` (:mod:`~lightning_bpd.decoding.proposers.base`); docs/design.md shows one.
 """
@@ -14,8 +15,9 @@ from lightning_bpd.decoding.proposers.base import Proposer
 from lightning_bpd.decoding.proposers.dflash import DFlash
 from lightning_bpd.decoding.proposers.draft import DraftModel
 from lightning_bpd.decoding.proposers.dynamic_tree import DynamicHeadTree
+from lightning_bpd.decoding.proposers.eagle3 import Eagle3
 from lightning_bpd.decoding.proposers.heads import Heads
 from lightning_bpd.decoding.proposers.prompt_lookup import PromptLookup
 from lightning_bpd.decoding.proposers.tree import HeadTree
 
-__all__ = ["DFlash", "DraftModel", "DynamicHeadTree", "HeadTree", "Heads", "PromptLookup", "Proposer"]
+__all__ = ["DFlash", "DraftModel", "DynamicHeadTree", "Eagle3", "HeadTree", "Heads", "PromptLookup", "Proposer"]

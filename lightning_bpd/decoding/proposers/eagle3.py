@@ -1,0 +1,166 @@
+"""An EAGLE-3 drafter as a proposer: a chain of drafts, each from the drafter's own state at the token before it.
+Torch only.
+
+EAGLE-3 (Li, Wei, Zhang, Zhang, arXiv 2503.01840) keeps, per row, one cached entry per committed position ``p >= 1``:
+the drafter's layer over the token at ``p`` and the target's features at ``p - 1`` (a low, a middle and a high
+layer, fused by ``fc``). Each iteration, the entries the last verify pass made final go in first, in one call: the
+positions the row accepted, then ``first`` (greedy's next token, from the verdict) with the target's features of the
+last accepted position; that call's last entry drafts token 2. Each further draft feeds the drafter's own output
+state back with the draft before it (one call each); those chain entries are dropped once the block is drafted. The
+loop verifies ``[first, d_2, .., d_w]`` in one pass of the target, whose features at the accepted positions wait for
+the next iteration. So the drafter reads exactly the target features of the row's prompt and output, as in training
+(:meth:`~lightning_bpd.nn.eagle3.Eagle3Drafter.train_forward`, step 0), and its own states along the chain (the
+training-time test's later steps).
+
+The target offers its features through ``encode_features`` and ``decode_step_features``
+(:class:`~lightning_bpd.decoding.protocol.BlockwiseModel`); the drafter (:class:`~lightning_bpd.nn.eagle3.
+Eagle3Drafter`, seen through its methods only) brings ``config`` (``target_layer_ids``, ``vocab_size``),
+``new_cache``, ``extend``, ``draft_to_target`` and ``t2d`` (its draft vocabulary, or None). Exact reproduces greedy;
+speculative sampling draws each draft from the drafter's distribution (zero outside its draft vocabulary) and stays
+lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_bpd.decoding.acceptance import Block, Criterion
+from lightning_bpd.decoding.candidates import Outcome
+from lightning_bpd.decoding.proposers.base import Proposer, opening_token
+from lightning_bpd.decoding.proposers.dflash import FeaturePath
+from lightning_bpd.decoding.protocol import BlockwiseModel, Context, restricted, valid_first
+from lightning_bpd.nn.argmax import argmax
+
+MAX_BLOCK = 64  # the longest chain a block may hold (token 1 and 63 drafts)
+
+
+@dataclass(frozen=True)
+class Eagle3(Proposer):
+    """``drafter`` proposes chains: greedy's next token and ``block_size - 1`` drafts (default 8 in all)."""
+
+    drafter: Any
+    block_size: int = 8
+
+    @property
+    def width(self) -> int:  # type: ignore[override]
+        return self.block_size
+
+    def check(self, model: BlockwiseModel, criterion: Criterion) -> Criterion:
+        if model.encode_features is None or model.decode_step_features is None:
+            raise ValueError(f"{type(model).__name__} offers no target features (encode_features, "
+                             "decode_step_features): an EAGLE-3 drafter needs a causal base")
+        size = self.block_size
+        if isinstance(size, bool) or not isinstance(size, int) or not 2 <= size <= MAX_BLOCK:
+            raise ValueError(f"EAGLE-3 block_size (token 1 and its drafts) must be an integer in [2, {MAX_BLOCK}], "
+                             f"got {size}")
+        if model.vocab_size is not None and int(self.drafter.config.vocab_size) != model.vocab_size:
+            raise ValueError(f"the EAGLE-3 drafter's vocabulary ({self.drafter.config.vocab_size}) is not the "
+                             f"target's ({model.vocab_size}): it was trained on another target")
+        criterion.validate(size)
+        return criterion
+
+    def start(self, run: Any) -> Eagle3Drafting:
+        return Eagle3Drafting(self.drafter, self.block_size, tuple(self.drafter.config.target_layer_ids))
+
+
+@dataclass
+class Eagle3Drafting(Proposer):
+    """One decode's drafter state: its cache (one entry per committed position after the first) and what waits to
+    go in: the target's features of the positions committed since (b, m, A*D), the tokens after the first m - 1 of
+    them (b, m - 1) (the m-th is the next proposal's token 1) and m per row (b,)."""
+
+    drafter: Any
+    size: int
+    layers: tuple[int, ...]
+    cache: Any = None
+    features: Tensor | None = field(default=None, repr=False)
+    tokens: Tensor | None = field(default=None, repr=False)
+    counts: Tensor | None = field(default=None, repr=False)
+    pending: Tensor | None = field(default=None, repr=False)  # the last verify pass's features (b, w, A*D)
+    block: Tensor | None = field(default=None, repr=False)  # the last proposal's tokens (b, w)
+
+    @property
+    def width(self) -> int:  # type: ignore[override]
+        return self.size
+
+    def encode(self, run: Any) -> Context:
+        """The target's prefill; every prompt position waits to go into the drafter's cache (with the token after
+        it: the prompt's next, the last one's the first proposal's token 1)."""
+        context, features, valid, _ = run.model.encode_features(run.src, self.layers)
+        order = valid_first(valid)  # (B, S): each row's tokens first, in order
+        self.features = features.gather(1, order[:, :, None].expand(-1, -1, features.shape[-1]))  # (B, S, A*D)
+        self.tokens = run.src.gather(1, order)[:, 1:]  # (B, S - 1): the token after each prompt position
+        self.counts = valid.sum(dim=1)  # (B,)
+        capacity = valid.shape[1] + 1 + run.max_len + self.size
+        self.cache = self.drafter.new_cache(valid.shape[0], capacity, dtype=features.dtype, device=features.device)
+        return context
+
+    def settle(self, opening: Tensor) -> tuple[Tensor, Tensor]:
+        """The waiting positions into the cache, ``opening`` (b,) after the last of each row -> the drafter's state
+        (b, D) and draft logits (b, Vd) there (what drafts token 2)."""
+        b, m = self.features.shape[:2]  # type: ignore[union-attr]
+        rows = torch.arange(b, device=opening.device)
+        last = self.counts - 1  # type: ignore[operator]
+        tokens = torch.cat([self.tokens, opening.new_zeros(b, 1)], dim=1)  # type: ignore[list-item]
+        tokens[rows, last] = opening
+        positions = self.cache.lengths[:, None] + 1 + torch.arange(m, device=opening.device)  # (b, m)
+        state, logits = self.drafter.extend(self.cache, self.features, tokens, positions, self.counts)
+        self.features = self.tokens = self.counts = None
+        return state[rows, last], logits[rows, last]
+
+    def target_logits(self, model: BlockwiseModel, logits: Tensor) -> Tensor:
+        """Draft logits (..., Vd) over the target's vocabulary (..., V): -inf outside the draft vocabulary, then the
+        model's own restrictions (what speculative sampling draws from)."""
+        t2d = self.drafter.t2d
+        if t2d is not None:
+            full = logits.new_full((*logits.shape[:-1], t2d.shape[0]), float("-inf"))
+            full[..., t2d] = logits
+            logits = full
+        return restricted(model, logits)
+
+    def propose(self, run: Any, h: Tensor, first: Tensor | None) -> FeaturePath:
+        """Deterministic rules: token 1 is greedy's, each draft the argmax of the drafter's logits. Speculative
+        sampling: token 1 the verdict's residual draw (or a draw from p_1 under the rules), then each draft drawn
+        from the drafter's distribution (the block keeps them for the verdict, which stays lossless)."""
+        model, criterion = run.model, run.criterion
+        if criterion.stochastic:
+            p1 = model.logits_first(h)  # (b, V): token 1 where no residual token was drawn
+            reader = run.p1()
+            one = criterion.draft((p1 if reader is None else reader.rule(p1))[:, None], first)  # (b, 1)
+        else:
+            one = Block(opening_token(run, h, first)[:, None])  # (b, 1): greedy's next token
+        state, logits = self.settle(one.tokens[:, 0])  # (b, D), (b, Vd)
+        committed = self.cache.lengths.clone()
+        width = run.book.block_width(self.size, run.room)
+        drafts: list[Block] = []
+        for j in range(1, width):
+            if criterion.stochastic:
+                drawn = criterion.draft(self.target_logits(model, logits)[:, None])  # (b, 1) target ids
+            else:
+                drawn = Block(self.drafter.draft_to_target(argmax(logits))[:, None])  # (b, 1)
+            drafts.append(drawn)
+            if j < width - 1:  # the chain: the drafter's own state with the draft it made
+                state, logits = self.drafter.extend(self.cache, state[:, None], drawn.tokens,
+                                                    self.cache.lengths[:, None] + 1)
+                state, logits = state[:, 0], logits[:, 0]
+        self.cache.crop(committed)  # the chain's entries go; the verify pass's features replace them
+        block = Block.cat([one, *drafts]) if drafts else one
+        if not criterion.stochastic:
+            block = Block(run.rules.forced_proposals(run.book, block.tokens))
+        self.block = block.tokens
+        return FeaturePath(block, sink=self)  # type: ignore[arg-type]
+
+    def advance(self, run: Any, outcome: Outcome, rows: Tensor | None) -> None:
+        """The verify pass's features at the positions each row accepted wait for the next proposal, with the
+        accepted tokens after the first."""
+        features, block, self.pending = self.pending, self.block, None
+        if rows is not None:
+            self.cache.select(rows)
+            features, block = features[rows], block[rows]  # type: ignore[index]
+        self.features = features  # (b, w, A*D): those past each row's accepted count are never read
+        self.tokens = block[:, 1:]  # type: ignore[index]  # (b, w - 1)
+        self.counts = outcome.accepted.to(torch.long)
