@@ -44,6 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning_bpd.decoding.proposers import Eagle3
+from lightning_bpd.decoding.proposers.eagle3 import MAX_BLOCK
 from lightning_bpd.hf.prompts import CausalLM
 from lightning_bpd.nn.argmax import argmax
 from lightning_bpd.nn.eagle3 import Eagle3Config, Eagle3Drafter, default_eagle3_layers, vocab_mapping
@@ -149,14 +151,13 @@ def check_eagle3_fits(drafter: Any, model: Any, what: str = "the drafter") -> No
         raise ValueError(f"{what} was trained on another target: " + ", ".join(differ))
 
 
-def eagle3_proposer(drafter: Any, model: Any, block_size: int | None = None, what: str = "the drafter") -> Any:
+def eagle3_proposer(drafter: Any, model: Any, block_size: int | None = None, what: str = "the drafter") -> Eagle3:
     """The EAGLE-3 proposer (:class:`~lightning_bpd.decoding.proposers.Eagle3`) of ``drafter`` on the target
     ``model`` (checked to fit it; a copy in the target's dtype and device, :func:`drafter_for`), proposing chains of
     ``block_size`` (greedy's next token and ``block_size - 1`` drafts; None: the proposer's default)."""
-    from lightning_bpd.decoding.proposers import Eagle3
-
     check_eagle3_fits(drafter, model, what)
-    return Eagle3(drafter_for(drafter, model), block_size)
+    copy = drafter_for(drafter, model)
+    return Eagle3(copy) if block_size is None else Eagle3(copy, block_size)
 
 
 def load_eagle3_drafter(path: str | os.PathLike) -> Eagle3Drafter:
@@ -215,11 +216,13 @@ class Eagle3Module(pl.LightningModule):
                  feature_noise: float = 0.0, feature_cache_gb: float = 4.0, lr: float = 6e-4, warmup_steps: int = 100,
                  weight_decay: float = 0.01, block_size: int | None = None, max_new_tokens: int = 32) -> None:
         super().__init__()
-        block_size = ttt_steps + 1 if block_size is None else block_size
+        block_size = ttt_steps + 1 if block_size is None and isinstance(ttt_steps, int) else block_size
         for name, value, least in (("ttt_steps", ttt_steps, 1), ("block_size", block_size, 2),
                                    ("max_new_tokens", max_new_tokens, 1), ("warmup_steps", warmup_steps, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"model.{name} must be an integer >= {least}, got {value!r}")
+        if block_size > MAX_BLOCK:
+            raise ValueError(f"model.block_size (token 1 and its drafts) must be at most {MAX_BLOCK}, got {block_size}")
         if loss not in LOSSES:
             raise ValueError(f"model.loss must be one of {', '.join(LOSSES)}, got {loss!r}")
         if not ttt_step_loss_decay > 0 or feature_noise < 0 or not lr > 0 or weight_decay < 0 or feature_cache_gb < 0:
@@ -363,7 +366,7 @@ class Eagle3Module(pl.LightningModule):
         out = self.step(batch)
         self.log_metrics("val", out, batch["src"].shape[0])
 
-    def decode_eval_proposer(self, model: Any) -> Any:
+    def decode_eval_proposer(self, model: Any) -> Eagle3:
         """What proposes in :class:`~lightning_bpd.callbacks.decode_eval.DecodeEval`'s blockwise methods: the drafter
         (a copy in the dtype of ``model``, the target or a runtime of it), chains of ``block_size``."""
         return eagle3_proposer(self.drafter, model, self.block_size)

@@ -2,10 +2,8 @@
 base: a step trains the drafter alone (the target and the copied embeddings untouched) toward the target's own
 logits at the right positions, cached and uncached steps agree, the draft vocabulary comes from the data's counts,
 ``fit --config conf/lm/eagle3.yaml`` writes a checkpoint of the drafter alone that ``load_model`` reads and
-``export-heads --format speculators`` exports; bad input is one line.
-
-Tests marked ``needs_eagle3_proposer`` decode with :class:`lightning_bpd.decoding.proposers.Eagle3` and are skipped
-until that proposer exists."""
+``export-heads --format speculators`` exports, and whose drafter decodes as greedy
+(:class:`~lightning_bpd.decoding.proposers.Eagle3`, in validation and after loading); bad input is one line."""
 
 from __future__ import annotations
 
@@ -24,12 +22,12 @@ pytest.importorskip("safetensors")
 import lightning_bpd
 from lightning_bpd.commands.cli import CONF_DIR, main
 from lightning_bpd.commands.export_heads import export_heads
-from lightning_bpd.decoding import proposers
 from lightning_bpd.hf.eagle3_export import read_speculators
 from lightning_bpd.nn.eagle3 import vocab_mapping
 from lightning_bpd.tasks.lm.eagle3_module import (
     Eagle3Module,
     depth_labels,
+    eagle3_proposer,
     load_eagle3_drafter,
     token_counts,
     ttt_loss,
@@ -37,8 +35,6 @@ from lightning_bpd.tasks.lm.eagle3_module import (
 from tests.tasks.lm.tiny_lm import write_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-needs_eagle3_proposer = pytest.mark.skipif(not hasattr(proposers, "Eagle3"),
-                                           reason="the Eagle3 proposer (decoding/proposers/eagle3.py) has not landed")
 LAYERS = [0, 1]  # the tiny Llama has 2 layers: EAGLE-3's default needs 7
 
 
@@ -192,7 +188,7 @@ def test_bad_options_are_one_line(checkpoint, tmp_path):
             Eagle3Module(str(checkpoint), target_layer_ids=layers)
     for bad, match in (({"draft_vocab": 0}, "draft_vocab must be null"), ({"draft_vocab": 10**6}, "in \\[1, 300\\]"),
                        ({"loss": "mse"}, "loss must be one of kl_div, ce"), ({"ttt_steps": 0}, "ttt_steps must be"),
-                       ({"block_size": 1}, "block_size must be an integer >= 2"),
+                       ({"block_size": 1}, "block_size must be an integer >= 2"), ({"block_size": 65}, "at most 64"),
                        ({"feature_cache_gb": -1}, "feature_cache_gb >= 0"), ({"family": "gpt2"}, "family must be one"),
                        ({"norm_before_fc": True, "fc_norm": True}, "exclude each other")):
         with pytest.raises(ValueError, match=match) as err:
@@ -232,10 +228,9 @@ def fit(checkpoint: Path, data: Path, run: Path, *extra: str) -> Eagle3Module:
 
 @pytest.fixture(scope="module")
 def fitted(checkpoint, data, tmp_path_factory) -> tuple[Eagle3Module, Path]:
-    """A 4-step fit with conf/lm/eagle3.yaml (no decodes while the Eagle3 proposer is missing)."""
+    """A 4-step fit with conf/lm/eagle3.yaml (validation decodes greedily and with exact acceptance)."""
     run = tmp_path_factory.mktemp("eagle3") / "run"
-    criteria = "[exact]" if hasattr(proposers, "Eagle3") else "[]"
-    return fit(checkpoint, data, run, f"--decode_eval.criteria={criteria}"), run
+    return fit(checkpoint, data, run), run
 
 
 def test_fit_writes_a_drafter_checkpoint_that_load_model_reads(fitted, checkpoint, data):
@@ -293,6 +288,12 @@ def test_the_drafter_of_another_kind_of_checkpoint_is_one_line(fitted, checkpoin
         load_eagle3_drafter(tmp_path)
     with pytest.raises(ValueError, match=r"is not a DFlash drafter checkpoint \(Eagle3Module\)"):
         load_drafter(fitted[1] / "last.ckpt")
+    from lightning_bpd.hf.causal import load_causal
+    from tests.tasks.lm.tiny_lm import write_checkpoint
+
+    other = load_causal(write_checkpoint(tmp_path / "other", vocab_extra=5))
+    with pytest.raises(ValueError, match=r"^the drafter was trained on another target: vocab_size 300 \(target 305\)$"):
+        eagle3_proposer(fitted[0].drafter, other)
 
 
 def test_a_sequence_not_longer_than_the_ttt_steps_is_one_error_line(checkpoint, data, tmp_path):
@@ -354,14 +355,12 @@ def test_training_raises_the_expected_accepted_length(checkpoint, tmp_path):
     assert first < 1.5 and last > 2.8, (first, last)
 
 
-@needs_eagle3_proposer
 def test_fit_decodes_exact_as_greedy_with_the_drafter(fitted):
     metrics = logged(fitted[1])
     assert metrics["val/exact/matches_greedy"] == 1.0 and metrics["val/exact/mean_accepted_block_size"] >= 1.0
     assert metrics["val/exact/model_calls"] > 0 and "val/exact/speedup" in metrics
 
 
-@needs_eagle3_proposer
 def test_a_loaded_drafter_decodes_as_greedy(fitted):
     from lightning_bpd.decoding import Exact, decode, greedy_decode
 
