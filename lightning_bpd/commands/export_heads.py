@@ -34,6 +34,19 @@ already saved; ``--format`` picks what is written to ``--out``:
     Unverified here: llama.cpp's converter and runtime on this export (it follows the layout the converter reads:
     ``architectures`` DFlashDraftModel, ``dflash_config.{target_layer_ids, mask_token_id}``, ``block_size``).
 
+* ``speculators`` also takes the ``last.ckpt`` of an EAGLE-3 drafter run
+  (:class:`~lightning_bpd.tasks.lm.eagle3_module.Eagle3Module`, ``conf/lm/eagle3.yaml``) on a Hugging Face target and
+  writes speculators' ``eagle3`` layout (:func:`lightning_bpd.hf.eagle3_export.write_speculators`: the drafter with
+  the target's embeddings and its draft vocabulary, ``speculative_tokens`` = the run's ``model.block_size`` - 1),
+  which vLLM serves and llama.cpp converts::
+
+        vllm serve <target dir> --speculative-config \\
+            '{"method": "eagle3", "model": "<out>", "num_speculative_tokens": B-1}'
+        python convert_hf_to_gguf.py <out> --target-model-dir <target dir> --outfile D.gguf
+
+  What either would not run as trained (a qwen3 layer, ``fc_norm``, ``norm_output``, not 3 target layers) is printed
+  as a note (:func:`~lightning_bpd.hf.eagle3_export.serving_notes`).
+
 Heads trained with their base (fine-tuned, or multi-token prediction from scratch) fit that base only: ``vllm-medusa``
 writes them with a note to serve them beside ``export-base --ckpt <the same run>``'s directory; ``heads`` refuses
 them (``heads.json`` re-attaches to a pretrained directory). A run of our own base (``model.init_args.own``) keeps its
@@ -54,10 +67,11 @@ from pathlib import Path
 
 from lightning_bpd.checkpoints import load_model
 
-__all__ = ["DFLASH_FORMATS", "FORMATS", "export_dflash", "export_heads"]
+__all__ = ["DFLASH_FORMATS", "EAGLE3_FORMATS", "FORMATS", "export_dflash", "export_eagle3", "export_heads"]
 
 FORMATS = ("heads", "vllm-medusa", "speculators", "dflash-zlab")
 DFLASH_FORMATS = ("speculators", "dflash-zlab")
+EAGLE3_FORMATS = ("speculators",)
 
 
 def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads") -> Path:
@@ -66,11 +80,14 @@ def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads") -> Pa
     from lightning_bpd.hf.medusa_export import write_vllm_medusa
     from lightning_bpd.tasks.lm import LMModule
     from lightning_bpd.tasks.lm.dflash_module import DFlashModule
+    from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
     from lightning_bpd.tasks.translation.hf_module import save_heads
 
     if layout not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {layout!r}")
     module = load_model(ckpt)
+    if isinstance(module, Eagle3Module):
+        return export_eagle3(module, ckpt, out, layout)
     if isinstance(module, DFlashModule) or layout in DFLASH_FORMATS:
         return export_dflash(module, ckpt, out, layout)
     if not isinstance(module, LMModule):
@@ -113,8 +130,9 @@ def export_dflash(module: object, ckpt: str | Path, out: str | Path, layout: str
     from lightning_bpd.tasks.lm.dflash_module import DFlashModule
 
     if not isinstance(module, DFlashModule):
-        message = (f"{ckpt}: --format {layout} takes the checkpoint of a DFlash drafter run (conf/lm/dflash.yaml), "
-                   f"this is a {type(module).__name__}")
+        other = " or of an EAGLE-3 one (conf/lm/eagle3.yaml)" if layout in EAGLE3_FORMATS else ""
+        message = (f"{ckpt}: --format {layout} takes the checkpoint of a DFlash drafter run (conf/lm/dflash.yaml)"
+                   f"{other}, this is a {type(module).__name__}")
         raise ValueError(message)  # noqa: TRY004 (bad input: one line, as every other)
     if layout not in DFLASH_FORMATS:
         raise ValueError(f"{ckpt}: a DFlash drafter run: use --format speculators (vLLM) or dflash-zlab (llama.cpp), "
@@ -134,17 +152,51 @@ def export_dflash(module: object, ckpt: str | Path, out: str | Path, layout: str
     return folder
 
 
+def export_eagle3(module: object, ckpt: str | Path, out: str | Path, layout: str) -> Path:
+    """The drafter of the EAGLE-3 run ``module`` (read from ``ckpt``) written to ``out`` in speculators' ``eagle3``
+    layout, its serving notes on stderr; ValueError (one line) for another layout or a target that is no Hugging
+    Face directory."""
+    from lightning_bpd.hf.eagle3_export import serving_notes, write_speculators
+    from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
+
+    if not isinstance(module, Eagle3Module):
+        raise ValueError(f"{ckpt}: not an EAGLE-3 drafter run ({type(module).__name__})")  # noqa: TRY004
+    if layout not in EAGLE3_FORMATS:
+        raise ValueError(f"{ckpt}: an EAGLE-3 drafter run: use --format speculators (vLLM; llama.cpp converts it), "
+                         f"not {layout}")
+    config, target = module.drafter.config, module.hparams.pretrained
+    if not Path(target).is_dir():
+        raise ValueError(f"{ckpt}: the drafter's target is {target}, not a Hugging Face directory: --format "
+                         "speculators names its verifier's directory (train the drafter on an exported base)")
+    folder = write_speculators(module.drafter, out, target, speculative_tokens=module.block_size - 1)
+    (folder / "export_heads.json").write_text(json.dumps(
+        {"ckpt": str(Path(ckpt).resolve()), "target": target, "format": layout, "block_size": module.block_size,
+         "target_layer_ids": list(config.target_layer_ids), "draft_vocab_size": config.draft_vocab_size},
+        indent=2) + "\n")
+    for note in serving_notes(config):
+        print(f"export-heads: note: {note}", file=sys.stderr)
+    last = module.model.n_layers - 1
+    if last in config.target_layer_ids:
+        print(f"export-heads: warning: target layer {last} is the target's last: vLLM and llama.cpp capture the input "
+              f"of a layer (eagle_aux_hidden_state_layer_ids {[i + 1 for i in config.target_layer_ids]}), so aux id "
+              f"{last + 1} is the output after the final norm there, or refused (unverified)", file=sys.stderr)
+    print(f"export-heads: the EAGLE-3 drafter of {ckpt} (target layers {list(config.target_layer_ids)}, draft "
+          f"vocabulary {config.draft_vocab_size}, chains of {module.block_size}, target {target}) in {folder} "
+          f"({layout})", file=sys.stderr)
+    return folder
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd export-heads", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="the last.ckpt of an LM fit run, or a folder of heads (heads.json), "
                                                   "or the last.ckpt of a DFlash drafter run (--format speculators, "
-                                                  "dflash-zlab)")
+                                                  "dflash-zlab) or of an EAGLE-3 drafter run (--format speculators)")
     p.add_argument("--out", required=True, help="the folder to write")
     p.add_argument("--format", choices=FORMATS, default="heads",
                    help="heads: safetensors + heads.json (load_model re-attaches them); vllm-medusa: vLLM's Medusa "
                         "draft model (medusa heads only); speculators (vLLM) / dflash-zlab (llama.cpp): a DFlash "
-                        "drafter run's drafter")
+                        "drafter run's drafter; speculators: an EAGLE-3 drafter run's drafter")
     return p
 
 

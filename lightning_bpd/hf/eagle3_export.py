@@ -31,11 +31,11 @@ for ``fc_norm``, and always feeds the pre-norm state back (no ``norm_output``).
 
 :func:`read_speculators` reads such a folder back into an :class:`Eagle3Drafter`.
 
-Wiring into ``export-heads --format speculators`` (commands/export_heads.py, not done here): for an EAGLE-3 run,
-``write_speculators(module.drafter, out, module.hparams.pretrained)`` (the verifier's architectures and fit are read
-from that directory), then print each of ``serving_notes(module.drafter.config)`` to stderr and warn where a target
-layer is the target's last (``eagle_aux_hidden_state_layer_ids`` = the number of layers: transformers gives that
-output after the final norm, vLLM / llama.cpp capture it before), as the DFlash export does.
+Wired into ``export-heads --format speculators`` (:func:`lightning_bpd.commands.export_heads.export_eagle3`): an
+EAGLE-3 run's ``write_speculators(module.drafter, out, module.hparams.pretrained)`` (the verifier's architectures and
+fit read from that directory), then each of ``serving_notes(module.drafter.config)`` on stderr, and a warning where a
+target layer is the target's last (``eagle_aux_hidden_state_layer_ids`` = the number of layers: transformers gives
+that output after the final norm, vLLM / llama.cpp capture it before), as the DFlash export does.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from lightning_bpd.tasks.lm.datamodule import LMDataModule
 from lightning_bpd.tasks.lm.dflash_module import DFlashModule
+from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
 from lightning_bpd.tasks.lm.module import LMModule
 
-__all__ = ["DFlashModule", "LMDataModule", "LMModule"]
+__all__ = ["DFlashModule", "Eagle3Module", "LMDataModule", "LMModule"]

@@ -141,6 +141,22 @@ def own_target(path: str) -> tuple[Any, Any]:
     return model, module.tokenizer
 
 
+def frozen_target(pretrained: str | os.PathLike | None) -> tuple[str, Any, Any]:
+    """A drafter's target, frozen (eval mode, no gradients): ``pretrained`` a local Hugging Face causal LM directory
+    with its tokenizer, or the .ckpt of an LM run on our own decoder-only base -> (its absolute path, the model, the
+    tokenizer); one clear line for anything else."""
+    if pretrained is None or not (os.path.isdir(os.fspath(pretrained)) or os.path.isfile(os.fspath(pretrained))):
+        raise ValueError(f"model.pretrained: {pretrained} is not a .ckpt of a run on our own decoder-only base and "
+                         "not a directory (a local Hugging Face causal LM checkpoint with its tokenizer)")
+    path = os.path.abspath(os.fspath(pretrained))
+    if os.path.isdir(path):
+        target, tokenizer = load_causal(path, k=1, frozen=True), load_tokenizer(path)
+    else:
+        target, tokenizer = own_target(path)
+    target.eval().requires_grad_(False)
+    return path, target, tokenizer
+
+
 def default_mask_id(tokenizer: Any) -> int:
     """The tokenizer's mask id, else its pad id, else its EOS id."""
     for name in ("mask_token_id", "pad_token_id", "eos_token_id"):
@@ -254,15 +270,7 @@ class DFlashModule(pl.LightningModule):
             raise ValueError(f"model: need gamma > 0, feature_noise >= 0, lr > 0, weight_decay >= 0 and "
                              f"feature_cache_gb >= 0, got {gamma}, {feature_noise}, {lr}, {weight_decay}, "
                              f"{feature_cache_gb}")
-        if pretrained is None or not (os.path.isdir(os.fspath(pretrained)) or os.path.isfile(os.fspath(pretrained))):
-            raise ValueError(f"model.pretrained: {pretrained} is not a .ckpt of a run on our own decoder-only base and "
-                             "not a directory (a local Hugging Face causal LM checkpoint with its tokenizer)")
-        pretrained = os.path.abspath(os.fspath(pretrained))
-        if os.path.isdir(pretrained):
-            target, tokenizer = load_causal(pretrained, k=1, frozen=True), load_tokenizer(pretrained)
-        else:
-            target, tokenizer = own_target(pretrained)
-        target.eval().requires_grad_(False)
+        pretrained, target, tokenizer = frozen_target(pretrained)
         n = target.n_layers
         layers = list(target_layer_ids) if target_layer_ids is not None else default_target_layers(n, num_layers)
         bad = [i for i in layers if not 0 <= int(i) < n]
@@ -445,5 +453,5 @@ class DFlashModule(pl.LightningModule):
 
 
 __all__ = ["DFlashModule", "block_acceptance", "check_drafter_fits", "default_mask_id", "dflash_proposer",
-           "drafter_for", "drafter_shape", "embedding_weight", "is_own_base", "load_drafter", "lr_factor", "sample_anchors", "slot_weights"]
+           "drafter_for", "drafter_shape", "embedding_weight", "frozen_target", "is_own_base", "load_drafter", "lr_factor", "sample_anchors", "slot_weights"]
 
