@@ -250,9 +250,10 @@ def main(argv: list[str] | None = None) -> dict:
     except (ValueError, TypeError, FileNotFoundError) as err:
         sys.exit(f"hf_generate: {load_error(err, args.base)}")
     from lightning_bpd.tasks.lm.dflash_module import DFlashModule
+    from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
     from lightning_bpd.tasks.lm.module import LMModule
 
-    if isinstance(module, (LMModule, DFlashModule)):  # a language model: prompts, generate's peers, llama.cpp
+    if isinstance(module, (LMModule, DFlashModule, Eagle3Module)):  # a language model: prompts, generate's peers, llama.cpp
         return main_lm(module, args)
     try:
         if args.input is None:

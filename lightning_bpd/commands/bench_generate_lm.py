@@ -57,6 +57,7 @@ from lightning_bpd.records import device_name, write_json
 
 OURS_LOOKUP = "prompt_lookup"  # our prompt lookup (PromptLookup through the one loop), exact, any batch size
 DFLASH = "dflash"  # a DFlash checkpoint's row of ours: exact, the drafter proposing, the target verifying
+EAGLE3 = "eagle3"  # an EAGLE-3 checkpoint's: exact, the drafter's chains; eagle3+tree<N>: its dynamic trees of N nodes
 
 
 def is_dflash(module: Any) -> bool:
@@ -65,9 +66,43 @@ def is_dflash(module: Any) -> bool:
     return isinstance(module, DFlashModule)
 
 
+def is_eagle3(module: Any) -> bool:
+    from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
+
+    return isinstance(module, Eagle3Module)
+
+
+def is_drafter(module: Any) -> bool:
+    """A drafter's run (DFlash or EAGLE-3): its target has no heads; the drafter proposes."""
+    return is_dflash(module) or is_eagle3(module)
+
+
 def main_row(module: Any) -> str:
-    """The name of our main row: ``exact`` with the heads, ``dflash`` with a DFlash drafter."""
-    return DFLASH if is_dflash(module) else OURS
+    """The name of our main row: ``exact`` with the heads, ``dflash`` or ``eagle3`` with a drafter."""
+    return DFLASH if is_dflash(module) else EAGLE3 if is_eagle3(module) else OURS
+
+
+def drafter_rows(module: Any, runtime: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """A drafter checkpoint's rows of ours, by name, each a proposer: ``dflash`` (blocks of ``--k``, default the
+    drafter's), or ``eagle3`` (chains of ``--k``, default the run's) and ``eagle3+tree<N>`` per ``--tree-nodes`` N > 0
+    (an EAGLE-2 dynamic tree of N nodes, as deep as the chain's drafts, 4 wide); one-line ValueError where ``--k``
+    does not fit."""
+    what = f"the drafter of {args.ckpt}"
+    if is_dflash(module):
+        from lightning_bpd.tasks.lm.dflash_module import dflash_proposer
+
+        dflash = dflash_proposer(module.drafter, runtime, args.k, what)
+        dflash.check(runtime, Exact())  # --k outside the drafter's block: one line now
+        return {DFLASH: dflash}
+    from lightning_bpd.decoding.proposers import Eagle3Tree
+    from lightning_bpd.decoding.trees.tree import DynamicTree
+    from lightning_bpd.tasks.lm.eagle3_module import eagle3_proposer
+
+    chain = eagle3_proposer(module.drafter, runtime, args.k or module.block_size, what)
+    chain.check(runtime, Exact())
+    depth = chain.block_size - 1
+    return {EAGLE3: chain, **{f"{EAGLE3}+tree{n}": Eagle3Tree(chain.drafter, spec=DynamicTree(n, depth, 4))
+                              for n in args.tree_nodes if n > 0}}
 
 
 def add_lm_args(p: argparse.ArgumentParser) -> None:
@@ -91,7 +126,7 @@ def assistant_record(draft: Any, path: str) -> dict[str, Any]:
 
 
 def print_header(result: dict[str, Any], precision: str) -> None:
-    what = "exact with the DFlash drafter" if result.get("drafter") else "exact blockwise decoding"
+    what = f"exact with the {result['head_type']} drafter" if result.get("drafter") else "exact blockwise decoding"
     print(f"device: {result['device_name']}; ours = {what} at precision {precision}; "
           f"{result['inputs']} prompts, at most {result['max_new_tokens']} new tokens; x gen = generate's seconds over "
           "the method's; x ours = the method's seconds over ours; differ = rows whose tokens differ from hf_generate's")
@@ -113,10 +148,10 @@ def print_rows(batch_size: int, report: dict[str, Any], mine: str = OURS) -> Non
 
 
 def lm_methods(model: Any, runtime: Any, args: argparse.Namespace, trees: dict[str, Any],
-               draft: Any, dflash: Any = None) -> dict[str, Any]:
-    """generate greedy, prompt lookup, assisted generation (with ``draft``), ours (``dflash``: the DFlash proposer,
-    row ``dflash``), ours per tree and our prompt lookup (any batch size; the same n-gram size and token count as
-    generate's), by name."""
+               draft: Any, dflash: dict[str, Any] | None = None) -> dict[str, Any]:
+    """generate greedy, prompt lookup, assisted generation (with ``draft``), ours (``dflash``: a drafter's rows by
+    name, :func:`drafter_rows`), ours per tree and our prompt lookup (any batch size; the same n-gram size and token
+    count as generate's), by name."""
     from lightning_bpd.decoding.proposers import PromptLookup
 
     eos = list(model.generation_rules.eos_ids or [model.eos_id])
@@ -124,15 +159,16 @@ def lm_methods(model: Any, runtime: Any, args: argparse.Namespace, trees: dict[s
         GENERATE: LMGenerate(model.base, model.pad_id, eos),
         LOOKUP: LMGenerate(model.base, model.pad_id, eos, lookup=(args.prompt_lookup_tokens, args.max_matching_ngram)),
         **({ASSISTED: LMGenerate(model.base, model.pad_id, eos, assistant=draft)} if draft is not None else {}),
-        **({DFLASH: ours(runtime, None, proposer=dflash)} if dflash is not None else {OURS: ours(runtime, args.k)}),
+        **({name: ours(runtime, None, proposer=p) for name, p in dflash.items()} if dflash
+           else {OURS: ours(runtime, args.k)}),
         **{name: ours(runtime, args.k, tree) for name, tree in trees.items()},
         OURS_LOOKUP: ours(runtime, None, proposer=PromptLookup(args.max_matching_ngram, args.prompt_lookup_tokens)),
     }
 
 
 def prepare(module: Any, args: argparse.Namespace) -> tuple[int, list[str], Any, Any, dict[str, Any], Any, Any]:
-    """The cap, the prompts, the inference options, the runtime, the trees, the draft model (or None) and the DFlash
-    proposer (of a DFlash checkpoint, else None); ValueError (one line) on bad input."""
+    """The cap, the prompts, the inference options, the runtime, the trees, the draft model (or None) and a drafter
+    checkpoint's rows (:func:`drafter_rows`, else None); ValueError (one line) on bad input."""
     from lightning_bpd.evaluation import budget_trees
     from lightning_bpd.inference import build_runtime
     from lightning_bpd.inference.arguments import options_from_args
@@ -145,18 +181,13 @@ def prepare(module: Any, args: argparse.Namespace) -> tuple[int, list[str], Any,
     if is_dflash(module) and args.tree_nodes:
         raise ValueError("--tree-nodes: a DFlash checkpoint's target has no heads to build trees of (its drafter "
                          "proposes single blocks)")
-    if not is_dflash(module) and args.k is not None and not 1 <= args.k <= model.k:
+    if not is_drafter(module) and args.k is not None and not 1 <= args.k <= model.k:
         raise ValueError(f"--k must lie in [1, {model.k}] (the checkpoint's heads), got {args.k}")
     options = options_from_args(args, module)
     runtime = build_runtime(model, options)
-    dflash = None
-    if is_dflash(module):
-        from lightning_bpd.tasks.lm.dflash_module import dflash_proposer
-
-        dflash = dflash_proposer(module.drafter, runtime, args.k, f"the drafter of {args.ckpt}")
-        dflash.check(runtime, Exact())  # --k outside the drafter's block: one line now
+    dflash = drafter_rows(module, runtime, args) if is_drafter(module) else None
     singles = [module.encode_prompts([p]) for p in prompts]
-    budgets = budget_trees(module, runtime, singles, args.tree_nodes, args.k, "bench-generate")
+    budgets = {} if dflash else budget_trees(module, runtime, singles, args.tree_nodes, args.k, "bench-generate")
     trees = {f"{OURS}+{name}": tree for name, tree in budgets.items()}
     draft = load_assistant(args.assistant, module, prompts, args.device) if args.assistant else None
     return max_new, prompts, options, runtime, trees, draft, dflash
@@ -178,8 +209,8 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
     mine = main_row(module)
     result: dict[str, Any] = {
         "ckpt": args.ckpt, "base": module.hparams.get("pretrained"), "model_type": model.base.config.model_type,
-        "k": dflash.width if dflash is not None else args.k or model.k,
-        "head_type": "dflash" if dflash is not None else model.head_type,
+        "k": dflash[mine].width if dflash else args.k or model.k,
+        "head_type": mine if dflash else model.head_type,
         "drafter": module.drafter.config.to_dict() if dflash is not None else None, "device": str(module.device),
         "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(prompts),
         "prompts_from": args.input or f"{args.data_root} ({args.split} split)", "max_new_tokens": max_new,
@@ -203,7 +234,7 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
         print_header(result, runtime.precision)
         for bs in args.batch_sizes:
             batches = [module.encode_prompts(prompts[i : i + bs]) for i in range(0, len(prompts), bs)]
-            report = bench_methods(methods, batches, max_new, args.warmup, [mine, *trees, OURS_LOOKUP],
+            report = bench_methods(methods, batches, max_new, args.warmup, [*(dflash or [mine]), *trees, OURS_LOOKUP],
                                    peers=[name for name in methods if name.startswith("llamacpp")])
             result["batch_sizes"][str(bs)] = report
             print_rows(bs, report, mine)

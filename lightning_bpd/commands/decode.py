@@ -99,10 +99,39 @@ def decode_auto_tree(module: Any, runtime: Any, sentences: list[str], lm: bool, 
     return tree
 
 
+def eagle3_choice(module: Any, runtime: Any, args: argparse.Namespace) -> Any:
+    """The proposer of an EAGLE-3 checkpoint: its chain of ``--k`` (default the run's block size) under the default
+    ``heads``, or an EAGLE-2 dynamic tree under ``dynamic:N[:D[:W]]`` (D default the chain's drafts); one-line
+    ValueError for another choice."""
+    from lightning_bpd.decoding.proposers import Eagle3Tree
+    from lightning_bpd.decoding.trees.tree import DynamicTree
+    from lightning_bpd.tasks.lm.eagle3_module import eagle3_proposer
+
+    choice, what = args.proposer, f"the drafter of {args.ckpt}"
+    chain = eagle3_proposer(module.drafter, runtime, args.k or module.block_size, what)
+    if choice.kind == "heads":
+        return chain
+    if choice.kind == "tree" and choice.dynamic:
+        nodes, depth, *width = choice.dynamic
+        spec = DynamicTree(nodes, depth or chain.block_size - 1, *width)
+        return Eagle3Tree(chain.drafter, spec=spec)
+    raise ValueError(f"--proposer {choice.text}: an EAGLE-3 checkpoint's drafter proposes chains (heads, the "
+                     "default) or dynamic trees (dynamic:N[:D[:W]])")
+
+
 def dflash_choice(module: Any, runtime: Any, args: argparse.Namespace) -> Any:
     """The DFlash proposer of ``--proposer dflash[:CKPT]``, or of a DFlash checkpoint under the default ``heads``
-    (None for every other choice); one-line ValueError where there is no drafter or it does not fit the target."""
+    (None for every other choice); one-line ValueError where there is no drafter or it does not fit the target.
+    An EAGLE-3 checkpoint's drafter: :func:`eagle3_choice`."""
     choice, own = args.proposer, hasattr(module, "decode_eval_proposer") and hasattr(module, "drafter")
+    if own:  # a drafter's run (a language model: transformers is loaded already)
+        from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
+
+        if isinstance(module, Eagle3Module):
+            if choice.kind == "dflash":
+                raise ValueError(f"--proposer {choice.text}: {args.ckpt} is an EAGLE-3 drafter's run; give a heads "
+                                 "checkpoint as --ckpt to add a DFlash drafter")
+            return eagle3_choice(module, runtime, args)
     if choice.kind != "dflash" and not own:  # no DFlash here (and no transformers import for a translation run)
         return None
     from lightning_bpd.tasks.lm.dflash_module import dflash_proposer, load_drafter
@@ -142,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         draft = (build_runtime(load_model(proposer.ckpt, args.device).model, options) if proposer.kind == "draft"
                  else None)
         sentences = read_lm_input(module, args) if lm else read_input(args.input)
-        if dflash is not None:  # the drafter proposes (its block size is --k's); no heads, no tree
+        if dflash is not None:  # a drafter proposes (its block size is --k's); no heads
             method = make_method(args.criterion, parse_criterion, runtime, None, seed=args.seed, proposer=dflash)
         else:
             if proposer.auto is not None:
