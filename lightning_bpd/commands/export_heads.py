@@ -28,8 +28,8 @@ already saved; ``--format`` picks what is written to ``--out``:
     target's directory beside it (``convert_hf_to_gguf.py <out> --target-model-dir <target dir>``; our tokenizers
     need its pre-tokenizer check bypassed, see ``--format llamacpp``);
   - ``llamacpp``: what llama.cpp serves directly: ``<out>/drafter.gguf``, the GGUF llama.cpp's converter makes of
-    the z-lab export (:mod:`lightning_bpd.hf.dflash_gguf`; the same keys, tensors and values, checked against the
-    converter of llama-cpp-python 0.3.36's llama.cpp in ``tests/hf/test_dflash_gguf.py``, slow), and
+    the z-lab export (:mod:`lightning_bpd.benchmarks.gguf_dflash`; the same keys, tensors and values, checked against the
+    converter of llama-cpp-python 0.3.36's llama.cpp in ``tests/benchmarks/test_gguf_dflash.py``, slow), and
     ``<out>/target.gguf``, the target as a float32 GGUF with its tokenizer
     (:func:`~lightning_bpd.benchmarks.gguf_llama.write_llama_gguf`; a Llama target)::
 
@@ -59,13 +59,13 @@ import json
 import sys
 from pathlib import Path
 
+from lightning_bpd.benchmarks.llamacpp_files import DRAFTER_GGUF, TARGET_GGUF, write_llamacpp
 from lightning_bpd.checkpoints import load_model
 
 __all__ = ["DFLASH_FORMATS", "FORMATS", "export_dflash", "export_heads"]
 
 FORMATS = ("heads", "vllm-medusa", "speculators", "dflash-zlab", "llamacpp")
 DFLASH_FORMATS = ("speculators", "dflash-zlab", "llamacpp")
-DRAFTER_GGUF, TARGET_GGUF = "drafter.gguf", "target.gguf"  # --format llamacpp's files
 
 
 def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads") -> Path:
@@ -146,19 +146,6 @@ def export_dflash(module: object, ckpt: str | Path, out: str | Path, layout: str
               "refused (unverified)", file=sys.stderr)
     print(f"export-heads: the DFlash drafter of {ckpt} ({config.num_layers} layers, block {config.block_size}, "
           f"target {target}) in {folder} ({layout})", file=sys.stderr)
-    return folder
-
-
-def write_llamacpp(module: object, out: str | Path) -> Path:
-    """``out/drafter.gguf`` (the drafter as llama.cpp's converter writes it) and ``out/target.gguf`` (the target,
-    float32, with its tokenizer) of the DFlash run ``module``."""
-    from lightning_bpd.benchmarks.gguf_llama import write_llama_gguf
-    from lightning_bpd.hf.dflash_gguf import write_dflash_gguf
-
-    folder = Path(out)
-    name = Path(str(module.hparams.pretrained)).name
-    write_dflash_gguf(module, folder / DRAFTER_GGUF, name=f"{name}-dflash")
-    write_llama_gguf(module.model.base, module.tokenizer, folder / TARGET_GGUF, name=name)
     return folder
 
 
