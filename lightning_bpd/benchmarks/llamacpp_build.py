@@ -98,13 +98,19 @@ def check_tools() -> dict[str, str]:
 
 
 def last_error(log: Path) -> str:
-    """The last line of ``log`` that reports an error (or its last line), trimmed."""
+    """The last line of ``log`` that reports an error (CMake's with the message line under it), else its last line,
+    trimmed."""
     try:
         lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return "(no log)"
-    errors = [line for line in lines if re.search(r"\berror\b|Error|FAILED", line)]
-    return (errors or lines or ["(empty log)"])[-1][:300]
+    errors = [i for i, line in enumerate(lines) if re.search(r"\berror\b|Error|FAILED", line)]
+    if not errors:
+        return (lines or ["(empty log)"])[-1][:300]
+    i = errors[-1]
+    if lines[i].startswith("CMake Error") and i + 1 < len(lines):
+        return f"{lines[i]} {lines[i + 1]}"[:300]
+    return lines[i][:300]
 
 
 def run_logged(cmd: Sequence[str], log: Path, what: str, cwd: Path | None = None) -> None:
