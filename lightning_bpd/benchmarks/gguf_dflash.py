@@ -8,7 +8,9 @@ Followed: llama.cpp as vendored by llama-cpp-python 0.3.36 (``conversion/qwen.py
 
 * architecture ``dflash``; the Qwen3 keys of the z-lab config under it (layers, context = the target's positions,
   hidden and MLP sizes, heads, RoPE base, RMS epsilon, head dims), ``dflash.block_size`` and ``dflash.target_layers``
-  = our ``target_layer_ids`` + 1: llama.cpp extracts the INPUT of those target layers (= the output of ours);
+  = our ``target_layer_ids`` + 1: llama.cpp extracts the INPUT of those target layers (= the output of ours), so the
+  target's last layer cannot be one (llama.cpp aborts: there is no layer after it to take its output as input); the
+  writer refuses it;
 * the tokenizer is the target's (``tokenizer.ggml.*``, as the converter copies it from ``--target-model-dir``), with
   ``tokenizer.ggml.mask_token_id`` (the block's mask slots);
 * tensors (the converter's order: the z-lab weights' names sorted): ``fc``, ``enc.output_norm`` (hidden_norm), per
@@ -69,6 +71,11 @@ def write_dflash_gguf(source: Any, path: str | os.PathLike, target: str | os.Pat
     from lightning_bpd.hf.prompts import load_tokenizer
 
     drafter, target_dir, facts = drafter_target(source, target)
+    last = facts["num_hidden_layers"] - 1
+    if last in drafter.config.target_layer_ids:
+        raise ValueError(f"target layer {last} is the target's last: llama.cpp feeds the drafter the input of the layer "
+                         f"after each target layer, and the {last + 1}-layer target has none after {last} (train the "
+                         f"drafter on layers below {last})")
     config = zlab_config(source, target)
     if not Path(target_dir).is_dir():
         raise ValueError(f"the target {target_dir} is not a directory: its tokenizer goes into the drafter's GGUF")

@@ -42,13 +42,16 @@ class LlamaCppBinary:
                  eos_ids: Sequence[int]) -> None:
         self.runner, self.tokenizer, self.texts, self.pad_id = runner, tokenizer, texts, pad_id
         self.eos_ids = frozenset(eos_ids)
+        self.overshoots = runner.drafter is not None  # a drafted loop may run past the cap (compare its first tokens)
         self.runs: dict[tuple[int, ...], LlamaCppRun] = {}
 
     def same_text(self, text: bytes, row: list[int]) -> bool:
-        """Whether ``text`` is what llama.cpp prints of ``row`` (its end-of-sequence token not printed)."""
+        """Whether ``text`` is what llama.cpp prints of ``row`` (its end-of-sequence token not printed), continued by
+        a drafted run's overshoot where ``row`` ends at the cap."""
         if row and row[-1] in self.eos_ids:
-            row = row[:-1]
-        return text == token_bytes(self.tokenizer, row)
+            return text == token_bytes(self.tokenizer, row[:-1])
+        want = token_bytes(self.tokenizer, row)
+        return text.startswith(want) if self.overshoots else text == want
 
     def __call__(self, src: Tensor, max_new: int) -> SelfTimed:
         texts, counts, seconds, calls = [], [], 0.0, 0
@@ -69,13 +72,17 @@ def agreement(alone: LlamaCppBinary, drafted: LlamaCppBinary) -> dict[str, Any]:
     """The drafted runs against the alone runs of the same prompts: rows whose text differs, and llama.cpp's
     acceptance over them (drafted and accepted tokens, tokens per target call)."""
     keys = [k for k in drafted.runs if k in alone.runs]
-    differ = [i for i, k in enumerate(keys) if drafted.runs[k].text != alone.runs[k].text]
+    differ = [i for i, k in enumerate(keys) if not drafted.runs[k].same(alone.runs[k])]
     reports = [drafted.runs[k].report for k in keys]
     drafted_tokens, accepted = sum(r.drafted for r in reports), sum(r.accepted for r in reports)
     tokens, calls = sum(r.new_tokens for r in reports), sum(r.target_calls for r in reports)
+    seconds = sum(r.seconds for r in reports)
     return {"prompts": len(keys), "differs_from_llamacpp_f32": len(differ), "differing_rows": differ[:10],
             "drafted": drafted_tokens, "accepted": accepted, "acceptance_rate": accepted / max(1, drafted_tokens),
-            "tokens_per_target_call": tokens / max(1, calls)}
+            "tokens_per_target_call": tokens / max(1, calls), "llamacpp_tokens": tokens,
+            "llamacpp_tokens_per_second": tokens / max(seconds, 1e-9),
+            "alone_tokens_per_second": sum(alone.runs[k].report.new_tokens for k in keys) / max(
+                1e-9, sum(alone.runs[k].report.seconds for k in keys))}
 
 
 def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path, threads: int,

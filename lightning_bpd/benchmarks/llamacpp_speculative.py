@@ -6,17 +6,19 @@ Both rows run the same binary and loop: ``llama-speculative-simple`` needs a spe
 ``ngram-simple`` speculator with a 1024-token key and value, which never drafts at these lengths (each loop step is then
 one target call and one token; its report of 0 drafted tokens is checked). Both use ``threads`` threads (target and
 drafter, prompt and steps), float32 weights and KV caches, greedy sampling (``--temp 0 --top-k 1``), the drafter's whole
-block (``--spec-draft-n-max B-1``, no probability cut-off), at most ``max_new`` new tokens (``-n max_new - 1``: the loop
-makes one token more than ``-n``), stopping at the GGUF's end-of-generation tokens.
+block (``--spec-draft-n-max B-1``, no probability cut-off), ``max_new`` new tokens (``-n max_new - 1``: the loop
+makes one token more than ``-n``), stopping at the GGUF's end-of-generation tokens. The drafted loop may run past the
+cap by up to ``B - 1`` tokens (its DFlash speculator drafts whole blocks whatever the budget left): those are timed,
+and only its first ``max_new`` tokens are compared.
 
 Timing: llama.cpp's own clock as the binary reports it: "encoded" (the prompt's prefill in the target, and the
 drafter fed its features) plus "decoded" (the generation loop: drafting, verification, sampling); model loading and
 process start are excluded from both rows. Acceptance: its ``n_drafted`` / ``n_accept``; each loop step is one target
 call that commits ``accepted + 1`` tokens, so target calls = ``n_predict - n_accept``.
 
-Outputs: the binary prints text, not ids (``"\\n\\n" + prompt + new text + "\\n\\n"`` on stdout, its end-of-generation
-token not printed), so rows are compared as bytes: the prompt's bytes (its ids' pieces, as llama.cpp prints them) are
-cut off the front. The prompt goes in as text (``-f``, escapes off); :func:`tokenization_check` first checks that
+Outputs: the binary prints text, not ids (``"\\n\\n" + prompt + new text + "\\n\\n\\n\\n"`` on stdout, its
+end-of-generation token not printed), so rows are compared as bytes: the prompt's bytes (its ids' pieces, as
+llama.cpp prints them) are cut off the front. The prompt goes in as text (``-f``, escapes off); :func:`tokenization_check` first checks that
 llama.cpp tokenizes every prompt to the checkpoint tokenizer's ids (``llama-tokenize``).
 """
 
@@ -112,21 +114,30 @@ def token_bytes(tokenizer: Any, ids: Sequence[int]) -> bytes:
 
 
 def new_bytes(stdout: bytes, prompt: bytes) -> bytes:
-    """The new text of ``llama-speculative-simple``'s stdout (``\\n\\n`` + prompt + new text + ``\\n\\n``);
-    ValueError when it does not have that shape."""
-    head = b"\n\n" + prompt
-    if not stdout.startswith(head) or not stdout.endswith(b"\n\n") or len(stdout) < len(head) + 2:
+    """The new text of ``llama-speculative-simple``'s stdout (``\\n\\n`` + prompt + new text, then ``\\n\\n``
+    before and after its report, which goes to stderr); ValueError when it does not have that shape."""
+    head, tail = b"\n\n" + prompt, b"\n\n\n\n"
+    if not stdout.startswith(head) or not stdout.endswith(tail) or len(stdout) < len(head) + len(tail):
         raise ValueError(f"llama-speculative-simple's output does not echo the prompt as expected (it starts "
                          f"{stdout[:60]!r})")
-    return stdout[len(head):-2]
+    return stdout[len(head):-len(tail)]
 
 
 @dataclass(frozen=True)
 class LlamaCppRun:
-    """One prompt decoded by llama.cpp: its new text (bytes, no end-of-generation token) and its report."""
+    """One prompt decoded by llama.cpp to ``max_new`` tokens: its new text (bytes, no end-of-generation token) and its
+    report."""
 
     text: bytes
     report: SpecReport
+    max_new: int
+
+    def same(self, alone: LlamaCppRun) -> bool:
+        """Whether this (drafted) run's first ``max_new`` tokens are ``alone``'s: the same text, or, where ``alone``
+        reached the cap, its text continued by this run's overshoot."""
+        if alone.report.new_tokens >= alone.max_new:
+            return self.text.startswith(alone.text)
+        return self.text == alone.text
 
 
 class SpeculativeSimple:
@@ -155,7 +166,8 @@ class SpeculativeSimple:
         t = str(self.threads)
         return [self.binary, "-m", self.target, "-f", str(prompt_file), "--no-escape", "-n", str(max_new - 1),
                 "-c", str(self.n_ctx), "-b", str(self.n_ctx), "-t", t, "-tb", t, "-ctk", "f32", "-ctv", "f32",
-                "--temp", "0", "--top-k", "1", "--seed", "0", "--color", "off", *self.speculator_args()]
+                "--temp", "0", "--top-k", "1", "--seed", "0", "--color", "off", "--fit", "off",
+                *self.speculator_args()]
 
     def run(self, prompt: str, prompt_bytes: bytes, max_new: int) -> LlamaCppRun:
         """Decode ``prompt`` (text; ``prompt_bytes``: what llama.cpp prints of its ids) to at most ``max_new``
@@ -177,7 +189,7 @@ class SpeculativeSimple:
         report = parse_report(log)
         if self.drafter is None and report.drafted:
             raise RuntimeError(f"the target-alone run drafted {report.drafted} tokens (ngram-simple matched)")
-        return LlamaCppRun(new_bytes(done.stdout, prompt_bytes), report)
+        return LlamaCppRun(new_bytes(done.stdout, prompt_bytes), report, max_new)
 
 
 def tokenization_check(binary: str | Path, gguf: str | Path, tokenizer: Any, prompts: Sequence[str],

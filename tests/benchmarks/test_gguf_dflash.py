@@ -55,7 +55,7 @@ def fields(path: Path) -> tuple[dict[str, Any], Any]:
 
 
 def test_export_heads_llamacpp_writes_the_converters_keys_and_our_tensors(checkpoint, tmp_path, capsys):
-    module = trained(checkpoint)
+    module = trained(checkpoint, target_layer_ids=[0])  # 2 draft layers on the output of target layer 0 of 2
     run = save_ckpt(module, tmp_path / "last.ckpt")
     main(["export-heads", "--ckpt", str(run), "--out", str(tmp_path / "out"), "--format", "llamacpp"])
     err = capsys.readouterr().err
@@ -67,7 +67,7 @@ def test_export_heads_llamacpp_writes_the_converters_keys_and_our_tensors(checkp
             "dflash.context_length": 128, "dflash.embedding_length": 32, "dflash.feed_forward_length": 64,
             "dflash.attention.head_count": 4, "dflash.attention.head_count_kv": 2,
             "dflash.attention.key_length": 8, "dflash.attention.value_length": 8, "general.file_type": 0,
-            "dflash.block_size": 4, "dflash.target_layers": [1, 2], "tokenizer.ggml.model": "gpt2",
+            "dflash.block_size": 4, "dflash.target_layers": [1], "tokenizer.ggml.model": "gpt2",
             "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.bos_token_id": BOS, "tokenizer.ggml.eos_token_id": EOS,
             "tokenizer.ggml.padding_token_id": PAD, "tokenizer.ggml.add_bos_token": True,
             "tokenizer.ggml.mask_token_id": module.drafter.config.mask_token_id}
@@ -104,6 +104,11 @@ def test_tensor_names_and_bad_input(checkpoint, tmp_path):
         write_dflash_gguf(module.drafter, tmp_path / "d.gguf")
     values, _ = fields(write_dflash_gguf(module.drafter, tmp_path / "d.gguf", target=checkpoint))
     assert values["dflash.target_layers"] == [1] and values["dflash.block_count"] == 1
+    run = save_ckpt(trained(checkpoint, target_layer_ids=[0, 1]), tmp_path / "last.ckpt")
+    with pytest.raises(SystemExit) as err:  # llama.cpp has no input after the last layer to take its output from
+        main(["export-heads", "--ckpt", str(run), "--out", str(tmp_path / "out"), "--format", "llamacpp"])
+    message = str(err.value.code)
+    assert "target layer 1 is the target's last" in message and "\n" not in message
 
 
 # ---- slow: llama.cpp's own converter on our z-lab export -----------------------------------------------------------
@@ -125,7 +130,7 @@ runpy.run_path(str(source / "convert_hf_to_gguf.py"), run_name="__main__")
 @pytest.mark.slow
 def test_llamacpp_converter_makes_our_gguf_of_our_zlab_export(checkpoint, tmp_path):
     source = llamacpp_source()
-    module = trained(checkpoint)
+    module = trained(checkpoint, target_layer_ids=[0])
     write_zlab(module, tmp_path / "zlab")
     ours, ours_reader = fields(write_dflash_gguf(module, tmp_path / "ours.gguf"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
