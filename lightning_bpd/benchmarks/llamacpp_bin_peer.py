@@ -78,6 +78,7 @@ def agreement(alone: LlamaCppBinary, drafted: LlamaCppBinary) -> dict[str, Any]:
     tokens, calls = sum(r.new_tokens for r in reports), sum(r.target_calls for r in reports)
     seconds = sum(r.seconds for r in reports)
     return {"prompts": len(keys), "differs_from_llamacpp_f32": len(differ), "differing_rows": differ[:10],
+            "runs_repeated": {"alone": alone.runner.retries, "drafted": drafted.runner.retries},
             "drafted": drafted_tokens, "accepted": accepted, "acceptance_rate": accepted / max(1, drafted_tokens),
             "tokens_per_target_call": tokens / max(1, calls), "llamacpp_tokens": tokens,
             "llamacpp_tokens_per_second": tokens / max(seconds, 1e-9),

@@ -37,6 +37,7 @@ __all__ = ["ALONE", "DFLASH", "LlamaCppRun", "SpecReport", "SpeculativeSimple", 
            "token_bytes", "tokenization_check"]
 
 ALONE, DFLASH = "llamacpp_f32", "llamacpp_dflash"  # the rows: the target alone, the target + our drafter
+ATTEMPTS = 5  # runs of one prompt before its lost output is an error (see SpeculativeSimple.run)
 NEVER_DRAFTS = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1024", "--spec-ngram-simple-size-m",
                 "1024")  # a key of 1024 tokens and 1024 more to draft: no match before 2049 tokens of context
 REPORT = {  # llama-speculative-simple's summary lines (its LOG_INF, on stderr)
@@ -152,6 +153,7 @@ class SpeculativeSimple:
             raise ValueError(f"a DFlash drafter needs its block size (>= 2), got {block_size}")
         self.binary, self.target, self.drafter = str(binary), str(target), None if drafter is None else str(drafter)
         self.threads, self.n_ctx, self.block_size, self.timeout = threads, n_ctx, block_size, timeout
+        self.retries = 0  # runs repeated because llama.cpp's output lost its end
 
     def speculator_args(self) -> list[str]:
         if self.drafter is None:
@@ -171,25 +173,42 @@ class SpeculativeSimple:
 
     def run(self, prompt: str, prompt_bytes: bytes, max_new: int) -> LlamaCppRun:
         """Decode ``prompt`` (text; ``prompt_bytes``: what llama.cpp prints of its ids) to at most ``max_new``
-        tokens; RuntimeError (one line) when the binary fails."""
+        tokens; RuntimeError (one line) when the binary fails. llama.cpp's log is written by a thread that the
+        process does not wait for at exit, so the end of its output (report, text) is sometimes lost (more often on
+        a busy machine): such a run is run again, up to :data:`ATTEMPTS` times (counted in ``retries``)."""
         if max_new < 1:
             raise ValueError(f"max_new must be >= 1, got {max_new}")
         with tempfile.TemporaryDirectory(prefix="lightning_bpd_llamacpp_") as tmp:
             path = Path(tmp) / "prompt.txt"
             path.write_bytes(prompt.encode("utf-8") + b"\n")  # -f drops one trailing newline
-            try:
-                done = subprocess.run(self.args(path, max_new), capture_output=True, timeout=self.timeout,
-                                      check=False)
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"{Path(self.binary).name} took longer than {self.timeout:.0f} s") from None
+            for attempt in range(ATTEMPTS):
+                stdout, log = self.call(path, max_new)
+                try:
+                    report = parse_report(log)
+                    text = new_bytes(stdout, prompt_bytes)
+                except ValueError as err:
+                    if attempt + 1 == ATTEMPTS:
+                        raise RuntimeError(f"{err} ({ATTEMPTS} runs: llama.cpp's asynchronous log lost the end of "
+                                           "its output each time)") from None
+                    self.retries += 1
+                    continue
+                break
+        if self.drafter is None and report.drafted:
+            raise RuntimeError(f"the target-alone run drafted {report.drafted} tokens (ngram-simple matched)")
+        return LlamaCppRun(text, report, max_new)
+
+    def call(self, prompt_file: Path, max_new: int) -> tuple[bytes, str]:
+        """One run of the binary: its stdout and its log (stderr); RuntimeError when it fails or times out."""
+        try:
+            done = subprocess.run(self.args(prompt_file, max_new), capture_output=True, timeout=self.timeout,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{Path(self.binary).name} took longer than {self.timeout:.0f} s") from None
         log = done.stderr.decode("utf-8", errors="replace")
         if done.returncode != 0:
             tail = log.strip().splitlines()[-1][:300] if log.strip() else "no output"
             raise RuntimeError(f"{Path(self.binary).name} failed (exit {done.returncode}): {tail}")
-        report = parse_report(log)
-        if self.drafter is None and report.drafted:
-            raise RuntimeError(f"the target-alone run drafted {report.drafted} tokens (ngram-simple matched)")
-        return LlamaCppRun(new_bytes(done.stdout, prompt_bytes), report, max_new)
+        return done.stdout, log
 
 
 def tokenization_check(binary: str | Path, gguf: str | Path, tokenizer: Any, prompts: Sequence[str],

@@ -18,6 +18,7 @@ pytest.importorskip("gguf")
 from lightning_bpd.benchmarks.ctranslate2_hf import cut
 from lightning_bpd.benchmarks.llamacpp_speculative import (
     ALONE,
+    ATTEMPTS,
     DFLASH,
     SpecReport,
     SpeculativeSimple,
@@ -82,6 +83,34 @@ def test_the_command_lines():
     assert args[args.index("-td") + 1] == "2" and args[args.index("--spec-draft-p-min") + 1] == "0"
     with pytest.raises(ValueError, match="block size"):
         SpeculativeSimple("b", "t.gguf", 1, 256, "d.gguf")
+
+
+LOSSY = r"""#!{python}
+import sys
+from pathlib import Path
+count = Path(sys.argv[0]).with_suffix(".count")
+n = int(count.read_text()) if count.exists() else 0
+count.write_text(str(n + 1))
+sys.stdout.write("\n\n<s>x = 1\n")
+if n >= {lost}:  # the first {lost} runs lose the end of their output, as llama.cpp's log thread may at exit
+    sys.stdout.write("\n\n\n\n")
+    sys.stderr.write("encoded 5 tokens in 0.010 seconds\ndecoded 3 tokens in 0.020 seconds\nn_predict = 3\n"
+                     "n_drafted = 0\nn_accept = 0\n")
+"""
+
+
+@pytest.mark.parametrize("lost", [2, 9])
+def test_a_run_that_lost_its_output_is_run_again(tmp_path, lost):
+    binary = tmp_path / "spec"
+    binary.write_text(LOSSY.replace("{python}", sys.executable).replace("{lost}", str(lost)))
+    binary.chmod(0o755)
+    runner = SpeculativeSimple(binary, "t.gguf", 1, 64)
+    if lost < ATTEMPTS:
+        run = runner.run("x = 1\n", b"<s>x = 1\n", 3)
+        assert run.text == b"" and run.report.new_tokens == 3 and runner.retries == lost
+    else:
+        with pytest.raises(RuntimeError, match=f"{ATTEMPTS} runs: llama.cpp's asynchronous log lost"):
+            runner.run("x = 1\n", b"<s>x = 1\n", 3)
 
 
 # ---- bench-generate with stand-in binaries ---------------------------------------------------------------------------
