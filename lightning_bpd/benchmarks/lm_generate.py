@@ -2,7 +2,8 @@
 our exact blockwise decoding and llama.cpp, on the same prompts, timed batch by batch.
 
 A method is ``method(src, max_new) -> rows`` on (B, P) left-padded prompts (``encode_prompts``): each row's new tokens
-up to and including its first EOS id. Ours returns ``(rows, iterations, model_calls)``. Batches alternate between the
+up to and including its first EOS id. Ours returns ``(rows, iterations, model_calls)``; a method that times itself
+(llama.cpp's binaries, by their own clock) returns :class:`SelfTimed`. Batches alternate between the
 methods (each batch decoded by every method in turn) after ``warmup`` untimed batches. ``generate`` methods run the
 base as loaded with the checkpoint's own generation config, greedy (``num_beams=1, do_sample=False``),
 ``max_new_tokens`` the cap; prompt lookup and assisted generation take one row only (transformers: "assisted generate
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +30,32 @@ from lightning_bpd.evaluation import timed
 GENERATE, LOOKUP, ASSISTED, OURS = "hf_generate", "hf_prompt_lookup", "hf_assisted", "exact"
 ONE_ROW = (LOOKUP, ASSISTED)  # transformers' assisted loop takes batch 1 only
 
-__all__ = ["ASSISTED", "GENERATE", "LOOKUP", "OURS", "LMGenerate", "bench_methods", "load_assistant",
+__all__ = ["ASSISTED", "GENERATE", "LOOKUP", "OURS", "LMGenerate", "SelfTimed", "bench_methods", "load_assistant",
            "same_tokenizer"]
+
+
+@dataclass(frozen=True)
+class SelfTimed:
+    """A method's result with the seconds it measured itself (instead of the bench's wall clock around the call) and
+    its target calls (``mean_accepted_block_size`` = tokens / calls). ``rows``: token ids; or None for a method that
+    gives text (llama.cpp's binaries print text, not ids): then ``texts`` and ``counts`` (its tokens per row), and a
+    row whose text is generate's (``same_text(text, generate's row)``) is tallied as generate's row, another as
+    ``counts`` unknown ids (-1), which differ."""
+
+    rows: list[list[int]] | None
+    seconds: float
+    calls: int
+    texts: list[bytes] | None = None
+    counts: list[int] | None = None
+    same_text: Callable[[bytes, list[int]], bool] | None = None
+
+    def resolved(self, reference: Sequence[Sequence[int]]) -> list[list[int]]:
+        """The rows, text rows resolved against ``reference`` (generate's rows of the same prompts)."""
+        if self.rows is not None:
+            return self.rows
+        assert self.texts is not None and self.counts is not None and self.same_text is not None
+        return [list(ref) if self.same_text(text, list(ref)) else [-1] * count
+                for text, count, ref in zip(self.texts, self.counts, reference, strict=True)]
 
 
 class LMGenerate:
@@ -133,8 +159,9 @@ def bench_methods(methods: dict[str, Callable], batches: Sequence[Tensor], max_n
                   ours: Sequence[str], peers: Sequence[str] = ()) -> dict[str, Any]:
     """Every method (name -> method; :data:`GENERATE` first) on every batch, alternating, after ``warmup`` untimed
     batches: the report of each (``ours``: the names of our decoders; ``peers``: llama.cpp's, which run at batch 1
-    only and whose failure is a ``skipped`` row rather than an error)."""
-    methods, skipped, batch_size = dict(methods), {}, batches[0].shape[0]
+    only and whose failure is a ``skipped`` row rather than an error; a :class:`SelfTimed` result is tallied with
+    its own seconds and target calls)."""
+    methods, skipped, batch_size, self_timed = dict(methods), {}, batches[0].shape[0], set()
     for name in ONE_ROW:
         if name in methods and batch_size > 1:
             refused = one_row_refusal(methods[name], batches[0], max_new)
@@ -143,7 +170,7 @@ def bench_methods(methods: dict[str, Callable], batches: Sequence[Tensor], max_n
                 del methods[name]
     for name in peers:
         if name in methods and batch_size > 1:
-            skipped[name] = "llama-cpp-python's Llama decodes one sequence at a time: batch 1 only"
+            skipped[name] = "llama.cpp decodes one sequence at a time here: batch 1 only"
             del methods[name]
     order = [*methods, *skipped]
     for src in batches[:warmup]:
@@ -157,12 +184,20 @@ def bench_methods(methods: dict[str, Callable], batches: Sequence[Tensor], max_n
                 del tallies[name]
                 continue
             out, seconds = ran
-            if name in ours:
+            if isinstance(out, SelfTimed):
+                self_timed.add(name)
+                reference = tallies[GENERATE].outputs[-src.shape[0]:]  # generate ran this batch first
+                tallies[name].add(out.resolved(reference), out.seconds, out.calls, out.calls)
+            elif name in ours:
                 rows, iterations, calls = out
                 tallies[name].add(rows, seconds, iterations, calls)
             else:
                 tallies[name].add(out, seconds)
     report = summarize(tallies, ours)
+    for name in self_timed & set(tallies):
+        tally = tallies[name]
+        report[name].update(mean_accepted_block_size=tally.tokens / max(1, tally.iterations),
+                            target_calls=tally.iterations, timed_by="its own clock")
     report.update({name: {"skipped": reason} for name, reason in skipped.items()})
     return {name: report[name] for name in order}
 

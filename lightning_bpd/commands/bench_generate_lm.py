@@ -17,7 +17,15 @@ runtime at ``--precision``, the drafter proposing (:class:`~lightning_bpd.decodi
 block size, default the drafter's), and the ``generate`` rows run the target
 and, with ``--peers llamacpp``, ``llamacpp_f32`` (:mod:`lightning_bpd.benchmarks.llamacpp_peer`: the base written as
 a float32 GGUF, greedy in llama.cpp with ``--llamacpp-threads`` threads, batch 1; the GGUF must tokenize every prompt
-as the checkpoint's tokenizer does, else the command stops with one line).
+as the checkpoint's tokenizer does, else the command stops with one line). With ``--llamacpp-bin DIR`` (a
+``build-llamacpp`` folder) the llama.cpp rows are its own binary instead (:mod:`lightning_bpd.benchmarks.llamacpp_bin_peer`):
+``llamacpp_f32``, the target alone, and on a DFlash checkpoint ``llamacpp_dflash``, the target + our drafter
+(``--spec-type draft-dflash``), both timed by llama.cpp's own clock (loading excluded), their ``block`` the tokens per
+target call, their text compared with generate's and with each other (``llamacpp.dflash_vs_alone`` in the record)::
+
+    python -m lightning_bpd bench-generate --ckpt runs/code-lm/dflash/last.ckpt \\
+        --data-root ../shared/data/code/python-stdlib/Lib --split test --limit 16 --max-new-tokens 64 \\
+        --batch-sizes 1 --peers llamacpp --llamacpp-bin ../llamacpp-build --llamacpp-threads 1
 
 Prompts: ``--input FILE.jsonl`` (``{"prompt": ...}`` per line) or ``--data-root DIR``: the LM data module's held-out
 prompts (line-aligned windows of the ``--split`` files, :meth:`~lightning_bpd.tasks.lm.LMDataModule.eval_prompts`),
@@ -41,6 +49,9 @@ from typing import Any
 
 import torch
 
+from lightning_bpd.benchmarks.llamacpp_bin_peer import agreement
+from lightning_bpd.benchmarks.llamacpp_speculative import ALONE as ALONE_BIN
+from lightning_bpd.benchmarks.llamacpp_speculative import DFLASH as DFLASH_BIN
 from lightning_bpd.benchmarks.lm_generate import (
     ASSISTED,
     GENERATE,
@@ -111,7 +122,11 @@ def add_lm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--assistant", default=None, help="draft model of hf_assisted: a local Hugging Face causal LM "
                    "directory with the same tokenizer (or an LM run's .ckpt)")
     g.add_argument("--llamacpp-threads", type=int, default=None, help="llama.cpp's threads (default: torch's)")
-    g.add_argument("--gguf", default=None, help="keep the llama.cpp peer's GGUF here (default: a temporary file)")
+    g.add_argument("--gguf", default=None, help="keep the llama.cpp peer's GGUF here (default: a temporary file); with "
+                   "--llamacpp-bin a folder for target.gguf (and drafter.gguf)")
+    g.add_argument("--llamacpp-bin", default=None, help="--peers llamacpp runs this build-llamacpp folder's "
+                   "llama-speculative-simple (the target alone; with a DFlash checkpoint also + our drafter) instead "
+                   "of llama-cpp-python")
 
 
 def assistant_record(draft: Any, path: str) -> dict[str, Any]:
@@ -174,6 +189,8 @@ def prepare(module: Any, args: argparse.Namespace) -> tuple[int, list[str], Any,
     from lightning_bpd.inference.arguments import options_from_args
 
     model = module.model
+    if args.llamacpp_bin and "llamacpp" not in args.peers:
+        raise ValueError("--llamacpp-bin names llama.cpp's binaries for --peers llamacpp: add --peers llamacpp")
     if "ctranslate2" in args.peers:
         raise ValueError("--peers ctranslate2 benches seq2seq checkpoints; on a language model use --peers llamacpp")
     max_new = new_tokens(module, args)
@@ -220,14 +237,26 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
         "assistant": assistant_record(draft, args.assistant) if draft is not None else None,
         "transformers_version": __import__("transformers").__version__, "batch_sizes": {}}
     with TemporaryDirectory(prefix="lightning_bpd_gguf_") as tmp:
+        binaries: dict[str, Any] = {}
         if "llamacpp" in args.peers:
-            from lightning_bpd.benchmarks.llamacpp_peer import LLAMACPP, start_llamacpp
-
             threads = args.llamacpp_threads or torch.get_num_threads()
-            peer, result["llamacpp"] = start_llamacpp(module, prompts, threads, args.gguf or Path(tmp) / "model.gguf")
-            if peer is None:
-                sys.exit(f"bench-generate: llama.cpp peer refused: {result['llamacpp']['skipped']}")
-            methods[LLAMACPP] = peer
+            if args.llamacpp_bin:
+                from lightning_bpd.benchmarks.llamacpp_bin_peer import start_llamacpp_bin
+
+                try:
+                    binaries, result["llamacpp"] = start_llamacpp_bin(module, prompts, args.llamacpp_bin, threads,
+                                                                      args.gguf or tmp)
+                except (ValueError, RuntimeError, OSError) as err:
+                    sys.exit(f"bench-generate: llama.cpp peer refused: {str(err).strip().splitlines()[0]}")
+                methods.update(binaries)
+            else:
+                from lightning_bpd.benchmarks.llamacpp_peer import LLAMACPP, start_llamacpp
+
+                peer, result["llamacpp"] = start_llamacpp(module, prompts, threads,
+                                                          args.gguf or Path(tmp) / "model.gguf")
+                if peer is None:
+                    sys.exit(f"bench-generate: llama.cpp peer refused: {result['llamacpp']['skipped']}")
+                methods[LLAMACPP] = peer
             print(f"bench-generate: the GGUF tokenizes all {len(prompts)} prompts as the checkpoint's tokenizer does",
                   file=sys.stderr)
         result["methods"] = list(methods)
@@ -238,6 +267,11 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
                                    peers=[name for name in methods if name.startswith("llamacpp")])
             result["batch_sizes"][str(bs)] = report
             print_rows(bs, report, mine)
+        if DFLASH_BIN in binaries:
+            result["llamacpp"]["dflash_vs_alone"] = agreed = agreement(binaries[ALONE_BIN], binaries[DFLASH_BIN])
+            print(f"llama.cpp + our drafter: {agreed['differs_from_llamacpp_f32']} of {agreed['prompts']} rows differ "
+                  f"from llama.cpp alone; {agreed['accepted']} of {agreed['drafted']} drafted tokens accepted, "
+                  f"{agreed['tokens_per_target_call']:.2f} tokens per target call", flush=True)
     if args.json:
         write_json(args.json, result)
     return result

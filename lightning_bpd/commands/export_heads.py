@@ -24,15 +24,22 @@ already saved; ``--format`` picks what is written to ``--out``:
     and logits. Unverified (no GPU, no vLLM): vLLM's loading and serving of it, and whether vLLM captures a target
     layer that is the target's LAST (``aux_hidden_state_layer_ids`` = ``target_layer_ids`` + 1 = the number of
     layers; export-heads warns);
-  - ``dflash-zlab``: z-lab's layout (``z-lab/*-DFlash-b16``), which llama.cpp converts to GGUF with the target's
-    directory beside it::
+  - ``dflash-zlab``: z-lab's layout (``z-lab/*-DFlash-b16``), which llama.cpp's converter turns into a GGUF with the
+    target's directory beside it (``convert_hf_to_gguf.py <out> --target-model-dir <target dir>``; our tokenizers
+    need its pre-tokenizer check bypassed, see ``--format llamacpp``);
+  - ``llamacpp``: what llama.cpp serves directly: ``<out>/drafter.gguf``, the GGUF llama.cpp's converter makes of
+    the z-lab export (:mod:`lightning_bpd.benchmarks.gguf_dflash`; the same keys, tensors and values, checked against the
+    converter of llama-cpp-python 0.3.36's llama.cpp in ``tests/benchmarks/test_gguf_dflash.py``, slow), and
+    ``<out>/target.gguf``, the target as a float32 GGUF with its tokenizer
+    (:func:`~lightning_bpd.benchmarks.gguf_llama.write_llama_gguf`; a Llama target)::
 
-        python convert_hf_to_gguf.py <out> --target-model-dir <target dir> --outfile D.gguf
-        python convert_hf_to_gguf.py <target dir> --outfile T.gguf
-        llama-server -m T.gguf -md D.gguf --spec-type draft-dflash --spec-draft-n-max B-1
+        llama-server -m <out>/target.gguf -md <out>/drafter.gguf --spec-type draft-dflash \\
+            --spec-draft-n-max B-1 --spec-draft-p-min 0
+        llama-speculative-simple -m <out>/target.gguf -md <out>/drafter.gguf --spec-type draft-dflash \\
+            --spec-draft-n-max B-1 --spec-draft-p-min 0 --temp 0 --top-k 1 -n 64 -f prompt.txt
 
-    Unverified here: llama.cpp's converter and runtime on this export (it follows the layout the converter reads:
-    ``architectures`` DFlashDraftModel, ``dflash_config.{target_layer_ids, mask_token_id}``, ``block_size``).
+    (``build-llamacpp`` builds ``llama-speculative-simple``; ``bench-generate --peers llamacpp --llamacpp-bin DIR``
+    times it against llama.cpp without the drafter.)
 
 * ``speculators`` also takes the ``last.ckpt`` of an EAGLE-3 drafter run
   (:class:`~lightning_bpd.tasks.lm.eagle3_module.Eagle3Module`, ``conf/lm/eagle3.yaml``) on a Hugging Face target and
@@ -65,12 +72,13 @@ import json
 import sys
 from pathlib import Path
 
+from lightning_bpd.benchmarks.llamacpp_files import DRAFTER_GGUF, TARGET_GGUF, write_llamacpp
 from lightning_bpd.checkpoints import load_model
 
 __all__ = ["DFLASH_FORMATS", "EAGLE3_FORMATS", "FORMATS", "export_dflash", "export_eagle3", "export_heads"]
 
-FORMATS = ("heads", "vllm-medusa", "speculators", "dflash-zlab")
-DFLASH_FORMATS = ("speculators", "dflash-zlab")
+FORMATS = ("heads", "vllm-medusa", "speculators", "dflash-zlab", "llamacpp")
+DFLASH_FORMATS = ("speculators", "dflash-zlab", "llamacpp")
 EAGLE3_FORMATS = ("speculators",)
 
 
@@ -135,13 +143,20 @@ def export_dflash(module: object, ckpt: str | Path, out: str | Path, layout: str
                    f"{other}, this is a {type(module).__name__}")
         raise ValueError(message)  # noqa: TRY004 (bad input: one line, as every other)
     if layout not in DFLASH_FORMATS:
-        raise ValueError(f"{ckpt}: a DFlash drafter run: use --format speculators (vLLM) or dflash-zlab (llama.cpp), "
-                         f"not {layout}")
+        raise ValueError(f"{ckpt}: a DFlash drafter run: use --format speculators (vLLM), dflash-zlab or llamacpp "
+                         f"(llama.cpp), not {layout}")
     config, target = module.drafter.config, module.hparams.pretrained
-    folder = (write_speculators if layout == "speculators" else write_zlab)(module, out)
+    if layout == "llamacpp":
+        folder = write_llamacpp(module, out)
+    else:
+        folder = (write_speculators if layout == "speculators" else write_zlab)(module, out)
     (folder / "export_heads.json").write_text(json.dumps(
         {"ckpt": str(Path(ckpt).resolve()), "target": target, "format": layout, "block_size": config.block_size,
          "target_layer_ids": list(config.target_layer_ids), "mask_token_id": config.mask_token_id}, indent=2) + "\n")
+    if layout == "llamacpp":
+        print(f"export-heads: serve with llama-server -m {folder / TARGET_GGUF} -md {folder / DRAFTER_GGUF} "
+              f"--spec-type draft-dflash --spec-draft-n-max {config.block_size - 1} --spec-draft-p-min 0",
+              file=sys.stderr)
     last = module.model.n_layers - 1
     if layout == "speculators" and last in config.target_layer_ids:
         print(f"export-heads: warning: target layer {last} is the target's last: vLLM captures the input of a layer "
@@ -191,12 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="the last.ckpt of an LM fit run, or a folder of heads (heads.json), "
                                                   "or the last.ckpt of a DFlash drafter run (--format speculators, "
-                                                  "dflash-zlab) or of an EAGLE-3 drafter run (--format speculators)")
+                                                  "dflash-zlab, llamacpp) or of an EAGLE-3 drafter run (--format "
+                                                  "speculators)")
     p.add_argument("--out", required=True, help="the folder to write")
     p.add_argument("--format", choices=FORMATS, default="heads",
                    help="heads: safetensors + heads.json (load_model re-attaches them); vllm-medusa: vLLM's Medusa "
-                        "draft model (medusa heads only); speculators (vLLM) / dflash-zlab (llama.cpp): a DFlash "
-                        "drafter run's drafter; speculators: an EAGLE-3 drafter run's drafter")
+                        "draft model (medusa heads only); speculators (vLLM) / dflash-zlab (llama.cpp's converter) / "
+                        "llamacpp (drafter.gguf + target.gguf): a DFlash drafter run's drafter; speculators: an "
+                        "EAGLE-3 drafter run's drafter")
     return p
 
 

@@ -41,14 +41,14 @@ from torch import Tensor
 
 from lightning_bpd.nn.dflash import DFlashConfig, DFlashDrafter
 
-__all__ = ["SPECULATORS_VERSION", "read_zlab", "speculators_config", "write_speculators", "write_zlab",
+__all__ = ["SPECULATORS_VERSION", "drafter_target", "read_zlab", "speculators_config", "write_speculators", "write_zlab",
            "zlab_config"]
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose DFlash checkpoint layout is written
 
 
-def _target(source: Any, target: str | os.PathLike | None) -> tuple[DFlashDrafter, str, dict[str, Any]]:
+def drafter_target(source: Any, target: str | os.PathLike | None) -> tuple[DFlashDrafter, str, dict[str, Any]]:
     """(drafter, the target's directory as given, the target's facts: architectures, hidden size, layers, vocabulary,
     positions) of a DFlashModule, or of a drafter and its target directory."""
     drafter = getattr(source, "drafter", source)
@@ -106,7 +106,7 @@ def _dtype(drafter: DFlashDrafter) -> str:
 
 def speculators_config(source: Any, target: str | os.PathLike | None = None) -> dict[str, Any]:
     """The ``config.json`` of :func:`write_speculators`."""
-    drafter, target_dir, facts = _target(source, target)
+    drafter, target_dir, facts = drafter_target(source, target)
     c = drafter.config
     return {"architectures": ["DFlashDraftModel"], "speculators_model_type": "dflash",
             "speculators_version": SPECULATORS_VERSION, "dtype": _dtype(drafter),
@@ -125,7 +125,7 @@ def speculators_config(source: Any, target: str | os.PathLike | None = None) -> 
 
 def zlab_config(source: Any, target: str | os.PathLike | None = None) -> dict[str, Any]:
     """The ``config.json`` of :func:`write_zlab`."""
-    drafter, _, facts = _target(source, target)
+    drafter, _, facts = drafter_target(source, target)
     c = drafter.config
     layer = qwen3_layer_config(c, facts)
     return {"architectures": ["DFlashDraftModel"], **layer, "dtype": _dtype(drafter),

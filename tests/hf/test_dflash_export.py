@@ -171,11 +171,11 @@ def test_bad_input_is_one_line(run, checkpoint, tmp_path):
     from lightning_bpd.tasks.translation.hf_module import save_heads
 
     out = ["--out", str(tmp_path / "out")]
-    assert "use --format speculators (vLLM) or dflash-zlab (llama.cpp), not vllm-medusa" in error_line(
+    assert "use --format speculators (vLLM), dflash-zlab or llamacpp (llama.cpp), not vllm-medusa" in error_line(
         ["export-heads", "--ckpt", str(run), *out, "--format", "vllm-medusa"])
     assert "not heads" in error_line(["export-heads", "--ckpt", str(run), *out])  # the default --format heads
     heads = save_heads(LMModule(str(checkpoint), k=3), tmp_path / "heads")
-    for layout in ("speculators", "dflash-zlab"):
+    for layout in ("speculators", "dflash-zlab", "llamacpp"):
         message = error_line(["export-heads", "--ckpt", str(heads), *out, "--format", layout])
         assert f"--format {layout} takes the checkpoint of a DFlash drafter run" in message and "LMModule" in message
     assert not (tmp_path / "out").exists()

@@ -1,0 +1,130 @@
+"""``bench-generate --peers llamacpp --llamacpp-bin DIR``: llama.cpp's own binaries (``build-llamacpp``) as rows of
+the bench: ``llamacpp_f32``, the target alone, and, on a DFlash checkpoint, ``llamacpp_dflash``, the target + our
+drafter (:mod:`lightning_bpd.benchmarks.llamacpp_speculative`: how they run, are timed and are compared).
+
+The checkpoint is written as ``target.gguf`` and ``drafter.gguf`` (``export-heads --format llamacpp``); every prompt
+must tokenize in llama.cpp as in the checkpoint's tokenizer (else the peer is refused). A row is a
+:class:`~lightning_bpd.benchmarks.lm_generate.SelfTimed` of llama.cpp's text, its seconds (llama.cpp's clock) and its
+target calls; its text is compared with generate's (the bench's ``differs_from_hf_generate``) and the drafted row's
+with the alone row's (:func:`agreement`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from lightning_bpd.benchmarks.llamacpp_build import binaries, read_stamp
+from lightning_bpd.benchmarks.llamacpp_speculative import (
+    ALONE,
+    DFLASH,
+    NEVER_DRAFTS,
+    LlamaCppRun,
+    SpeculativeSimple,
+    token_bytes,
+    tokenization_check,
+)
+from lightning_bpd.benchmarks.lm_generate import SelfTimed
+
+__all__ = ["LlamaCppBinary", "agreement", "start_llamacpp_bin"]
+
+SPEC, TOKENIZE = "llama-speculative-simple", "llama-tokenize"
+
+
+class LlamaCppBinary:
+    """A bench method: each row of ``src`` (B, P) (pads left out) decoded by ``runner`` from its prompt's text;
+    returns :class:`SelfTimed`. ``runs`` keeps each prompt's last run (by its ids)."""
+
+    def __init__(self, runner: SpeculativeSimple, tokenizer: Any, texts: dict[tuple[int, ...], str], pad_id: int,
+                 eos_ids: Sequence[int]) -> None:
+        self.runner, self.tokenizer, self.texts, self.pad_id = runner, tokenizer, texts, pad_id
+        self.eos_ids = frozenset(eos_ids)
+        self.overshoots = runner.drafter is not None  # a drafted loop may run past the cap (compare its first tokens)
+        self.runs: dict[tuple[int, ...], LlamaCppRun] = {}
+
+    def same_text(self, text: bytes, row: list[int]) -> bool:
+        """Whether ``text`` is what llama.cpp prints of ``row`` (its end-of-sequence token not printed), continued by
+        a drafted run's overshoot where ``row`` ends at the cap."""
+        if row and row[-1] in self.eos_ids:
+            return text == token_bytes(self.tokenizer, row[:-1])
+        want = token_bytes(self.tokenizer, row)
+        return text.startswith(want) if self.overshoots else text == want
+
+    def __call__(self, src: Tensor, max_new: int) -> SelfTimed:
+        texts, counts, seconds, calls = [], [], 0.0, 0
+        for row in src.tolist():
+            ids = tuple(t for t in row if t != self.pad_id)
+            if ids not in self.texts:
+                raise ValueError("a prompt the llama.cpp peer was not started with")
+            run = self.runner.run(self.texts[ids], token_bytes(self.tokenizer, ids), max_new)
+            self.runs[ids] = run
+            texts.append(run.text)
+            counts.append(run.report.new_tokens)
+            seconds += run.report.seconds
+            calls += run.report.target_calls
+        return SelfTimed(None, seconds, calls, texts, counts, self.same_text)
+
+
+def agreement(alone: LlamaCppBinary, drafted: LlamaCppBinary) -> dict[str, Any]:
+    """The drafted runs against the alone runs of the same prompts: rows whose text differs, and llama.cpp's
+    acceptance over them (drafted and accepted tokens, tokens per target call)."""
+    keys = [k for k in drafted.runs if k in alone.runs]
+    differ = [i for i, k in enumerate(keys) if not drafted.runs[k].same(alone.runs[k])]
+    reports = [drafted.runs[k].report for k in keys]
+    drafted_tokens, accepted = sum(r.drafted for r in reports), sum(r.accepted for r in reports)
+    tokens, calls = sum(r.new_tokens for r in reports), sum(r.target_calls for r in reports)
+    seconds = sum(r.seconds for r in reports)
+    return {"prompts": len(keys), "differs_from_llamacpp_f32": len(differ), "differing_rows": differ[:10],
+            "runs_repeated": {"alone": alone.runner.retries, "drafted": drafted.runner.retries},
+            "drafted": drafted_tokens, "accepted": accepted, "acceptance_rate": accepted / max(1, drafted_tokens),
+            "tokens_per_target_call": tokens / max(1, calls), "llamacpp_tokens": tokens,
+            "llamacpp_tokens_per_second": tokens / max(seconds, 1e-9),
+            "alone_tokens_per_second": sum(alone.runs[k].report.new_tokens for k in keys) / max(
+                1e-9, sum(alone.runs[k].report.seconds for k in keys))}
+
+
+def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path, threads: int,
+                       folder: str | Path) -> tuple[dict[str, LlamaCppBinary], dict[str, Any]]:
+    """The methods (``llamacpp_f32``; ``llamacpp_dflash`` too for a DFlash checkpoint), their GGUFs written in
+    ``folder``, and the record; ValueError (one line) when the binaries are missing, the checkpoint cannot be written
+    or llama.cpp tokenizes a prompt otherwise."""
+    from lightning_bpd.benchmarks.llamacpp_files import DRAFTER_GGUF, TARGET_GGUF, write_llamacpp
+    from lightning_bpd.tasks.lm.dflash_module import DFlashModule
+
+    found = binaries(bin_dir, (SPEC, TOKENIZE))
+    model, tokenizer = module.model, module.tokenizer
+    folder = Path(folder)
+    dflash = isinstance(module, DFlashModule)
+    if dflash:
+        write_llamacpp(module, folder)
+    else:
+        from lightning_bpd.benchmarks.gguf_llama import write_llama_gguf
+
+        write_llama_gguf(model.base, tokenizer, folder / TARGET_GGUF,
+                         name=Path(str(module.hparams.get("pretrained"))).name)
+    wrong = tokenization_check(found[TOKENIZE], folder / TARGET_GGUF, tokenizer, prompts)
+    if wrong:
+        raise ValueError(f"llama.cpp tokenizes {len(wrong)} of {len(prompts)} prompts otherwise than the checkpoint's "
+                         f"tokenizer (first: prompt {wrong[0]}, {prompts[wrong[0]][:40]!r})")
+    texts = {tuple(t for t in module.encode_prompts([p])[0].tolist() if t != model.pad_id): p for p in prompts}
+    n_ctx = model.n_positions or 2048
+    eos = model.generation_rules.eos_ids or [model.eos_id]
+    block = module.drafter.config.block_size if dflash else None
+    methods = {ALONE: LlamaCppBinary(SpeculativeSimple(found[SPEC], folder / TARGET_GGUF, threads, n_ctx), tokenizer,
+                                     texts, model.pad_id, eos)}
+    if dflash:
+        runner = SpeculativeSimple(found[SPEC], folder / TARGET_GGUF, threads, n_ctx, folder / DRAFTER_GGUF, block)
+        methods[DFLASH] = LlamaCppBinary(runner, tokenizer, texts, model.pad_id, eos)
+    stamp = read_stamp(bin_dir) or {}
+    info = {"binary": str(found[SPEC]), "llama_cpp_python_source": stamp.get("version"), "threads": threads,
+            "n_ctx": n_ctx, "weights": "float32", "kv_cache": "float32", "folder": str(folder),
+            "tokenization_checked_prompts": len(prompts), "tokenization_differs": 0,
+            "alone": f"{SPEC} with {' '.join(NEVER_DRAFTS)} (never drafts; 0 drafted checked)",
+            "timing": "llama-speculative-simple's own clock: encoded (prefill) + decoded (the loop); loading excluded",
+            "outputs_compared_as": "text (the binary prints text): generate's rows decoded to bytes, EOS left out"}
+    if dflash:
+        info["drafter"] = {"gguf": str(folder / DRAFTER_GGUF), "block_size": block, "spec_draft_n_max": block - 1}
+    return methods, info

@@ -1,0 +1,230 @@
+"""llama.cpp's binaries as bench rows (lightning_bpd/benchmarks/llamacpp_speculative.py, llamacpp_bin_peer.py):
+the report and output parsing, the bytes llama.cpp prints of ids, and ``bench-generate --peers llamacpp
+--llamacpp-bin`` on a DFlash checkpoint with stand-in binaries (rows, timing by their clock, text comparisons with
+generate and between the two rows); slow: the real binaries of the build-llamacpp folder on a tiny DFlash run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+from lightning_bpd.benchmarks.ctranslate2_hf import cut
+from lightning_bpd.benchmarks.llamacpp_speculative import (
+    ALONE,
+    ATTEMPTS,
+    DFLASH,
+    SpecReport,
+    SpeculativeSimple,
+    byte_decoder,
+    new_bytes,
+    parse_report,
+    token_bytes,
+)
+from lightning_bpd.benchmarks.lm_generate import GENERATE
+from lightning_bpd.commands.bench_generate import main as bench
+from tests.hf.test_dflash_export import save_ckpt, trained
+from tests.llamacpp_build import llamacpp_binaries
+from tests.tasks.lm.tiny_lm import EOS, PROMPTS, tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# the end of llama-speculative-simple's log (its LOG_INF lines, stderr), as llama-cpp-python 0.3.36's prints it
+LOG = """common_perf_print: eval time = 12.00 ms
+encoded   12 tokens in    0.015 seconds, speed:  800.000 t/s
+decoded   64 tokens in    0.400 seconds, speed:  160.000 t/s
+
+n_draft   = 7
+n_predict = 64
+n_drafted = 112
+n_accept  = 44
+accept    = 39.286%
+"""
+
+
+def test_the_report_and_the_output():
+    report = parse_report(LOG)
+    assert report == SpecReport(prompt_tokens=12, encode_seconds=0.015, new_tokens=64, decode_seconds=0.4,
+                                drafted=112, accepted=44)
+    assert report.seconds == pytest.approx(0.415) and report.target_calls == 20
+    with pytest.raises(ValueError, match="no 'n_drafted' line"):
+        parse_report(LOG.replace("n_drafted", "n_draft_"))
+    assert new_bytes(b"\n\n<s>def f():\n    return 1\n\n\n\n\n", b"<s>def f():\n") == b"    return 1\n"
+    assert new_bytes(b"\n\n<s>x\n\n\n\n", b"<s>x") == b""
+    with pytest.raises(ValueError, match="does not echo the prompt"):
+        new_bytes(b"\n\nother\n\n\n\n", b"<s>x")
+
+
+def test_token_bytes_are_the_text_llama_cpp_prints():
+    from tokenizers import pre_tokenizers
+
+    assert sorted(byte_decoder()) == sorted(pre_tokenizers.ByteLevel.alphabet())
+    assert sorted(byte_decoder().values()) == list(range(256))
+    tok = tokenizer()
+    for text in [*PROMPTS, "naïve ünïcode → ok", "\t\ttabs\n\n"]:
+        ids = tok(text)["input_ids"]
+        assert token_bytes(tok, ids) == b"<s>" + text.encode("utf-8")
+
+
+def test_the_command_lines():
+    alone = SpeculativeSimple("bin/llama-speculative-simple", "t.gguf", threads=1, n_ctx=256)
+    args = alone.args("p.txt", 64)
+    assert args[args.index("-n") + 1] == "63" and "--no-escape" in args and args[args.index("-t") + 1] == "1"
+    assert "ngram-simple" in args and "-md" not in args
+    dflash = SpeculativeSimple("bin/llama-speculative-simple", "t.gguf", 2, 256, "d.gguf", block_size=8)
+    args = dflash.args("p.txt", 64)
+    assert args[args.index("--spec-type") + 1] == "draft-dflash" and args[args.index("--spec-draft-n-max") + 1] == "7"
+    assert args[args.index("-td") + 1] == "2" and args[args.index("--spec-draft-p-min") + 1] == "0"
+    with pytest.raises(ValueError, match="block size"):
+        SpeculativeSimple("b", "t.gguf", 1, 256, "d.gguf")
+
+
+LOSSY = r"""#!{python}
+import sys
+from pathlib import Path
+count = Path(sys.argv[0]).with_suffix(".count")
+n = int(count.read_text()) if count.exists() else 0
+count.write_text(str(n + 1))
+sys.stdout.write("\n\n<s>x = 1\n")
+if n >= {lost}:  # the first {lost} runs lose the end of their output, as llama.cpp's log thread may at exit
+    sys.stdout.write("\n\n\n\n")
+    sys.stderr.write("encoded 5 tokens in 0.010 seconds\ndecoded 3 tokens in 0.020 seconds\nn_predict = 3\n"
+                     "n_drafted = 0\nn_accept = 0\n")
+"""
+
+
+@pytest.mark.parametrize("lost", [2, 9])
+def test_a_run_that_lost_its_output_is_run_again(tmp_path, lost):
+    binary = tmp_path / "spec"
+    binary.write_text(LOSSY.replace("{python}", sys.executable).replace("{lost}", str(lost)))
+    binary.chmod(0o755)
+    runner = SpeculativeSimple(binary, "t.gguf", 1, 64)
+    if lost < ATTEMPTS:
+        run = runner.run("x = 1\n", b"<s>x = 1\n", 3)
+        assert run.text == b"" and run.report.new_tokens == 3 and runner.retries == lost
+    else:
+        with pytest.raises(RuntimeError, match=f"{ATTEMPTS} runs: llama.cpp's asynchronous log lost"):
+            runner.run("x = 1\n", b"<s>x = 1\n", 3)
+
+
+# ---- bench-generate with stand-in binaries ---------------------------------------------------------------------------
+
+FAKE_SPEC = r"""#!{python}
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+book = json.loads((Path(sys.argv[0]).parent / "book.json").read_text())
+prompt = Path(args[args.index("-f") + 1]).read_bytes().decode()[:-1]
+entry = book[prompt]
+drafted = "-md" in args
+new = bytes.fromhex(entry["new"])
+if drafted and entry["corrupt"]:
+    new = b"!" + new
+elif drafted and not entry["eos"]:
+    new = new + b" past the cap"  # a drafted loop's overshoot
+sys.stdout.buffer.write(b"\n\n" + bytes.fromhex(entry["echo"]) + new + b"\n\n\n\n")
+n = entry["n"]
+accept = n // 2 if drafted else 0
+sys.stderr.write(f"encoded {{len(entry['ids'])}} tokens in 0.010 seconds\ndecoded {{n}} tokens in "
+                 f"{{0.050 if drafted else 0.100}} seconds\nn_predict = {{n}}\nn_drafted = {{3 * accept if drafted else 0}}\n"
+                 f"n_accept  = {{accept}}\n")
+"""
+FAKE_TOKENIZE = r"""#!{python}
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+book = json.loads((Path(sys.argv[0]).parent / "book.json").read_text())
+print(book[Path(args[args.index("-f") + 1]).read_bytes().decode()]["ids"])
+"""
+
+
+def stand_ins(folder: Path, module, prompts: list[str], n: int, corrupt: int) -> Path:
+    """llama-speculative-simple and llama-tokenize stand-ins that print generate's continuation of each prompt (the
+    drafted run of prompt ``corrupt`` puts a character before it, the others at the cap overshoot) and a report."""
+    folder.mkdir()
+    tok, book = module.tokenizer, {}
+    for i, prompt in enumerate(prompts):
+        ids = tok(prompt)["input_ids"]
+        src = torch.tensor([ids])
+        out = module.model.base.generate(input_ids=src, attention_mask=torch.ones_like(src), do_sample=False,
+                                         num_beams=1, max_new_tokens=n, pad_token_id=0)
+        row = cut(out[:, src.shape[1]:].tolist(), EOS)[0]
+        eos = row[-1:] == [EOS]
+        book[prompt] = {"ids": ids, "echo": token_bytes(tok, ids).hex(), "n": len(row), "corrupt": i == corrupt,
+                        "eos": eos, "new": token_bytes(tok, row[:-1] if eos else row).hex()}
+    assert not all(entry["eos"] for entry in book.values())  # some rows reach the cap: overshoots are compared
+    (folder / "book.json").write_text(json.dumps(book))
+    for name, text in (("llama-speculative-simple", FAKE_SPEC), ("llama-tokenize", FAKE_TOKENIZE)):
+        (folder / name).write_text(text.replace("{python}", sys.executable).replace("{{", "{").replace("}}", "}"))
+        (folder / name).chmod(0o755)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def dflash_run(tmp_path_factory) -> tuple[Path, object]:
+    from tests.tasks.lm.tiny_lm import write_checkpoint
+
+    root = tmp_path_factory.mktemp("dflash")
+    module = trained(write_checkpoint(root / "llama"), target_layer_ids=[0])  # llama.cpp: not the last layer
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return save_ckpt(module, root / "last.ckpt"), module
+
+
+def test_bench_generate_rows_of_llama_cpp_binaries(dflash_run, tmp_path, capsys):
+    ckpt, module = dflash_run
+    n = 6
+    fake = stand_ins(tmp_path / "bin", module, PROMPTS, n, corrupt=1)
+    result = bench(["--ckpt", str(ckpt), "--input", str(ckpt.parent / "prompts.jsonl"), "--batch-sizes", "1", "2",
+                    "--warmup", "0", "--device", "cpu", "--max-new-tokens", str(n), "--peers", "llamacpp",
+                    "--llamacpp-bin", str(fake), "--llamacpp-threads", "1", "--gguf", str(tmp_path / "gguf")])
+    assert ALONE in result["methods"] and DFLASH in result["methods"]
+    one, two = result["batch_sizes"]["1"], result["batch_sizes"]["2"]
+    alone, drafted = one[ALONE], one[DFLASH]
+    assert alone["differs_from_hf_generate"] == 0 and alone["tokens"] == one[GENERATE]["tokens"]
+    assert drafted["differs_from_hf_generate"] == 1 and drafted["differing_rows"] == [1]
+    assert alone["seconds"] == pytest.approx(0.11 * len(PROMPTS)) and alone["timed_by"] == "its own clock"
+    assert drafted["seconds"] == pytest.approx(0.06 * len(PROMPTS))
+    assert alone["mean_accepted_block_size"] == 1.0 and drafted["mean_accepted_block_size"] > 1.0
+    assert ALONE in one["dflash"]["speedup_over"] and DFLASH in one["dflash"]["speedup_over"]
+    assert "batch 1 only" in two[ALONE]["skipped"] and "batch 1 only" in two[DFLASH]["skipped"]
+    record = result["llamacpp"]
+    assert record["dflash_vs_alone"]["differs_from_llamacpp_f32"] == 1 and record["threads"] == 1
+    assert record["drafter"]["spec_draft_n_max"] == module.drafter.config.block_size - 1
+    assert (tmp_path / "gguf" / "drafter.gguf").is_file() and (tmp_path / "gguf" / "target.gguf").is_file()
+    assert "1 of 3 rows differ from llama.cpp alone" in capsys.readouterr().out
+
+
+def test_bench_generate_refusals_are_one_line(dflash_run, tmp_path):
+    ckpt, _ = dflash_run
+    base = ["--ckpt", str(ckpt), "--input", str(ckpt.parent / "prompts.jsonl"), "--batch-sizes", "1", "--device",
+            "cpu", "--max-new-tokens", "4"]
+    for extra, want in ((["--llamacpp-bin", str(tmp_path)], "add --peers llamacpp"),
+                        (["--peers", "llamacpp", "--llamacpp-bin", str(tmp_path / "none")], "not a folder"),
+                        (["--peers", "llamacpp", "--llamacpp-bin", str(tmp_path)], "no llama-speculative-simple")):
+        with pytest.raises(SystemExit) as err:
+            bench([*base, *extra])
+        message = str(err.value.code)
+        assert want in message and "\n" not in message and message.startswith("bench-generate: "), message
+
+
+# ---- slow: the real binaries -----------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_llama_cpp_with_our_drafter_decodes_as_llama_cpp_alone(dflash_run, tmp_path):
+    build = llamacpp_binaries()
+    ckpt, _ = dflash_run
+    result = bench(["--ckpt", str(ckpt), "--input", str(ckpt.parent / "prompts.jsonl"), "--batch-sizes", "1",
+                    "--warmup", "0", "--device", "cpu", "--max-new-tokens", "12", "--peers", "llamacpp",
+                    "--llamacpp-bin", str(build), "--llamacpp-threads", "1"])
+    one = result["batch_sizes"]["1"]
+    assert one[ALONE]["differs_from_hf_generate"] == 0, one[ALONE]["differing_rows"]
+    assert one[DFLASH]["differs_from_hf_generate"] == 0, one[DFLASH]["differing_rows"]
+    agreed = result["llamacpp"]["dflash_vs_alone"]
+    assert agreed["differs_from_llamacpp_f32"] == 0 and agreed["drafted"] > 0
+    assert one[ALONE]["mean_accepted_block_size"] == 1.0 and one[DFLASH]["tokens"] == one[GENERATE]["tokens"]
