@@ -2,7 +2,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lightning_bpd.benchmarks.where_time_goes import TIMED, TimedModel, ceilings, profile
+from lightning_bpd.benchmarks.where_time_goes import PARTS, TIMED, TimedModel, ceilings, profile
 from lightning_bpd.decoding import Exact, blockwise_decode, parse_criterion
 from lightning_bpd.decoding.protocol import OptionalCapabilities
 from lightning_bpd.inference import InferenceOptions, build_runtime
@@ -20,7 +20,7 @@ def test_parts_add_up_and_calls_match_the_decoders():
     for r in (greedy, blockwise):
         assert sum(r["share"].values()) == pytest.approx(1.0)
         assert sum(r["ms_per_step_by_part"].values()) == pytest.approx(r["ms_per_step"])
-        assert set(r["share"]) == {*TIMED, "loop"}
+        assert set(r["share"]) == {*PARTS, "loop"}
     assert greedy["calls"]["decode_step"] == greedy["steps"] and "logits_heads" not in greedy["calls"]
     assert blockwise["calls"]["decode_step"] == blockwise["steps"] + len(inputs)  # + the first call on BOS
     assert blockwise["calls"]["encode"] == len(inputs)
@@ -43,7 +43,7 @@ def test_chained_heads_chain_is_a_part_of_its_own(fused):
 def test_ceilings_take_the_named_parts_away():
     """Hand-made parts (ms per step or iteration): greedy 10 steps of 1.0 ms (decoder 0.6, argmax 0.2, loop 0.1,
     encoder 0.1); blockwise 4 iterations of 2.0 ms (decoder 0.9, argmax 0.4, chain 0.3, loop 0.3, encoder 0.1)."""
-    zero = dict.fromkeys((*TIMED, "loop"), 0.0)
+    zero = dict.fromkeys((*PARTS, "loop"), 0.0)
     greedy = {"seconds": 0.010, "steps": 10,
               "ms_per_step_by_part": {**zero, "encode": 0.1, "decode_step": 0.6, "argmax_first": 0.2, "loop": 0.1}}
     blockwise = {"seconds": 0.008, "steps": 4,
