@@ -141,7 +141,8 @@ def assistant_record(draft: Any, path: str) -> dict[str, Any]:
 
 
 def print_header(result: dict[str, Any], precision: str) -> None:
-    what = f"exact with the {result['head_type']} drafter" if result.get("drafter") else "exact blockwise decoding"
+    drafter = {DFLASH: "DFlash", EAGLE3: "EAGLE-3"}.get(result["head_type"])
+    what = f"exact with the {drafter} drafter" if result.get("drafter") else "exact blockwise decoding"
     print(f"device: {result['device_name']}; ours = {what} at precision {precision}; "
           f"{result['inputs']} prompts, at most {result['max_new_tokens']} new tokens; x gen = generate's seconds over "
           "the method's; x ours = the method's seconds over ours; differ = rows whose tokens differ from hf_generate's")

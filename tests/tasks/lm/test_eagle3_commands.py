@@ -75,7 +75,7 @@ def test_bench_generate_on_an_eagle3_checkpoint_every_row_equals_generate(fitted
         for name in (EAGLE3, tree, OURS_LOOKUP):
             assert report[name]["differs_from_hf_generate"] == 0, name
         assert report[EAGLE3]["mean_accepted_block_size"] > 2.0 and tree in report[EAGLE3]["speedup_over"]
-    assert "ours = exact with the eagle3 drafter" in capsys.readouterr().out
+    assert "ours = exact with the EAGLE-3 drafter" in capsys.readouterr().out
     with pytest.raises(SystemExit, match=r"EAGLE-3 block_size .* got 99"):
         bench(["--ckpt", str(fitted / "eagle3.ckpt"), "--batch-sizes", "1", "--device", "cpu", "--max-new-tokens",
                str(N), "--input", str(fitted / "prompts.jsonl"), "--k", "99"])
