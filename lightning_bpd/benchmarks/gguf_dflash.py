@@ -21,7 +21,6 @@ Followed: llama.cpp as vendored by llama-cpp-python 0.3.36 (``conversion/qwen.py
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -67,7 +66,7 @@ def write_dflash_gguf(source: Any, path: str | os.PathLike, target: str | os.Pat
     alike."""
     import gguf
 
-    from lightning_bpd.benchmarks.gguf_llama import gguf_vocabulary
+    from lightning_bpd.benchmarks.gguf_drafter import add_layer_keys, add_target_vocab, write_gguf
     from lightning_bpd.hf.prompts import load_tokenizer
 
     drafter, target_dir, facts = drafter_target(source, target)
@@ -80,44 +79,14 @@ def write_dflash_gguf(source: Any, path: str | os.PathLike, target: str | os.Pat
     if not Path(target_dir).is_dir():
         raise ValueError(f"the target {target_dir} is not a directory: its tokenizer goes into the drafter's GGUF")
     tokenizer = getattr(source, "tokenizer", None) or load_tokenizer(target_dir)
-    vocab = gguf_vocabulary(tokenizer, facts["vocab_size"])
     tensors = dflash_tensors(drafter)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(path), ARCH)
-    writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(name or f"{Path(target_dir).name}-dflash")
-    writer.add_size_label(gguf.size_label(sum(int(t.size) for t in tensors.values()), 0, 0, 0))
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_rope_freq_base(config["rope_theta"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_key_length(config["head_dim"])
-    writer.add_value_length(config["head_dim"])
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    add_layer_keys(writer, config, name or f"{Path(target_dir).name}-dflash", tensors)
     writer.add_uint32(f"{ARCH}.block_size", config["dflash_config"]["block_size"])
     writer.add_array(f"{ARCH}.target_layers", [i + 1 for i in config["dflash_config"]["target_layer_ids"]])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")  # as in write_llama_gguf: GPT-2's regex, byte-level, no prefix space
-    writer.add_token_list(vocab["tokens"])
-    writer.add_token_types(vocab["types"])  # merges, special ids, add_bos/eos: the converter's own SpecialVocab
-    special = logging.getLogger("gguf.vocab")
-    level = special.level
-    special.setLevel(logging.ERROR)  # its notes on the tokenizer's pair template, which llama.cpp does not read
-    try:
-        gguf.SpecialVocab(target_dir, load_merges=True, n_vocab=facts["vocab_size"]).add_to_gguf(writer, quiet=True)
-    finally:
-        special.setLevel(level)
+    add_target_vocab(writer, tokenizer, target_dir, facts["vocab_size"])
     writer.add_mask_token_id(config["dflash_config"]["mask_token_id"])
-    for tensor_name, array in tensors.items():
-        writer.add_tensor(tensor_name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return write_gguf(writer, tensors)

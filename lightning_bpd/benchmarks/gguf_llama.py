@@ -167,13 +167,9 @@ def write_llama_gguf(model: Any, tokenizer: Any, path: str | Path, name: str = "
             add(int(vocab[key]))
     writer.add_add_bos_token(vocab["add_bos"])
     writer.add_add_eos_token(vocab["add_eos"])
-    for tensor_name, array in llama_tensors(model).items():
-        writer.add_tensor(tensor_name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    from lightning_bpd.benchmarks.gguf_drafter import write_gguf
+
+    return write_gguf(writer, llama_tensors(model))
 
 
 def tokenization_mismatches(theirs: Callable[[str], list[int]], tokenizer: Any, texts: Sequence[str]) -> list[int]:

@@ -54,6 +54,15 @@ already saved; ``--format`` picks what is written to ``--out``:
   What either would not run as trained (a qwen3 layer, ``fc_norm``, ``norm_output``, not 3 target layers) is printed
   as a note (:func:`~lightning_bpd.hf.eagle3_export.serving_notes`).
 
+  ``llamacpp`` takes an EAGLE-3 run too: ``<out>/drafter.gguf``, the GGUF llama.cpp's converter makes of the
+  speculators export (:mod:`lightning_bpd.benchmarks.gguf_eagle3`: architecture ``eagle3``, byte for byte the
+  converter's file but for ``general.name``, checked in ``tests/benchmarks/test_gguf_eagle3.py``, slow), and
+  ``<out>/target.gguf``; a drafter llama.cpp cannot run (a qwen3 layer, ``fc_norm``, not 3 target layers) is
+  refused::
+
+        llama-speculative-simple -m <out>/target.gguf -md <out>/drafter.gguf --spec-type draft-eagle3 \\
+            --spec-draft-n-max B-1 --spec-draft-p-min 0 --temp 0 --top-k 1 -n 64 -f prompt.txt
+
 Heads trained with their base (fine-tuned, or multi-token prediction from scratch) fit that base only: ``vllm-medusa``
 writes them with a note to serve them beside ``export-base --ckpt <the same run>``'s directory; ``heads`` refuses
 them (``heads.json`` re-attaches to a pretrained directory). A run of our own base (``model.init_args.own``) keeps its
@@ -79,7 +88,7 @@ __all__ = ["DFLASH_FORMATS", "EAGLE3_FORMATS", "FORMATS", "export_dflash", "expo
 
 FORMATS = ("heads", "vllm-medusa", "speculators", "dflash-zlab", "llamacpp")
 DFLASH_FORMATS = ("speculators", "dflash-zlab", "llamacpp")
-EAGLE3_FORMATS = ("speculators",)
+EAGLE3_FORMATS = ("speculators", "llamacpp")
 
 
 def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads") -> Path:
@@ -169,25 +178,32 @@ def export_dflash(module: object, ckpt: str | Path, out: str | Path, layout: str
 
 def export_eagle3(module: object, ckpt: str | Path, out: str | Path, layout: str) -> Path:
     """The drafter of the EAGLE-3 run ``module`` (read from ``ckpt``) written to ``out`` in speculators' ``eagle3``
-    layout, its serving notes on stderr; ValueError (one line) for another layout or a target that is no Hugging
-    Face directory."""
+    layout or as llama.cpp's GGUFs (``llamacpp``), its serving notes on stderr; ValueError (one line) for another
+    layout, a target that is no Hugging Face directory or (``llamacpp``) a drafter llama.cpp cannot run."""
     from lightning_bpd.hf.eagle3_export import serving_notes, write_speculators
     from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
 
     if not isinstance(module, Eagle3Module):
         raise ValueError(f"{ckpt}: not an EAGLE-3 drafter run ({type(module).__name__})")  # noqa: TRY004
     if layout not in EAGLE3_FORMATS:
-        raise ValueError(f"{ckpt}: an EAGLE-3 drafter run: use --format speculators (vLLM; llama.cpp converts it), "
-                         f"not {layout}")
+        raise ValueError(f"{ckpt}: an EAGLE-3 drafter run: use --format speculators (vLLM; llama.cpp converts it) or "
+                         f"llamacpp (llama.cpp's GGUFs), not {layout}")
     config, target = module.drafter.config, module.hparams.pretrained
     if not Path(target).is_dir():
         raise ValueError(f"{ckpt}: the drafter's target is {target}, not a Hugging Face directory: --format "
-                         "speculators names its verifier's directory (train the drafter on an exported base)")
-    folder = write_speculators(module.drafter, out, target, speculative_tokens=module.block_size - 1)
+                         f"{layout} reads its config and tokenizer there (train the drafter on an exported base)")
+    if layout == "llamacpp":
+        folder = write_llamacpp(module, out)
+    else:
+        folder = write_speculators(module.drafter, out, target, speculative_tokens=module.block_size - 1)
     (folder / "export_heads.json").write_text(json.dumps(
         {"ckpt": str(Path(ckpt).resolve()), "target": target, "format": layout, "block_size": module.block_size,
          "target_layer_ids": list(config.target_layer_ids), "draft_vocab_size": config.draft_vocab_size},
         indent=2) + "\n")
+    if layout == "llamacpp":
+        print(f"export-heads: serve with llama-server -m {folder / TARGET_GGUF} -md {folder / DRAFTER_GGUF} "
+              f"--spec-type draft-eagle3 --spec-draft-n-max {module.block_size - 1} --spec-draft-p-min 0",
+              file=sys.stderr)
     for note in serving_notes(config):
         print(f"export-heads: note: {note}", file=sys.stderr)
     last = module.model.n_layers - 1
@@ -207,13 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt", required=True, help="the last.ckpt of an LM fit run, or a folder of heads (heads.json), "
                                                   "or the last.ckpt of a DFlash drafter run (--format speculators, "
                                                   "dflash-zlab, llamacpp) or of an EAGLE-3 drafter run (--format "
-                                                  "speculators)")
+                                                  "speculators, llamacpp)")
     p.add_argument("--out", required=True, help="the folder to write")
     p.add_argument("--format", choices=FORMATS, default="heads",
                    help="heads: safetensors + heads.json (load_model re-attaches them); vllm-medusa: vLLM's Medusa "
                         "draft model (medusa heads only); speculators (vLLM) / dflash-zlab (llama.cpp's converter) / "
-                        "llamacpp (drafter.gguf + target.gguf): a DFlash drafter run's drafter; speculators: an "
-                        "EAGLE-3 drafter run's drafter")
+                        "llamacpp (drafter.gguf + target.gguf): a DFlash drafter run's drafter; speculators / "
+                        "llamacpp: an EAGLE-3 drafter run's drafter")
     return p
 
 
