@@ -1,6 +1,7 @@
 """``bench-generate --peers llamacpp --llamacpp-bin DIR``: llama.cpp's own binaries (``build-llamacpp``) as rows of
-the bench: ``llamacpp_f32``, the target alone, and, on a DFlash checkpoint, ``llamacpp_dflash``, the target + our
-drafter (:mod:`lightning_bpd.benchmarks.llamacpp_speculative`: how they run, are timed and are compared).
+the bench: ``llamacpp_f32``, the target alone, and, on a drafter's checkpoint, the target + our drafter:
+``llamacpp_dflash`` (DFlash) or ``llamacpp_eagle3`` (EAGLE-3) (:mod:`lightning_bpd.benchmarks.llamacpp_speculative`:
+how they run, are timed and are compared).
 
 The checkpoint is written as ``target.gguf`` and ``drafter.gguf`` (``export-heads --format llamacpp``); every prompt
 must tokenize in llama.cpp as in the checkpoint's tokenizer (else the peer is refused). A row is a
@@ -21,7 +22,9 @@ from lightning_bpd.benchmarks.llamacpp_build import binaries, read_stamp
 from lightning_bpd.benchmarks.llamacpp_speculative import (
     ALONE,
     DFLASH,
+    EAGLE3,
     NEVER_DRAFTS,
+    SPEC_TYPES,
     LlamaCppRun,
     SpeculativeSimple,
     token_bytes,
@@ -29,7 +32,7 @@ from lightning_bpd.benchmarks.llamacpp_speculative import (
 )
 from lightning_bpd.benchmarks.lm_generate import SelfTimed
 
-__all__ = ["LlamaCppBinary", "agreement", "start_llamacpp_bin"]
+__all__ = ["LlamaCppBinary", "agreement", "drafted_row", "start_llamacpp_bin"]
 
 SPEC, TOKENIZE = "llama-speculative-simple", "llama-tokenize"
 
@@ -86,19 +89,33 @@ def agreement(alone: LlamaCppBinary, drafted: LlamaCppBinary) -> dict[str, Any]:
                 1e-9, sum(alone.runs[k].report.seconds for k in keys))}
 
 
-def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path, threads: int,
-                       folder: str | Path) -> tuple[dict[str, LlamaCppBinary], dict[str, Any]]:
-    """The methods (``llamacpp_f32``; ``llamacpp_dflash`` too for a DFlash checkpoint), their GGUFs written in
-    ``folder``, and the record; ValueError (one line) when the binaries are missing, the checkpoint cannot be written
-    or llama.cpp tokenizes a prompt otherwise."""
-    from lightning_bpd.benchmarks.llamacpp_files import DRAFTER_GGUF, TARGET_GGUF, write_llamacpp
+def drafted_row(module: Any) -> tuple[str, int] | None:
+    """The drafted row of a drafter's run and its drafter's default block (DFlash: its block, EAGLE-3: the run's
+    chains), or None for a run without a drafter."""
     from lightning_bpd.tasks.lm.dflash_module import DFlashModule
+    from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
+
+    if isinstance(module, DFlashModule):
+        return DFLASH, module.drafter.config.block_size
+    if isinstance(module, Eagle3Module):
+        return EAGLE3, module.block_size
+    return None
+
+
+def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path, threads: int,
+                       folder: str | Path, block_size: int | None = None
+                       ) -> tuple[dict[str, LlamaCppBinary], dict[str, Any]]:
+    """The methods (``llamacpp_f32``; and ``llamacpp_dflash`` or ``llamacpp_eagle3`` for a drafter's checkpoint,
+    drafting ``block_size - 1`` tokens per step, default the drafter's), their GGUFs written in ``folder``, and the
+    record; ValueError (one line) when the binaries are missing, the checkpoint cannot be written or llama.cpp
+    tokenizes a prompt otherwise."""
+    from lightning_bpd.benchmarks.llamacpp_files import DRAFTER_GGUF, TARGET_GGUF, write_llamacpp
 
     found = binaries(bin_dir, (SPEC, TOKENIZE))
     model, tokenizer = module.model, module.tokenizer
     folder = Path(folder)
-    dflash = isinstance(module, DFlashModule)
-    if dflash:
+    drafted = drafted_row(module)
+    if drafted:
         write_llamacpp(module, folder)
     else:
         from lightning_bpd.benchmarks.gguf_llama import write_llama_gguf
@@ -112,12 +129,8 @@ def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path,
     texts = {tuple(t for t in module.encode_prompts([p])[0].tolist() if t != model.pad_id): p for p in prompts}
     n_ctx = model.n_positions or 2048
     eos = model.generation_rules.eos_ids or [model.eos_id]
-    block = module.drafter.config.block_size if dflash else None
     methods = {ALONE: LlamaCppBinary(SpeculativeSimple(found[SPEC], folder / TARGET_GGUF, threads, n_ctx), tokenizer,
                                      texts, model.pad_id, eos)}
-    if dflash:
-        runner = SpeculativeSimple(found[SPEC], folder / TARGET_GGUF, threads, n_ctx, folder / DRAFTER_GGUF, block)
-        methods[DFLASH] = LlamaCppBinary(runner, tokenizer, texts, model.pad_id, eos)
     stamp = read_stamp(bin_dir) or {}
     info = {"binary": str(found[SPEC]), "llama_cpp_python_source": stamp.get("version"), "threads": threads,
             "n_ctx": n_ctx, "weights": "float32", "kv_cache": "float32", "folder": str(folder),
@@ -125,6 +138,11 @@ def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path,
             "alone": f"{SPEC} with {' '.join(NEVER_DRAFTS)} (never drafts; 0 drafted checked)",
             "timing": "llama-speculative-simple's own clock: encoded (prefill) + decoded (the loop); loading excluded",
             "outputs_compared_as": "text (the binary prints text): generate's rows decoded to bytes, EOS left out"}
-    if dflash:
-        info["drafter"] = {"gguf": str(folder / DRAFTER_GGUF), "block_size": block, "spec_draft_n_max": block - 1}
+    if drafted:
+        row, block = drafted[0], block_size or drafted[1]
+        runner = SpeculativeSimple(found[SPEC], folder / TARGET_GGUF, threads, n_ctx, folder / DRAFTER_GGUF, block,
+                                   SPEC_TYPES[row])
+        methods[row] = LlamaCppBinary(runner, tokenizer, texts, model.pad_id, eos)
+        info["drafter"] = {"row": row, "gguf": str(folder / DRAFTER_GGUF), "spec_type": SPEC_TYPES[row],
+                           "block_size": block, "spec_draft_n_max": block - 1}
     return methods, info

@@ -1,15 +1,18 @@
-"""llama.cpp as the CPU server of our DFlash drafter: its ``llama-speculative-simple`` (built by ``build-llamacpp``)
-decoding prompts greedily with the target alone and with the target + our drafter (``--spec-type draft-dflash``), one
-process per prompt, on the same GGUFs (``export-heads --format llamacpp``).
+"""llama.cpp as the CPU server of our drafters: its ``llama-speculative-simple`` (built by ``build-llamacpp``)
+decoding prompts greedily with the target alone and with the target + our drafter (DFlash: ``--spec-type
+draft-dflash``, EAGLE-3: ``--spec-type draft-eagle3``), one process per prompt, on the same GGUFs (``export-heads
+--format llamacpp``).
 
 Both rows run the same binary and loop: ``llama-speculative-simple`` needs a speculator, so "alone" is its
 ``ngram-simple`` speculator with a 1024-token key and value, which never drafts at these lengths (each loop step is then
 one target call and one token; its report of 0 drafted tokens is checked). Both use ``threads`` threads (target and
 drafter, prompt and steps), float32 weights and KV caches, greedy sampling (``--temp 0 --top-k 1``), the drafter's whole
-block (``--spec-draft-n-max B-1``, no probability cut-off), ``max_new`` new tokens (``-n max_new - 1``: the loop
-makes one token more than ``-n``), stopping at the GGUF's end-of-generation tokens. The drafted loop may run past the
-cap by up to ``B - 1`` tokens (its DFlash speculator drafts whole blocks whatever the budget left): those are timed,
-and only its first ``max_new`` tokens are compared.
+block (``--spec-draft-n-max B-1``: a DFlash block of B, an EAGLE-3 chain of B - 1 drafts; no probability cut-off:
+``--spec-draft-p-min 0``), ``max_new`` new tokens (``-n max_new - 1``: the loop makes one token more than ``-n``),
+stopping at the GGUF's end-of-generation tokens. The drafted loop may run past the cap by up to ``B - 1`` tokens (its
+speculators draft ``B - 1`` tokens whatever the budget left): those are timed, and only its first ``max_new`` tokens
+are compared. llama.cpp's EAGLE-3 speculator drafts its chain greedily (the most likely of its top 10, over the draft
+vocabulary mapped to target ids), as ours does.
 
 Timing: llama.cpp's own clock as the binary reports it: "encoded" (the prompt's prefill in the target, and the
 drafter fed its features) plus "decoded" (the generation loop: drafting, verification, sampling); model loading and
@@ -33,10 +36,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ALONE", "DFLASH", "LlamaCppRun", "SpecReport", "SpeculativeSimple", "new_bytes", "parse_report",
-           "token_bytes", "tokenization_check"]
+__all__ = ["ALONE", "DFLASH", "EAGLE3", "SPEC_TYPES", "LlamaCppRun", "SpecReport", "SpeculativeSimple", "new_bytes",
+           "parse_report", "token_bytes", "tokenization_check"]
 
-ALONE, DFLASH = "llamacpp_f32", "llamacpp_dflash"  # the rows: the target alone, the target + our drafter
+ALONE = "llamacpp_f32"  # the row of the target alone
+DFLASH, EAGLE3 = "llamacpp_dflash", "llamacpp_eagle3"  # the rows of the target + our drafter
+SPEC_TYPES = {DFLASH: "draft-dflash", EAGLE3: "draft-eagle3"}  # row -> llama.cpp's --spec-type
 ATTEMPTS = 5  # runs of one prompt before its lost output is an error (see SpeculativeSimple.run)
 NEVER_DRAFTS = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1024", "--spec-ngram-simple-size-m",
                 "1024")  # a key of 1024 tokens and 1024 more to draft: no match before 2049 tokens of context
@@ -142,24 +147,29 @@ class LlamaCppRun:
 
 
 class SpeculativeSimple:
-    """``llama-speculative-simple`` on ``target`` (GGUF), alone or with ``drafter`` (a DFlash GGUF whose block is
-    ``block_size``): ``run(prompt, prompt_bytes, max_new)`` -> :class:`LlamaCppRun`."""
+    """``llama-speculative-simple`` on ``target`` (GGUF), alone or with ``drafter`` (a drafter's GGUF of
+    ``spec_type``, a value of :data:`SPEC_TYPES`, drafting ``block_size - 1`` tokens per step):
+    ``run(prompt, prompt_bytes, max_new)`` -> :class:`LlamaCppRun`."""
 
     def __init__(self, binary: str | Path, target: str | Path, threads: int, n_ctx: int,
-                 drafter: str | Path | None = None, block_size: int | None = None, timeout: float = 600.0) -> None:
+                 drafter: str | Path | None = None, block_size: int | None = None, spec_type: str = "draft-dflash",
+                 timeout: float = 600.0) -> None:
         if threads < 1 or n_ctx < 8:
             raise ValueError(f"llama.cpp needs threads >= 1 and a context >= 8, got {threads}, {n_ctx}")
         if drafter is not None and (block_size is None or block_size < 2):
-            raise ValueError(f"a DFlash drafter needs its block size (>= 2), got {block_size}")
+            raise ValueError(f"a drafter needs its block size (>= 2), got {block_size}")
+        if spec_type not in SPEC_TYPES.values():
+            raise ValueError(f"spec_type must be one of {', '.join(SPEC_TYPES.values())}, got {spec_type!r}")
         self.binary, self.target, self.drafter = str(binary), str(target), None if drafter is None else str(drafter)
         self.threads, self.n_ctx, self.block_size, self.timeout = threads, n_ctx, block_size, timeout
+        self.spec_type = spec_type
         self.retries = 0  # runs repeated because llama.cpp's output lost its end
 
     def speculator_args(self) -> list[str]:
         if self.drafter is None:
             return list(NEVER_DRAFTS)
         t = str(self.threads)
-        return ["-md", self.drafter, "--spec-type", "draft-dflash", "--spec-draft-n-max", str(self.block_size - 1),
+        return ["-md", self.drafter, "--spec-type", self.spec_type, "--spec-draft-n-max", str(self.block_size - 1),
                 "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", t, "-tbd", t, "-ctkd", "f32",
                 "-ctvd", "f32"]
 

@@ -19,9 +19,11 @@ and, with ``--peers llamacpp``, ``llamacpp_f32`` (:mod:`lightning_bpd.benchmarks
 a float32 GGUF, greedy in llama.cpp with ``--llamacpp-threads`` threads, batch 1; the GGUF must tokenize every prompt
 as the checkpoint's tokenizer does, else the command stops with one line). With ``--llamacpp-bin DIR`` (a
 ``build-llamacpp`` folder) the llama.cpp rows are its own binary instead (:mod:`lightning_bpd.benchmarks.llamacpp_bin_peer`):
-``llamacpp_f32``, the target alone, and on a DFlash checkpoint ``llamacpp_dflash``, the target + our drafter
-(``--spec-type draft-dflash``), both timed by llama.cpp's own clock (loading excluded), their ``block`` the tokens per
-target call, their text compared with generate's and with each other (``llamacpp.dflash_vs_alone`` in the record)::
+``llamacpp_f32``, the target alone, and on a drafter's checkpoint the target + our drafter: ``llamacpp_dflash``
+(DFlash, ``--spec-type draft-dflash``) or ``llamacpp_eagle3`` (EAGLE-3, ``--spec-type draft-eagle3``), drafting
+``--k`` - 1 tokens per step (default: the drafter's block or chain, as our row), both timed by llama.cpp's own clock
+(loading excluded), their ``block`` the tokens per target call, their text compared with generate's and with each
+other (``llamacpp.dflash_vs_alone`` / ``llamacpp.eagle3_vs_alone`` in the record)::
 
     python -m lightning_bpd bench-generate --ckpt runs/code-lm/dflash/last.ckpt \\
         --data-root ../shared/data/code/python-stdlib/Lib --split test --limit 16 --max-new-tokens 64 \\
@@ -51,7 +53,6 @@ import torch
 
 from lightning_bpd.benchmarks.llamacpp_bin_peer import agreement
 from lightning_bpd.benchmarks.llamacpp_speculative import ALONE as ALONE_BIN
-from lightning_bpd.benchmarks.llamacpp_speculative import DFLASH as DFLASH_BIN
 from lightning_bpd.benchmarks.lm_generate import (
     ASSISTED,
     GENERATE,
@@ -125,8 +126,8 @@ def add_lm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gguf", default=None, help="keep the llama.cpp peer's GGUF here (default: a temporary file); with "
                    "--llamacpp-bin a folder for target.gguf (and drafter.gguf)")
     g.add_argument("--llamacpp-bin", default=None, help="--peers llamacpp runs this build-llamacpp folder's "
-                   "llama-speculative-simple (the target alone; with a DFlash checkpoint also + our drafter) instead "
-                   "of llama-cpp-python")
+                   "llama-speculative-simple (the target alone; with a DFlash or EAGLE-3 checkpoint also + our "
+                   "drafter) instead of llama-cpp-python")
 
 
 def assistant_record(draft: Any, path: str) -> dict[str, Any]:
@@ -246,7 +247,7 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
 
                 try:
                     binaries, result["llamacpp"] = start_llamacpp_bin(module, prompts, args.llamacpp_bin, threads,
-                                                                      args.gguf or tmp)
+                                                                      args.gguf or tmp, block_size=args.k)
                 except (ValueError, RuntimeError, OSError) as err:
                     sys.exit(f"bench-generate: llama.cpp peer refused: {str(err).strip().splitlines()[0]}")
                 methods.update(binaries)
@@ -268,8 +269,10 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
                                    peers=[name for name in methods if name.startswith("llamacpp")])
             result["batch_sizes"][str(bs)] = report
             print_rows(bs, report, mine)
-        if DFLASH_BIN in binaries:
-            result["llamacpp"]["dflash_vs_alone"] = agreed = agreement(binaries[ALONE_BIN], binaries[DFLASH_BIN])
+        drafted = [name for name in binaries if name != ALONE_BIN]
+        if drafted:  # llamacpp_dflash or llamacpp_eagle3
+            agreed = agreement(binaries[ALONE_BIN], binaries[drafted[0]])
+            result["llamacpp"][f"{drafted[0].removeprefix('llamacpp_')}_vs_alone"] = agreed
             print(f"llama.cpp + our drafter: {agreed['differs_from_llamacpp_f32']} of {agreed['prompts']} rows differ "
                   f"from llama.cpp alone; {agreed['accepted']} of {agreed['drafted']} drafted tokens accepted, "
                   f"{agreed['tokens_per_target_call']:.2f} tokens per target call", flush=True)
