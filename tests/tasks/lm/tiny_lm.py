@@ -52,11 +52,11 @@ def tokenizer(extra: int = 0) -> PreTrainedTokenizerFast:
     return fast
 
 
-def tiny_llama(vocab_size: int, seed: int = 0, positions: int = 128) -> LlamaForCausalLM:
-    """A tiny random Llama (GQA: 4 heads, 2 KV heads) with scrambled weights: peaked logits, so that its greedy
-    output is not a coin toss between near-equal tokens."""
+def tiny_llama(vocab_size: int, seed: int = 0, positions: int = 128, layers: int = 2) -> LlamaForCausalLM:
+    """A tiny random Llama (GQA: 4 heads, 2 KV heads; 2 layers unless told) with scrambled weights: peaked logits, so
+    that its greedy output is not a coin toss between near-equal tokens."""
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
                          pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=False)
     return scrambled(LlamaForCausalLM(config).eval(), seed)
@@ -87,11 +87,11 @@ def write_gpt2(folder: Path, seed: int = 0) -> Path:
 
 
 def write_checkpoint(folder: Path, with_tokenizer: bool = True, vocab_extra: int = 0, seed: int = 0,
-                     positions: int = 128) -> Path:
-    """The tiny Llama saved with ``save_pretrained`` and (``with_tokenizer``) its tokenizer beside it; the model's
-    vocabulary is the tokenizer's plus ``vocab_extra`` (a mismatch when not 0)."""
+                     positions: int = 128, layers: int = 2) -> Path:
+    """The tiny Llama (``layers`` decoder layers) saved with ``save_pretrained`` and (``with_tokenizer``) its tokenizer
+    beside it; the model's vocabulary is the tokenizer's plus ``vocab_extra`` (a mismatch when not 0)."""
     tok = tokenizer()
-    tiny_llama(len(tok) + vocab_extra, seed, positions).save_pretrained(folder)
+    tiny_llama(len(tok) + vocab_extra, seed, positions, layers).save_pretrained(folder)
     if with_tokenizer:
         tok.save_pretrained(folder)
     return folder
