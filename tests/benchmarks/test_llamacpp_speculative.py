@@ -1,7 +1,8 @@
 """llama.cpp's binaries as bench rows (lightning_bpd/benchmarks/llamacpp_speculative.py, llamacpp_bin_peer.py):
 the report and output parsing, the bytes llama.cpp prints of ids, and ``bench-generate --peers llamacpp
---llamacpp-bin`` on a DFlash checkpoint with stand-in binaries (rows, timing by their clock, text comparisons with
-generate and between the two rows); slow: the real binaries of the build-llamacpp folder on a tiny DFlash run."""
+--llamacpp-bin`` on a DFlash and on an EAGLE-3 checkpoint with stand-in binaries (rows, timing by their clock, text
+comparisons with generate and between the two rows); slow: the real binaries of the build-llamacpp folder on a tiny
+DFlash run and a tiny EAGLE-3 run."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from lightning_bpd.benchmarks.llamacpp_speculative import (
     ALONE,
     ATTEMPTS,
     DFLASH,
+    EAGLE3,
     SpecReport,
     SpeculativeSimple,
     byte_decoder,
@@ -83,6 +85,11 @@ def test_the_command_lines():
     assert args[args.index("-td") + 1] == "2" and args[args.index("--spec-draft-p-min") + 1] == "0"
     with pytest.raises(ValueError, match="block size"):
         SpeculativeSimple("b", "t.gguf", 1, 256, "d.gguf")
+    eagle3 = SpeculativeSimple("bin/llama-speculative-simple", "t.gguf", 1, 256, "d.gguf", 6, "draft-eagle3")
+    args = eagle3.args("p.txt", 64)
+    assert args[args.index("--spec-type") + 1] == "draft-eagle3" and args[args.index("--spec-draft-n-max") + 1] == "5"
+    with pytest.raises(ValueError, match="spec_type must be one of draft-dflash, draft-eagle3"):
+        SpeculativeSimple("b", "t.gguf", 1, 256, "d.gguf", 6, "draft-mtp")
 
 
 LOSSY = r"""#!{python}
@@ -200,6 +207,37 @@ def test_bench_generate_rows_of_llama_cpp_binaries(dflash_run, tmp_path, capsys)
     assert "1 of 3 rows differ from llama.cpp alone" in capsys.readouterr().out
 
 
+@pytest.fixture(scope="module")
+def eagle3_run(tmp_path_factory) -> tuple[Path, object]:
+    """A tiny EAGLE-3 run (chains of 4) on a 4-layer target (llama.cpp's eagle3 fuses exactly 3 layers), fitted to the
+    target's own continuations."""
+    from tests.tasks.lm.test_eagle3_commands import fit_eagle3
+    from tests.tasks.lm.tiny_lm import write_checkpoint
+
+    root = tmp_path_factory.mktemp("eagle3")
+    module = fit_eagle3(write_checkpoint(root / "llama", layers=4), steps=100, layers=(0, 1, 2))
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return save_ckpt(module, root / "last.ckpt"), module
+
+
+def test_bench_generate_rows_of_llama_cpp_binaries_with_an_eagle3_drafter(eagle3_run, tmp_path, capsys):
+    ckpt, module = eagle3_run
+    n = 6
+    fake = stand_ins(tmp_path / "bin", module, PROMPTS, n, corrupt=2)
+    result = bench(["--ckpt", str(ckpt), "--input", str(ckpt.parent / "prompts.jsonl"), "--batch-sizes", "1",
+                    "--warmup", "0", "--device", "cpu", "--max-new-tokens", str(n), "--peers", "llamacpp",
+                    "--llamacpp-bin", str(fake), "--llamacpp-threads", "1", "--k", "3"])
+    assert result["methods"][-2:] == [ALONE, EAGLE3] and DFLASH not in result["methods"]
+    one = result["batch_sizes"]["1"]
+    assert one[ALONE]["differs_from_hf_generate"] == 0 and one["eagle3"]["differs_from_hf_generate"] == 0
+    assert one[EAGLE3]["differing_rows"] == [2] and one[EAGLE3]["mean_accepted_block_size"] > 1.0
+    assert ALONE in one["eagle3"]["speedup_over"] and EAGLE3 in one["eagle3"]["speedup_over"]
+    record = result["llamacpp"]
+    assert record["drafter"]["spec_type"] == "draft-eagle3" and record["drafter"]["spec_draft_n_max"] == 2  # --k 3
+    assert record["eagle3_vs_alone"]["differs_from_llamacpp_f32"] == 1 and "dflash_vs_alone" not in record
+    assert "1 of 3 rows differ from llama.cpp alone" in capsys.readouterr().out
+
+
 def test_bench_generate_refusals_are_one_line(dflash_run, tmp_path):
     ckpt, _ = dflash_run
     base = ["--ckpt", str(ckpt), "--input", str(ckpt.parent / "prompts.jsonl"), "--batch-sizes", "1", "--device",
@@ -228,3 +266,18 @@ def test_llama_cpp_with_our_drafter_decodes_as_llama_cpp_alone(dflash_run, tmp_p
     agreed = result["llamacpp"]["dflash_vs_alone"]
     assert agreed["differs_from_llamacpp_f32"] == 0 and agreed["drafted"] > 0
     assert one[ALONE]["mean_accepted_block_size"] == 1.0 and one[DFLASH]["tokens"] == one[GENERATE]["tokens"]
+
+
+@pytest.mark.slow
+def test_llama_cpp_with_our_eagle3_drafter_decodes_as_llama_cpp_alone(eagle3_run):
+    build = llamacpp_binaries()
+    ckpt, _ = eagle3_run
+    result = bench(["--ckpt", str(ckpt), "--input", str(ckpt.parent / "prompts.jsonl"), "--batch-sizes", "1",
+                    "--warmup", "0", "--device", "cpu", "--max-new-tokens", "12", "--peers", "llamacpp",
+                    "--llamacpp-bin", str(build), "--llamacpp-threads", "1"])
+    one = result["batch_sizes"]["1"]
+    for row in (ALONE, EAGLE3, "eagle3"):
+        assert one[row]["differs_from_hf_generate"] == 0, (row, one[row]["differing_rows"])
+    agreed = result["llamacpp"]["eagle3_vs_alone"]
+    assert agreed["differs_from_llamacpp_f32"] == 0 and agreed["drafted"] > 0 and agreed["accepted"] > 0
+    assert one[EAGLE3]["mean_accepted_block_size"] > 1.0 and one[EAGLE3]["tokens"] == one[GENERATE]["tokens"]

@@ -24,10 +24,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 N = 12
 
 
-def fit_eagle3(target: Path, steps: int = 150) -> Eagle3Module:
-    """An Eagle3Module on ``target`` trained on the target's own greedy continuations of the prompts (chains of 4)."""
+def fit_eagle3(target: Path, steps: int = 150, layers: tuple[int, ...] = (0, 1)) -> Eagle3Module:
+    """An Eagle3Module on ``target`` (features of ``layers``) trained on the target's own greedy continuations of the
+    prompts (chains of 4)."""
     torch.manual_seed(0)
-    module = Eagle3Module(str(target), target_layer_ids=[0, 1], ttt_steps=3, block_size=4, max_new_tokens=N)
+    module = Eagle3Module(str(target), target_layer_ids=list(layers), ttt_steps=3, block_size=4, max_new_tokens=N)
     prompts = PROMPTS + [p[: len(p) // 2] for p in PROMPTS if len(p) > 3]
     src = own_sequences(module, prompts)
     optimizer = torch.optim.AdamW([p for p in module.drafter.parameters() if p.requires_grad], lr=3e-3,
