@@ -127,22 +127,33 @@ runpy.run_path(str(source / "convert_hf_to_gguf.py"), run_name="__main__")
 """
 
 
-@pytest.mark.slow
-def test_llamacpp_converter_makes_our_gguf_of_our_zlab_export(checkpoint, tmp_path):
+def converted(folder: Path, target: Path, out: Path) -> tuple[dict[str, Any], Any]:
+    """llama.cpp's converter (the build-llamacpp folder's; skipped without it) run on the export ``folder`` beside
+    ``target``, float32, into ``out``: its keys -> values and its reader."""
     source = llamacpp_source()
-    module = trained(checkpoint, target_layer_ids=[0])
-    write_zlab(module, tmp_path / "zlab")
-    ours, ours_reader = fields(write_dflash_gguf(module, tmp_path / "ours.gguf"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     env.pop("NO_LOCAL_GGUF", None)
-    done = subprocess.run([sys.executable, "-c", CONVERT, str(source), str(tmp_path / "zlab"), "--target-model-dir",
-                           str(checkpoint), "--outfile", str(tmp_path / "theirs.gguf"), "--outtype", "f32"],
+    done = subprocess.run([sys.executable, "-c", CONVERT, str(source), str(folder), "--target-model-dir", str(target),
+                           "--outfile", str(out), "--outtype", "f32"],
                           check=False, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    theirs, theirs_reader = fields(tmp_path / "theirs.gguf")
+    return fields(out)
+
+
+def same_tensors(ours: Any, theirs: Any) -> bool:
+    """Whether two GGUF readers hold the same tensors: names, types, shapes, values, in the same order."""
+    return [(t.name, t.tensor_type, list(t.shape)) for t in ours.tensors] == \
+        [(t.name, t.tensor_type, list(t.shape)) for t in theirs.tensors] and \
+        all(np.array_equal(a.data, b.data) for a, b in zip(ours.tensors, theirs.tensors, strict=True))
+
+
+@pytest.mark.slow
+def test_llamacpp_converter_makes_our_gguf_of_our_zlab_export(checkpoint, tmp_path):
+    module = trained(checkpoint, target_layer_ids=[0])
+    write_zlab(module, tmp_path / "zlab")
+    theirs, theirs_reader = converted(tmp_path / "zlab", checkpoint, tmp_path / "theirs.gguf")
+    ours, ours_reader = fields(write_dflash_gguf(module, tmp_path / "ours.gguf"))
     assert list(ours) == list(theirs) == KEYS  # the same keys in the same order
     differ = [key for key in ours if ours[key] != theirs[key]]
     assert differ == ["general.name"], differ  # theirs is the folder's name ("Zlab")
-    assert [(t.name, t.tensor_type, list(t.shape)) for t in ours_reader.tensors] == \
-        [(t.name, t.tensor_type, list(t.shape)) for t in theirs_reader.tensors]
-    assert all(np.array_equal(a.data, b.data) for a, b in zip(ours_reader.tensors, theirs_reader.tensors, strict=True))
+    assert same_tensors(ours_reader, theirs_reader)

@@ -173,23 +173,34 @@ def stand_ins(folder: Path, module, prompts: list[str], n: int, corrupt: int) ->
     return folder
 
 
+def bench_llamacpp(ckpt: Path, bin_dir: Path, n: int, *extra: str) -> dict:
+    """bench-generate on the run ``ckpt`` (its prompts.jsonl beside it) with llama.cpp's binaries of ``bin_dir``, one
+    thread, at most ``n`` new tokens."""
+    return bench(["--ckpt", str(ckpt), "--input", str(ckpt.parent / "prompts.jsonl"), "--warmup", "0", "--device",
+                  "cpu", "--max-new-tokens", str(n), "--peers", "llamacpp", "--llamacpp-bin", str(bin_dir),
+                  "--llamacpp-threads", "1", *extra])
+
+
+def saved_run(module, root: Path) -> tuple[Path, object]:
+    """``module`` saved as ``root/last.ckpt`` with the prompts in ``root/prompts.jsonl``; the checkpoint and it."""
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return save_ckpt(module, root / "last.ckpt"), module
+
+
 @pytest.fixture(scope="module")
 def dflash_run(tmp_path_factory) -> tuple[Path, object]:
     from tests.tasks.lm.tiny_lm import write_checkpoint
 
     root = tmp_path_factory.mktemp("dflash")
     module = trained(write_checkpoint(root / "llama"), target_layer_ids=[0])  # llama.cpp: not the last layer
-    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    return save_ckpt(module, root / "last.ckpt"), module
+    return saved_run(module, root)
 
 
 def test_bench_generate_rows_of_llama_cpp_binaries(dflash_run, tmp_path, capsys):
     ckpt, module = dflash_run
     n = 6
     fake = stand_ins(tmp_path / "bin", module, PROMPTS, n, corrupt=1)
-    result = bench(["--ckpt", str(ckpt), "--input", str(ckpt.parent / "prompts.jsonl"), "--batch-sizes", "1", "2",
-                    "--warmup", "0", "--device", "cpu", "--max-new-tokens", str(n), "--peers", "llamacpp",
-                    "--llamacpp-bin", str(fake), "--llamacpp-threads", "1", "--gguf", str(tmp_path / "gguf")])
+    result = bench_llamacpp(ckpt, fake, n, "--batch-sizes", "1", "2", "--gguf", str(tmp_path / "gguf"))
     assert ALONE in result["methods"] and DFLASH in result["methods"]
     one, two = result["batch_sizes"]["1"], result["batch_sizes"]["2"]
     alone, drafted = one[ALONE], one[DFLASH]
@@ -216,17 +227,14 @@ def eagle3_run(tmp_path_factory) -> tuple[Path, object]:
 
     root = tmp_path_factory.mktemp("eagle3")
     module = fit_eagle3(write_checkpoint(root / "llama", layers=4), steps=100, layers=(0, 1, 2))
-    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    return save_ckpt(module, root / "last.ckpt"), module
+    return saved_run(module, root)
 
 
 def test_bench_generate_rows_of_llama_cpp_binaries_with_an_eagle3_drafter(eagle3_run, tmp_path, capsys):
     ckpt, module = eagle3_run
     n = 6
     fake = stand_ins(tmp_path / "bin", module, PROMPTS, n, corrupt=2)
-    result = bench(["--ckpt", str(ckpt), "--input", str(ckpt.parent / "prompts.jsonl"), "--batch-sizes", "1",
-                    "--warmup", "0", "--device", "cpu", "--max-new-tokens", str(n), "--peers", "llamacpp",
-                    "--llamacpp-bin", str(fake), "--llamacpp-threads", "1", "--k", "3"])
+    result = bench_llamacpp(ckpt, fake, n, "--batch-sizes", "1", "--k", "3")
     assert result["methods"][-2:] == [ALONE, EAGLE3] and DFLASH not in result["methods"]
     one = result["batch_sizes"]["1"]
     assert one[ALONE]["differs_from_hf_generate"] == 0 and one["eagle3"]["differs_from_hf_generate"] == 0
@@ -257,9 +265,7 @@ def test_bench_generate_refusals_are_one_line(dflash_run, tmp_path):
 def test_llama_cpp_with_our_drafter_decodes_as_llama_cpp_alone(dflash_run, tmp_path):
     build = llamacpp_binaries()
     ckpt, _ = dflash_run
-    result = bench(["--ckpt", str(ckpt), "--input", str(ckpt.parent / "prompts.jsonl"), "--batch-sizes", "1",
-                    "--warmup", "0", "--device", "cpu", "--max-new-tokens", "12", "--peers", "llamacpp",
-                    "--llamacpp-bin", str(build), "--llamacpp-threads", "1"])
+    result = bench_llamacpp(ckpt, build, 12, "--batch-sizes", "1")
     one = result["batch_sizes"]["1"]
     assert one[ALONE]["differs_from_hf_generate"] == 0, one[ALONE]["differing_rows"]
     assert one[DFLASH]["differs_from_hf_generate"] == 0, one[DFLASH]["differing_rows"]
@@ -272,9 +278,7 @@ def test_llama_cpp_with_our_drafter_decodes_as_llama_cpp_alone(dflash_run, tmp_p
 def test_llama_cpp_with_our_eagle3_drafter_decodes_as_llama_cpp_alone(eagle3_run):
     build = llamacpp_binaries()
     ckpt, _ = eagle3_run
-    result = bench(["--ckpt", str(ckpt), "--input", str(ckpt.parent / "prompts.jsonl"), "--batch-sizes", "1",
-                    "--warmup", "0", "--device", "cpu", "--max-new-tokens", "12", "--peers", "llamacpp",
-                    "--llamacpp-bin", str(build), "--llamacpp-threads", "1"])
+    result = bench_llamacpp(ckpt, build, 12, "--batch-sizes", "1")
     one = result["batch_sizes"]["1"]
     for row in (ALONE, EAGLE3, "eagle3"):
         assert one[row]["differs_from_hf_generate"] == 0, (row, one[row]["differing_rows"])
