@@ -1,6 +1,6 @@
 """``python -m lightning_bpd build-llamacpp``: llama.cpp built for the CPU from the source llama-cpp-python vendors,
-to serve our DFlash drafters (``bench-generate --peers llamacpp --llamacpp-bin DIR``, ``export-heads --format
-llamacpp``).
+to serve our DFlash and EAGLE-3 drafters (``bench-generate --peers llamacpp --llamacpp-bin DIR``, ``export-heads
+--format llamacpp``).
 
 Downloads the pinned sdist (``pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36``, or ``--sdist``
 a copy of it) into ``--out``, extracts it and builds its ``vendor/llama.cpp`` with CMake (Release, static, native,

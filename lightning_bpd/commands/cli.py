@@ -67,7 +67,7 @@ COMMANDS = {
     "make-base": "a fresh random Marian or Llama base and its own BPE tokenizer (a Hugging Face directory) from a corpus",
     "export-base": "the trained base of a Hugging Face run as a Hugging Face directory (save_pretrained)",
     "export-heads": "the heads of a language-model run on their own (safetensors + JSON) or in vLLM's Medusa layout",
-    "build-llamacpp": "llama.cpp for the CPU from llama-cpp-python's vendored source (cached), to serve DFlash drafters",
+    "build-llamacpp": "llama.cpp for the CPU from llama-cpp-python's vendored source (cached), to serve our drafters",
     "recipe": "run a whole pipeline from conf/recipes/<name>.yaml (stages resumable; --dry-run prints them)",
     "results": "tables of the records in results/ (table), the README's cells from them (readme), add a record (add)",
 }

@@ -27,7 +27,8 @@ hyper-parameters), needs exactly 3 aux layer ids, reads ``target_hidden_size``, 
 ``norm_before_fc``, maps ``layers.0.*`` to ``model.layers.0.*`` (``hidden_norm`` to ``attn_norm_2``, ``input_norm``
 to ``enc_output_norm``), keeps ``fc``, writes ``d2t`` as absolute ids (checked in range and distinct), drops
 ``t2d``, uses ``embed_tokens`` when present and the target's tokenizer; it has no tensor for Qwen3's q/k norms nor
-for ``fc_norm``, and always feeds the pre-norm state back (no ``norm_output``).
+for ``fc_norm``, and always feeds the pre-norm state back (no ``norm_output``). The GGUF it writes is also written
+directly, byte for byte, by :mod:`lightning_bpd.benchmarks.gguf_eagle3` (``export-heads --format llamacpp``).
 
 :func:`read_speculators` reads such a folder back into an :class:`Eagle3Drafter`.
 
