@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["add_layer_keys", "add_target_vocab", "write_gguf"]
+from lightning_bpd.benchmarks.gguf_llama import gguf_vocabulary
+
+__all__ = ["add_layer_keys", "add_target_vocab"]
 
 
 def add_layer_keys(writer: Any, layer: dict[str, Any], name: str, tensors: dict[str, np.ndarray]) -> None:
@@ -43,8 +44,6 @@ def add_target_vocab(writer: Any, tokenizer: Any, target_dir: str | os.PathLike,
     merges, special ids, add_bos / add_eos); ValueError (one line) for a tokenizer llama.cpp would not read alike."""
     import gguf
 
-    from lightning_bpd.benchmarks.gguf_llama import gguf_vocabulary
-
     vocab = gguf_vocabulary(tokenizer, vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt-2")  # as in write_llama_gguf: GPT-2's regex, byte-level, no prefix space
@@ -58,14 +57,3 @@ def add_target_vocab(writer: Any, tokenizer: Any, target_dir: str | os.PathLike,
     finally:
         special.setLevel(level)
 
-
-def write_gguf(writer: Any, tensors: dict[str, np.ndarray]) -> Path:
-    """Add ``tensors`` (in order; each array's dtype its GGML type: float32 F32, int64 I64), write the file and close
-    it; its path."""
-    for name, array in tensors.items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return Path(writer.path)

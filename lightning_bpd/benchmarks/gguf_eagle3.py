@@ -100,7 +100,8 @@ def write_eagle3_gguf(drafter: Eagle3Drafter, path: str | os.PathLike, target: s
     would not read alike."""
     import gguf
 
-    from lightning_bpd.benchmarks.gguf_drafter import add_layer_keys, add_target_vocab, write_gguf
+    from lightning_bpd.benchmarks.gguf_drafter import add_layer_keys, add_target_vocab
+    from lightning_bpd.benchmarks.gguf_llama import write_gguf
     from lightning_bpd.hf.eagle3_export import speculators_config
     from lightning_bpd.hf.prompts import load_tokenizer
 

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["check_llama", "gguf_vocabulary", "interleave_rotary", "tokenization_mismatches", "write_llama_gguf"]
+__all__ = ["check_llama", "gguf_vocabulary", "interleave_rotary", "tokenization_mismatches", "write_gguf",
+           "write_llama_gguf"]
 
 LAYER_NAMES = {  # transformers' name in model.layers.{i} -> llama.cpp's in blk.{i}
     "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
@@ -167,9 +168,19 @@ def write_llama_gguf(model: Any, tokenizer: Any, path: str | Path, name: str = "
             add(int(vocab[key]))
     writer.add_add_bos_token(vocab["add_bos"])
     writer.add_add_eos_token(vocab["add_eos"])
-    from lightning_bpd.benchmarks.gguf_drafter import write_gguf
-
     return write_gguf(writer, llama_tensors(model))
+
+
+def write_gguf(writer: Any, tensors: dict[str, np.ndarray]) -> Path:
+    """Add ``tensors`` (in order; each array's dtype its GGML type: float32 F32, int64 I64), write the file and close
+    it; its path."""
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(writer.path)
 
 
 def tokenization_mismatches(theirs: Callable[[str], list[int]], tokenizer: Any, texts: Sequence[str]) -> list[int]:
