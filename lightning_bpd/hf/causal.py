@@ -51,6 +51,7 @@ from lightning_bpd.hf.checkpoint_dir import load_weights, read_config
 from lightning_bpd.hf.generation_rules import ids, rules_from_config
 from lightning_bpd.hf.lean_causal import LeanCausal, lean_family
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
+from lightning_bpd.nn.causal_model import checked_layers
 from lightning_bpd.nn.chained_head import ChainedHead
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.medusa_head import MedusaHead
@@ -228,12 +229,7 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
         return out.last_hidden_state, torch.cat([out.hidden_states[i + 1] for i in layers], dim=-1)
 
     def checked_layers(self, layers: Sequence[int]) -> tuple[int, ...]:
-        """``layers`` as a tuple of decoder layer indices; one clear line where one is out of range."""
-        layers = tuple(int(i) for i in layers)
-        bad = [i for i in layers if not 0 <= i < self.n_layers]
-        if not layers or bad:
-            raise ValueError(f"target layers {list(layers)}: each must be a decoder layer in [0, {self.n_layers - 1}]")
-        return layers
+        return checked_layers(layers, self.n_layers)
 
     def prefilled(self, src: Tensor, layers: tuple[int, ...] = ()) -> tuple[CausalContext, Tensor | None]:
         """:meth:`encode`'s context and, for ``layers``, the prompt slots' features (B, P, len(layers) * D)."""

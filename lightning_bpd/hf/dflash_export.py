@@ -195,11 +195,17 @@ def read_zlab(folder: str | os.PathLike) -> DFlashDrafter:
     except KeyError as err:
         raise ValueError(f"{path}: config.json has no {err.args[0]!r}") from None
     drafter = DFlashDrafter(config)
-    state = load_file(str(path / WEIGHTS))
+    return loaded(drafter, load_file(str(path / WEIGHTS)), path)
+
+
+def loaded(drafter: Any, state: dict[str, Tensor], path: Path, missing_hint: str = "") -> Any:
+    """``drafter`` holding ``state`` (its weights as read from ``path``), in their dtype and eval mode; one line where
+    a weight is missing (``missing_hint`` after the names), unexpected or of another shape than config.json makes."""
     want = drafter.state_dict()
     missing, unexpected = sorted(set(want) - set(state)), sorted(set(state) - set(want))
     if missing or unexpected:
-        raise ValueError(f"{path}: weights missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise ValueError(f"{path}: weights missing {missing[:3]}{missing_hint if missing else ''}, "
+                         f"unexpected {unexpected[:3]}")
     shapes = [k for k in want if tuple(want[k].shape) != tuple(state[k].shape)]
     if shapes:
         k = shapes[0]

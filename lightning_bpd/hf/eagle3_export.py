@@ -48,7 +48,7 @@ from typing import Any
 
 from torch import Tensor
 
-from lightning_bpd.hf.dflash_export import SPECULATORS_VERSION
+from lightning_bpd.hf.dflash_export import SPECULATORS_VERSION, loaded
 from lightning_bpd.nn.eagle3 import FAMILIES, Eagle3Config, Eagle3Drafter
 
 __all__ = ["SPECULATORS_VERSION", "read_speculators", "serving_notes", "speculators_config", "write_speculators"]
@@ -215,15 +215,5 @@ def read_speculators(folder: str | os.PathLike, embeddings: Tensor | None = None
         state.pop("t2d", None)
     if "embed_tokens.weight" not in state and embeddings is not None:
         state["embed_tokens.weight"] = embeddings
-    want = drafter.state_dict()
-    missing, unexpected = sorted(set(want) - set(state)), sorted(set(state) - set(want))
-    if missing or unexpected:
-        hint = " (give embeddings=, the target's)" if missing == ["embed_tokens.weight"] else ""
-        raise ValueError(f"{path}: weights missing {missing[:3]}{hint}, unexpected {unexpected[:3]}")
-    shapes = [k for k in want if tuple(want[k].shape) != tuple(state[k].shape)]
-    if shapes:
-        k = shapes[0]
-        raise ValueError(f"{path}: {k} has shape {tuple(state[k].shape)}, config.json says {tuple(want[k].shape)}")
-    drafter.to(state["fc.weight"].dtype)
-    drafter.load_state_dict(state)
-    return drafter.eval()
+    hint = " (give embeddings=, the target's)" if set(drafter.state_dict()) - set(state) == {"embed_tokens.weight"} else ""
+    return loaded(drafter, state, path, hint)

@@ -31,6 +31,16 @@ from lightning_bpd.nn.model import BlockwiseTransformer
 KeysOf = Callable[[int, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
+def checked_layers(layers: Sequence[int], n_layers: int) -> tuple[int, ...]:
+    """``layers`` as a tuple of decoder layer indices of a stack of ``n_layers`` (a drafter's target layers); one
+    clear line where there is none or one is out of range."""
+    layers = tuple(int(i) for i in layers)
+    bad = [i for i in layers if not 0 <= i < n_layers]
+    if not layers or bad:
+        raise ValueError(f"target layers {list(layers)}: each must be a decoder layer in [0, {n_layers - 1}]")
+    return layers
+
+
 @dataclass
 class PromptContext:
     """Prefilled prompts (B, P): ``prompts`` as given, ``valid`` (B, P) their non-pad slots, ``attend`` (B, P) the slots
@@ -101,12 +111,7 @@ class CausalTransformer(BlockwiseTransformer):
         return len(self.decoder.layers)
 
     def checked_layers(self, layers: Sequence[int]) -> tuple[int, ...]:
-        """``layers`` as a tuple of decoder layer indices; one clear line where one is out of range."""
-        layers = tuple(int(i) for i in layers)
-        bad = [i for i in layers if not 0 <= i < self.n_layers]
-        if not layers or bad:
-            raise ValueError(f"target layers {list(layers)}: each must be a decoder layer in [0, {self.n_layers - 1}]")
-        return layers
+        return checked_layers(layers, self.n_layers)
 
     def full_features(self, tokens: Tensor, layers: Sequence[int]) -> tuple[Tensor, Tensor]:
         """Uncached, as :meth:`causal_pass`: whole sequences (B, T) -> the last hidden states (B, T, D) and the

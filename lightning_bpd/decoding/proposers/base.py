@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from lightning_bpd.decoding.acceptance import Criterion
+from lightning_bpd.decoding.acceptance import Block, Criterion
 
 if TYPE_CHECKING:
     from lightning_bpd.decoding.candidates import Candidates, Outcome
@@ -72,3 +72,15 @@ def opening_token(run: Run, h: Tensor, first: Tensor | None) -> Tensor:
         return first
     reader: Any = run.p1() or run.model
     return run.criterion.first_token(reader, h)  # (b,)
+
+
+def opening_block(run: Run, h: Tensor, first: Tensor | None) -> Block:
+    """Token 1 of a drafter's proposal (b, 1): greedy's (:func:`opening_token`) under a deterministic rule; under
+    speculative sampling the verdict's residual draw, or a draw from p_1 at h (b, D) under the generation rules where
+    there is none (the block keeps its distribution for the verdict)."""
+    criterion = run.criterion
+    if not criterion.stochastic:
+        return Block(opening_token(run, h, first)[:, None])
+    p1 = run.model.logits_first(h)  # (b, V): token 1 where no residual token was drawn
+    reader = run.p1()
+    return criterion.draft((p1 if reader is None else reader.rule(p1))[:, None], first)  # (b, 1)

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from lightning_bpd.decoding.acceptance import Block, Criterion
 from lightning_bpd.decoding.candidates import Outcome
-from lightning_bpd.decoding.proposers.base import Proposer, opening_token
+from lightning_bpd.decoding.proposers.base import Proposer, opening_block
 from lightning_bpd.decoding.proposers.dflash import FeaturePath
 from lightning_bpd.decoding.protocol import BlockwiseModel, Context, restricted, valid_first
 from lightning_bpd.nn.argmax import argmax
@@ -132,12 +132,7 @@ class Eagle3Drafting(Proposer):
         sampling: token 1 the verdict's residual draw (or a draw from p_1 under the rules), then each draft drawn
         from the drafter's distribution (the block keeps them for the verdict, which stays lossless)."""
         model, criterion = run.model, run.criterion
-        if criterion.stochastic:
-            p1 = model.logits_first(h)  # (b, V): token 1 where no residual token was drawn
-            reader = run.p1()
-            one = criterion.draft((p1 if reader is None else reader.rule(p1))[:, None], first)  # (b, 1)
-        else:
-            one = Block(opening_token(run, h, first)[:, None])  # (b, 1): greedy's next token
+        one = opening_block(run, h, first)  # (b, 1)
         state, logits = self.settle(one.tokens[:, 0])  # (b, D), (b, Vd)
         committed = self.cache.lengths.clone()
         width = run.book.block_width(self.size, run.room)

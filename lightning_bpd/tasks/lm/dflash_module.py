@@ -29,13 +29,9 @@ one decoding loop): ``val/exact/matches_greedy`` (1.0 when every continuation eq
 from __future__ import annotations
 
 import copy
-import inspect
-import math
 import os
-from collections.abc import Mapping
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -46,6 +42,7 @@ from lightning_bpd.hf.prompts import CausalLM, load_tokenizer
 from lightning_bpd.nn.argmax import argmax
 from lightning_bpd.nn.dflash import DFlashConfig, DFlashDrafter, default_target_layers
 from lightning_bpd.tasks.frozen_states import FrozenStates
+from lightning_bpd.tasks.lm.drafter_module import DrafterModule, load_drafter_state, lr_factor
 from lightning_bpd.tasks.lm.module import LMModule
 
 
@@ -166,17 +163,6 @@ def default_mask_id(tokenizer: Any) -> int:
     raise ValueError("model.mask_token_id: the tokenizer has no mask, pad or EOS token: give one")
 
 
-def lr_factor(step: int, warmup: int, total: float) -> float:
-    """Linear warmup over ``warmup`` steps, then cosine decay to 10% at ``total`` steps (inverse square root after
-    the warmup where ``total`` is unknown, infinite)."""
-    if step < warmup:
-        return (step + 1) / warmup
-    if not math.isfinite(total) or total <= warmup:
-        return math.sqrt(max(1, warmup) / max(1, step))
-    progress = min(1.0, (step - warmup) / (total - warmup))
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 DFLASH_CLASS = "lightning_bpd.tasks.lm.dflash_module.DFlashModule"
 
 
@@ -216,25 +202,12 @@ def dflash_proposer(drafter: Any, model: Any, block_size: int | None = None, wha
 def load_drafter(path: str | os.PathLike) -> DFlashDrafter:
     """The drafter alone of a DFlashModule checkpoint (its target is not loaded); one-line ValueError on a file that
     is none (a heads checkpoint, a folder, ...)."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise ValueError(f"{path}: no DFlash drafter checkpoint there (give the .ckpt of a fit with conf/lm/dflash.yaml)")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # noqa: BLE001 (a corrupt or foreign file: say so once)
-        raise ValueError(f"{path} is not a readable PyTorch checkpoint ({type(err).__name__})") from None
-    kind = ckpt.get("lightning_bpd_class") if isinstance(ckpt, dict) else None
-    if kind != DFLASH_CLASS or "dflash_config" not in ckpt:
-        raise ValueError(f"{path} is not a DFlash drafter checkpoint ({str(kind or 'not lightning_bpd').rpartition('.')[2]}"
-                         "): give the .ckpt of a fit with conf/lm/dflash.yaml")
-    drafter = DFlashDrafter(DFlashConfig.from_dict(ckpt["dflash_config"]))
-    state = {k.removeprefix("drafter."): v for k, v in ckpt["state_dict"].items() if k.startswith("drafter.")}
-    drafter.load_state_dict(state, strict=True)
-    return drafter.eval()
+    return load_drafter_state(path, DFLASH_CLASS, "dflash_config", lambda c: DFlashDrafter(DFlashConfig.from_dict(c)),
+                              "a DFlash drafter", "give the .ckpt of a fit with conf/lm/dflash.yaml")
 
 
-class DFlashModule(pl.LightningModule):
-    """A DFlash drafter trained on a frozen Hugging Face causal LM (``pretrained``).
+class DFlashModule(DrafterModule):
+    """A DFlash drafter trained on a frozen causal LM (``pretrained``).
 
     Args:
         pretrained: the target, frozen: a local Hugging Face causal LM directory with its tokenizer (never
@@ -254,6 +227,9 @@ class DFlashModule(pl.LightningModule):
             decay to 10% of ``lr`` at the run's last step.
         max_new_tokens: validation decodes (and ``decode``'s default) continue each prompt by at most this many tokens.
     """
+
+    config_key = "dflash_config"
+    position = "slot"
 
     def __init__(self, pretrained: str | None = None, num_layers: int = 1, block_size: int = 8,
                  target_layer_ids: list[int] | None = None, mask_token_id: int | None = None, anchors: int = 32,
@@ -298,16 +274,7 @@ class DFlashModule(pl.LightningModule):
         self.feature_cache = FrozenStates(int(feature_cache_gb * 2**30)) if feature_cache_gb > 0 else None
         self.rank_agreement = None  # DecodeEval's table of heads (none here)
 
-    # ---- the frozen target -----------------------------------------------------------------------------------
-    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> DFlashModule:
-        super()._apply(fn, *args, **kwargs)
-        self.model._apply(fn, *args, **kwargs)
-        return self
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.lm.tokenizer
-
+    # ---- the frozen target: its features and greedy labels ---------------------------------------------------
     @torch.no_grad()
     def target_pass(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """The target over ``src`` (B, T): its features at ``target_layer_ids`` (B, T, A*H) and its greedy next token
@@ -378,12 +345,6 @@ class DFlashModule(pl.LightningModule):
     def generator(self, seed: int) -> torch.Generator:
         return torch.Generator().manual_seed(seed)
 
-    def log_metrics(self, prefix: str, out: dict[str, Tensor], n: int) -> None:
-        self.log(f"{prefix}/loss", out["loss"], prog_bar=True, batch_size=n, sync_dist=prefix != "train")
-        self.log(f"{prefix}/accepted", out["accepted"], prog_bar=True, batch_size=n, sync_dist=prefix != "train")
-        for j, value in enumerate(out["acc"].tolist(), start=1):
-            self.log(f"{prefix}/acc_slot{j}", value, batch_size=n, sync_dist=prefix != "train")
-
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         world = self.trainer.world_size if self._trainer is not None else 1
         out = self.step(batch, self.generator(anchor_seed(self.global_step, self.global_rank, world)),
@@ -400,55 +361,10 @@ class DFlashModule(pl.LightningModule):
         (a copy in the dtype of ``model``, the target or a runtime of it)."""
         return dflash_proposer(self.drafter, model)
 
-    # ---- optimizer -------------------------------------------------------------------------------------------
-    def configure_optimizers(self) -> Any:
-        hp = self.hparams
-        params = [p for p in self.drafter.parameters() if p.requires_grad]
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=(0.9, 0.95))
-        total = float(self.trainer.estimated_stepping_batches) if self._trainer is not None else math.inf
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, hp.warmup_steps, total))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-
-    # ---- checks and checkpoints ------------------------------------------------------------------------------
+    # ---- checks --------------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         """A training sequence must exceed the block size and fit the target's context (checked before any step)."""
-        seq_len = getattr(getattr(self._trainer, "datamodule", None), "seq_len", None)
-        if seq_len is not None and seq_len <= self.block_size:
-            raise ValueError(f"data.seq_len {seq_len} must exceed model.block_size {self.block_size}")
-        positions = self.model.n_positions
-        if seq_len is not None and positions is not None and seq_len > positions:
-            raise ValueError(f"data.seq_len {seq_len} is longer than the model's context ({positions} positions)")
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        cls = type(self)
-        checkpoint["lightning_bpd_class"] = f"{cls.__module__}.{cls.__qualname__}"
-        checkpoint["dflash_config"] = self.drafter.config.to_dict()
-        checkpoint["hf_pretrained"] = self.hparams.pretrained
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """The drafter rebuilt from the hyperparameters must be the one saved (same target, same shapes)."""
-        saved = checkpoint.get("dflash_config")
-        if saved is not None and saved != self.drafter.config.to_dict():
-            raise ValueError(f"the checkpoint's drafter {saved} is not the one its options build on "
-                             f"{self.hparams.pretrained} ({self.drafter.config.to_dict()}): was the target changed?")
-
-    @classmethod
-    def init_args_of_checkpoint(cls, hparams: Mapping[str, Any]) -> dict[str, Any]:
-        """The ``__init__`` arguments kept in a checkpoint's hyperparameters."""
-        names = set(inspect.signature(cls.__init__).parameters) - {"self"}
-        return {key: value for key, value in hparams.items() if key in names}
-
-    # ---- held-out prompts (LMModule's, on the target) and DecodeEval's hooks ------------------------------------
-    encode_prompts = LMModule.encode_prompts
-    detokenize = LMModule.detokenize
-    max_decode_len = LMModule.max_decode_len
-    make_criterion = LMModule.make_criterion
-    decode_eval_batches = LMModule.decode_eval_batches
-    decode_eval_metrics = LMModule.decode_eval_metrics
-    render_blocks = LMModule.render_blocks
-    decode_eval_samples = LMModule.decode_eval_samples
+        self.check_seq_len(self.block_size, "block_size")
 
 
 

@@ -34,12 +34,9 @@ sequences, counted at ``setup("fit")``, as speculators counts its data's tokens)
 
 from __future__ import annotations
 
-import inspect
 import os
-from collections.abc import Mapping
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -51,7 +48,6 @@ from lightning_bpd.nn.argmax import argmax
 from lightning_bpd.nn.eagle3 import Eagle3Config, Eagle3Drafter, default_eagle3_layers, vocab_mapping
 from lightning_bpd.tasks.frozen_states import FrozenStates
 from lightning_bpd.tasks.lm.dflash_module import (
-    DFlashModule,
     anchor_seed,
     block_acceptance,
     drafter_for,
@@ -60,7 +56,7 @@ from lightning_bpd.tasks.lm.dflash_module import (
     is_own_base,
     target_shape,
 )
-from lightning_bpd.tasks.lm.module import LMModule
+from lightning_bpd.tasks.lm.drafter_module import DrafterModule, load_drafter_state
 
 EAGLE3_CLASS = "lightning_bpd.tasks.lm.eagle3_module.Eagle3Module"
 LOSSES = ("kl_div", "ce")
@@ -163,25 +159,11 @@ def eagle3_proposer(drafter: Any, model: Any, block_size: int | None = None, wha
 def load_eagle3_drafter(path: str | os.PathLike) -> Eagle3Drafter:
     """The drafter alone of an Eagle3Module checkpoint (its target is not loaded); one-line ValueError on a file
     that is none (a DFlash drafter's, a heads checkpoint, a folder, ...)."""
-    path = os.fspath(path)
-    hint = "give the .ckpt of a fit with conf/lm/eagle3.yaml"
-    if not os.path.isfile(path):
-        raise ValueError(f"{path}: no EAGLE-3 drafter checkpoint there ({hint})")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # noqa: BLE001 (a corrupt or foreign file: say so once)
-        raise ValueError(f"{path} is not a readable PyTorch checkpoint ({type(err).__name__})") from None
-    kind = ckpt.get("lightning_bpd_class") if isinstance(ckpt, dict) else None
-    if kind != EAGLE3_CLASS or "eagle3_config" not in ckpt:
-        raise ValueError(f"{path} is not an EAGLE-3 drafter checkpoint "
-                         f"({str(kind or 'not lightning_bpd').rpartition('.')[2]}): {hint}")
-    drafter = Eagle3Drafter(Eagle3Config.from_dict(ckpt["eagle3_config"]))
-    state = {k.removeprefix("drafter."): v for k, v in ckpt["state_dict"].items() if k.startswith("drafter.")}
-    drafter.load_state_dict(state, strict=True)
-    return drafter.eval()
+    return load_drafter_state(path, EAGLE3_CLASS, "eagle3_config", lambda c: Eagle3Drafter(Eagle3Config.from_dict(c)),
+                              "an EAGLE-3 drafter", "give the .ckpt of a fit with conf/lm/eagle3.yaml")
 
 
-class Eagle3Module(pl.LightningModule):
+class Eagle3Module(DrafterModule):
     """An EAGLE-3 drafter trained on a frozen causal LM (``pretrained``).
 
     Args:
@@ -208,6 +190,9 @@ class Eagle3Module(pl.LightningModule):
             ``block_size - 1`` drafts (null: ``ttt_steps + 1``, as deep as trained).
         max_new_tokens: validation decodes (and ``decode``'s default) continue each prompt by at most this many tokens.
     """
+
+    config_key = "eagle3_config"
+    position = "depth"
 
     def __init__(self, pretrained: str | None = None, target_layer_ids: list[int] | None = None,
                  draft_vocab: int | None = None, ttt_steps: int = 3, ttt_step_loss_decay: float = 1.0,
@@ -277,16 +262,7 @@ class Eagle3Module(pl.LightningModule):
         self.vocab_counted = not config.uses_draft_vocab  # the draft vocabulary is counted once, at setup("fit")
         self.rank_agreement = None  # DecodeEval's table of heads (none here)
 
-    # ---- the frozen target -----------------------------------------------------------------------------------
-    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Eagle3Module:
-        super()._apply(fn, *args, **kwargs)
-        self.model._apply(fn, *args, **kwargs)
-        return self
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.lm.tokenizer
-
+    # ---- the frozen target: its features and last hidden states ----------------------------------------------
     @torch.no_grad()
     def target_pass(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """The target's own forward over ``src`` (B, T): its features at ``target_layer_ids`` (B, T, A*H) and its last
@@ -345,13 +321,6 @@ class Eagle3Module(pl.LightningModule):
                                          valid.transpose(1, 2))
         return {"loss": loss, "loss_depth": per_step, "acc": acc, "accepted": accepted}
 
-    def log_metrics(self, prefix: str, out: dict[str, Tensor], n: int) -> None:
-        sync = prefix != "train"
-        self.log(f"{prefix}/loss", out["loss"], prog_bar=True, batch_size=n, sync_dist=sync)
-        self.log(f"{prefix}/accepted", out["accepted"], prog_bar=True, batch_size=n, sync_dist=sync)
-        for d, value in enumerate(out["acc"].tolist(), start=1):
-            self.log(f"{prefix}/acc_depth{d}", value, batch_size=n, sync_dist=sync)
-
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         generator = None
         if self.feature_noise > 0:  # every (step, rank) its own noise
@@ -381,56 +350,23 @@ class Eagle3Module(pl.LightningModule):
         self.drafter.set_vocab_mapping(d2t.to(self.drafter.d2t.device), t2d.to(self.drafter.t2d.device))
         self.vocab_counted = True
 
-    # ---- optimizer (DFlashModule's: AdamW on the drafter's trainable parameters, warmup then cosine) ------------
-    configure_optimizers = DFlashModule.configure_optimizers
-
     # ---- checks and checkpoints ------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         """A training sequence must exceed ``ttt_steps`` and fit the target's context (checked before any step); a
         draft vocabulary is counted from the training data when fitting starts (once)."""
+        self.check_seq_len(self.ttt_steps, "ttt_steps")
         datamodule = getattr(self._trainer, "datamodule", None)
-        seq_len = getattr(datamodule, "seq_len", None)
-        if seq_len is not None and seq_len <= self.ttt_steps:
-            raise ValueError(f"data.seq_len {seq_len} must exceed model.ttt_steps {self.ttt_steps}")
-        positions = self.model.n_positions
-        if seq_len is not None and positions is not None and seq_len > positions:
-            raise ValueError(f"data.seq_len {seq_len} is longer than the model's context ({positions} positions)")
         if stage == "fit" and not self.vocab_counted:
             if datamodule is None:
                 raise ValueError("model.draft_vocab: the draft vocabulary is counted from the training data: fit with "
                                  "a data module, or set model.draft_vocab=null")
             self.set_draft_vocab(token_counts(datamodule, self.drafter.config.vocab_size))
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        cls = type(self)
-        checkpoint["lightning_bpd_class"] = f"{cls.__module__}.{cls.__qualname__}"
-        checkpoint["eagle3_config"] = self.drafter.config.to_dict()
-        checkpoint["hf_pretrained"] = self.hparams.pretrained
-
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """The drafter rebuilt from the hyperparameters must be the one saved (same target, same shapes); its draft
         vocabulary comes with its state (not counted again)."""
-        saved = checkpoint.get("eagle3_config")
-        if saved is not None and saved != self.drafter.config.to_dict():
-            raise ValueError(f"the checkpoint's drafter {saved} is not the one its options build on "
-                             f"{self.hparams.pretrained} ({self.drafter.config.to_dict()}): was the target changed?")
+        super().on_load_checkpoint(checkpoint)
         self.vocab_counted = True
-
-    @classmethod
-    def init_args_of_checkpoint(cls, hparams: Mapping[str, Any]) -> dict[str, Any]:
-        """The ``__init__`` arguments kept in a checkpoint's hyperparameters."""
-        names = set(inspect.signature(cls.__init__).parameters) - {"self"}
-        return {key: value for key, value in hparams.items() if key in names}
-
-    # ---- held-out prompts (LMModule's, on the target) and DecodeEval's hooks ------------------------------------
-    encode_prompts = LMModule.encode_prompts
-    detokenize = LMModule.detokenize
-    max_decode_len = LMModule.max_decode_len
-    make_criterion = LMModule.make_criterion
-    decode_eval_batches = LMModule.decode_eval_batches
-    decode_eval_metrics = LMModule.decode_eval_metrics
-    render_blocks = LMModule.render_blocks
-    decode_eval_samples = LMModule.decode_eval_samples
 
 
 __all__ = ["EAGLE3_CLASS", "Eagle3Module", "check_eagle3_fits", "depth_labels", "eagle3_proposer",
