@@ -40,6 +40,7 @@ from pytorch_lightning.cli import (
 from pytorch_lightning.loggers import WandbLogger
 
 from lightning_bpd.callbacks.decode_eval import DecodeEval
+from lightning_bpd.callbacks.training_clock import TrainingClock
 from lightning_bpd.config_bases import add_config_arguments
 from lightning_bpd.nn.config import IMAGE_KEYS, MODEL_KEYS
 from lightning_bpd.nn.warm_start import CheckpointMismatchError
@@ -62,6 +63,7 @@ COMMANDS = {
     "decode": "translate a file or stdin with a checkpoint, k and a criterion",
     "bench": "time greedy against blockwise decoding of a checkpoint (table and JSON)",
     "bench-generate": "time a Hugging Face heads checkpoint against its base's own generate (greedy, prompt lookup)",
+    "bench-drafters": "one table: heads and drafter runs of one base, exact, against its generate, with training cost",
     "distill": "beam-decode a training corpus with a teacher (sequence-level distillation), sharded, resumable",
     "human-eval": "export side-by-side image pairs for raters (export) and score their answers (analyze)",
     "make-base": "a fresh random Marian or Llama base and its own BPE tokenizer (a Hugging Face directory) from a corpus",
@@ -77,6 +79,7 @@ PLAIN_COMMANDS = {
     "decode": "lightning_bpd.commands.decode",
     "bench": "lightning_bpd.commands.bench",
     "bench-generate": "lightning_bpd.commands.bench_generate",
+    "bench-drafters": "lightning_bpd.commands.bench_drafters",
     "distill": "lightning_bpd.commands.distill",
     "human-eval": "lightning_bpd.commands.human_eval",
     "make-base": "lightning_bpd.commands.make_base",
@@ -359,7 +362,10 @@ class BPDCLI(LightningCLI):
         check_data = getattr(self.datamodule, "check_data", None)
         if self.subcommand and callable(check_data):
             check_data(self.subcommand)
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        if not any(isinstance(cb, TrainingClock) for cb in trainer.callbacks):
+            trainer.callbacks.append(TrainingClock())  # the checkpoints' training seconds (training_clock.py)
+        return trainer
 
     def before_fit(self) -> None:
         cfg = self.config[self.subcommand]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from lightning_bpd.callbacks.training_clock import TrainingClock, training_seconds
 from lightning_bpd.commands.cli import main
 from tests.batch_recorder import CLASS_PATH, seen_batches
 
@@ -40,3 +41,11 @@ def test_resumed_run_sees_the_same_batches_and_ends_with_the_same_weights(tmp_pa
     ours, theirs = full.model.state_dict(), resumed.model.state_dict()
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+    # every fit's checkpoints keep its training seconds (TrainingClock), summed over the run it resumed
+    half_clock = training_seconds(torch.load("runs/half/last.ckpt", weights_only=False))
+    resumed_clock = training_seconds(torch.load("runs/resumed/last.ckpt", weights_only=False))
+    full_clock = training_seconds(torch.load("runs/full/last.ckpt", weights_only=False))
+    assert half_clock is not None and 0 < half_clock < resumed_clock and full_clock > 0
+    clock = next(cb for cb in resumed.trainer.callbacks if isinstance(cb, TrainingClock))
+    assert clock.seconds() == resumed_clock  # stopped at the fit's end: what its last.ckpt holds

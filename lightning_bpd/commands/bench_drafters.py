@@ -1,0 +1,276 @@
+"""``bench-drafters``: trained proposers of one base side by side, one table: several language-modelling runs on the
+same frozen Hugging Face base (chained or Medusa heads, a DFlash or an EAGLE-3 drafter) decode the same prompts with
+exact acceptance, batch by batch in turn with the base's own ``generate``, transformers' prompt lookup and ours::
+
+    python -m lightning_bpd bench-drafters \\
+        --run chained=runs/code-lm/frozen_distilled/last.ckpt --run medusa=runs/code-lm/medusa_distilled/last.ckpt \\
+        --run dflash=runs/code-lm/dflash/last.ckpt --run eagle3=runs/code-lm/eagle3/last.ckpt \\
+        --data-root ../shared/data/code/python-stdlib/Lib --split test --limit 64 --max-new-tokens 64 \\
+        --batch-sizes 1 --tree-nodes 0 16 --precision float32-packed --json results/lm/code_lm_drafters.json
+
+Rows: ``hf_generate``, ``hf_prompt_lookup`` and ``prompt_lookup`` (ours: n-grams of the prompt, exact, any batch);
+per run ``NAME`` (the heads' single path, the DFlash block, the EAGLE-3 chain) and, per ``--tree-nodes`` N > 0,
+``NAME+nodes<N>`` (heads: the tree of N nodes from the run's rank agreement table) or ``NAME+tree<N>`` (EAGLE-3: a
+dynamic tree of N nodes); a DFlash run has no tree rows. Per row: tokens per target call, seconds against
+``generate``'s on the same batches, rows that differ from ``generate``'s (0 expected: every row is exact), and what
+the run cost to train: its training minutes (the checkpoint's :class:`~lightning_bpd.callbacks.training_clock.
+TrainingClock`, else Lightning's ``Timer``; ``--minutes NAME=M`` for a run saved without either), steps, and the
+proposer's own parameters (the heads or the drafter; the base's are not counted).
+
+Every run must hold the same base (configuration and every weight), the same tokenizer and the same prompts (its
+data split settings), else the command stops with one line that says which run differs: a table of proposers is a
+comparison on one model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_bpd.benchmarks.lm_generate import GENERATE, LOOKUP, LMGenerate, bench_methods
+from lightning_bpd.benchmarks.lm_prompts import add_prompt_args
+from lightning_bpd.benchmarks.ours import ours, runtime_options
+from lightning_bpd.callbacks.training_clock import training_seconds
+from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP, is_dflash, main_row, prepare
+from lightning_bpd.decoding.trees.budget import tree_nodes_arg
+from lightning_bpd.inference.arguments import add_draft_vocab_args, add_precision_arg, add_timing_args
+from lightning_bpd.records import device_name, write_json
+
+PROG = "python -m lightning_bpd bench-drafters"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", action="append", required=True, metavar="NAME=CKPT",
+                   help="a run to bench under NAME: a language-modelling checkpoint with heads, or a DFlash or "
+                        "EAGLE-3 drafter's (repeat; all on one base)")
+    p.add_argument("--minutes", action="append", default=[], metavar="NAME=M",
+                   help="run NAME's training minutes, where its checkpoint keeps no training clock")
+    p.add_argument("--input", default=None, help='prompts: JSON Lines, each {"prompt": "..."} (or --data-root)')
+    p.add_argument("--limit", type=int, default=64, dest="inputs", help="number of prompts decoded per batch size")
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1])
+    p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
+    p.add_argument("--tree-nodes", type=tree_nodes_arg, nargs="+", default=[],
+                   help="also decode with trees of N nodes (heads: from the rank agreement table; EAGLE-3: dynamic)")
+    p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="generate's prompt_lookup_num_tokens")
+    p.add_argument("--max-matching-ngram", type=int, default=2, help="generate's max_matching_ngram_size")
+    p.add_argument("--device", default="cpu")
+    add_precision_arg(p)
+    add_draft_vocab_args(p)
+    add_timing_args(p)
+    p.add_argument("--json", default=None, help="write the record here")
+    add_prompt_args(p)
+    return p
+
+
+def named(pairs: list[str], what: str) -> dict[str, str]:
+    """``NAME=VALUE`` pairs by name; ValueError (one line) on a malformed pair or a repeated name."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name or not value:
+            raise ValueError(f"{what} takes NAME=VALUE, got {pair!r}")
+        if name in out:
+            raise ValueError(f"{what}: the name {name!r} is given twice")
+        out[name] = value
+    return out
+
+
+def base_difference(ours_: Any, theirs: Any) -> str | None:
+    """None if two Hugging Face bases are the same model (configuration and every weight), else what differs."""
+    def settings(model: Any) -> dict[str, Any]:  # less where it was read from
+        return {k: v for k, v in model.config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
+
+    if settings(ours_) != settings(theirs):
+        return "another configuration"
+    mine, other = ours_.state_dict(), theirs.state_dict()
+    if mine.keys() != other.keys():
+        return "other weights"
+    for key, value in mine.items():
+        if not torch.equal(value, other[key]):
+            return f"other weights ({key})"
+    return None
+
+
+def proposer_parameters(module: Any) -> int:
+    """The parameters that the run trained for proposing: the module's, less its base's (each tensor once)."""
+    base = {id(p) for p in module.model.base.parameters()}
+    seen: dict[int, int] = {}
+    for p in module.parameters():
+        if id(p) not in base:
+            seen[id(p)] = p.numel()
+    return sum(seen.values())
+
+
+def kind_of(module: Any) -> str:
+    """What proposes in a run: ``chained heads``, ``medusa heads``, ``paper heads``, ``DFlash`` or ``EAGLE-3``."""
+    row = main_row(module)
+    return {"dflash": "DFlash", "eagle3": "EAGLE-3"}.get(row) or f"{module.model.head_type} heads"
+
+
+def training_record(path: str, minutes: str | None) -> dict[str, Any]:
+    """A run's training cost: minutes (``--minutes``, else its checkpoint's clock), steps (None: a heads folder)."""
+    saved = {} if Path(path).is_dir() else torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    seconds = training_seconds(saved)  # a heads folder (save_heads) keeps no clock
+    record: dict[str, Any] = {"steps": saved.get("global_step")}
+    if minutes is not None:
+        record.update(minutes=float(minutes), minutes_from="--minutes")
+    elif seconds is not None:
+        record.update(minutes=seconds / 60, minutes_from="the checkpoint's training clock")
+    else:
+        record.update(minutes=None, minutes_from="unknown (no training clock in the checkpoint; give --minutes)")
+    return record
+
+
+def run_rows(name: str, module: Any, args: argparse.Namespace) -> tuple[dict[str, Callable], list[str], Any]:
+    """A run's rows of ours by name (``NAME``, ``NAME+nodes<N>``, ``NAME+tree<N>``), the prompts it reads and the
+    runtime's options; ValueError (one line) on bad input."""
+    mine = copy.copy(args)
+    mine.peers, mine.llamacpp_bin, mine.assistant, mine.k = [], None, None, None
+    # NAME is the single path already (0 nodes); a DFlash drafter proposes single blocks
+    mine.tree_nodes = [] if is_dflash(module) else [n for n in args.tree_nodes if n != 0]
+    max_new, prompts, options, runtime, trees, _, drafter = prepare(module, mine)
+    rows: dict[str, Callable] = {}
+    if drafter:
+        main = main_row(module)
+        for row, proposer in drafter.items():
+            rows[name + row.removeprefix(main)] = ours(runtime, None, proposer=proposer)
+    else:
+        rows[name] = ours(runtime, None)
+        for row, tree in trees.items():
+            rows[f"{name}+{row.split('+', 1)[1]}"] = ours(runtime, None, tree)
+    return rows, prompts, (max_new, options)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The table as Markdown, one row per method."""
+    lines = ["| row | proposer | tokens per call | x generate | differ | training minutes | steps | parameters |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+
+    def cell(value: Any, digits: int = 2) -> str:
+        return "" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+    for r in rows:
+        lines.append(f"| {r['row']} | {r['proposer']} | {cell(r.get('tokens_per_call'))} | "
+                     f"{cell(r['speedup_over_hf_generate'])} | {cell(r.get('differs_from_hf_generate'))} | "
+                     f"{cell(r.get('training_minutes'), 1)} | {cell(r.get('steps'))} | {cell(r.get('parameters'))} |")
+    return "\n".join(lines)
+
+
+def table(report: dict[str, Any], runs: dict[str, dict[str, Any]], row_run: dict[str, str]) -> list[dict[str, Any]]:
+    """One batch size's rows for the table: the report's numbers with each row's run and its training cost."""
+    kinds = {GENERATE: "generate (greedy)", LOOKUP: "transformers' prompt lookup", OURS_LOOKUP: "prompt lookup (ours)"}
+    out = []
+    for row, r in report.items():
+        if "skipped" in r:
+            continue
+        run = runs.get(row_run.get(row, ""), {})
+        out.append({"row": row, "proposer": kinds.get(row) or run.get("proposer"),
+                    "tokens_per_call": r.get("mean_accepted_block_size"),
+                    "speedup_over_hf_generate": r["speedup_over_hf_generate"],
+                    "differs_from_hf_generate": r.get("differs_from_hf_generate"),
+                    "training_minutes": run.get("minutes"), "steps": run.get("steps"),
+                    "parameters": run.get("parameters")})
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from lightning_bpd.checkpoints import load_error, load_model
+
+    args = build_parser().parse_args(argv)
+    try:
+        paths, minutes = named(args.run, "--run"), named(args.minutes, "--minutes")
+        unknown = sorted(set(minutes) - set(paths))
+        if unknown:
+            raise ValueError(f"--minutes names no --run: {', '.join(unknown)}")
+    except ValueError as err:
+        sys.exit(f"bench-drafters: {err}")
+    modules: dict[str, Any] = {}
+    for name, path in paths.items():
+        try:
+            modules[name] = load_model(path, args.device)
+        except (ValueError, OSError, KeyError, RuntimeError, TypeError) as err:
+            sys.exit(f"bench-drafters: --run {name}={path}: {load_error(err)}")
+    first_name, first = next(iter(modules.items()))
+    from lightning_bpd.hf.causal import HFCausalBlockwise
+
+    methods: dict[str, Callable] = {}
+    ours_rows: list[str] = []
+    runs: dict[str, dict[str, Any]] = {}
+    row_run: dict[str, str] = {}
+    prompts = setting = None
+    for name, module in modules.items():
+        where = f"--run {name}={paths[name]}"
+        if not isinstance(getattr(module, "model", None), HFCausalBlockwise):
+            sys.exit(f"bench-drafters: {where}: not a run on a Hugging Face causal base (generate is the reference)")
+        differs = base_difference(first.model.base, module.model.base)
+        if differs is None and first.tokenizer.get_vocab() != module.tokenizer.get_vocab():
+            differs = "another tokenizer"
+        if differs is not None:
+            sys.exit(f"bench-drafters: {where}: its base is not run {first_name}'s ({differs}); the table compares "
+                     "proposers of one frozen base")
+        try:
+            args.ckpt = paths[name]
+            rows, its_prompts, its_setting = run_rows(name, module, args)
+        except (ValueError, TypeError, OSError) as err:
+            sys.exit(f"bench-drafters: {where}: {str(err).strip().splitlines()[0]}")
+        if prompts is None:
+            prompts, setting = its_prompts, its_setting
+        elif its_prompts != prompts:
+            sys.exit(f"bench-drafters: {where}: its prompts differ from run {first_name}'s (another data split or "
+                     "prompt length): give --prompt-tokens and --suffixes")
+        methods.update(rows)
+        ours_rows += list(rows)
+        row_run.update({row: name for row in rows})
+        runs[name] = {"ckpt": paths[name], "proposer": kind_of(module), "parameters": proposer_parameters(module),
+                      **training_record(paths[name], minutes.get(name))}
+    max_new, options = setting
+    model = first.model
+    eos = list(model.generation_rules.eos_ids or [model.eos_id])
+    methods = {GENERATE: LMGenerate(model.base, model.pad_id, eos),
+               LOOKUP: LMGenerate(model.base, model.pad_id, eos, lookup=(args.prompt_lookup_tokens,
+                                                                          args.max_matching_ngram)),
+               **methods,
+               OURS_LOOKUP: ours(lookup_runtime(first, args), None, proposer=prompt_lookup(args))}
+    result: dict[str, Any] = {
+        "runs": runs, "base": first.hparams.get("pretrained"), "model_type": model.base.config.model_type,
+        "device": str(first.device), "device_name": device_name(first.device), "threads": torch.get_num_threads(),
+        "inputs": len(prompts), "prompts_from": args.input or f"{args.data_root} ({args.split} split)",
+        "max_new_tokens": max_new, "options": runtime_options(options, args), "tree_nodes": args.tree_nodes,
+        "prompt_lookup_num_tokens": args.prompt_lookup_tokens, "max_matching_ngram_size": args.max_matching_ngram,
+        "transformers_version": __import__("transformers").__version__, "methods": list(methods),
+        "batch_sizes": {}, "tables": {}}
+    print(f"device: {result['device_name']}; {len(prompts)} prompts, at most {max_new} new tokens; every row of ours "
+          "exact; x gen = generate's seconds over the row's", flush=True)
+    for bs in args.batch_sizes:
+        batches = [first.encode_prompts(prompts[i : i + bs]) for i in range(0, len(prompts), bs)]
+        report = bench_methods(methods, batches, max_new, args.warmup, [*ours_rows, OURS_LOOKUP])
+        result["batch_sizes"][str(bs)] = report
+        rows = table(report, runs, row_run)
+        result["tables"][str(bs)] = rows
+        print(f"\nbatch size {bs}\n" + markdown(rows), flush=True)
+    if args.json:
+        write_json(args.json, result)
+    return result
+
+
+def lookup_runtime(module: Any, args: argparse.Namespace) -> Any:
+    """The first run's base through the inference runtime at ``--precision`` (our prompt lookup's)."""
+    from lightning_bpd.inference import build_runtime
+    from lightning_bpd.inference.arguments import options_from_args
+
+    return build_runtime(module.model, options_from_args(args, module))
+
+
+def prompt_lookup(args: argparse.Namespace) -> Any:
+    """Our prompt lookup with generate's n-gram size and token count."""
+    from lightning_bpd.decoding.proposers import PromptLookup
+
+    return PromptLookup(args.max_matching_ngram, args.prompt_lookup_tokens)
+

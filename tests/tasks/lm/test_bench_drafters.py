@@ -1,0 +1,105 @@
+"""``bench-drafters`` (issue 54's one table): heads and drafter runs of one base on the same prompts, every row equal
+to ``generate``, each with its training cost; runs of another base, bad pairs and unknown names are one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from lightning_bpd.benchmarks.lm_generate import GENERATE, LOOKUP
+from lightning_bpd.callbacks.training_clock import STATE_KEY
+from lightning_bpd.commands.bench_drafters import main as bench_drafters
+from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP
+from lightning_bpd.tasks.lm.module import LMModule
+from lightning_bpd.tasks.translation.hf_module import save_heads
+from tests.tasks.lm.test_eagle3_commands import fit_eagle3
+from tests.tasks.lm.tiny_dflash import PROMPTS, fit_drafter, save_dflash
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+N = 10
+
+
+def with_clock(path: Path, seconds: float) -> Path:
+    """The checkpoint at ``path`` with a training clock of ``seconds`` (as fit's TrainingClock saves it)."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    ckpt.setdefault("callbacks", {})[STATE_KEY] = {"train_seconds": seconds}
+    ckpt["global_step"] = 7
+    torch.save(ckpt, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(checkpoint, tmp_path_factory) -> Path:
+    """chained and medusa heads folders, a DFlash and an EAGLE-3 checkpoint (clocks of 90 s and 30 s), all on the
+    tiny Llama ``checkpoint``, and the prompts."""
+    root = tmp_path_factory.mktemp("drafters")
+    save_heads(LMModule(str(checkpoint), k=3, max_new_tokens=N).eval(), root / "chained")
+    save_heads(LMModule(str(checkpoint), k=3, head_type="medusa", max_new_tokens=N).eval(), root / "medusa")
+    with_clock(save_dflash(fit_drafter(checkpoint, steps=120), root / "dflash.ckpt"), 90.0)
+    with_clock(save_dflash(fit_eagle3(checkpoint, steps=60), root / "eagle3.ckpt"), 30.0)
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return root
+
+
+def args_of(root: Path, *runs: str) -> list[str]:
+    pairs = [f"{name}={root / name}{'.ckpt' if name in ('dflash', 'eagle3') else ''}" for name in runs]
+    return [x for pair in pairs for x in ("--run", pair)] + [
+        "--input", str(root / "prompts.jsonl"), "--max-new-tokens", str(N), "--warmup", "1",
+        "--prompt-lookup-tokens", "3"]
+
+
+def test_one_table_of_heads_and_drafters_every_row_equals_generate(runs, checkpoint, capsys):
+    out = runs / "table.json"
+    result = bench_drafters([*args_of(runs, "chained", "medusa", "dflash", "eagle3"), "--batch-sizes", "1", "2",
+                             "--tree-nodes", "0", "5", "--minutes", "chained=2.5", "--json", str(out)])
+    assert result["methods"] == [GENERATE, LOOKUP, "chained", "chained+nodes5", "medusa", "medusa+nodes5", "dflash",
+                                 "eagle3", "eagle3+tree5", OURS_LOOKUP]
+    for bs in ("1", "2"):
+        report = result["batch_sizes"][bs]
+        for name in result["methods"][1:]:
+            if "skipped" not in report[name]:
+                assert report[name]["differs_from_hf_generate"] == 0, (bs, name)
+        assert report["dflash"]["mean_accepted_block_size"] > 1.0
+        assert report["eagle3"]["mean_accepted_block_size"] > 1.0
+    assert "skipped" in result["batch_sizes"]["2"][LOOKUP]  # transformers' assisted loop: batch 1 only
+    rows = {r["row"]: r for r in result["tables"]["1"]}
+    assert rows["chained"]["proposer"] == "chained heads" and rows["medusa+nodes5"]["proposer"] == "medusa heads"
+    assert rows["eagle3+tree5"]["proposer"] == "EAGLE-3" and rows["dflash"]["proposer"] == "DFlash"
+    assert rows["chained"]["training_minutes"] == 2.5 and rows["medusa"]["training_minutes"] is None
+    assert rows["dflash"]["training_minutes"] == pytest.approx(1.5) and rows["eagle3"]["steps"] == 7
+    assert rows[GENERATE]["speedup_over_hf_generate"] == pytest.approx(1.0)
+    # the proposers' own parameters, never the base's: Medusa's heads 2 and 3 are one D x D block and bias each
+    d = json.loads((checkpoint / "config.json").read_text())["hidden_size"]
+    assert rows["medusa"]["parameters"] == 2 * (d * d + d)
+    assert rows["dflash"]["parameters"] > 0 and rows["chained"]["parameters"] > 0
+    saved = json.loads(out.read_text())
+    assert saved["runs"]["eagle3"]["minutes_from"] == "the checkpoint's training clock"
+    assert "| eagle3+tree5 | EAGLE-3 |" in capsys.readouterr().out
+
+
+def test_runs_of_another_base_bad_pairs_and_unknown_names_are_one_line(runs, checkpoint, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(checkpoint, other)
+    weights = safetensors_torch.load_file(other / "model.safetensors")
+    key = next(k for k in weights if k.endswith("mlp.up_proj.weight"))
+    weights[key] = weights[key] + 1e-3
+    safetensors_torch.save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
+    save_heads(LMModule(str(other), k=3, max_new_tokens=N).eval(), tmp_path / "moved")
+    base = args_of(runs, "chained")
+    with pytest.raises(SystemExit, match=rf"--run moved=.*: its base is not run chained's \(other weights \({key}\)\)"):
+        bench_drafters([*base, "--run", f"moved={tmp_path / 'moved'}"])
+    with pytest.raises(SystemExit, match="--run takes NAME=VALUE, got 'chained'"):
+        bench_drafters([*base, "--run", "chained"])
+    with pytest.raises(SystemExit, match="--run: the name 'chained' is given twice"):
+        bench_drafters([*base, "--run", f"chained={runs / 'medusa'}"])
+    with pytest.raises(SystemExit, match="--minutes names no --run: medusa"):
+        bench_drafters([*base, "--minutes", "medusa=3"])
+    with pytest.raises(SystemExit, match=r"--run gone=.*no checkpoint at"):
+        bench_drafters([*base, "--run", f"gone={tmp_path / 'gone.ckpt'}"])
