@@ -32,7 +32,10 @@ proposing (``dflash@k<w>``, ``--k`` its block sizes, default the drafter's), and
 ``encode_features`` (the prefill with the drafter's layers) and ``decode_step_features`` (the w-token verify pass with
 them), ``logits_first``, and the proposals: the drafter's ``draft`` (its one bidirectional pass) and ``extend`` (the
 accepted positions' features into its context), the block's ``embed_tokens`` and the drafts' LM head
-(``draft_head``: the target's ``logits_first`` over the w - 1 drafted slots).
+(``draft_head``: the target's ``logits_first`` over the w - 1 drafted slots). On an EAGLE-3 drafter's checkpoint it is
+``eagle3@k<w>`` (chains of w) and, per ``--tree-nodes N``, ``eagle3+tree<N>@k<w>`` (dynamic trees of N nodes, w - 1
+deep, 4 wide; the verify pass ``decode_tree_features``); the drafter's part is ``extend`` (each call of its layer and
+LM head), and the trees' top-k, confidences and selection count in ``loop``.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ from lightning_bpd.inference.arguments import (
 from lightning_bpd.records import write_json
 
 TIMED = ("encode", "decode_step", "logits_first", "argmax_first", "logits_heads", "draft_tokens", "chain_drafts",
-         "chain_draft", "chain_step", "encode_features", "decode_step_features", "embed_tokens")
+         "chain_draft", "chain_step", "encode_features", "decode_step_features", "decode_tree_features", "embed_tokens")
 DRAFTER = ("draft", "extend", "draft_head")  # a DFlash drafter's parts (TimedDrafter), the drafts' LM head included
 PARTS = (*TIMED, *DRAFTER)
 
@@ -114,20 +117,39 @@ class TimedDrafter:
         return timed
 
 
+def drafter_proposer(module: Any, runtime: Runtime, proxy: TimedModel, k: int | None, tree_nodes: int = 0) -> Any:
+    """A drafter checkpoint's proposer, its drafter timed into ``proxy``: DFlash blocks of ``k``; EAGLE-3 chains of
+    ``k`` or, with ``tree_nodes``, its dynamic trees of that many nodes, ``k`` - 1 deep and 4 wide."""
+    from lightning_bpd.commands.bench_generate_lm import is_eagle3
+
+    if is_eagle3(module):
+        from lightning_bpd.decoding.proposers import Eagle3Tree
+        from lightning_bpd.decoding.trees.tree import DynamicTree
+        from lightning_bpd.tasks.lm.eagle3_module import eagle3_proposer
+
+        chain = eagle3_proposer(module.drafter, runtime, k)
+        timed = TimedDrafter(chain.drafter, proxy)
+        if tree_nodes:
+            return Eagle3Tree(timed, spec=DynamicTree(tree_nodes, chain.block_size - 1, 4))
+        return type(chain)(timed, chain.block_size)
+    from lightning_bpd.tasks.lm.dflash_module import dflash_proposer
+
+    made = dflash_proposer(module.drafter, runtime, k)
+    return type(made)(TimedDrafter(made.drafter, proxy), made.block_size)
+
+
 def profile(module: Any, runtime: Runtime, inputs: list[torch.Tensor], k: int | None, criterion: str | None,
-            stop_below: float | None = None, new_tokens: int | None = None) -> dict[str, Any]:
+            stop_below: float | None = None, new_tokens: int | None = None, tree_nodes: int = 0) -> dict[str, Any]:
     """Time one method of ``runtime`` (the module's model prepared) over ``inputs`` (greedy when ``criterion`` is
     None; ``stop_below``: the confidence stop), each decoded to at most ``new_tokens`` (None: the module's
-    ``max_decode_len``); on a DFlash checkpoint the blockwise method is the drafter's, blocks of ``k``."""
+    ``max_decode_len``); on a drafter's checkpoint the blockwise method is the drafter's (DFlash blocks of ``k``,
+    EAGLE-3 chains of ``k`` or its trees of ``tree_nodes``)."""
     proxy = TimedModel(runtime)
     rule = module.make_criterion(criterion) if criterion else None
     drafter = getattr(module, "drafter", None)
     proposer = None
     if drafter is not None and rule is not None:
-        from lightning_bpd.tasks.lm.dflash_module import dflash_proposer
-
-        made = dflash_proposer(drafter, runtime, k)
-        proposer = type(made)(TimedDrafter(made.drafter, proxy), made.block_size)
+        proposer = drafter_proposer(module, runtime, proxy, k, tree_nodes)
     start, steps = time.perf_counter(), 0
     for src in inputs:
         max_len = module.max_decode_len(src) if new_tokens is None else new_tokens
@@ -147,7 +169,7 @@ def profile(module: Any, runtime: Runtime, inputs: list[torch.Tensor], k: int | 
 
 
 PROPOSALS = ("logits_heads", "draft_tokens", "chain_drafts", "chain_draft", "chain_step", "embed_tokens", *DRAFTER)
-VERIFY = ("decode_step", "decode_step_features", "logits_first", "argmax_first")
+VERIFY = ("decode_step", "decode_step_features", "decode_tree_features", "logits_first", "argmax_first")
 
 
 def ceilings(greedy: dict[str, Any], method: dict[str, Any]) -> dict[str, float]:
@@ -186,6 +208,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     deprecated_alias(p, "--inputs", "--limit")
     p.add_argument("--k", type=int, nargs="+", default=None, help="block sizes (default: the model's k)")
     p.add_argument("--criterion", default="exact")
+    p.add_argument("--tree-nodes", type=int, nargs="*", default=[], help="an EAGLE-3 checkpoint: also its dynamic "
+                   "trees of N nodes (k - 1 deep, 4 wide), one method each")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     add_precision_arg(p)
     add_timing_args(p)
@@ -203,8 +227,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         inputs, new = lm_inputs(module, args) if hasattr(module, "encode_prompts") else (load_inputs(module, args), None)
     except (ValueError, FileNotFoundError, OSError) as err:
         raise SystemExit(f"where_time_goes: {str(err).strip().splitlines()[0]}") from None
-    dflash = getattr(module, "drafter", None) is not None
-    ks = args.k or [module.drafter.config.block_size if dflash else module.model.k]
+    from lightning_bpd.commands.bench_generate_lm import is_eagle3
+
+    drafter = getattr(module, "drafter", None) is not None
+    name = "eagle3" if is_eagle3(module) else "dflash" if drafter else args.criterion
+    ks = args.k or [module.block_size if is_eagle3(module) else module.drafter.config.block_size if drafter
+                    else module.model.k]
+    if args.tree_nodes and not is_eagle3(module):
+        raise SystemExit("where_time_goes: --tree-nodes times an EAGLE-3 drafter's dynamic trees; this checkpoint "
+                         "has none")
     profile(module, runtime, inputs[:2], ks[0], args.criterion, args.stop_below, new)  # warm-up
     report: dict[str, Any] = {"ckpt": args.ckpt, "inputs": len(inputs), "threads": torch.get_num_threads(),
                               "criterion": args.criterion, "precision": runtime.precision,
@@ -215,8 +246,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                          f"{args.data_root} ({args.split} split)"}),
                               "methods": {"greedy": profile(module, runtime, inputs, None, None, new_tokens=new)}}
     for k in ks:
-        report["methods"][f"{'dflash' if dflash else args.criterion}@k{k}"] = profile(module, runtime, inputs, k, args.criterion,
-                                                               args.stop_below, new)
+        report["methods"][f"{name}@k{k}"] = profile(module, runtime, inputs, k, args.criterion, args.stop_below, new)
+        for n in args.tree_nodes:
+            report["methods"][f"{name}+tree{n}@k{k}"] = profile(module, runtime, inputs, k, args.criterion,
+                                                                args.stop_below, new, tree_nodes=n)
     greedy = report["methods"]["greedy"]
     for name, r in report["methods"].items():
         if name != "greedy":

@@ -96,3 +96,29 @@ def test_a_dflash_checkpoint_is_timed_by_part(tmp_path):
     # the prompt's features once per decode, then each verify's accepted ones but the last (the rows are done)
     assert r["calls"]["extend"] == r["calls"]["decode_step_features"]
     assert r["ceilings"]["free_proposals"] > r["ceilings"]["measured"]
+
+
+def test_an_eagle3_checkpoint_is_timed_by_part_with_chains_and_trees(tmp_path):
+    """EAGLE-3 chains of 3: per iteration one verify pass with features and two calls of the drafter's layer (the
+    accepted positions with token 1, then the chain's second draft); its trees of 4 nodes, 2 deep: one tree verify
+    pass per iteration and one drafter call per depth."""
+    from tests.tasks.lm.tiny_dflash import PROMPTS, save_dflash
+    from tests.tasks.lm.test_eagle3_commands import fit_eagle3
+
+    target = write_checkpoint(tmp_path / "llama")
+    ckpt = save_dflash(fit_eagle3(target, steps=5), tmp_path / "eagle3.ckpt")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:3]))
+    report = main(["--ckpt", str(ckpt), "--input", str(prompts), "--limit", "3", "--max-new-tokens", "10",
+                   "--k", "3", "--tree-nodes", "4"])
+    assert set(report["methods"]) == {"greedy", "eagle3@k3", "eagle3+tree4@k3"}
+    chain, tree = report["methods"]["eagle3@k3"], report["methods"]["eagle3+tree4@k3"]
+    for r in (chain, tree):
+        assert sum(r["share"].values()) == pytest.approx(1.0) and r["calls"]["encode_features"] == 3
+        assert r["ceilings"]["free_proposals"] > r["ceilings"]["measured"]
+    verified = chain["calls"]["decode_step_features"]
+    assert verified == chain["steps"] and chain["calls"]["extend"] == 2 * verified
+    assert tree["calls"]["decode_tree_features"] == tree["steps"] == tree["calls"]["extend"] / 2
+    with pytest.raises(SystemExit, match="--tree-nodes times an EAGLE-3 drafter's dynamic trees"):
+        main(["--ckpt", str(save_heads(LMModule(str(target), k=3), tmp_path / "heads")), "--input", str(prompts),
+              "--tree-nodes", "4"])

@@ -4,11 +4,13 @@
 The tree is rooted at greedy's next token ``first``, whose entry (the target's features of the last accepted
 position with ``first``) goes into the drafter's cache with the positions the last verify pass accepted
 (:meth:`~lightning_bpd.decoding.proposers.eagle3.Eagle3Drafting.settle`); its logits give depth 1's candidates.
-Depth by depth, the kept nodes of the last depth go into the cache in one call, each seeing the committed entries,
+Depth by depth, the last depth's expanded nodes go into the cache in one call, each seeing the committed entries,
 its own ancestors' entries and itself (a tree mask), each fed its parent's output state and its own token; their
 logits give the next depth's candidates (each node's ``width`` most likely tokens, confidence = the product of the
-probabilities along its path), of which the ``nodes`` most confident stay. The tree is the ``nodes`` most confident of
-all kept candidates (:func:`~lightning_bpd.decoding.proposers.dynamic_tree.select`), and the tree's entries leave the
+probabilities along its path), of which the ``expand`` most confident (default ``width``) are expanded in turn:
+EAGLE-2's expansion, whose cost per depth is one drafter call of ``expand`` nodes, however large the tree. The tree is
+the ``nodes`` most confident of all candidates (:func:`~lightning_bpd.decoding.proposers.dynamic_tree.select`; all of
+them where there are fewer), and the tree's entries leave the
 drafter's cache once it is drafted. The target verifies the tree in one pass (``decode_tree_features``) and the
 features along the accepted path wait for the next iteration.
 
@@ -41,6 +43,7 @@ class Eagle3Tree(Eagle3):
     per row at every iteration; exact acceptance only."""
 
     spec: DynamicTree = DEFAULT_TREE
+    expand: int | None = None  # nodes expanded per depth (EAGLE-2's top-k); None: the tree's width
 
     @property
     def width(self) -> int:  # type: ignore[override]
@@ -54,6 +57,9 @@ class Eagle3Tree(Eagle3):
         if model.encode_features is None or model.decode_tree_features is None:
             raise ValueError(f"{type(model).__name__} offers no target features on a tree (encode_features, "
                              "decode_tree_features): an EAGLE-3 tree needs a causal base")
+        if self.expand is not None and (isinstance(self.expand, bool) or not isinstance(self.expand, int)
+                                        or self.expand < 1):
+            raise ValueError(f"an EAGLE-3 tree expands an integer >= 1 of nodes per depth, got {self.expand!r}")
         if not isinstance(criterion, Exact):  # the accepted path is unique only under exact acceptance
             raise ValueError(  # noqa: TRY004 (a rule this proposer cannot serve: the decoders' one-line ValueError)
                 f"EAGLE-3 dynamic trees take exact acceptance, not {criterion.name}")
@@ -64,7 +70,7 @@ class Eagle3Tree(Eagle3):
 
     def start(self, run: Any) -> Eagle3TreeDrafting:
         return Eagle3TreeDrafting(self.drafter, self.width, tuple(self.drafter.config.target_layer_ids),
-                                  spec=self.spec)
+                                  spec=self.spec, expand=self.expand)
 
 
 @dataclass
@@ -72,8 +78,10 @@ class Eagle3TreeDrafting(Eagle3Drafting):
     """One decode's drafter state (:class:`Eagle3Drafting`'s), growing a tree per row at each iteration."""
 
     spec: DynamicTree = DEFAULT_TREE
+    expand: int | None = None
     trees: Any = None
     candidates: list[Tensor] | None = None
+    slots: Tensor | None = None
 
     @property
     def extra_slots(self) -> int:  # type: ignore[override]
@@ -81,41 +89,44 @@ class Eagle3TreeDrafting(Eagle3Drafting):
 
     @property
     def draft_slots(self) -> int:  # type: ignore[override]
-        """The tree's entries: at most ``nodes`` per depth."""
-        return self.spec.nodes * self.spec.depth + 1
+        """The tree's entries: the expanded nodes, at most ``expand`` per depth."""
+        return (self.expand or self.spec.width) * self.spec.depth + 1
 
     def propose(self, run: Any, h: Tensor, first: Tensor | None) -> FeatureRowTree:
-        model, spec = run.model, self.spec
+        model, spec, expand = run.model, self.spec, self.expand or self.spec.width
         first = opening_token(run, h, first)  # (b,)
         state, logits = self.settle(first)  # (b, D), (b, Vd): the root's entry, depth 1's logits
         committed = self.cache.lengths.clone()  # (b,)
         b = first.shape[0]
         zero = first.new_zeros(b, 1)
-        front = zero  # (b, m): the last depth's kept candidates
+        front, front_tokens = zero, first[:, None]  # (b, m): the nodes expanded at this depth, their tokens
         front_scores = state.new_zeros(b, 1).float()
         states, logits = state[:, None], logits[:, None]  # (b, m, D), (b, m, Vd): each front node's entry
         tokens, scores, depths, parents = [first[:, None]], [front_scores], [zero], [zero]
         self.candidates = tokens  # the candidates' tokens by depth so far (read by tests of the tree's entries)
+        self.slots = zero[:, :0]  # (b, s): the candidate in each tree slot of the cache (after ``committed``)
         ancestors = torch.ones(b, 1, 1, dtype=torch.bool, device=first.device)  # (b, M, M) over the candidates
         count = 1
         for d in range(1, spec.depth + 1):
-            if d > 1:  # the last depth's kept nodes into the cache: their states and logits
-                states, logits = self.grow_entries(states, tokens[-1], front, ancestors, committed, d)
+            if d > 1:  # the last depth's expanded nodes into the cache: their states and logits
+                states, logits = self.grow_entries(states, front_tokens, front, ancestors, committed, d)
+                self.slots = torch.cat([self.slots, front], dim=1)
             drafted = self.target_logits(model, logits)  # (b, m, V)
             kids = top_ranks(drafted, spec.width)  # (b, m, W) target ids
             kid_logp = log_probs(drafted).gather(-1, kids)  # (b, m, W)
-            score = (front_scores[:, :, None] + kid_logp).reshape(b, -1)  # (b, m * W)
-            keep = score.sort(dim=1, descending=True, stable=True).indices[:, : spec.nodes]  # (b, m')
-            parent = keep // spec.width  # (b, m'): the position in the front
-            new = keep.shape[1]
-            front_scores = score.gather(1, keep)
-            tokens.append(kids.reshape(b, -1).gather(1, keep))
-            scores.append(front_scores)
-            depths.append(torch.full_like(keep, d))
+            score = (front_scores[:, :, None] + kid_logp).reshape(b, -1)  # (b, m * W): every child a candidate
+            kid_tokens = kids.reshape(b, -1)
+            new = score.shape[1]
+            parent = (torch.arange(new, device=first.device) // spec.width).expand(b, -1)  # (b, m * W): in the front
+            tokens.append(kid_tokens)
+            scores.append(score)
+            depths.append(torch.full_like(kid_tokens, d))
             parents.append(front.gather(1, parent))
-            states = states.gather(1, parent[:, :, None].expand(-1, -1, states.shape[-1]))  # each kid's parent state
-            ancestors = grown(ancestors, front.gather(1, parent))  # (b, count + m', count + m')
-            front = count + torch.arange(new, device=first.device).expand(b, -1)
+            ancestors = grown(ancestors, front.gather(1, parent))  # (b, count + m * W, count + m * W)
+            if d < spec.depth:  # EAGLE-2's expansion: the ``expand`` most confident children go on
+                keep = score.sort(dim=1, descending=True, stable=True).indices[:, :expand]  # (b, e)
+                states = states.gather(1, (keep // spec.width)[:, :, None].expand(-1, -1, states.shape[-1]))
+                front, front_tokens, front_scores = count + keep, kid_tokens.gather(1, keep), score.gather(1, keep)
             count += new
         self.cache.crop(committed)  # the tree's entries go; the verify pass's features replace them
         trees = select(torch.cat(tokens, 1), torch.cat(scores, 1), torch.cat(depths, 1), torch.cat(parents, 1), spec)
@@ -126,15 +137,17 @@ class Eagle3TreeDrafting(Eagle3Drafting):
                      d: int) -> tuple[Tensor, Tensor]:
         """Nodes ``front`` (b, m) (candidate ids) of depth d - 1 into the cache, each fed its parent's output state
         ``states`` (b, m, D) and its token ``tokens`` (b, m) at the row's position + d - 1, seeing the committed
-        entries, its ancestors' entries (candidate c >= 1 sits at slot ``committed + c - 1``) and itself -> their
-        output states (b, m, D) and logits (b, m, Vd)."""
+        entries, its ancestors' entries (tree slot j, at ``committed + j``, holds candidate ``self.slots[:, j]``)
+        and itself -> their output states (b, m, D) and logits (b, m, Vd)."""
         b, m = front.shape
         c = int(self.cache.lengths.max())  # the longest row's entries, the tree's so far included
         rel = torch.arange(c, device=front.device)[None, :] - committed[:, None]  # (b, C): < 0 committed
-        cand = (rel + 1).clamp(0, ancestors.shape[-1] - 1)  # (b, C): the candidate in each tree slot
+        s = self.slots.shape[1]
+        in_tree = (rel >= 0) & (rel < s)  # (b, C): the row's tree slots so far
+        cand = self.slots.gather(1, rel.clamp(0, s - 1)) if s else torch.zeros_like(rel)  # (b, C)
         mine = ancestors.gather(1, front[:, :, None].expand(-1, -1, ancestors.shape[-1]))  # (b, m, M)
         seen_tree = mine.gather(2, cand[:, None, :].expand(-1, m, -1))  # (b, m, C)
-        seen = (rel < 0)[:, None, :] | ((rel >= 0)[:, None, :] & seen_tree)
+        seen = (rel < 0)[:, None, :] | (in_tree[:, None, :] & seen_tree)
         itself = torch.eye(m, dtype=torch.bool, device=front.device).expand(b, m, m)
         positions = (committed + d - 1)[:, None].expand(b, m)  # the root sits at position ``committed``
         return self.drafter.extend(self.cache, states, tokens, positions, mask=torch.cat([seen, itself], dim=-1))
