@@ -9,7 +9,8 @@ exact acceptance, batch by batch in turn with the base's own ``generate``, trans
         --batch-sizes 1 --tree-nodes 0 16 --precision float32-packed --json results/lm/code_lm_drafters.json
 
 Rows: ``hf_generate``, ``hf_prompt_lookup`` and ``prompt_lookup`` (ours: n-grams of the prompt, exact, any batch);
-per run ``NAME`` (the heads' single path, the DFlash block, the EAGLE-3 chain) and, per ``--tree-nodes`` N > 0,
+per run ``NAME`` (the heads' single path, the DFlash block, the EAGLE-3 chain; ``--k NAME=K`` its block, default the
+run's) and, per ``--tree-nodes`` N > 0,
 ``NAME+nodes<N>`` (heads: the tree of N nodes from the run's rank agreement table) or ``NAME+tree<N>`` (EAGLE-3: a
 dynamic tree of N nodes); a DFlash run has no tree rows. Per row: tokens per target call, seconds against
 ``generate``'s on the same batches, rows that differ from ``generate``'s (0 expected: every row is exact), and what
@@ -50,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", action="append", required=True, metavar="NAME=CKPT",
                    help="a run to bench under NAME: a language-modelling checkpoint with heads, or a DFlash or "
                         "EAGLE-3 drafter's (repeat; all on one base)")
+    p.add_argument("--k", action="append", default=[], metavar="NAME=K", dest="run_k",
+                   help="run NAME's block: heads used, a DFlash block, an EAGLE-3 chain (its trees K - 1 deep); "
+                        "default the run's own")
     p.add_argument("--minutes", action="append", default=[], metavar="NAME=M",
                    help="run NAME's training minutes, where its checkpoint keeps no training clock")
     p.add_argument("--input", default=None, help='prompts: JSON Lines, each {"prompt": "..."} (or --data-root)')
@@ -128,11 +132,12 @@ def training_record(path: str, minutes: str | None) -> dict[str, Any]:
     return record
 
 
-def run_rows(name: str, module: Any, args: argparse.Namespace) -> tuple[dict[str, Callable], list[str], Any]:
-    """A run's rows of ours by name (``NAME``, ``NAME+nodes<N>``, ``NAME+tree<N>``), the prompts it reads and the
-    runtime's options; ValueError (one line) on bad input."""
+def run_rows(name: str, module: Any, args: argparse.Namespace, k: int | None = None
+             ) -> tuple[dict[str, Callable], list[str], Any]:
+    """A run's rows of ours by name (``NAME``, ``NAME+nodes<N>``, ``NAME+tree<N>``) with block ``k`` (None: the
+    run's), the prompts it reads and the runtime's options; ValueError (one line) on bad input."""
     mine = copy.copy(args)
-    mine.peers, mine.llamacpp_bin, mine.assistant, mine.k = [], None, None, None
+    mine.peers, mine.llamacpp_bin, mine.assistant, mine.k = [], None, None, k
     # NAME is the single path already (0 nodes); a DFlash drafter proposes single blocks
     mine.tree_nodes = [] if is_dflash(module) else [n for n in args.tree_nodes if n != 0]
     max_new, prompts, options, runtime, trees, _, drafter = prepare(module, mine)
@@ -185,10 +190,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     args = build_parser().parse_args(argv)
     try:
-        paths, minutes = named(args.run, "--run"), named(args.minutes, "--minutes")
-        unknown = sorted(set(minutes) - set(paths))
-        if unknown:
-            raise ValueError(f"--minutes names no --run: {', '.join(unknown)}")
+        paths, minutes, ks = named(args.run, "--run"), named(args.minutes, "--minutes"), named(args.run_k, "--k")
+        for option, given in (("--minutes", minutes), ("--k", ks)):
+            unknown = sorted(set(given) - set(paths))
+            if unknown:
+                raise ValueError(f"{option} names no --run: {', '.join(unknown)}")
+        for option, given, kind in (("--minutes", minutes, float), ("--k", ks, int)):
+            for name, value in given.items():
+                try:
+                    kind(value)
+                except ValueError:
+                    raise ValueError(f"{option} {name}={value}: not a{'n integer' if kind is int else ' number'}") \
+                        from None
     except ValueError as err:
         sys.exit(f"bench-drafters: {err}")
     modules: dict[str, Any] = {}
@@ -217,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "proposers of one frozen base")
         try:
             args.ckpt = paths[name]
-            rows, its_prompts, its_setting = run_rows(name, module, args)
+            rows, its_prompts, its_setting = run_rows(name, module, args, int(ks[name]) if name in ks else None)
         except (ValueError, TypeError, OSError) as err:
             sys.exit(f"bench-drafters: {where}: {str(err).strip().splitlines()[0]}")
         if prompts is None:
@@ -228,7 +241,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         methods.update(rows)
         ours_rows += list(rows)
         row_run.update({row: name for row in rows})
-        runs[name] = {"ckpt": paths[name], "proposer": kind_of(module), "parameters": proposer_parameters(module),
+        runs[name] = {"ckpt": paths[name], "proposer": kind_of(module), "k": int(ks[name]) if name in ks else None,
+                      "parameters": proposer_parameters(module),
                       **training_record(paths[name], minutes.get(name))}
     max_new, options = setting
     model = first.model

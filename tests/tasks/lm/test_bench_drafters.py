@@ -58,7 +58,8 @@ def args_of(root: Path, *runs: str) -> list[str]:
 def test_one_table_of_heads_and_drafters_every_row_equals_generate(runs, checkpoint, capsys):
     out = runs / "table.json"
     result = bench_drafters([*args_of(runs, "chained", "medusa", "dflash", "eagle3"), "--batch-sizes", "1", "2",
-                             "--tree-nodes", "0", "5", "--minutes", "chained=2.5", "--json", str(out)])
+                             "--tree-nodes", "0", "5", "--minutes", "chained=2.5", "--k", "eagle3=3",
+                             "--json", str(out)])
     assert result["methods"] == [GENERATE, LOOKUP, "chained", "chained+nodes5", "medusa", "medusa+nodes5", "dflash",
                                  "eagle3", "eagle3+tree5", OURS_LOOKUP]
     for bs in ("1", "2"):
@@ -81,6 +82,7 @@ def test_one_table_of_heads_and_drafters_every_row_equals_generate(runs, checkpo
     assert rows["dflash"]["parameters"] > 0 and rows["chained"]["parameters"] > 0
     saved = json.loads(out.read_text())
     assert saved["runs"]["eagle3"]["minutes_from"] == "the checkpoint's training clock"
+    assert saved["runs"]["eagle3"]["k"] == 3 and saved["runs"]["dflash"]["k"] is None
     assert "| eagle3+tree5 | EAGLE-3 |" in capsys.readouterr().out
 
 
@@ -101,5 +103,9 @@ def test_runs_of_another_base_bad_pairs_and_unknown_names_are_one_line(runs, che
         bench_drafters([*base, "--run", f"chained={runs / 'medusa'}"])
     with pytest.raises(SystemExit, match="--minutes names no --run: medusa"):
         bench_drafters([*base, "--minutes", "medusa=3"])
+    with pytest.raises(SystemExit, match="--k chained=two: not an integer"):
+        bench_drafters([*base, "--k", "chained=two"])
+    with pytest.raises(SystemExit, match=r"--run chained=.*--k must lie in \[1, 3\].*got 9"):
+        bench_drafters([*base, "--k", "chained=9"])
     with pytest.raises(SystemExit, match=r"--run gone=.*no checkpoint at"):
         bench_drafters([*base, "--run", f"gone={tmp_path / 'gone.ckpt'}"])
