@@ -197,6 +197,35 @@ def test_an_eagle3_tree_of_one_path_is_the_chain():
     tree = decode(model, src, Exact(), Eagle3Tree(drafter, spec=DynamicTree(nodes=3, depth=3, width=1)), max_len=14)
     assert tree.sequences() == chain.sequences() and tree.block_sizes == chain.block_sizes
     assert max(max(sizes) for sizes in chain.block_sizes) > 1
+    # chain first: a tree 3 wide of as many nodes as it is deep is the chain too (the chain's nodes come first,
+    # every tree reaches the full depth); ranked by confidence alone, its 3 nodes are mostly shallower ones
+    from lightning_bpd.decoding.proposers.eagle3_tree import Eagle3TreeDrafting
+
+    @dataclass
+    class Depths(Eagle3TreeDrafting):
+        deepest: list = field(default_factory=list)
+
+        def propose(self, run, h, first):
+            out = super().propose(run, h, first)
+            self.deepest += self.trees.depths.max(dim=1).values.tolist()
+            return out
+
+    @dataclass(frozen=True)
+    class Recorded(Eagle3Tree):
+        def start(self, run):
+            made = super().start(run)
+            self.__dict__["made"] = Depths(made.drafter, made.size, made.layers, spec=made.spec,
+                                           chain_first=made.chain_first)
+            return self.made
+
+    wide = DynamicTree(nodes=3, depth=3, width=3)
+    proposer = Recorded(drafter, spec=wide)
+    first = decode(model, src, Exact(), proposer, max_len=14)
+    assert first.sequences() == chain.sequences() and first.block_sizes == chain.block_sizes
+    assert set(proposer.made.deepest) == {3}
+    ranked = Recorded(drafter, spec=wide, chain_first=False)
+    assert decode(model, src, Exact(), ranked, max_len=14).sequences() == chain.sequences()
+    assert min(ranked.made.deepest) < 3
 
 
 def test_our_own_base_decodes_trees_as_greedy():

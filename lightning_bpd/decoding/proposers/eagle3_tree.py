@@ -10,7 +10,10 @@ logits give the next depth's candidates (each node's ``width`` most likely token
 probabilities along its path), of which the ``expand`` most confident (default ``width``) are expanded in turn:
 EAGLE-2's expansion, whose cost per depth is one drafter call of ``expand`` nodes, however large the tree. The tree is
 the ``nodes`` most confident of all candidates (:func:`~lightning_bpd.decoding.proposers.dynamic_tree.select`; all of
-them where there are fewer), and the tree's entries leave the
+them where there are fewer). With ``chain_first`` (the default) the drafter's own chain (the top child of the top
+child ..., what :class:`~lightning_bpd.decoding.proposers.eagle3.Eagle3` drafts) is always expanded and always in the
+tree, its ``depth`` nodes first, so a tree accepts at least what the chain of ``depth + 1`` would; the confidence
+ranks the rest. The tree's entries leave the
 drafter's cache once it is drafted. The target verifies the tree in one pass (``decode_tree_features``) and the
 features along the accepted path wait for the next iteration.
 
@@ -44,6 +47,7 @@ class Eagle3Tree(Eagle3):
 
     spec: DynamicTree = DEFAULT_TREE
     expand: int | None = None  # nodes expanded per depth (EAGLE-2's top-k); None: the tree's width
+    chain_first: bool = True  # the drafter's own chain (each depth's top child of the last) always in the tree
 
     @property
     def width(self) -> int:  # type: ignore[override]
@@ -70,7 +74,7 @@ class Eagle3Tree(Eagle3):
 
     def start(self, run: Any) -> Eagle3TreeDrafting:
         return Eagle3TreeDrafting(self.drafter, self.width, tuple(self.drafter.config.target_layer_ids),
-                                  spec=self.spec, expand=self.expand)
+                                  spec=self.spec, expand=self.expand, chain_first=self.chain_first)
 
 
 @dataclass
@@ -79,6 +83,7 @@ class Eagle3TreeDrafting(Eagle3Drafting):
 
     spec: DynamicTree = DEFAULT_TREE
     expand: int | None = None
+    chain_first: bool = True
     trees: Any = None
     candidates: list[Tensor] | None = None
     slots: Tensor | None = None
@@ -103,6 +108,7 @@ class Eagle3TreeDrafting(Eagle3Drafting):
         front_scores = state.new_zeros(b, 1).float()
         states, logits = state[:, None], logits[:, None]  # (b, m, D), (b, m, Vd): each front node's entry
         tokens, scores, depths, parents = [first[:, None]], [front_scores], [zero], [zero]
+        ranks = [front_scores]  # (b, m) per depth: what the selection ranks by (the chain's nodes first, +inf)
         self.candidates = tokens  # the candidates' tokens by depth so far (read by tests of the tree's entries)
         self.slots = zero[:, :0]  # (b, s): the candidate in each tree slot of the cache (after ``committed``)
         ancestors = torch.ones(b, 1, 1, dtype=torch.bool, device=first.device)  # (b, M, M) over the candidates
@@ -120,16 +126,20 @@ class Eagle3TreeDrafting(Eagle3Drafting):
             parent = (torch.arange(new, device=first.device) // spec.width).expand(b, -1)  # (b, m * W): in the front
             tokens.append(kid_tokens)
             scores.append(score)
+            rank = score.clone()
+            if self.chain_first:  # front[:, 0] is the chain's node: its top child (kid 0) continues the chain
+                rank[:, 0] = float("inf")
+            ranks.append(rank)
             depths.append(torch.full_like(kid_tokens, d))
             parents.append(front.gather(1, parent))
             ancestors = grown(ancestors, front.gather(1, parent))  # (b, count + m * W, count + m * W)
             if d < spec.depth:  # EAGLE-2's expansion: the ``expand`` most confident children go on
-                keep = score.sort(dim=1, descending=True, stable=True).indices[:, :expand]  # (b, e)
+                keep = rank.sort(dim=1, descending=True, stable=True).indices[:, :expand]  # (b, e), the chain's first
                 states = states.gather(1, (keep // spec.width)[:, :, None].expand(-1, -1, states.shape[-1]))
                 front, front_tokens, front_scores = count + keep, kid_tokens.gather(1, keep), score.gather(1, keep)
             count += new
         self.cache.crop(committed)  # the tree's entries go; the verify pass's features replace them
-        trees = select(torch.cat(tokens, 1), torch.cat(scores, 1), torch.cat(depths, 1), torch.cat(parents, 1), spec)
+        trees = select(torch.cat(tokens, 1), torch.cat(ranks, 1), torch.cat(depths, 1), torch.cat(parents, 1), spec)
         self.trees = trees
         return FeatureRowTree(trees, sink=self)
 
