@@ -103,11 +103,12 @@ def base_difference(ours_: Any, theirs: Any) -> str | None:
 
 
 def proposer_parameters(module: Any) -> int:
-    """The parameters that the run trained for proposing: the module's, less its base's (each tensor once)."""
+    """The parameters that the run trained for proposing: the module's trainable ones, less its base's (each tensor
+    once; an EAGLE-3 drafter's frozen copy of the target's embeddings is not counted)."""
     base = {id(p) for p in module.model.base.parameters()}
     seen: dict[int, int] = {}
     for p in module.parameters():
-        if id(p) not in base:
+        if id(p) not in base and p.requires_grad:
             seen[id(p)] = p.numel()
     return sum(seen.values())
 
