@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                OURS_LOOKUP: ours(lookup_runtime(first, args), None, proposer=prompt_lookup(args))}
     result: dict[str, Any] = {
         "runs": runs, "base": first.hparams.get("pretrained"), "model_type": model.base.config.model_type,
+        "generate_dtype": str(next(model.base.parameters()).dtype),
         "device": str(first.device), "device_name": device_name(first.device), "threads": torch.get_num_threads(),
         "inputs": len(prompts), "prompts_from": args.input or f"{args.data_root} ({args.split} split)",
         "max_new_tokens": max_new, "options": runtime_options(options, args), "tree_nodes": args.tree_nodes,
