@@ -117,11 +117,16 @@ class TimedDrafter:
         return timed
 
 
+def is_eagle3(module: Any) -> bool:
+    """An EAGLE-3 drafter's run (its drafter proposes chains or trees)."""
+    from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
+
+    return isinstance(module, Eagle3Module)
+
+
 def drafter_proposer(module: Any, runtime: Runtime, proxy: TimedModel, k: int | None, tree_nodes: int = 0) -> Any:
     """A drafter checkpoint's proposer, its drafter timed into ``proxy``: DFlash blocks of ``k``; EAGLE-3 chains of
     ``k`` or, with ``tree_nodes``, its dynamic trees of that many nodes, ``k`` - 1 deep and 4 wide."""
-    from lightning_bpd.commands.bench_generate_lm import is_eagle3
-
     if is_eagle3(module):
         from lightning_bpd.decoding.proposers import Eagle3Tree
         from lightning_bpd.decoding.trees.tree import DynamicTree
@@ -227,8 +232,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         inputs, new = lm_inputs(module, args) if hasattr(module, "encode_prompts") else (load_inputs(module, args), None)
     except (ValueError, FileNotFoundError, OSError) as err:
         raise SystemExit(f"where_time_goes: {str(err).strip().splitlines()[0]}") from None
-    from lightning_bpd.commands.bench_generate_lm import is_eagle3
-
     drafter = getattr(module, "drafter", None) is not None
     name = "eagle3" if is_eagle3(module) else "dflash" if drafter else args.criterion
     ks = args.k or [module.block_size if is_eagle3(module) else module.drafter.config.block_size if drafter

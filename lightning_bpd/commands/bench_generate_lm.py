@@ -64,6 +64,7 @@ from lightning_bpd.benchmarks.lm_generate import (
 )
 from lightning_bpd.benchmarks.lm_prompts import add_prompt_args, lm_prompts, new_tokens
 from lightning_bpd.benchmarks.ours import ours, runtime_options
+from lightning_bpd.benchmarks.where_time_goes import is_eagle3
 from lightning_bpd.decoding import Exact
 from lightning_bpd.records import device_name, write_json
 
@@ -76,12 +77,6 @@ def is_dflash(module: Any) -> bool:
     from lightning_bpd.tasks.lm.dflash_module import DFlashModule
 
     return isinstance(module, DFlashModule)
-
-
-def is_eagle3(module: Any) -> bool:
-    from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
-
-    return isinstance(module, Eagle3Module)
 
 
 def is_drafter(module: Any) -> bool:
