@@ -239,7 +239,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.tree_nodes and not is_eagle3(module):
         raise SystemExit("where_time_goes: --tree-nodes times an EAGLE-3 drafter's dynamic trees; this checkpoint "
                          "has none")
-    profile(module, runtime, inputs[:2], ks[0], args.criterion, args.stop_below, new)  # warm-up
+    if args.tree_nodes and (min(args.tree_nodes) < 1 or args.criterion != "exact"):
+        raise SystemExit("where_time_goes: --tree-nodes takes node counts >= 1, with --criterion exact")
+    try:
+        profile(module, runtime, inputs[:2], ks[0], args.criterion, args.stop_below, new)  # warm-up
+        for k, n in ((k, n) for k in ks for n in args.tree_nodes):  # every tree fits (a one-line error now)
+            drafter_proposer(module, runtime, TimedModel(runtime), k, n).check(runtime, module.make_criterion("exact"))
+    except ValueError as err:
+        raise SystemExit(f"where_time_goes: {str(err).strip().splitlines()[0]}") from None
     report: dict[str, Any] = {"ckpt": args.ckpt, "inputs": len(inputs), "threads": torch.get_num_threads(),
                               "criterion": args.criterion, "precision": runtime.precision,
                               "proposal_precision": args.proposal_precision, "stop_below": args.stop_below,

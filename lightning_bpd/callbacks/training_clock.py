@@ -36,6 +36,13 @@ class TrainingClock(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.before, self.started = self.seconds(), None
 
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        """A checkpoint saved before fit kept this clock: start from its ``Timer``'s training seconds, if any
+        (``load_state_dict`` follows where the clock's own state is saved)."""
+        if STATE_KEY not in (checkpoint.get("callbacks") or {}):
+            self.before = training_seconds(checkpoint) or 0.0
+
     def state_dict(self) -> dict[str, Any]:
         return {"train_seconds": self.seconds()}
 

@@ -38,7 +38,7 @@ from lightning_bpd.benchmarks.lm_generate import GENERATE, LOOKUP, LMGenerate, b
 from lightning_bpd.benchmarks.lm_prompts import add_prompt_args
 from lightning_bpd.benchmarks.ours import ours, runtime_options
 from lightning_bpd.callbacks.training_clock import training_seconds
-from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP, is_dflash, main_row, prepare
+from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP, is_dflash, is_drafter, main_row, prepare
 from lightning_bpd.decoding.trees.budget import tree_nodes_arg
 from lightning_bpd.inference.arguments import add_draft_vocab_args, add_precision_arg, add_timing_args
 from lightning_bpd.records import device_name, write_json
@@ -73,13 +73,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+RESERVED = (GENERATE, LOOKUP, OURS_LOOKUP)  # the reference rows' names
+
+
 def named(pairs: list[str], what: str) -> dict[str, str]:
-    """``NAME=VALUE`` pairs by name; ValueError (one line) on a malformed pair or a repeated name."""
+    """``NAME=VALUE`` pairs by name; ValueError (one line) on a malformed pair, a repeated name, or a name that is a
+    reference row's or holds ``+`` (a tree row's separator)."""
     out: dict[str, str] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name or not value:
             raise ValueError(f"{what} takes NAME=VALUE, got {pair!r}")
+        if name in RESERVED or "+" in name:
+            raise ValueError(f"{what}: the name {name!r} is taken by a row of the table ({', '.join(RESERVED)}, "
+                             "NAME+tree<N>): choose another")
         if name in out:
             raise ValueError(f"{what}: the name {name!r} is given twice")
         out[name] = value
@@ -121,7 +128,7 @@ def kind_of(module: Any) -> str:
 
 def training_record(path: str, minutes: str | None) -> dict[str, Any]:
     """A run's training cost: minutes (``--minutes``, else its checkpoint's clock), steps (None: a heads folder)."""
-    saved = {} if Path(path).is_dir() else torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    saved = {} if Path(path).is_dir() else torch.load(path, map_location="cpu", weights_only=False)
     seconds = training_seconds(saved)  # a heads folder (save_heads) keeps no clock
     record: dict[str, Any] = {"steps": saved.get("global_step")}
     if minutes is not None:
@@ -141,6 +148,9 @@ def run_rows(name: str, module: Any, args: argparse.Namespace, k: int | None = N
     mine.peers, mine.llamacpp_bin, mine.assistant, mine.k = [], None, None, k
     # NAME is the single path already (0 nodes); a DFlash drafter proposes single blocks
     mine.tree_nodes = [] if is_dflash(module) else [n for n in args.tree_nodes if n != 0]
+    if is_drafter(module) and any(isinstance(n, str) for n in mine.tree_nodes):
+        raise ValueError("--tree-nodes auto picks a tree of the heads' rank agreement table: an EAGLE-3 run takes "
+                         "node counts")
     max_new, prompts, options, runtime, trees, _, drafter = prepare(module, mine)
     rows: dict[str, Callable] = {}
     if drafter:
@@ -191,6 +201,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     args = build_parser().parse_args(argv)
     try:
+        if min(args.batch_sizes) < 1 or args.inputs < 1:
+            raise ValueError("--batch-sizes and --limit take integers >= 1")
         paths, minutes, ks = named(args.run, "--run"), named(args.minutes, "--minutes"), named(args.run_k, "--k")
         for option, given in (("--minutes", minutes), ("--k", ks)):
             unknown = sorted(set(given) - set(paths))

@@ -184,6 +184,28 @@ def test_eagle3_trees_equal_generate_on_a_ragged_batch(family, draft_vocab):
             assert max(max(sizes) for sizes in got.block_sizes) <= spec.depth + 1
 
 
+def test_an_eagle3_tree_with_fewer_candidates_than_nodes_is_one_line():
+    """Expanding 2 nodes per depth, a tree 3 deep and 2 wide ranks 2 + 4 + 4 candidates: 12 nodes is refused, as is an
+    expansion that is no count; expanding 4 gives 2 + 4 + 8 and the 12 nodes fit."""
+    from lightning_bpd.decoding.proposers import Eagle3Tree
+    from lightning_bpd.decoding.trees.tree import DynamicTree
+
+    base = causal.tiny_lm("llama")
+    model = HFCausalBlockwise(base, k=1)
+    drafter = drafter_for(32, causal.VOCAB, embeddings=base.get_input_embeddings().weight)
+    spec = DynamicTree(nodes=12, depth=3, width=2)
+    with pytest.raises(ValueError, match="expands 2 nodes per depth has 10 candidates, fewer than its 12 nodes"):
+        Eagle3Tree(drafter, spec=spec).check(model, Exact())
+    with pytest.raises(ValueError, match="expands an integer >= 1 of nodes per depth, got 0"):
+        Eagle3Tree(drafter, spec=spec, expand=0).check(model, Exact())
+    wide = Eagle3Tree(drafter, spec=spec, expand=4)
+    rule = Exact()
+    assert wide.candidates == 14 and wide.check(model, rule) is rule
+    src = causal.prompts(2)
+    assert decode(model, src, Exact(), wide, max_len=10).sequences() == decode(
+        model, src, Exact(), Eagle3(drafter, 4), max_len=10).sequences()
+
+
 def test_an_eagle3_tree_of_one_path_is_the_chain():
     """A tree one wide is the chain of the same depth: the same blocks, token for token (the tree's mask and
     positions give each node what the chain gives its draft)."""
@@ -241,10 +263,11 @@ def test_our_own_base_decodes_trees_as_greedy():
     assert got.sequences() == want
 
 
-def test_each_tree_entry_is_the_training_time_test_along_its_path():
-    """Batch 1, a tree 3 wide: every node the drafter extends gets the logits the training-time test gives after the
-    node's own path (over the target's uncached features, the path's tokens fed), so each entry saw its ancestors,
-    not its siblings or cousins, at its own position."""
+@pytest.mark.parametrize("rows", [1, 3])
+def test_each_tree_entry_is_the_training_time_test_along_its_path(rows):
+    """A tree 3 wide, one row or three ragged ones (left-padded): every node the drafter extends gets the logits the
+    training-time test gives after the node's own path (over the row's uncached features, the path's tokens fed), so
+    each entry saw its own row's committed entries and ancestors, not its siblings or cousins, at its own position."""
     from lightning_bpd.decoding.proposers import Eagle3Tree
     from lightning_bpd.decoding.proposers.eagle3_tree import Eagle3TreeDrafting
     from lightning_bpd.decoding.trees.tree import DynamicTree
@@ -255,10 +278,13 @@ def test_each_tree_entry_is_the_training_time_test_along_its_path():
 
         def grow_entries(self, states, tokens, front, ancestors, committed, d):
             out = super().grow_entries(states, tokens, front, ancestors, committed, d)
-            every = torch.cat(self.candidates, dim=1)[0]  # (M,): the candidates' tokens so far
-            for i, f in enumerate(front[0].tolist()):
-                path = every[ancestors[0, f].nonzero().flatten()].tolist()  # root .. f, ancestors first
-                self.log.append((int(committed[0]), path, out[1][0, i]))
+            every = torch.cat(self.candidates, dim=1)  # (b, M): the candidates' tokens so far
+            if front.shape[0] < rows:  # a finished row left the batch: row indices are no longer the prompts'
+                return out
+            for r in range(front.shape[0]):
+                for i, f in enumerate(front[r].tolist()):
+                    path = every[r, ancestors[r, f].nonzero().flatten()].tolist()  # root .. f, ancestors first
+                    self.log.append((r, int(committed[r]), path, out[1][r, i]))
             return out
 
     @dataclass(frozen=True)
@@ -271,14 +297,15 @@ def test_each_tree_entry_is_the_training_time_test_along_its_path():
     base = causal.tiny_lm("llama")
     model = HFCausalBlockwise(base, k=1)
     drafter = drafter_for(32, causal.VOCAB, 50, embeddings=base.get_input_embeddings().weight)
-    prompt = causal.prompts(1, width=7)[0]
-    prompt = prompt[prompt != causal.PAD][None]  # (1, n)
-    proposer = Recorded(drafter, spec=DynamicTree(nodes=8, depth=3, width=3))
-    out = decode(model, prompt, Exact(), proposer, max_len=12).sequences()[0]
-    n, log = prompt.shape[1], proposer.made[-1].log
-    assert len(log) >= 10
-    for entries, path, logits in log:
-        committed = prompt[0].tolist() + out[: entries - n + 1 - 1]  # the drafter holds positions 1 .. L - 1
+    src = causal.prompts(rows, width=7, side="left")  # (rows, 7): lengths 7, .., 1
+    proposer = Recorded(drafter, spec=DynamicTree(nodes=8, depth=4, width=3))  # depth 4: slots != candidate ids
+    outs = decode(model, src, Exact(), proposer, max_len=12).sequences()
+    log = proposer.made[-1].log
+    assert len(log) >= 6 * rows and {r for r, *_ in log} == set(range(rows))
+    for r, entries, path, logits in log:
+        prompt, out = src[r][src[r] != causal.PAD].tolist(), outs[r]
+        n = len(prompt)
+        committed = prompt + out[: entries - n + 1 - 1]  # the drafter holds positions 1 .. L - 1
         assert len(committed) == entries
         seq = torch.tensor([committed + path + [0]])
         features = uncached_features(base, committed)  # (1, L, 2D)

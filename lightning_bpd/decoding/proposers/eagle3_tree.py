@@ -67,10 +67,24 @@ class Eagle3Tree(Eagle3):
         if not isinstance(criterion, Exact):  # the accepted path is unique only under exact acceptance
             raise ValueError(  # noqa: TRY004 (a rule this proposer cannot serve: the decoders' one-line ValueError)
                 f"EAGLE-3 dynamic trees take exact acceptance, not {criterion.name}")
+        if self.spec.nodes > self.candidates:
+            raise ValueError(f"an EAGLE-3 tree {self.spec.depth} deep and {self.spec.width} wide that expands "
+                             f"{self.expand or self.spec.width} nodes per depth has {self.candidates} candidates, fewer "
+                             f"than its {self.spec.nodes} nodes: ask for fewer nodes, or expand more (expand=)")
         if model.vocab_size is not None and int(self.drafter.config.vocab_size) != model.vocab_size:
             raise ValueError(f"the EAGLE-3 drafter's vocabulary ({self.drafter.config.vocab_size}) is not the "
                              f"target's ({model.vocab_size}): it was trained on another target")
         return criterion
+
+    @property
+    def candidates(self) -> int:
+        """The candidates a proposal ranks (the root's not counted): each depth's expanded nodes' children."""
+        spec, expand = self.spec, self.expand or self.spec.width
+        front, total = 1, 0
+        for _ in range(spec.depth):
+            total += front * spec.width
+            front = min(expand, front * spec.width)
+        return total
 
     def start(self, run: Any) -> Eagle3TreeDrafting:
         return Eagle3TreeDrafting(self.drafter, self.width, tuple(self.drafter.config.target_layer_ids),

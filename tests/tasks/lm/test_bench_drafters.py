@@ -103,6 +103,14 @@ def test_runs_of_another_base_bad_pairs_and_unknown_names_are_one_line(runs, che
         bench_drafters([*base, "--run", f"chained={runs / 'medusa'}"])
     with pytest.raises(SystemExit, match="--minutes names no --run: medusa"):
         bench_drafters([*base, "--minutes", "medusa=3"])
+    with pytest.raises(SystemExit, match="--run: the name 'hf_generate' is taken by a row of the table"):
+        bench_drafters([*base, "--run", f"hf_generate={runs / 'medusa'}"])
+    with pytest.raises(SystemExit, match="--run: the name 'a\\+b' is taken by a row"):
+        bench_drafters([*base, "--run", f"a+b={runs / 'medusa'}"])
+    with pytest.raises(SystemExit, match="--batch-sizes and --limit take integers >= 1"):
+        bench_drafters([*base, "--batch-sizes", "0"])
+    with pytest.raises(SystemExit, match="--run eagle3=.*--tree-nodes auto picks a tree of the heads"):
+        bench_drafters([*args_of(runs, "eagle3"), "--tree-nodes", "auto"])
     with pytest.raises(SystemExit, match="--k chained=two: not an integer"):
         bench_drafters([*base, "--k", "chained=two"])
     with pytest.raises(SystemExit, match=r"--run chained=.*--k must lie in \[1, 3\].*got 9"):
