@@ -121,8 +121,8 @@ def test_an_eagle3_checkpoint_is_timed_by_part_with_chains_and_trees(tmp_path):
     assert tree["calls"]["decode_tree_features"] == tree["steps"] == tree["calls"]["extend"] / 2
     with pytest.raises(SystemExit, match="--tree-nodes takes node counts >= 1, with --criterion exact"):
         main(["--ckpt", str(ckpt), "--input", str(prompts), "--tree-nodes", "0"])
-    with pytest.raises(SystemExit, match="where_time_goes: an EAGLE-3 tree 2 deep .* fewer than its 20 nodes"):
-        main(["--ckpt", str(ckpt), "--input", str(prompts), "--k", "3", "--tree-nodes", "20"])
+    with pytest.raises(SystemExit, match="where_time_goes: an EAGLE-3 tree 3 deep .* 36 candidates, fewer than its 40"):
+        main(["--ckpt", str(ckpt), "--input", str(prompts), "--k", "4", "--tree-nodes", "40"])
     with pytest.raises(SystemExit, match="--tree-nodes times an EAGLE-3 drafter's dynamic trees"):
         main(["--ckpt", str(save_heads(LMModule(str(target), k=3), tmp_path / "heads")), "--input", str(prompts),
               "--tree-nodes", "4"])
