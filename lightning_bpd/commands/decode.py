@@ -101,9 +101,9 @@ def decode_auto_tree(module: Any, runtime: Any, sentences: list[str], lm: bool, 
 
 def eagle3_choice(module: Any, runtime: Any, args: argparse.Namespace) -> Any:
     """The proposer of an EAGLE-3 checkpoint: its chain of ``--k`` (default the run's block size) under the default
-    ``heads``, or an EAGLE-2 dynamic tree under ``dynamic:N[:D[:W]]`` (D default the chain's drafts); one-line
-    ValueError for another choice."""
-    from lightning_bpd.decoding.proposers import Eagle3Tree
+    ``heads``, an EAGLE-2 dynamic tree under ``dynamic:N[:D[:W]]`` (D default the chain's drafts) or a static tree
+    under ``tree:PATHS`` (paths of the drafter's ranks); one-line ValueError for another choice."""
+    from lightning_bpd.decoding.proposers import Eagle3StaticTree, Eagle3Tree
     from lightning_bpd.decoding.trees.tree import DynamicTree
     from lightning_bpd.tasks.lm.eagle3_module import eagle3_proposer
 
@@ -115,8 +115,10 @@ def eagle3_choice(module: Any, runtime: Any, args: argparse.Namespace) -> Any:
         nodes, depth, *width = choice.dynamic
         spec = DynamicTree(nodes, depth or chain.block_size - 1, *width)
         return Eagle3Tree(chain.drafter, spec=spec)
+    if choice.kind == "tree" and choice.paths is not None:
+        return Eagle3StaticTree(chain.drafter, tree=choice.tree(None, chain.block_size))
     raise ValueError(f"--proposer {choice.text}: an EAGLE-3 checkpoint's drafter proposes chains (heads, the "
-                     "default) or dynamic trees (dynamic:N[:D[:W]])")
+                     "default), dynamic trees (dynamic:N[:D[:W]]) or static trees (tree:PATHS)")
 
 
 def dflash_choice(module: Any, runtime: Any, args: argparse.Namespace) -> Any:

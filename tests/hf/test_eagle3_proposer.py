@@ -263,17 +263,40 @@ def test_our_own_base_decodes_trees_as_greedy():
     assert got.sequences() == want
 
 
-@pytest.mark.parametrize("rows", [1, 3])
-def test_each_tree_entry_is_the_training_time_test_along_its_path(rows):
-    """A tree 3 wide, one row or three ragged ones (left-padded): every node the drafter extends gets the logits the
-    training-time test gives after the node's own path (over the row's uncached features, the path's tokens fed), so
-    each entry saw its own row's committed entries and ancestors, not its siblings or cousins, at its own position."""
-    from lightning_bpd.decoding.proposers import Eagle3Tree
-    from lightning_bpd.decoding.proposers.eagle3_tree import Eagle3TreeDrafting
-    from lightning_bpd.decoding.trees.tree import DynamicTree
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("draft_vocab", [None, 50])
+def test_eagle3_static_trees_equal_generate_on_a_ragged_batch(family, draft_vocab):
+    """A static tree (paths of the drafter's ranks) decodes as greedy; a path of ranks 0 is the chain, block for
+    block."""
+    from lightning_bpd.decoding.proposers import Eagle3StaticTree
+    from lightning_bpd.decoding.trees.tree import Tree
+
+    base, src, max_len = causal.tiny_lm(family), causal.prompts(6, side="right"), 14
+    causal.pick_eos(base, src, max_len)
+    model = HFCausalBlockwise(base, k=1)
+    want = causal.hf_greedy(base, src, max_len)
+    drafter = drafter_for(32, causal.VOCAB, draft_vocab, embeddings=base.get_input_embeddings().weight)
+    tree = Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)])
+    for m in (model, build_runtime(model, InferenceOptions())):
+        got = decode(m, src, Exact(), Eagle3StaticTree(drafter, tree=tree), max_len=max_len)
+        assert got.sequences() == want and max(max(sizes) for sizes in got.block_sizes) <= 4
+    chain = decode(model, src, Exact(), Eagle3(drafter, 4), max_len=max_len)
+    path = decode(model, src, Exact(), Eagle3StaticTree(drafter, tree=Tree.path(3)), max_len=max_len)
+    assert path.sequences() == want and path.block_sizes == chain.block_sizes
+
+
+@pytest.mark.parametrize(("rows", "static"), [(1, False), (3, False), (3, True)])
+def test_each_tree_entry_is_the_training_time_test_along_its_path(rows, static):
+    """A tree 3 wide (dynamic, or static), one row or three ragged ones (left-padded): every node the drafter extends
+    gets the logits the training-time test gives after the node's own path (over the row's uncached features, the
+    path's tokens fed), so each entry saw its own row's committed entries and ancestors, not its siblings or cousins,
+    at its own position."""
+    from lightning_bpd.decoding.proposers import Eagle3StaticTree, Eagle3Tree
+    from lightning_bpd.decoding.proposers.eagle3_tree import Eagle3StaticTreeDrafting, Eagle3TreeDrafting
+    from lightning_bpd.decoding.trees.tree import DynamicTree, Tree
 
     @dataclass
-    class Entries(Eagle3TreeDrafting):
+    class Entries(Eagle3StaticTreeDrafting if static else Eagle3TreeDrafting):
         log: list = field(default_factory=list)
 
         def grow_entries(self, states, tokens, front, ancestors, committed, d):
@@ -288,17 +311,22 @@ def test_each_tree_entry_is_the_training_time_test_along_its_path(rows):
             return out
 
     @dataclass(frozen=True)
-    class Recorded(Eagle3Tree):
+    class Recorded(Eagle3StaticTree if static else Eagle3Tree):
         def start(self, run):
             made = super().start(run)
-            self.__dict__.setdefault("made", []).append(Entries(made.drafter, made.size, made.layers, spec=made.spec))
+            shape = {"tree": made.tree} if static else {"spec": made.spec}
+            self.__dict__.setdefault("made", []).append(Entries(made.drafter, made.size, made.layers, **shape))
             return self.made[-1]
 
     base = causal.tiny_lm("llama")
     model = HFCausalBlockwise(base, k=1)
     drafter = drafter_for(32, causal.VOCAB, 50, embeddings=base.get_input_embeddings().weight)
     src = causal.prompts(rows, width=7, side="left")  # (rows, 7): lengths 7, .., 1
-    proposer = Recorded(drafter, spec=DynamicTree(nodes=8, depth=4, width=3))  # depth 4: slots != candidate ids
+    if static:  # node (1, 0) extended before (0, 0, 0): slots in the tree's order, not by depth of extension
+        proposer = Recorded(drafter, tree=Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (1, 1), (0, 0, 0), (1, 0, 0),
+                                                           (1, 1, 0), (1, 0, 0, 0)]))
+    else:
+        proposer = Recorded(drafter, spec=DynamicTree(nodes=8, depth=4, width=3))  # depth 4: slots != candidate ids
     outs = decode(model, src, Exact(), proposer, max_len=12).sequences()
     log = proposer.made[-1].log
     assert len(log) >= 6 * rows and {r for r, *_ in log} == set(range(rows))

@@ -7,7 +7,8 @@
 - :class:`PromptLookup`: tokens copied from the row's own prompt and output;
 - :class:`DFlash`: a DFlash block drafter, a whole block per pass from the target's features;
 - :class:`Eagle3`: an EAGLE-3 drafter, a chain of drafts from the target's features and its own states;
-- :class:`Eagle3Tree`: an EAGLE-3 drafter growing a dynamic tree per row (EAGLE-2's expand and rerank).
+- :class:`Eagle3Tree`: an EAGLE-3 drafter growing a dynamic tree per row (EAGLE-2's expand and rerank);
+  :class:`Eagle3StaticTree`: one filling a static tree (paths of ranks).
 
 A new proposer subclasses :class:`Proposer` (:mod:`~lightning_bpd.decoding.proposers.base`); docs/design.md shows one.
 """
@@ -17,9 +18,9 @@ from lightning_bpd.decoding.proposers.dflash import DFlash
 from lightning_bpd.decoding.proposers.draft import DraftModel
 from lightning_bpd.decoding.proposers.dynamic_tree import DynamicHeadTree
 from lightning_bpd.decoding.proposers.eagle3 import Eagle3
-from lightning_bpd.decoding.proposers.eagle3_tree import Eagle3Tree
+from lightning_bpd.decoding.proposers.eagle3_tree import Eagle3StaticTree, Eagle3Tree
 from lightning_bpd.decoding.proposers.heads import Heads
 from lightning_bpd.decoding.proposers.prompt_lookup import PromptLookup
 from lightning_bpd.decoding.proposers.tree import HeadTree
 
-__all__ = ["DFlash", "DraftModel", "DynamicHeadTree", "Eagle3", "Eagle3Tree", "HeadTree", "Heads", "PromptLookup", "Proposer"]
+__all__ = ["DFlash", "DraftModel", "DynamicHeadTree", "Eagle3", "Eagle3StaticTree", "Eagle3Tree", "HeadTree", "Heads", "PromptLookup", "Proposer"]

@@ -31,13 +31,14 @@ from torch import Tensor
 from lightning_bpd.decoding.acceptance import Criterion, Exact
 from lightning_bpd.decoding.candidates import Outcome, RowTree
 from lightning_bpd.decoding.proposers.base import opening_token
-from lightning_bpd.decoding.proposers.dynamic_tree import log_probs, select
+from lightning_bpd.decoding.proposers.dynamic_tree import RowTrees, log_probs, select
 from lightning_bpd.decoding.proposers.eagle3 import Eagle3, Eagle3Drafting
 from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context
-from lightning_bpd.decoding.trees.tree import DynamicTree
+from lightning_bpd.decoding.trees.tree import DynamicTree, Tree
 from lightning_bpd.nn.argmax import top_ranks
 
 DEFAULT_TREE = DynamicTree(nodes=16, depth=6, width=4)
+CHAIN_TREE = Tree.path(3)  # a static tree's default: the chain of 4
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,75 @@ class Eagle3TreeDrafting(Eagle3Drafting):
         self.counts = outcome.accepted.to(torch.long)
 
 
+@dataclass(frozen=True)
+class Eagle3StaticTree(Eagle3):
+    """``drafter`` fills ``tree`` (a static :class:`~lightning_bpd.decoding.trees.tree.Tree`: paths of ranks, Medusa's
+    format) at every iteration: node ``(.., r)`` holds the drafter's (r+1)-th most likely token after its parent, each
+    node with children extended (fed its parent's state and its own token, seeing its ancestors) depth by depth;
+    exact acceptance only. A path of ranks 0 is the chain."""
+
+    tree: Tree = CHAIN_TREE
+
+    @property
+    def width(self) -> int:  # type: ignore[override]
+        return self.tree.depth + 1
+
+    @property
+    def extra_slots(self) -> int:  # type: ignore[override]
+        return self.tree.size - self.tree.depth - 1
+
+    def check(self, model: BlockwiseModel, criterion: Criterion) -> Criterion:
+        return Eagle3Tree(self.drafter, spec=DynamicTree(1, 1, 1)).check(model, criterion)
+
+    def start(self, run: Any) -> Eagle3StaticTreeDrafting:
+        return Eagle3StaticTreeDrafting(self.drafter, self.width, tuple(self.drafter.config.target_layer_ids),
+                                        tree=self.tree)
+
+
+@dataclass
+class Eagle3StaticTreeDrafting(Eagle3TreeDrafting):
+    """One decode's drafter state, filling a static tree per row at each iteration."""
+
+    tree: Tree = CHAIN_TREE
+
+    @property
+    def draft_slots(self) -> int:  # type: ignore[override]
+        """The tree's entries: its nodes with children, the root's in the committed ones."""
+        return sum(1 for n in range(1, self.tree.size) if self.tree.children(n)) + 1
+
+    def propose(self, run: Any, h: Tensor, first: Tensor | None) -> FeatureRowTree:
+        tree, model = self.tree, run.model
+        first = opening_token(run, h, first)  # (b,)
+        state, logits = self.settle(first)  # (b, D), (b, Vd): the root's entry, its children's logits
+        committed = self.cache.lengths.clone()
+        b, device = first.shape[0], first.device
+        tokens = first.new_zeros(b, tree.size)  # (b, N): each node's token, in the tree's order
+        tokens[:, 0] = first
+        self.candidates = [tokens]  # the nodes' tokens as they are filled (read by tests of the tree's entries)
+        ancestors = tree.ancestors(device).expand(b, -1, -1)  # (b, N, N): a node and its ancestors
+        states, node_logits = {0: state}, {0: logits}  # each extended node's output state and logits (b, D), (b, Vd)
+        self.slots = first.new_zeros(b, 0)
+        for d in range(1, tree.depth + 1):
+            parents = [n for n in tree.at_depth(d - 1) if tree.children(n)]
+            if d > 1:  # depth d - 1's nodes with children into the cache, each fed its parent's state
+                front = torch.tensor(parents, device=device).expand(b, -1)  # (b, m)
+                fed = torch.stack([states[tree.parents[n]] for n in parents], dim=1)  # (b, m, D)
+                out, drafted = self.grow_entries(fed, tokens[:, parents], front, ancestors, committed, d)
+                self.slots = torch.cat([self.slots, front], dim=1)
+                for i, n in enumerate(parents):
+                    states[n], node_logits[n] = out[:, i], drafted[:, i]
+            ranked = top_ranks(self.target_logits(model, torch.stack([node_logits[n] for n in parents], dim=1)),
+                               1 + max(tree.ranks[c] for n in parents for c in tree.children(n)))  # (b, m, R)
+            for i, n in enumerate(parents):
+                for c in tree.children(n):
+                    tokens[:, c] = ranked[:, i, tree.ranks[c]]
+        self.cache.crop(committed)  # the tree's entries go; the verify pass's features replace them
+        parent_ids = torch.tensor([max(p, 0) for p in tree.parents], device=device).expand(b, -1)  # the root's: 0
+        depths = torch.tensor(tree.depths, device=device).expand(b, -1)
+        self.trees = RowTrees.of(tokens, depths.contiguous(), parent_ids.contiguous(), tree.depth)
+        return FeatureRowTree(self.trees, sink=self)
+
+
 def grown(ancestors: Tensor, parents: Tensor) -> Tensor:
     """The ancestor mask (b, M, M) (a candidate and its ancestors) of M candidates with m' more (b, m') appended,
     each a child of candidate ``parents`` -> (b, M + m', M + m')."""
@@ -214,4 +284,4 @@ class FeatureRowTree(RowTree):
         return hidden  # (b, N, D)
 
 
-__all__ = ["Eagle3Tree", "FeatureRowTree", "grown"]
+__all__ = ["Eagle3StaticTree", "Eagle3Tree", "FeatureRowTree", "grown"]

@@ -55,6 +55,8 @@ def test_decode_an_eagle3_checkpoint_continues_as_greedy_with_chains_and_trees(f
     assert got == want and block > 2.0
     got, tree_block = run_decode(fitted, capsys, "--proposer", "dynamic:6", ckpt="eagle3.ckpt")  # 6 nodes, 3 deep
     assert got == want and tree_block >= block - 0.5
+    got, static = run_decode(fitted, capsys, "--proposer", "tree:0;1;0,0;0,1;0,0,0", ckpt="eagle3.ckpt")  # static
+    assert got == want and static >= block - 0.5
     got, two = run_decode(fitted, capsys, "--k", "2", ckpt="eagle3.ckpt")
     assert got == want and 1.0 < two <= 2.0
     with pytest.raises(SystemExit, match="an EAGLE-3 checkpoint's drafter proposes chains"):
