@@ -34,11 +34,19 @@ from typing import Any
 
 import torch
 
-from lightning_bpd.benchmarks.lm_generate import GENERATE, LOOKUP, LMGenerate, bench_methods
+from lightning_bpd.benchmarks.lm_generate import GENERATE, LOOKUP, bench_methods
 from lightning_bpd.benchmarks.lm_prompts import add_prompt_args
 from lightning_bpd.benchmarks.ours import ours, runtime_options
 from lightning_bpd.callbacks.training_clock import training_seconds
-from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP, is_dflash, is_drafter, main_row, prepare
+from lightning_bpd.commands.bench_generate_lm import (
+    OURS_LOOKUP,
+    generate_methods,
+    is_dflash,
+    is_drafter,
+    main_row,
+    our_lookup,
+    prepare,
+)
 from lightning_bpd.decoding.trees.budget import tree_nodes_arg
 from lightning_bpd.inference.arguments import add_draft_vocab_args, add_precision_arg, add_timing_args
 from lightning_bpd.records import device_name, write_json
@@ -143,7 +151,8 @@ def training_record(path: str, minutes: str | None) -> dict[str, Any]:
 def run_rows(name: str, module: Any, args: argparse.Namespace, k: int | None = None
              ) -> tuple[dict[str, Callable], list[str], Any]:
     """A run's rows of ours by name (``NAME``, ``NAME+nodes<N>``, ``NAME+tree<N>``) with block ``k`` (None: the
-    run's), the prompts it reads and the runtime's options; ValueError (one line) on bad input."""
+    run's), the prompts it reads and (the new tokens, the runtime's options, the runtime); ValueError (one line) on
+    bad input."""
     mine = copy.copy(args)
     mine.peers, mine.llamacpp_bin, mine.assistant, mine.k = [], None, None, k
     # NAME is the single path already (0 nodes); a DFlash drafter proposes single blocks
@@ -161,7 +170,7 @@ def run_rows(name: str, module: Any, args: argparse.Namespace, k: int | None = N
         rows[name] = ours(runtime, None)
         for row, tree in trees.items():
             rows[f"{name}+{row.split('+', 1)[1]}"] = ours(runtime, None, tree)
-    return rows, prompts, (max_new, options)
+    return rows, prompts, (max_new, options, runtime)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -257,14 +266,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         runs[name] = {"ckpt": paths[name], "proposer": kind_of(module), "k": int(ks[name]) if name in ks else None,
                       "parameters": proposer_parameters(module),
                       **training_record(paths[name], minutes.get(name))}
-    max_new, options = setting
+    max_new, options, runtime = setting  # the first run's: our prompt lookup runs its base
     model = first.model
-    eos = list(model.generation_rules.eos_ids or [model.eos_id])
-    methods = {GENERATE: LMGenerate(model.base, model.pad_id, eos),
-               LOOKUP: LMGenerate(model.base, model.pad_id, eos, lookup=(args.prompt_lookup_tokens,
-                                                                          args.max_matching_ngram)),
-               **methods,
-               OURS_LOOKUP: ours(lookup_runtime(first, args), None, proposer=prompt_lookup(args))}
+    methods = {**generate_methods(model, args), **methods, OURS_LOOKUP: our_lookup(runtime, args)}
     result: dict[str, Any] = {
         "runs": runs, "base": first.hparams.get("pretrained"), "model_type": model.base.config.model_type,
         "generate_dtype": str(next(model.base.parameters()).dtype),
@@ -286,19 +290,3 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.json:
         write_json(args.json, result)
     return result
-
-
-def lookup_runtime(module: Any, args: argparse.Namespace) -> Any:
-    """The first run's base through the inference runtime at ``--precision`` (our prompt lookup's)."""
-    from lightning_bpd.inference import build_runtime
-    from lightning_bpd.inference.arguments import options_from_args
-
-    return build_runtime(module.model, options_from_args(args, module))
-
-
-def prompt_lookup(args: argparse.Namespace) -> Any:
-    """Our prompt lookup with generate's n-gram size and token count."""
-    from lightning_bpd.decoding.proposers import PromptLookup
-
-    return PromptLookup(args.max_matching_ngram, args.prompt_lookup_tokens)
-

@@ -159,22 +159,33 @@ def print_rows(batch_size: int, report: dict[str, Any], mine: str = OURS) -> Non
               flush=True)
 
 
-def lm_methods(model: Any, runtime: Any, args: argparse.Namespace, trees: dict[str, Any],
-               draft: Any, dflash: dict[str, Any] | None = None) -> dict[str, Any]:
-    """generate greedy, prompt lookup, assisted generation (with ``draft``), ours (``dflash``: a drafter's rows by
-    name, :func:`drafter_rows`), ours per tree and our prompt lookup (any batch size; the same n-gram size and token
-    count as generate's), by name."""
-    from lightning_bpd.decoding.proposers import PromptLookup
-
+def generate_methods(model: Any, args: argparse.Namespace, draft: Any = None) -> dict[str, Any]:
+    """The base's own ``generate`` rows: greedy, prompt lookup and assisted generation (with ``draft``), by name."""
     eos = list(model.generation_rules.eos_ids or [model.eos_id])
     return {
         GENERATE: LMGenerate(model.base, model.pad_id, eos),
         LOOKUP: LMGenerate(model.base, model.pad_id, eos, lookup=(args.prompt_lookup_tokens, args.max_matching_ngram)),
         **({ASSISTED: LMGenerate(model.base, model.pad_id, eos, assistant=draft)} if draft is not None else {}),
+    }
+
+
+def our_lookup(runtime: Any, args: argparse.Namespace) -> Any:
+    """Our prompt lookup's row (any batch size; the same n-gram size and token count as generate's)."""
+    from lightning_bpd.decoding.proposers import PromptLookup
+
+    return ours(runtime, None, proposer=PromptLookup(args.max_matching_ngram, args.prompt_lookup_tokens))
+
+
+def lm_methods(model: Any, runtime: Any, args: argparse.Namespace, trees: dict[str, Any],
+               draft: Any, dflash: dict[str, Any] | None = None) -> dict[str, Any]:
+    """generate greedy, prompt lookup, assisted generation (with ``draft``), ours (``dflash``: a drafter's rows by
+    name, :func:`drafter_rows`), ours per tree and our prompt lookup (:func:`our_lookup`), by name."""
+    return {
+        **generate_methods(model, args, draft),
         **({name: ours(runtime, None, proposer=p) for name, p in dflash.items()} if dflash
            else {OURS: ours(runtime, args.k)}),
         **{name: ours(runtime, args.k, tree) for name, tree in trees.items()},
-        OURS_LOOKUP: ours(runtime, None, proposer=PromptLookup(args.max_matching_ngram, args.prompt_lookup_tokens)),
+        OURS_LOOKUP: our_lookup(runtime, args),
     }
 
 

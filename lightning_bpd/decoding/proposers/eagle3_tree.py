@@ -41,6 +41,21 @@ DEFAULT_TREE = DynamicTree(nodes=16, depth=6, width=4)
 CHAIN_TREE = Tree.path(3)  # a static tree's default: the chain of 4
 
 
+def check_tree_target(drafter: Any, model: BlockwiseModel, criterion: Criterion, kind: str) -> None:
+    """What every EAGLE-3 tree (``kind``: dynamic or static) needs of its target and rule: the target's features on
+    a tree, exact acceptance (the accepted path is unique only under it), the drafter's vocabulary; ValueError, one
+    line."""
+    if model.encode_features is None or model.decode_tree_features is None:
+        raise ValueError(f"{type(model).__name__} offers no target features on a tree (encode_features, "
+                         "decode_tree_features): an EAGLE-3 tree needs a causal base")
+    if not isinstance(criterion, Exact):
+        raise ValueError(  # noqa: TRY004 (a rule this proposer cannot serve: the decoders' one-line ValueError)
+            f"EAGLE-3 {kind} trees take exact acceptance, not {criterion.name}")
+    if model.vocab_size is not None and int(drafter.config.vocab_size) != model.vocab_size:
+        raise ValueError(f"the EAGLE-3 drafter's vocabulary ({drafter.config.vocab_size}) is not the "
+                         f"target's ({model.vocab_size}): it was trained on another target")
+
+
 @dataclass(frozen=True)
 class Eagle3Tree(Eagle3):
     """``drafter`` grows ``spec`` (a :class:`~lightning_bpd.decoding.trees.tree.DynamicTree`: nodes, depth, width)
@@ -59,22 +74,14 @@ class Eagle3Tree(Eagle3):
         return self.spec.size - self.spec.depth - 1
 
     def check(self, model: BlockwiseModel, criterion: Criterion) -> Criterion:
-        if model.encode_features is None or model.decode_tree_features is None:
-            raise ValueError(f"{type(model).__name__} offers no target features on a tree (encode_features, "
-                             "decode_tree_features): an EAGLE-3 tree needs a causal base")
+        check_tree_target(self.drafter, model, criterion, "dynamic")
         if self.expand is not None and (isinstance(self.expand, bool) or not isinstance(self.expand, int)
                                         or self.expand < 1):
             raise ValueError(f"an EAGLE-3 tree expands an integer >= 1 of nodes per depth, got {self.expand!r}")
-        if not isinstance(criterion, Exact):  # the accepted path is unique only under exact acceptance
-            raise ValueError(  # noqa: TRY004 (a rule this proposer cannot serve: the decoders' one-line ValueError)
-                f"EAGLE-3 dynamic trees take exact acceptance, not {criterion.name}")
         if self.spec.nodes > self.candidates:
             raise ValueError(f"an EAGLE-3 tree {self.spec.depth} deep and {self.spec.width} wide that expands "
                              f"{self.expand or self.spec.width} nodes per depth has {self.candidates} candidates, fewer "
                              f"than its {self.spec.nodes} nodes: ask for fewer nodes, or expand more (expand=)")
-        if model.vocab_size is not None and int(self.drafter.config.vocab_size) != model.vocab_size:
-            raise ValueError(f"the EAGLE-3 drafter's vocabulary ({self.drafter.config.vocab_size}) is not the "
-                             f"target's ({model.vocab_size}): it was trained on another target")
         return criterion
 
     @property
@@ -208,7 +215,8 @@ class Eagle3StaticTree(Eagle3):
         return self.tree.size - self.tree.depth - 1
 
     def check(self, model: BlockwiseModel, criterion: Criterion) -> Criterion:
-        return Eagle3Tree(self.drafter, spec=DynamicTree(1, 1, 1)).check(model, criterion)
+        check_tree_target(self.drafter, model, criterion, "static")
+        return criterion
 
     def start(self, run: Any) -> Eagle3StaticTreeDrafting:
         return Eagle3StaticTreeDrafting(self.drafter, self.width, tuple(self.drafter.config.target_layer_ids),
