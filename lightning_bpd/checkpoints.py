@@ -44,6 +44,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", base: str |
     cls = getattr(importlib.import_module(module_name), name)
     hparams = ckpt.get("hyper_parameters", {})
     init_args = cls.init_args_of_checkpoint(hparams)  # this layout, or the flat one of older checkpoints
+    if init_args.get("feature_store"):  # what the run trained from: not needed (nor kept) to decode
+        init_args["feature_store"] = None
     if base is not None:  # a Hugging Face run's base directory, moved since it was trained
         if not init_args.get("pretrained"):  # an LM run on our own base holds pretrained: None
             raise ValueError(f"base={base}: {path} is not a run on a Hugging Face base (no model.pretrained)")

@@ -50,6 +50,19 @@ class PackedDataset(Dataset):
         return {"src": window[:-1], "tgt": window[1:], "index": i, "length": length}
 
 
+class Windows(Dataset):
+    """The windows ``indices`` of a :class:`PackedDataset`, each keeping its own ``index`` (a feature store's)."""
+
+    def __init__(self, dataset: PackedDataset, indices: list[int]) -> None:
+        self.dataset, self.indices, self.seq_len = dataset, list(indices), dataset.seq_len
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.dataset[self.indices[i]]
+
+
 class LMDataModule(pl.LightningDataModule):
     """A folder of text or source files -> packed (src, tgt) batches and held-out prompts.
 
@@ -90,6 +103,7 @@ class LMDataModule(pl.LightningDataModule):
         self.seed, self.num_workers = seed, num_workers
         self.texts: dict[str, SplitTexts] = {}
         self.datasets: dict[str, PackedDataset] = {}
+        self.train_windows: list[int] | None = None  # train on these windows only (a feature store's)
 
     # ---- files and tokenizer ---------------------------------------------------------------------------------
     @cached_property
@@ -145,6 +159,10 @@ class LMDataModule(pl.LightningDataModule):
             self.datasets[split] = PackedDataset(self.stream(split), self.seq_len, self.pad_id)
         return self.datasets[split]
 
+    def train_on(self, indices: list[int]) -> None:
+        """Train on the windows ``indices`` of the training split only (those a feature store holds)."""
+        self.train_windows = list(indices)
+
     def setup(self, stage: str | None = None) -> None:
         for split in STAGE_SPLITS.get(stage or "fit", []):
             self.dataset(split)
@@ -153,6 +171,8 @@ class LMDataModule(pl.LightningDataModule):
         """Training: a new order per epoch from ``seed`` in a :class:`ResumableLoader`; evaluation: every sequence
         once over all ranks."""
         ds = self.dataset(split)
+        if split == "train" and self.train_windows is not None:
+            ds = Windows(ds, self.train_windows)
         sampler = ShuffledSampler(len(ds), self.seed) if shuffle else UnrepeatedSampler(len(ds))
         return (ResumableLoader if shuffle else DataLoader)(
             ds, batch_size=self.batch_size if shuffle else self.eval_batch_size, sampler=sampler,

@@ -38,11 +38,13 @@ from torch import Tensor
 
 from lightning_bpd.decoding.proposers import DFlash
 from lightning_bpd.hf.causal import load_causal
+from lightning_bpd.hf.gguf_target import is_gguf
 from lightning_bpd.hf.prompts import CausalLM, load_tokenizer
 from lightning_bpd.nn.argmax import argmax
 from lightning_bpd.nn.dflash import DFlashConfig, DFlashDrafter, default_target_layers
 from lightning_bpd.tasks.frozen_states import FrozenStates
 from lightning_bpd.tasks.lm.drafter_module import DrafterModule, load_drafter_state, lr_factor
+from lightning_bpd.tasks.lm.feature_store import open_store, store_batch, train_from_store
 from lightning_bpd.tasks.lm.module import LMModule
 
 
@@ -140,13 +142,16 @@ def own_target(path: str) -> tuple[Any, Any]:
 
 def frozen_target(pretrained: str | os.PathLike | None) -> tuple[str, Any, Any]:
     """A drafter's target, frozen (eval mode, no gradients): ``pretrained`` a local Hugging Face causal LM directory
-    with its tokenizer, or the .ckpt of an LM run on our own decoder-only base -> (its absolute path, the model, the
-    tokenizer); one clear line for anything else."""
-    if pretrained is None or not (os.path.isdir(os.fspath(pretrained)) or os.path.isfile(os.fspath(pretrained))):
+    with its tokenizer, a ``.gguf`` file (read through its dequantized folder,
+    :func:`~lightning_bpd.hf.gguf_target.resolve_pretrained`), or the .ckpt of an LM run on our own decoder-only base
+    -> (its absolute path, the model, the tokenizer); one clear line for anything else."""
+    if pretrained is None or not (os.path.isdir(os.fspath(pretrained)) or os.path.isfile(os.fspath(pretrained))
+                                  or is_gguf(pretrained)):
         raise ValueError(f"model.pretrained: {pretrained} is not a .ckpt of a run on our own decoder-only base and "
-                         "not a directory (a local Hugging Face causal LM checkpoint with its tokenizer)")
+                         "not a directory (a local Hugging Face causal LM checkpoint with its tokenizer) nor a .gguf "
+                         "file")
     path = os.path.abspath(os.fspath(pretrained))
-    if os.path.isdir(path):
+    if os.path.isdir(path) or is_gguf(path):
         target, tokenizer = load_causal(path, k=1, frozen=True), load_tokenizer(path)
     else:
         target, tokenizer = own_target(path)
@@ -226,6 +231,9 @@ class DFlashModule(DrafterModule):
         lr, warmup_steps, weight_decay: AdamW on the drafter (decay on its matrices), linear warmup then cosine
             decay to 10% of ``lr`` at the run's last step.
         max_new_tokens: validation decodes (and ``decode``'s default) continue each prompt by at most this many tokens.
+        feature_store: a store of this target's features (``python -m lightning_bpd store``) holding
+            ``target_layer_ids``: training reads them and the target's labels from it and trains on its sequences only,
+            the target never running in a training step (validation still runs it).
     """
 
     config_key = "dflash_config"
@@ -234,7 +242,8 @@ class DFlashModule(DrafterModule):
     def __init__(self, pretrained: str | None = None, num_layers: int = 1, block_size: int = 8,
                  target_layer_ids: list[int] | None = None, mask_token_id: int | None = None, anchors: int = 32,
                  gamma: float = 4.0, feature_noise: float = 0.0, lr: float = 6e-4, warmup_steps: int = 100,
-                 weight_decay: float = 0.01, max_new_tokens: int = 32, feature_cache_gb: float = 4.0) -> None:
+                 weight_decay: float = 0.01, max_new_tokens: int = 32, feature_cache_gb: float = 4.0,
+                 feature_store: str | None = None) -> None:
         super().__init__()
         if not isinstance(block_size, int) or block_size < 2:
             raise ValueError(f"model.block_size must be an integer >= 2, got {block_size!r}")
@@ -259,6 +268,7 @@ class DFlashModule(DrafterModule):
                              f"[0, {target.vocab_size})")
         config = DFlashConfig(**target_shape(target), target_layer_ids=tuple(int(i) for i in layers),
                               mask_token_id=mask_id, num_layers=num_layers, block_size=block_size)
+        self.store = open_store(feature_store, target, tokenizer, config.target_layer_ids)
         self.drafter = DFlashDrafter(config)
         # the target: not a registered child (no optimizer, no state_dict, no .train()); _apply moves it along
         object.__setattr__(self, "model", target)
@@ -267,7 +277,8 @@ class DFlashModule(DrafterModule):
                                    "target_layer_ids": list(config.target_layer_ids), "mask_token_id": mask_id,
                                    "anchors": anchors, "gamma": gamma, "feature_noise": feature_noise, "lr": lr,
                                    "warmup_steps": warmup_steps, "weight_decay": weight_decay,
-                                   "max_new_tokens": max_new_tokens, "feature_cache_gb": feature_cache_gb})
+                                   "max_new_tokens": max_new_tokens, "feature_cache_gb": feature_cache_gb,
+                                   "feature_store": None if feature_store is None else os.path.abspath(feature_store)})
         self.register_buffer("weights", slot_weights(block_size, gamma), persistent=False)
         self.block_size, self.anchors, self.gamma, self.feature_noise = block_size, anchors, gamma, feature_noise
         self.max_new_tokens = max_new_tokens
@@ -287,6 +298,10 @@ class DFlashModule(DrafterModule):
         """:meth:`target_pass` over the batch's ``src`` (B, T); while training, through the per-sequence cache
         (``feature_cache_gb``): features (B, T, A*H) and labels (B, T), the same values either way."""
         src, index = batch["src"], batch.get("index")
+        if self.store is not None and self.training:
+            rows = store_batch(self.store, src, index, self.drafter.config.target_layer_ids)
+            weight = embedding_weight(self.model)
+            return rows.features.to(device=weight.device, dtype=weight.dtype), rows.labels.to(src.device)
         if self.feature_cache is None or index is None or not self.training:
             return self.target_pass(src)
         if self.model.vocab_size >= 2**24:
@@ -363,8 +378,11 @@ class DFlashModule(DrafterModule):
 
     # ---- checks --------------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        """A training sequence must exceed the block size and fit the target's context (checked before any step)."""
+        """A training sequence must exceed the block size and fit the target's context (checked before any step); with
+        a feature store, training reads the store's sequences (checked to be the data's)."""
         self.check_seq_len(self.block_size, "block_size")
+        if stage == "fit" and self.store is not None:
+            train_from_store(self.store, getattr(self._trainer, "datamodule", None))
 
 
 

@@ -57,6 +57,7 @@ from lightning_bpd.tasks.lm.dflash_module import (
     target_shape,
 )
 from lightning_bpd.tasks.lm.drafter_module import DrafterModule, load_drafter_state
+from lightning_bpd.tasks.lm.feature_store import open_store, store_batch, train_from_store
 
 EAGLE3_CLASS = "lightning_bpd.tasks.lm.eagle3_module.Eagle3Module"
 LOSSES = ("kl_div", "ce")
@@ -189,6 +190,10 @@ class Eagle3Module(DrafterModule):
         block_size: the chains proposed by validation decodes and ``decode``: greedy's next token and
             ``block_size - 1`` drafts (null: ``ttt_steps + 1``, as deep as trained).
         max_new_tokens: validation decodes (and ``decode``'s default) continue each prompt by at most this many tokens.
+        feature_store: a store of this target's features (``python -m lightning_bpd store``) holding
+            ``target_layer_ids`` and the last hidden state: training reads them and the target's greedy labels from
+            it and trains on its sequences only, the target never running in a training step (validation still runs
+            it; the target's distribution is its LM head over the stored last states).
     """
 
     config_key = "eagle3_config"
@@ -199,7 +204,8 @@ class Eagle3Module(DrafterModule):
                  loss: str = "kl_div", family: str = "llama", norm_before_residual: bool = True,
                  norm_before_fc: bool = True, fc_norm: bool = False, norm_output: bool = False,
                  feature_noise: float = 0.0, feature_cache_gb: float = 4.0, lr: float = 6e-4, warmup_steps: int = 100,
-                 weight_decay: float = 0.01, block_size: int | None = None, max_new_tokens: int = 32) -> None:
+                 weight_decay: float = 0.01, block_size: int | None = None, max_new_tokens: int = 32,
+                 feature_store: str | None = None) -> None:
         super().__init__()
         block_size = ttt_steps + 1 if block_size is None and isinstance(ttt_steps, int) else block_size
         for name, value, least in (("ttt_steps", ttt_steps, 1), ("block_size", block_size, 2),
@@ -245,6 +251,7 @@ class Eagle3Module(DrafterModule):
                                   **{k: bool(v) for k, v in flags.items()}).validate()
         except ValueError as err:
             raise ValueError(f"model: {err}") from None
+        self.store = open_store(feature_store, target, tokenizer, config.target_layer_ids, last=True)
         self.drafter = Eagle3Drafter(config)
         self.drafter.set_embeddings(weight.detach().float())
         # the target: not a registered child (no optimizer, no state_dict, no .train()); _apply moves it along
@@ -255,7 +262,8 @@ class Eagle3Module(DrafterModule):
                                    "family": family, **flags, "feature_noise": feature_noise,
                                    "feature_cache_gb": feature_cache_gb, "lr": lr, "warmup_steps": warmup_steps,
                                    "weight_decay": weight_decay, "block_size": block_size,
-                                   "max_new_tokens": max_new_tokens})
+                                   "max_new_tokens": max_new_tokens,
+                                   "feature_store": None if feature_store is None else os.path.abspath(feature_store)})
         self.ttt_steps, self.decay, self.loss_kind = ttt_steps, float(ttt_step_loss_decay), loss
         self.feature_noise, self.block_size, self.max_new_tokens = feature_noise, block_size, max_new_tokens
         self.feature_cache = FrozenStates(int(feature_cache_gb * 2**30)) if feature_cache_gb > 0 else None
@@ -305,8 +313,15 @@ class Eagle3Module(DrafterModule):
         if t <= self.ttt_steps:
             raise ValueError(f"a training sequence of {t} tokens is not longer than model.ttt_steps "
                              f"{self.ttt_steps}: raise data.seq_len")
-        features, last = self.target_outputs(batch)  # (B, T, A*H), (B, T, H)
-        targets, greedy = self.target_logits(last)  # (B, T, Vd), (B, T)
+        if self.store is not None and self.training:  # the store's features, last states and greedy labels
+            rows = store_batch(self.store, src, batch.get("index"), self.drafter.config.target_layer_ids, last=True)
+            weight = embedding_weight(self.model)
+            features = rows.features.to(device=weight.device, dtype=weight.dtype)
+            targets, _ = self.target_logits(rows.last.to(device=weight.device, dtype=weight.dtype))
+            greedy = rows.labels.to(src.device)  # from the target's float logits, not the rounded states
+        else:
+            features, last = self.target_outputs(batch)  # (B, T, A*H), (B, T, H)
+            targets, greedy = self.target_logits(last)  # (B, T, Vd), (B, T)
         length = batch.get("length")
         real = (length + 1).clamp(max=t) if length is not None else torch.full((b,), t)
         valid = Eagle3Drafter.ttt_valid(real.to(src.device), t, self.ttt_steps)  # (B, S, T)
@@ -356,6 +371,8 @@ class Eagle3Module(DrafterModule):
         draft vocabulary is counted from the training data when fitting starts (once)."""
         self.check_seq_len(self.ttt_steps, "ttt_steps")
         datamodule = getattr(self._trainer, "datamodule", None)
+        if stage == "fit" and self.store is not None:
+            train_from_store(self.store, datamodule)
         if stage == "fit" and not self.vocab_counted:
             if datamodule is None:
                 raise ValueError("model.draft_vocab: the draft vocabulary is counted from the training data: fit with "

@@ -34,6 +34,7 @@ from lightning_bpd.hf.causal import HEAD_TYPES, load_causal
 from lightning_bpd.hf.prompts import CausalLM, load_tokenizer
 from lightning_bpd.nn.transformer import EncoderContext
 from lightning_bpd.tasks.blockwise_module import MAX_K, BlockwiseModule, options_of
+from lightning_bpd.tasks.lm.feature_store import open_store, store_batch, train_from_store
 from lightning_bpd.tasks.lm.own_base import OwnBase, build_own, tokenizer_dir
 from lightning_bpd.tasks.training_options import TrainingOptions
 
@@ -56,11 +57,14 @@ class LMModule(BlockwiseModule):
         training: :class:`~lightning_bpd.tasks.training_options.TrainingOptions` (here ``freeze_base`` by default:
             the base's weights stay bit-identical, its dropout off).
         max_new_tokens: validation decodes continue each held-out prompt by at most this many tokens.
+        feature_store: with a frozen Hugging Face base, a store of its last hidden states (``python -m lightning_bpd
+            store``): the heads train on the store's sequences from the stored states, the base never running in a
+            training step (validation still runs it).
     """
 
     def __init__(self, pretrained: str | None = None, k: int = 4, head_type: str = "chained",
                  head_hidden: int | None = None, training: TrainingOptions = TRAINING, max_new_tokens: int = 32,
-                 own: OwnBase | None = None) -> None:
+                 own: OwnBase | None = None, feature_store: str | None = None) -> None:
         if (pretrained is None) == (own is None):
             raise ValueError("model.init_args: give pretrained (a local Hugging Face causal LM) or own (our own base's "
                              "shape), one of them")
@@ -88,10 +92,16 @@ class LMModule(BlockwiseModule):
             model = load_causal(pretrained, k=k, head_type=head_type, head_hidden=head_hidden,
                                 frozen=training.freeze_base)
             tokenizer = load_tokenizer(pretrained)  # the tokenizer must be the model's own
+        if feature_store is not None and (own is not None or not training.freeze_base):
+            raise ValueError("model.feature_store: a store feeds heads on a frozen Hugging Face base (pretrained, "
+                             "training.freeze_base true)")
+        store = open_store(feature_store, model, tokenizer, last=True)
         lm = CausalLM(model, tokenizer)
         BlockwiseModule.__init__(self, None, training, model=model)
         self.save_options(pretrained=pretrained, k=k, head_type=head_type, head_hidden=head_hidden, training=training,
-                          max_new_tokens=max_new_tokens, own=own)
+                          max_new_tokens=max_new_tokens, own=own,
+                          feature_store=None if feature_store is None else os.path.abspath(feature_store))
+        self.store = store
         self.lm, self.max_new_tokens = lm, max_new_tokens
         self.nll: list[float] = [0.0, 0.0]  # an evaluation's summed p_1 loss and target count (its perplexity)
         self.last_step: Any = None  # the last blockwise step's output
@@ -154,6 +164,8 @@ class LMModule(BlockwiseModule):
     def setup(self, stage: str) -> None:
         """A training sequence must fit the model's context (checked before any step)."""
         super().setup(stage)
+        if stage == "fit" and self.store is not None:
+            train_from_store(self.store, getattr(self.trainer, "datamodule", None))
         seq_len = getattr(getattr(self.trainer, "datamodule", None), "seq_len", None)
         positions = self.model.n_positions
         if seq_len is not None and positions is not None and seq_len > positions:
@@ -183,6 +195,9 @@ class LMModule(BlockwiseModule):
                        context: EncoderContext | None = None) -> Tensor:
         """The base's last hidden states (B, T, D) over the inputs ``src`` (B, T) (``tgt_in`` is not used: the
         inputs are the sequence itself); a frozen base's come from the per-sequence cache while training."""
+        if self.store is not None and self.training:
+            last = store_batch(self.store, src, index, last=True).last  # (B, T, D)
+            return last.to(device=src.device, dtype=self.model.base.get_input_embeddings().weight.dtype)
         if self.frozen_states is None or index is None or not self.training:
             return self.model(src)
         lengths = torch.full_like(index, src.shape[1])  # (B,): every position (padding's targets are ignored)
