@@ -174,3 +174,16 @@ def test_bad_stores_are_one_line(target, data, store, tmp_path):
         FeatureStore(broken).rows(torch.tensor([0]), [0])
     with pytest.raises(SystemExit, match="--layers 0,9"):
         make_store(target, data, tmp_path / "x", "--layers", "0,9")
+
+
+@pytest.mark.parametrize("kind,sets", [("dflash", ["block_size=4", "anchors=4", "target_layer_ids=[0, 2]"]),
+                                       ("eagle3", ["target_layer_ids=[0, 2]"]), ("heads", ["k=2"])])
+def test_the_step_benchmark_times_both_ways(target, data, store, tmp_path, kind, sets):
+    from lightning_bpd.benchmarks.store_steps import main as steps_main
+
+    out = tmp_path / "steps.json"
+    record = steps_main(["--pretrained", str(target), "--store", str(store), "--data-root", str(data), "--kind", kind,
+                         "--batch-size", "2", "--steps", "1", "--json", str(out),
+                         *[a for s in sets for a in ("--set", s)]])
+    assert set(record["seconds_per_step"]) == {"target", "store"} and record["speedup"] > 0
+    assert json.loads(out.read_text())["kind"] == kind
