@@ -46,7 +46,8 @@ class LMModule(BlockwiseModule):
     """Blockwise heads on a pretrained Hugging Face causal LM, or on our own decoder-only base trained with them.
 
     Args:
-        pretrained: a local checkpoint directory (``save_pretrained`` output with its tokenizer; never downloaded).
+        pretrained: a local checkpoint directory (``save_pretrained`` output with its tokenizer; never downloaded), or
+            a ``.gguf`` file (dequantized once into a cached folder, :mod:`~lightning_bpd.hf.gguf_target`).
         own: instead of ``pretrained``, our own decoder-only base trained from scratch
             (:class:`~lightning_bpd.tasks.lm.own_base.OwnBase`: its shape and tokenizer directory), with
             ``training.freeze_base: false``; or frozen, warm-started from a run's checkpoint (``training.init_from``).
@@ -58,8 +59,8 @@ class LMModule(BlockwiseModule):
             the base's weights stay bit-identical, its dropout off).
         max_new_tokens: validation decodes continue each held-out prompt by at most this many tokens.
         feature_store: with a frozen Hugging Face base, a store of its last hidden states (``python -m lightning_bpd
-            store``): the heads train on the store's sequences from the stored states, the base never running in a
-            training step (validation still runs it).
+            store``): the heads train on the store's sequences from the stored states toward the base's own greedy
+            next tokens (the store's labels), the base never running in a training step (validation still runs it).
     """
 
     def __init__(self, pretrained: str | None = None, k: int = 4, head_type: str = "chained",
@@ -151,7 +152,8 @@ class LMModule(BlockwiseModule):
     # ---- checks and checkpoints ------------------------------------------------------------------------------
     def on_fit_start(self) -> None:
         """The base's generation config must be one the validation decodes can apply, and the data must be read with
-        the checkpoint's own tokenizer."""
+        the checkpoint's own tokenizer. A frozen base in eval mode (on purpose) is not warned about
+        (:meth:`~lightning_bpd.tasks.blockwise_module.BlockwiseModule.hide_frozen_base_warning`)."""
         if self.model.generation_rules is not None:
             self.model.generation_rules.check()
         theirs = getattr(getattr(self.trainer, "datamodule", None), "tokenizer", None)
@@ -160,6 +162,7 @@ class LMModule(BlockwiseModule):
             raise ValueError(f"the data's tokenizer ({len(theirs)} tokens) is not the model's own "
                              f"({len(self.tokenizer)}): leave data.init_args.tokenizer_path unset or set it to "
                              f"{own['tokenizer'] if own else self.hparams.pretrained}")
+        self.hide_frozen_base_warning()  # last: a check that fails leaves no filter behind
 
     def setup(self, stage: str) -> None:
         """A training sequence must fit the model's context (checked before any step)."""
@@ -217,7 +220,12 @@ class LMModule(BlockwiseModule):
         return {**batch, "tgt": batch["tgt"].masked_fill(past, self.model.pad_id)}
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        """The shared step, and ``train/ppl`` where p_1 trains (a fine-tuned base; a frozen one's is the base's)."""
+        """The shared step, and ``train/ppl`` where p_1 trains (a fine-tuned base; a frozen one's is the base's). With
+        a feature store the heads learn the base's own greedy next token at every position (the store's labels: the
+        agreement exact decoding accepts), not the data's."""
+        if self.store is not None:
+            labels = store_batch(self.store, batch["src"], batch.get("index")).labels  # (B, T)
+            batch = {**batch, "tgt": labels.to(batch["tgt"].device)}
         batch = self.model_padded(batch)
         loss = super().training_step(batch, batch_idx)
         if 1 in self.last_step.head_loss and self.options.label_smoothing == 0:

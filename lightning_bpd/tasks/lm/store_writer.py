@@ -124,7 +124,8 @@ def prepare_folder(out: Path, meta: dict[str, Any]) -> list[int]:
     path = out / META
     if path.is_file():
         old = json.loads(path.read_text())
-        differ = sorted(k for k in set(old) | set(meta) if old.get(k) != meta.get(k))
+        same = {"target": {**old.get("target", {}), "path": meta["target"]["path"]}}  # the same target by another path
+        differ = sorted(k for k in set(old) | set(meta) if {**old, **same}.get(k) != meta.get(k))
         if differ:
             raise ValueError(f"{out} holds another store (differing: {', '.join(differ)}): give a new --out, or delete "
                              "it to start again")

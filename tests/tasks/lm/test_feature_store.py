@@ -187,3 +187,21 @@ def test_the_step_benchmark_times_both_ways(target, data, store, tmp_path, kind,
                          *[a for s in sets for a in ("--set", s)]])
     assert set(record["seconds_per_step"]) == {"target", "store"} and record["speedup"] > 0
     assert json.loads(out.read_text())["kind"] == kind
+
+
+def test_heads_from_a_store_learn_the_bases_own_greedy_tokens(target, data, store, monkeypatch):
+    from lightning_bpd.tasks.lm import LMModule
+
+    module = LMModule(str(target), k=2, feature_store=str(store)).train()
+    dataset = windows(target, data).dataset("train")
+    batch = {k: torch.stack([torch.as_tensor(dataset[i][k]) for i in (0, 4)]) for k in ("src", "tgt", "length")}
+    batch["index"] = torch.tensor([0, 4])
+    seen = {}
+    monkeypatch.setattr(type(module), "log", lambda *a, **k: None)
+    real = type(module).blockwise_step
+    monkeypatch.setattr(type(module), "blockwise_step",
+                        lambda self, src, tgt, *a, **k: seen.setdefault("tgt", tgt) is None or real(self, src, tgt, *a, **k))
+    module.training_step(batch, 0)
+    with torch.no_grad():
+        greedy = module.model.logits_first(module.model(batch["src"])).argmax(-1)  # (B, T): the base's own choices
+    assert torch.equal(seen["tgt"], greedy) and not torch.equal(seen["tgt"], batch["tgt"])
