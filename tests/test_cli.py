@@ -13,6 +13,7 @@ import pytest
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import WandbLogger
 
+from lightning_bpd.callbacks.progress_lines import ProgressLines
 from lightning_bpd.commands.cli import (
     CONF_DIR,
     DEFAULT_CONFIG,
@@ -212,6 +213,18 @@ def test_a_first_fit_prints_none_of_the_notices_a_user_cannot_act_on(tmp_path):
     assert "offline-run-" in proc.stdout  # W&B did run (its notices were possible)
     output = proc.stdout + proc.stderr
     assert {name: text for name, text in FIRST_RUN_NOTICES.items() if text in output} == {}
+
+
+def test_every_fit_prints_progress_lines_where_no_bar_shows_on_a_terminal(tmp_path, monkeypatch, capsys):
+    """A fit whose output goes to a file (pytest's captured stdout is no TTY) prints its progress (issue 59): every
+    fit carries ProgressLines (once), here the end's line alone (a line a minute)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(RUN_DIR_ENV, "")  # restored afterwards: the fit sets it
+    cli = main(["fit", *TINY_FIT, "--trainer.logger=false", f"--run_dir={tmp_path / 'run'}"])
+    assert sum(isinstance(cb, ProgressLines) for cb in cli.trainer.callbacks) == 1
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("train: ")]
+    assert len(lines) == 1 and lines[0].startswith("train: step 2/2, ") and ", done in 0:" in lines[0]
+    assert ", loss " in lines[0]
 
 
 def test_the_checkpoint_folder_warning_is_hidden_only_for_a_fresh_run_folder(tmp_path):

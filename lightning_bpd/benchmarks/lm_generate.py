@@ -97,16 +97,17 @@ def same_tokenizer(ours: Any, theirs: Any, texts: Sequence[str]) -> str | None:
 
 
 def load_assistant(path: str | Path, module: Any, prompts: Sequence[str], device: str | torch.device) -> Any:
-    """The draft model of ``--assistant``: a local Hugging Face causal LM directory with the checkpoint's tokenizer,
-    or a language-modelling checkpoint (its base); float32, eval mode. One-line ValueError for a seq2seq model, a
-    folder that is no checkpoint, or another tokenizer."""
+    """The draft model of ``--assistant``: a local Hugging Face causal LM directory (or .gguf file) with the
+    checkpoint's tokenizer, or a language-modelling checkpoint (its base); float32, eval mode. One-line ValueError
+    for a seq2seq model, a folder that is no checkpoint, or another tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from lightning_bpd.checkpoints import load_model
+    from lightning_bpd.hf.gguf_target import resolve_pretrained
     from lightning_bpd.hf.prompts import load_tokenizer
     from lightning_bpd.tasks.lm.module import LMModule
 
-    path = Path(path)
+    path = Path(resolve_pretrained(path))  # a .gguf file: its dequantized folder
     if path.is_file():
         theirs = load_model(path, device)
         if not isinstance(theirs, LMModule):

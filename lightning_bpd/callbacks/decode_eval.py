@@ -86,6 +86,13 @@ def build_methods(task: DecodeEvalTask, criteria: list[str], k: int | None = Non
     return with_baselines(["greedy", *criteria], methods, make), methods
 
 
+def proposed_block(task: DecodeEvalTask, methods: dict[str, DecodeMethod]) -> int:
+    """The block of a decode evaluation (its JSON's ``k``): the most tokens per target call its blockwise ``methods``
+    propose, as each method's proposer says (a DFlash drafter's ``block_size``, an EAGLE-3 chain, the heads used);
+    the model's k where only baselines decode."""
+    return max((m.block_size(task.model) for m in methods.values() if not m.is_baseline), default=task.model.k)
+
+
 Shard = dict[int, dict[str, BatchRun]]  # batch index -> method -> its run on that batch
 
 
@@ -344,7 +351,8 @@ class DecodeEval(pl.Callback):
 
     def evaluate(self, trainer: pl.Trainer, pl_module: Any, stage: str, limit: int | None) -> None:
         """Decode (each rank its share of the batches), gather on rank 0, log and save there."""
-        build_methods(pl_module, self.criteria)  # fail on a bad method before spending time decoding
+        _, methods = build_methods(pl_module, self.criteria)  # fail on a bad method before spending time decoding
+        block = proposed_block(pl_module, methods)
         batches = pl_module.decode_eval_batches(stage, limit, self.batch_size)
         world, rank = trainer.world_size, trainer.global_rank
         runtime = build_runtime(pl_module.model, self.options)
@@ -373,14 +381,14 @@ class DecodeEval(pl.Callback):
         for key, value in metrics.items():
             pl_module.log(f"{stage}/{key}", value, rank_zero_only=True)
         signature = getattr(pl_module, "quality_signature", None)
-        print(f"\n[{stage} decode, {int(metrics['examples'])} examples, k={pl_module.model.k}, {world} process(es)]")
+        print(f"\n[{stage} decode, {int(metrics['examples'])} examples, k={block}, {world} process(es)]")
         print(format_summary(metrics, list(runs), self.quality_key), flush=True)
         print(f"run folder: {folder}" + "".join(f"; W&B run: {run_dir}" for run_dir in wandb_dirs(trainer)), flush=True)
         if signature:
             print(f"{self.quality_key} signature: {signature}", flush=True)
             for lg in trainer.loggers:
                 lg.log_hyperparams({f"{self.quality_key}_signature": signature})
-        self.save_json(folder, trainer, pl_module, stage, metrics, signature)
+        self.save_json(folder, trainer, pl_module, stage, metrics, signature, block)
         self.log_samples(trainer, pl_module, stage, runs, batches)
         if self.num_samples and hasattr(pl_module, "save_samples"):  # e.g. an image grid beside the JSON
             suffix = f"_step{trainer.global_step}" if trainer.state.fn == "fit" else ""
@@ -425,13 +433,14 @@ class DecodeEval(pl.Callback):
         return methods
 
     def save_json(self, folder: Path, trainer: pl.Trainer, pl_module: Any, stage: str, metrics: dict[str, float],
-                  signature: str | None) -> None:
-        """Write the metrics to ``<run dir>/decode_<stage>[_step<N>].json`` (rank 0)."""
+                  signature: str | None, k: int | None = None) -> None:
+        """Write the metrics to ``<run dir>/decode_<stage>[_step<N>].json`` (rank 0); ``k``: the block the methods
+        proposed (:func:`proposed_block`; default the model's k)."""
         folder.mkdir(parents=True, exist_ok=True)
         suffix = f"_step{trainer.global_step}" if trainer.state.fn == "fit" else ""
         record = {"stage": stage, "fn": str(trainer.state.fn), "global_step": trainer.global_step,
                   "ckpt_path": str(trainer.ckpt_path) if trainer.ckpt_path else None,
-                  "k": pl_module.model.k, "criteria": self.criteria, "batch_size": self.batch_size,
+                  "k": pl_module.model.k if k is None else k, "criteria": self.criteria, "batch_size": self.batch_size,
                   "signature": signature, "metrics": metrics,
                   "precision": self.options.precision_of(pl_module.model),
                   "screened_argmax": self.screened_argmax, "tree_nodes": self.tree_nodes}

@@ -15,7 +15,8 @@ run's) and, per ``--tree-nodes`` N > 0,
 dynamic tree of N nodes); a DFlash run has no tree rows. Per row: tokens per target call, seconds against
 ``generate``'s on the same batches, rows that differ from ``generate``'s (0 expected: every row is exact), and what
 the run cost to train: its training minutes (the checkpoint's :class:`~lightning_bpd.callbacks.training_clock.
-TrainingClock`, else Lightning's ``Timer``; ``--minutes NAME=M`` for a run saved without either), steps, and the
+TrainingClock`: the training loop's wall clock less its validations, so at most about a run's ``max_time``; else
+Lightning's ``Timer``, validations included; ``--minutes NAME=M`` for a run saved without either), steps, and the
 proposer's own parameters (the heads or the drafter; the base's are not counted).
 
 Every run must hold the same base (configuration and every weight), the same tokenizer and the same prompts (its
@@ -173,9 +174,15 @@ def run_rows(name: str, module: Any, args: argparse.Namespace, k: int | None = N
     return rows, prompts, (max_new, options, runtime)
 
 
+MINUTES_NOTE = ("training minutes: the training loop's wall clock less its validations (loss and decode evaluation), "
+                "as the checkpoint's TrainingClock counts them; a checkpoint without one: its Timer's (max_time), "
+                "validations included; or --minutes")
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
-    """The table as Markdown, one row per method."""
-    lines = ["| row | proposer | tokens per call | x generate | differ | training minutes | steps | parameters |",
+    """The table as Markdown, one row per method, under a line that says what its training minutes count."""
+    lines = [MINUTES_NOTE, "",
+             "| row | proposer | tokens per call | x generate | differ | training minutes | steps | parameters |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
 
     def cell(value: Any, digits: int = 2) -> str:

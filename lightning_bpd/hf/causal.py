@@ -49,6 +49,7 @@ from lightning_bpd.hf.base import ATTENTION, as_mask
 from lightning_bpd.hf.causal_heads import CausalHeads
 from lightning_bpd.hf.checkpoint_dir import load_weights, read_config
 from lightning_bpd.hf.generation_rules import ids, rules_from_config
+from lightning_bpd.hf.gguf_target import resolve_pretrained
 from lightning_bpd.hf.lean_causal import LeanCausal, lean_family
 from lightning_bpd.nn.blockwise_head import BlockwiseHead
 from lightning_bpd.nn.causal_model import checked_layers
@@ -448,8 +449,10 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
 
 def load_causal(path_or_model: str | os.PathLike | PreTrainedModel, k: int = 1, head_type: str = "paper",
                 head_hidden: int | None = None, frozen: bool = True, pad_id: int | None = None) -> HFCausalBlockwise:
-    """A local checkpoint directory (never downloaded) or a loaded model -> :class:`HFCausalBlockwise`."""
+    """A local checkpoint directory (never downloaded), a ``.gguf`` file (dequantized once into a cached folder:
+    :func:`~lightning_bpd.hf.gguf_target.resolve_pretrained`) or a loaded model -> :class:`HFCausalBlockwise`."""
     if isinstance(path_or_model, (str, os.PathLike)):
+        path_or_model = resolve_pretrained(path_or_model)
         read_config(path_or_model, seq2seq=False)
         model = load_weights(path_or_model, AutoModelForCausalLM, "causal LM")
     else:

@@ -28,6 +28,9 @@ What the adapter uses that is not transformers' public API (checked on 5.24.0):
   ``activation_fn``; T5's ``SelfAttention`` / ``EncDecAttention`` (``k``, ``v``, ``n_heads``,
   ``key_value_proj_dim``, ``relative_attention_*``), ``final_layer_norm``, ``model_dim``; Marian's
   ``final_logits_bias`` buffer.
+- The GGUF architectures transformers dequantizes (``modeling_gguf_pytorch_utils.GGUF_SUPPORTED_ARCHITECTURES``,
+  ``integrations.gguf.GGUF_CONFIG_ARCHS``), which :mod:`lightning_bpd.hf.gguf_target` names when it refuses a file
+  (only for that message: without them the list is empty).
 - ``generate``'s refusal of prompt lookup above one row ("assisted generate is only supported for batch_size = 1"),
   which ``bench-generate`` records as a skipped row.
 

@@ -16,6 +16,7 @@ from torch import Tensor
 from transformers import AutoTokenizer
 
 from lightning_bpd.hf.causal import HFCausalBlockwise, load_causal
+from lightning_bpd.hf.gguf_target import resolve_pretrained
 from lightning_bpd.nn.causal_model import CausalTransformer
 
 PAD_MULTIPLE = 64  # a model's vocabulary may be its tokenizer's padded up to a multiple of this
@@ -23,10 +24,12 @@ PAD_MOST = 1024  # ... by fewer than this many rows (Qwen2.5: 151,665 tokens, 15
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:
-    """The tokenizer saved beside a local checkpoint (``AutoTokenizer``, never downloaded); one-line ValueError if
-    there is none."""
+    """The tokenizer saved beside a local checkpoint (``AutoTokenizer``, never downloaded; a ``.gguf`` file's from its
+    dequantized folder, :func:`~lightning_bpd.hf.gguf_target.resolve_pretrained`); one-line ValueError if there is
+    none."""
+    folder = resolve_pretrained(path)
     try:
-        return AutoTokenizer.from_pretrained(os.fspath(path), local_files_only=True)
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"{path}: no tokenizer beside the checkpoint ({first[:200]})") from None

@@ -12,6 +12,8 @@ import copy
 import inspect
 import logging
 import math
+import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities.warnings import PossibleUserWarning
 from torch import Tensor, nn
 
 from lightning_bpd.decoding.trees import budget as tree_budget
@@ -141,6 +144,26 @@ class BlockwiseModule(pl.LightningModule):
                 if name != "head":
                     child.eval()
         return self
+
+    def hide_frozen_base_warning(self) -> None:
+        """Lightning warns of the modules in eval mode when training starts ("Found N module(s) in eval mode");
+        a frozen base is held in eval mode on purpose (:meth:`train`). Where the modules in eval mode are the
+        frozen base's and no others, that warning (with their count N) is hidden until :meth:`on_train_start`, which
+        follows the check; a module in eval mode outside the base still warns. Call it from ``on_fit_start``."""
+        eval_modules = [m for m in self.modules() if not m.training]
+        base = {id(m) for name, child in self.model.named_children() if name != "head" for m in child.modules()}
+        if not self.freeze or not eval_modules or any(id(m) not in base for m in eval_modules):
+            return
+        message = re.escape(f"Found {len(eval_modules)} module(s) in eval mode at the start of training.")
+        warnings.filterwarnings("ignore", message=message, category=PossibleUserWarning)
+        self.frozen_base_filter = warnings.filters[0]
+
+    def on_train_start(self) -> None:
+        """Lightning's check of the modules in eval mode is over: :meth:`hide_frozen_base_warning`'s filter goes."""
+        entry = getattr(self, "frozen_base_filter", None)
+        if entry is not None and entry in warnings.filters:
+            warnings.filters.remove(entry)
+        self.frozen_base_filter = None
 
     # ---- two-stage recipe -------------------------------------------------------------------------
     def setup(self, stage: str) -> None:

@@ -122,11 +122,13 @@ class LMDataModule(pl.LightningDataModule):
         if self.tokenizer_path is None:
             raise ValueError("data.init_args.tokenizer_path: give the checkpoint directory whose tokenizer reads the "
                              "data (the CLI sets it from model.init_args.pretrained)")
+        from lightning_bpd.hf.gguf_target import resolve_pretrained
         from lightning_bpd.hf.prompts import load_tokenizer
 
-        path = os.fspath(self.tokenizer_path).removeprefix(HF_PREFIX)
+        path = resolve_pretrained(os.fspath(self.tokenizer_path).removeprefix(HF_PREFIX))  # a .gguf: its folder
         if not os.path.isdir(path):
-            raise ValueError(f"data.tokenizer_path: {path} is not a directory (a local checkpoint with its tokenizer)")
+            raise ValueError(f"data.tokenizer_path: {path} is not a directory (a local checkpoint with its tokenizer) "
+                             "nor a .gguf file")
         return load_tokenizer(path)
 
     @property

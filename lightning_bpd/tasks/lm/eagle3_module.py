@@ -35,6 +35,7 @@ sequences, counted at ``setup("fit")``, as speculators counts its data's tokens)
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import torch
@@ -62,6 +63,8 @@ from lightning_bpd.tasks.lm.feature_store import open_store, store_batch, train_
 EAGLE3_CLASS = "lightning_bpd.tasks.lm.eagle3_module.Eagle3Module"
 LOSSES = ("kl_div", "ce")
 FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+DRAFT_VOCAB = 8192  # conf/lm/eagle3.yaml's draft vocabulary (speculators' practice: 32k of Llama 3's 128k)
+HINT_ABOVE = 32768  # a whole vocabulary larger than this gets a hint toward draft_vocab
 
 
 def ttt_loss(logits: Tensor, targets: Tensor, valid: Tensor, decay: float = 1.0, kind: str = "kl_div"
@@ -164,16 +167,31 @@ def load_eagle3_drafter(path: str | os.PathLike) -> Eagle3Drafter:
                               "an EAGLE-3 drafter", "give the .ckpt of a fit with conf/lm/eagle3.yaml")
 
 
+def whole_vocab_hint(config: Eagle3Config, trained: int) -> str | None:
+    """One hint line for a drafter of ``trained`` parameters over a whole vocabulary above :data:`HINT_ABOVE` tokens:
+    the LM head's parameters that ``draft_vocab`` :data:`DRAFT_VOCAB` would not train; None for a smaller one."""
+    if config.vocab_size <= HINT_ABOVE:
+        return None
+    saved = (config.vocab_size - DRAFT_VOCAB) * config.hidden_size  # lm_head: (draft vocabulary, hidden)
+    return (f"hint: model.init_args.draft_vocab is null: the drafter's LM head covers all {config.vocab_size:,} tokens "
+            f"of the target's vocabulary ({trained / 1e6:.1f}M trained parameters); "
+            f"--model.init_args.draft_vocab={DRAFT_VOCAB} (the training data's most frequent tokens, as speculators "
+            f"trains EAGLE-3) trains {saved / 1e6:.1f}M fewer")
+
+
 class Eagle3Module(DrafterModule):
     """An EAGLE-3 drafter trained on a frozen causal LM (``pretrained``).
 
     Args:
         pretrained: the target, frozen: a local Hugging Face causal LM directory with its tokenizer (never
-            downloaded), or the .ckpt of a language-modelling run on our own decoder-only base.
+            downloaded), a ``.gguf`` file (dequantized once into a cached folder,
+            :func:`~lightning_bpd.hf.gguf_target.resolve_pretrained`), or the .ckpt of a language-modelling run on our
+            own decoder-only base.
         target_layer_ids: the target's layers whose outputs the drafter fuses (default EAGLE-3's low, middle and high
             layers, :func:`~lightning_bpd.nn.eagle3.default_eagle3_layers`; a target of fewer than 7 layers needs them).
         draft_vocab: the drafter's vocabulary: null, the target's whole vocabulary; else this many of the training
-            data's most frequent tokens (counted at ``setup("fit")``).
+            data's most frequent tokens (counted at ``setup("fit")``); at least the target's vocabulary: the whole
+            one (conf/lm/eagle3.yaml: 8192). A fit with null on a vocabulary above 32,768 tokens prints a hint.
         ttt_steps: steps of the training-time test (speculators' default 3).
         ttt_step_loss_decay: step s's loss weight ``decay ** s`` (speculators' default 1.0).
         loss: ``kl_div`` (forward KL to the target's distribution over the draft vocabulary) or ``ce``.
@@ -234,9 +252,11 @@ class Eagle3Module(DrafterModule):
             raise ValueError(f"model.target_layer_ids {layers}: give >= 2 distinct decoder layers of the target in "
                              f"[0, {n - 1}]")
         if draft_vocab is not None and (isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int)
-                                        or not 1 <= draft_vocab <= vocab):
-            raise ValueError(f"model.draft_vocab must be null (the whole vocabulary) or an integer in [1, {vocab}], "
-                             f"got {draft_vocab!r}")
+                                        or draft_vocab < 1):
+            raise ValueError(f"model.draft_vocab must be null (the whole vocabulary) or an integer >= 1 (at least "
+                             f"{vocab}: the whole vocabulary), got {draft_vocab!r}")
+        whole = draft_vocab is None
+        draft_vocab = None if whole or draft_vocab >= vocab else draft_vocab  # the whole vocabulary: null
         weight = embedding_weight(target)  # (V, H)
         if weight.shape[0] != vocab:
             raise ValueError(f"model.pretrained: the target's input embeddings have {weight.shape[0]} rows, its LM head "
@@ -268,6 +288,8 @@ class Eagle3Module(DrafterModule):
         self.feature_noise, self.block_size, self.max_new_tokens = feature_noise, block_size, max_new_tokens
         self.feature_cache = FrozenStates(int(feature_cache_gb * 2**30)) if feature_cache_gb > 0 else None
         self.vocab_counted = not config.uses_draft_vocab  # the draft vocabulary is counted once, at setup("fit")
+        trained = sum(p.numel() for p in self.drafter.parameters() if p.requires_grad)
+        self.vocab_hint = whole_vocab_hint(config, trained) if whole else None  # printed when fitting starts
         self.rank_agreement = None  # DecodeEval's table of heads (none here)
 
     # ---- the frozen target: its features and last hidden states ----------------------------------------------
@@ -373,6 +395,8 @@ class Eagle3Module(DrafterModule):
         datamodule = getattr(self._trainer, "datamodule", None)
         if stage == "fit" and self.store is not None:
             train_from_store(self.store, datamodule)
+        if stage == "fit" and self.vocab_hint and self.global_rank == 0:
+            print(self.vocab_hint, file=sys.stderr, flush=True)
         if stage == "fit" and not self.vocab_counted:
             if datamodule is None:
                 raise ValueError("model.draft_vocab: the draft vocabulary is counted from the training data: fit with "

@@ -65,7 +65,7 @@ def complete(module: Any, prompts: list[str], method: Callable, batch_size: int 
         _, part = run_batch(method, module.model if model is None else model, EvalBatch(src, cap))
         run.merge(part)
         texts += module.detokenize(part.outputs)
-    return texts, {"sentences": len(prompts), "tokens": run.tokens, "iterations": run.iterations,
+    return texts, {"prompts": len(prompts), "tokens": run.tokens, "iterations": run.iterations,
                    "mean_accepted_block_size": run.mean_accepted_block_size, "seconds": run.seconds}
 
 

@@ -55,7 +55,7 @@ def run_decode(root: Path, capsys, *extra: str, ckpt: str = "dflash.ckpt") -> tu
     decode_main(["--ckpt", str(root / ckpt), "--input", str(root / "prompts.jsonl"), "--out", str(out),
                  "--device", "cpu", "--max-new-tokens", str(N), *extra])
     stats = capsys.readouterr().err.strip().splitlines()[-1]
-    assert stats.startswith(f"sentences={len(PROMPTS)} iterations=")
+    assert stats.startswith(f"prompts={len(PROMPTS)} iterations=")  # a language model's inputs are prompts
     block = float(re.search(r"mean_accepted_block_size=([0-9.]+)", stats).group(1))
     return [json.loads(line)["completion"] for line in out.read_text().splitlines()], block
 
@@ -104,8 +104,9 @@ def test_bad_dflash_input_is_one_line(fitted, capsys, tmp_path, checkpoint):
     ckpt = torch.load(fitted / "dflash.ckpt", map_location="cpu", weights_only=False)
     ckpt["hyper_parameters"]["pretrained"] = str(tmp_path / "moved")
     torch.save(ckpt, fitted / "moved.ckpt")
-    assert refused(ckpt="moved.ckpt").endswith("and not a directory (a local Hugging Face causal LM checkpoint with "
-                                               "its tokenizer); if the base (target) moved since the run, give --base DIR")
+    assert refused(ckpt="moved.ckpt").endswith("not a directory (a local Hugging Face causal LM checkpoint with its "
+                                               "tokenizer) nor a .gguf file; if the base (target) moved since the run, "
+                                               "give --base DIR")
     got, block = run_decode(fitted, capsys, "--base", str(checkpoint), ckpt="moved.ckpt")
     assert got == greedy_texts(fitted / "dflash.ckpt") and block > 2.5
 

@@ -179,6 +179,52 @@ def test_draft_vocabulary_counts_of_the_training_data(checkpoint, data):
         token_counts(object(), 10)
 
 
+def test_a_draft_vocabulary_of_the_whole_vocabulary_or_more_is_the_whole_one_and_null_on_a_big_one_hints(
+        checkpoint, monkeypatch, capsys):
+    """conf/lm/eagle3.yaml's draft_vocab (8192) on a smaller vocabulary (300 here) is the whole one, not an error;
+    null on a vocabulary above 32,768 tokens prints one hint naming the option and the parameters it saves."""
+    from lightning_bpd.tasks.lm import eagle3_module
+    from tests.test_configs import resolved
+
+    assert resolved(CONF_DIR / "lm" / "eagle3.yaml")["model"]["init_args"]["draft_vocab"] == 8192
+    for given in (300, 8192):
+        module = Eagle3Module(str(checkpoint), target_layer_ids=LAYERS, draft_vocab=given)
+        assert not module.drafter.config.uses_draft_vocab and module.drafter.config.draft_vocab_size == 300
+        assert module.hparams.draft_vocab is None and module.vocab_counted and module.vocab_hint is None
+    h = module.drafter.config.hidden_size
+    config = eagle3_module.Eagle3Config.from_dict({**module.drafter.config.to_dict(), "vocab_size": 49152,
+                                                     "draft_vocab_size": 49152})
+    hint = eagle3_module.whole_vocab_hint(config, 33_400_000)
+    assert hint.startswith("hint: model.init_args.draft_vocab is null: the drafter's LM head covers all 49,152 tokens")
+    assert "(33.4M trained parameters); --model.init_args.draft_vocab=8192" in hint
+    assert hint.endswith(f"trains {(49152 - 8192) * h / 1e6:.1f}M fewer") and "\n" not in hint
+    assert eagle3_module.whole_vocab_hint(module.drafter.config, 10**6) is None  # 300 tokens: no hint
+    monkeypatch.setattr(eagle3_module, "HINT_ABOVE", 100)  # the tiny vocabulary counts as a big one
+    module = Eagle3Module(str(checkpoint), target_layer_ids=LAYERS)
+    capsys.readouterr()
+    module.setup("validate")
+    assert capsys.readouterr().err == ""  # fitting only
+    module.setup("fit")
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("hint: model.init_args.draft_vocab is null")
+    trained = sum(p.numel() for p in module.drafter.parameters() if p.requires_grad)
+    assert f"({trained / 1e6:.1f}M trained parameters)" in err[0]
+    assert Eagle3Module(str(checkpoint), target_layer_ids=LAYERS, draft_vocab=300).vocab_hint is None  # not null
+
+
+def test_the_decode_evaluation_states_the_drafters_block(checkpoint):
+    """decode_val_*.json's k (proposed_block): a DFlash drafter's block_size, an EAGLE-3 chain's, not the target's
+    k of 1."""
+    from lightning_bpd.callbacks.decode_eval import build_methods, proposed_block
+    from lightning_bpd.tasks.lm.dflash_module import DFlashModule
+
+    for module in (DFlashModule(str(checkpoint), block_size=5), Eagle3Module(str(checkpoint), target_layer_ids=LAYERS,
+                                                                             block_size=3)):
+        assert module.model.k == 1
+        assert proposed_block(module, build_methods(module, ["exact"])[1]) == module.block_size
+        assert proposed_block(module, build_methods(module, [])[1]) == 1  # greedy alone
+
+
 def test_bad_options_are_one_line(checkpoint, tmp_path):
     with pytest.raises(ValueError, match=r"target_layer_ids: EAGLE-3's default layers need a target of >= 7 layers, "
                                          r"this one has 2: give >= 2 distinct layers in \[0, 1\]$"):
@@ -186,7 +232,7 @@ def test_bad_options_are_one_line(checkpoint, tmp_path):
     for layers in ([0], [1, 1], [0, 2]):
         with pytest.raises(ValueError, match=r"target_layer_ids .*: give >= 2 distinct decoder layers"):
             Eagle3Module(str(checkpoint), target_layer_ids=layers)
-    for bad, match in (({"draft_vocab": 0}, "draft_vocab must be null"), ({"draft_vocab": 10**6}, "in \\[1, 300\\]"),
+    for bad, match in (({"draft_vocab": 0}, "draft_vocab must be null"), ({"draft_vocab": 2.5}, "integer >= 1"),
                        ({"loss": "mse"}, "loss must be one of kl_div, ce"), ({"ttt_steps": 0}, "ttt_steps must be"),
                        ({"block_size": 1}, "block_size must be an integer >= 2"), ({"block_size": 65}, "at most 64"),
                        ({"feature_cache_gb": -1}, "feature_cache_gb >= 0"), ({"family": "gpt2"}, "family must be one"),
@@ -236,6 +282,8 @@ def fitted(checkpoint, data, tmp_path_factory) -> tuple[Eagle3Module, Path]:
 def test_fit_writes_a_drafter_checkpoint_that_load_model_reads(fitted, checkpoint, data):
     trained, run = fitted
     assert isinstance(trained, Eagle3Module) and trained.global_step == 4
+    decoded = json.loads(next(run.rglob("decode_val_step4.json")).read_text())
+    assert decoded["k"] == 4  # the drafter's chains (block_size 4), not the target's k of 1
     metrics = logged(run)
     assert {"train/acc_depth1", "train/acc_depth3", "val/acc_depth2", "val/accepted", "train/accepted"} <= set(metrics)
     assert 1.0 <= metrics["val/accepted"] <= 4.0 and math.isfinite(metrics["train/loss"]) and \

@@ -60,8 +60,11 @@ def test_decode_reads_heads_saved_on_their_own(checkpoint, tmp_path, capsys, mon
     capsys.readouterr()
     main(["decode", "--ckpt", str(folder), "--criterion", "top2", "--device", "cpu"])  # the heads' max_new_tokens
     expected = blockwise_decode(module.model, module.encode_prompts(PROMPTS), parse_criterion("top2"), 12)
-    out = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    out = captured.out.splitlines()
     assert [json.loads(line)["completion"] for line in out] == module.detokenize(expected.sequences())
+    stats = captured.err.strip().splitlines()[-1]  # a language model's inputs are prompts, not sentences
+    assert stats.startswith(f"prompts={len(PROMPTS)} iterations=")
 
 
 def test_heads_refuse_another_base(checkpoint, tmp_path):
