@@ -5,7 +5,10 @@ The training windows are LMDataModule's (the same folder, split, ``seq_len`` and
 holds, per window, its tokens, the target's greedy next tokens, the outputs of ``--layers`` and (unless ``--no-last``)
 the last hidden state, in 16 bits. Before it starts it prints the store's size and an estimate of its time; it writes
 shards of ``--shard-size`` windows and resumes at the first missing one when run again with the same options.
-``--devices N`` runs it on N devices of a Lightning run (DDP: each rank writes its own shards).
+``--devices N`` runs it on N devices of a Lightning run (DDP: Lightning starts the same command line again for each
+other rank; each rank writes its share of the missing shards and prints its own progress lines, ``rank r: shard s
+written``; rank 0 prints the plan and, once every rank is done, the end). From Python (``main([...])``) keep
+``--devices 1``: the launcher would start the calling script again instead.
 
     python -m lightning_bpd store --pretrained model.gguf --data-root ../shared/data/code/python-stdlib/Lib \\
         --suffixes .py --layers 1,14,26 --sequences 2000 --out runs/store
@@ -57,11 +60,16 @@ def parse_layers(text: str, n_layers: int) -> tuple[int, ...]:
     if text == "none":
         return ()
     if text == "eagle3":
+        if n_layers < 7:
+            raise ValueError(f"--layers eagle3: EAGLE-3's default layers need a target of >= 7 layers, this one has "
+                             f"{n_layers}: give --layers (comma-separated layers in [0, {n_layers - 1}])")
         return tuple(default_eagle3_layers(n_layers))
     try:
         layers = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise ValueError(f"--layers {text!r}: give comma-separated layer numbers, 'eagle3' or 'none'") from None
+        layers = ()
+    if not layers:
+        raise ValueError(f"--layers {text!r}: give comma-separated layer numbers, 'eagle3' or 'none'")
     bad = [i for i in layers if not 0 <= i < n_layers]
     if bad or len(set(layers)) != len(layers):
         raise ValueError(f"--layers {text}: give distinct decoder layers of the target in [0, {n_layers - 1}]")
@@ -69,15 +77,19 @@ def parse_layers(text: str, n_layers: int) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> None:
+    from pytorch_lightning.utilities import rank_zero_only
+
     from lightning_bpd.tasks.lm.datamodule import HF_PREFIX, LMDataModule
     from lightning_bpd.tasks.lm.dflash_module import frozen_target
-    from lightning_bpd.tasks.lm.store_writer import StorePlan, choose_windows, write_store
+    from lightning_bpd.tasks.lm.store_writer import StorePlan, choose_windows, token_digest, write_store
 
     for name in ("seq_len", "batch_size", "shard_size", "devices"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not os.path.isdir(args.data_root):
         raise ValueError(f"--data-root {args.data_root}: not a folder (give the data folder the fits read)")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise ValueError(f"--out {args.out}: a file, not a folder (give a new folder, or the folder of this store)")
     pretrained, target, tokenizer = frozen_target(args.pretrained)
     layers = parse_layers(args.layers, int(target.n_layers))
     if not layers and args.no_last:
@@ -94,20 +106,25 @@ def run(args: argparse.Namespace) -> None:
                      shard_size=args.shard_size, batch_size=args.batch_size)
     meta = {"root": os.path.abspath(args.data_root), "seq_len": args.seq_len, "suffixes": args.suffixes,
             "val_fraction": args.val_fraction, "test_fraction": args.test_fraction, "split": "train",
-            "seed": args.seed}
+            "seed": args.seed, "tokens": token_digest(windows.tokens)}  # edited data: another store, not a resume
     trainer_args = {"devices": args.devices, "accelerator": args.accelerator}
     if args.devices > 1:
         trainer_args["strategy"] = "ddp"
     out = write_store(target, tokenizer, pretrained, windows, meta, plan, args.out, trainer_args)
-    print(f"store: {out} complete; train with --model.init_args.feature_store={out}", flush=True)
+    if rank_zero_only.rank == 0:  # under DDP every rank gets here, after all shards are written
+        print(f"store: {out} complete; train with --model.init_args.feature_store={out}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
+    from lightning_fabric.utilities.exceptions import MisconfigurationException
+
     args = build_parser().parse_args(argv)
     try:
         run(args)
-    except ValueError as err:
+    except (ValueError, MisconfigurationException) as err:  # Lightning's: e.g. --accelerator gpu without a GPU
         sys.exit(f"store: {str(err).strip().splitlines()[0]}")
+    except OSError as err:  # an --out folder that cannot be written, a full disk
+        sys.exit(f"store: {err.filename or args.out}: {err.strerror or type(err).__name__}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ it; every shard is written to a temporary file and renamed, so a stopped run res
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_only
 from torch import Tensor
 from torch.utils.data import DataLoader
 
@@ -117,19 +119,38 @@ def store_meta(plan: StorePlan, model: Any, tokenizer: Any, pretrained: str, dat
             "total_windows": plan.total}
 
 
+def token_digest(tokens: Tensor) -> str:
+    """16 hex digits of SHA-256 over a token stream (a PackedDataset's ``tokens``): the data a store was made of."""
+    return hashlib.sha256(tokens.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
 def prepare_folder(out: Path, meta: dict[str, Any]) -> list[int]:
     """Write ``meta`` into ``out`` (or find the same there) -> the shards still missing; ValueError where ``out`` holds
-    another store (another target, data, layers or plan)."""
+    another store (another target, data, layers or plan), something that is no store, or other files."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / META
     if path.is_file():
-        old = json.loads(path.read_text())
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: not a readable feature store ({type(err).__name__}): give a new --out") from None
+        if not isinstance(old, dict) or old.get("format") != FORMAT:
+            found = old.get("format") if isinstance(old, dict) else type(old).__name__
+            raise ValueError(f"{out} holds a {META} that is no feature store of this version ({found!r}, want "
+                             f"{FORMAT!r}): give a new --out")
         same = {"target": {**old.get("target", {}), "path": meta["target"]["path"]}}  # the same target by another path
+        data = old.get("data")
+        if isinstance(data, dict) and "tokens" not in data:  # a store of before the data digest: resumed unchecked
+            same["data"] = {**data, "tokens": meta["data"].get("tokens")}
         differ = sorted(k for k in set(old) | set(meta) if {**old, **same}.get(k) != meta.get(k))
         if differ:
             raise ValueError(f"{out} holds another store (differing: {', '.join(differ)}): give a new --out, or delete "
                              "it to start again")
     else:
+        others = sorted(p.name for p in out.iterdir() if not p.name.startswith(f".{META}."))
+        if others:  # a store folder starts with its store.json: this is something else (a run, the data, ...)
+            raise ValueError(f"{out} holds other files ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}) "
+                             "and no store: give a new or empty --out")
         tmp = out / f".{META}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(meta, indent=1))
         os.replace(tmp, path)
@@ -138,7 +159,7 @@ def prepare_folder(out: Path, meta: dict[str, Any]) -> list[int]:
 
 class StoreWriter(pl.LightningModule):
     """The frozen target (not a registered child: nothing of it trains or is saved) writing the shards that a
-    prediction loop hands it: one shard id per batch."""
+    prediction loop hands it: one shard id per batch (-1: none)."""
 
     def __init__(self, model: Any, windows: Any, plan: StorePlan, out: Path) -> None:
         super().__init__()
@@ -146,7 +167,15 @@ class StoreWriter(pl.LightningModule):
         self.windows, self.plan, self.out = windows, plan, out
         self.done = 0
         self.started = time.perf_counter()
-        self.todo = 0
+        self.shard_ids: list[int] = []  # the loader's, in its order
+        self.todo = 0  # shards of this rank (set when the loop starts)
+
+    def on_predict_start(self) -> None:
+        """Start the clock (not before: rank 0 waits here for the other ranks to start) and count this rank's
+        shards (one a batch)."""
+        self.started, self.done = time.perf_counter(), 0
+        mine = self.shard_ids[self.global_rank :: self.trainer.world_size]  # Lightning's prediction sampler's split
+        self.todo = sum(s >= 0 for s in mine)
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> StoreWriter:
         super()._apply(fn, *args, **kwargs)
@@ -155,8 +184,10 @@ class StoreWriter(pl.LightningModule):
 
     def predict_step(self, batch: Tensor, batch_idx: int) -> int:
         for s in batch.tolist():
+            if s < 0:  # padding: every rank gets as many batches
+                continue
             path = self.out / shard_name(s)
-            if path.is_file():  # another rank's (the sampler pads by repeating) or a resumed run's
+            if path.is_file():  # already there (a rank of another run of the same store)
                 continue
             rows = torch.stack([self.windows[i]["src"] for i in self.plan.shard_indices(s)])  # (n, T)
             shard = compute_shard(self.target, rows, self.plan)
@@ -166,15 +197,13 @@ class StoreWriter(pl.LightningModule):
             if not sys.stdout.isatty():
                 spent = time.perf_counter() - self.started
                 left = spent / self.done * max(0, self.todo - self.done)
-                print(f"store: shard {s} written (rank {self.global_rank}: {self.done}/{self.todo}, "
+                print(f"store: rank {self.global_rank}: shard {s} written ({self.done}/{self.todo} of this rank, "
                       f"{spent / 60:.1f} min, about {left / 60:.1f} min left)", flush=True)
         return len(batch)
 
 
-def estimate(model: Any, windows: Any, plan: StorePlan, missing: list[int], hidden: int) -> tuple[int, float]:
-    """(bytes of the whole store, seconds of the missing shards on this process), the time from one timed batch."""
-    seq_len = int(windows[0]["src"].shape[0])
-    total_bytes = len(plan.indices) * seq_len * plan.bytes_per_token(hidden)
+def estimate(model: Any, windows: Any, plan: StorePlan, missing: list[int]) -> float:
+    """Seconds of the ``missing`` shards on one process, from one timed batch."""
     n = min(plan.batch_size, len(plan.indices))
     src = torch.stack([windows[i]["src"] for i in plan.indices[:n]])
     device = next(iter(model.parameters())).device
@@ -182,34 +211,52 @@ def estimate(model: Any, windows: Any, plan: StorePlan, missing: list[int], hidd
     target_rows(model, src.to(device), plan.layers, plan.last, DTYPES[plan.dtype])
     per_window = (time.perf_counter() - start) / n
     todo = sum(len(plan.shard_indices(s)) for s in missing)
-    return total_bytes, per_window * todo
+    return per_window * todo
 
 
 def write_store(model: Any, tokenizer: Any, pretrained: str, windows: Any, data: dict[str, Any], plan: StorePlan,
                 out: str | os.PathLike, trainer_args: dict[str, Any] | None = None) -> Path:
     """Compute the store of ``plan`` for the frozen ``model`` over the dataset ``windows`` into ``out`` (resuming
-    what is there) through a Lightning prediction loop (``trainer_args``: devices, accelerator, strategy)."""
+    what is there) through a Lightning prediction loop (``trainer_args``: devices, accelerator, strategy).
+
+    Under DDP every rank runs this (Lightning's launcher starts the script again for each rank): each finds the same
+    missing shards (none is written before all ranks have joined), writes its share, and waits for the others; only
+    rank 0 prints the plan. ValueError (on every rank) where a shard is still missing at the end."""
     out = Path(out)
+    trainer_args = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
+                    "enable_model_summary": False, "use_distributed_sampler": True, **(trainer_args or {})}
     model.eval().requires_grad_(False)
     hidden = int(target_shape(model)["hidden_size"])
     meta = store_meta(plan, model, tokenizer, pretrained, data)
     missing = prepare_folder(out, meta)
-    size, seconds = estimate(model, windows, plan, missing, hidden) if missing else (0, 0.0)
-    size = len(plan.indices) * int(data["seq_len"]) * plan.bytes_per_token(hidden)
-    print(f"store: {len(plan.indices)} of {plan.total} training windows x {data['seq_len']} tokens, layers "
-          f"{list(plan.layers)}{' + last hidden' if plan.last else ''} in {plan.dtype}: "
-          f"{plan.bytes_per_token(hidden):,} bytes a token, {size / 2**30:.2f} GiB in {plan.n_shards} shards; "
-          f"{len(missing)} to compute, about {seconds / 60:.1f} min on this process", flush=True)
-    if not missing:
+    trainer = pl.Trainer(**trainer_args) if missing else None
+    ranks = trainer.world_size if trainer is not None else 1
+    if rank_zero_only.rank == 0:
+        if trainer is not None:  # timed where the run computes (a GPU's time, not the CPU's the target loaded on)
+            model.to(trainer.strategy.root_device)
+        seconds = estimate(model, windows, plan, missing) / ranks if missing else 0.0
+        size = len(plan.indices) * int(data["seq_len"]) * plan.bytes_per_token(hidden)
+        print(f"store: {len(plan.indices)} of {plan.total} training windows x {data['seq_len']} tokens, layers "
+              f"{list(plan.layers)}{' + last hidden' if plan.last else ''} in {plan.dtype}: "
+              f"{plan.bytes_per_token(hidden):,} bytes a token, {size / 2**30:.2f} GiB in {plan.n_shards} shards; "
+              f"{len(missing)} to compute, about {seconds / 60:.1f} min"
+              f"{f' on each of {ranks} processes' if ranks > 1 else ''}", flush=True)
+    if trainer is None:
         return out
     writer = StoreWriter(model, windows, plan, out)
-    writer.todo = len(missing)
-    args = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
-            "enable_model_summary": False, "use_distributed_sampler": True, **(trainer_args or {})}
-    trainer = pl.Trainer(**args)
-    loader = DataLoader(torch.tensor(missing, dtype=torch.long), batch_size=1)
+    # padded with -1 (nothing to write) to a multiple of the ranks: Lightning's prediction sampler fails on a rank
+    # with no shard (fewer missing shards than ranks) and gives the last ranks one shard fewer than the first
+    padded = missing + [-1] * (-len(missing) % ranks)
+    writer.shard_ids = padded
+    loader = DataLoader(torch.tensor(padded, dtype=torch.long), batch_size=1)
     trainer.predict(writer, loader, return_predictions=False)
+    trainer.strategy.barrier("store-written")  # every rank's shards are there before any rank checks or exits
+    left = [s for s in missing if not (out / shard_name(s)).is_file()]
+    if left:
+        raise ValueError(f"{out}: {len(left)} of {plan.n_shards} shards still missing after the run (shard {left[0]}"
+                         "): run the same store command again to complete it")
     return out
 
 
-__all__ = ["StorePlan", "StoreWriter", "choose_windows", "compute_shard", "target_rows", "write_store"]
+__all__ = ["StorePlan", "StoreWriter", "choose_windows", "compute_shard", "target_rows", "token_digest",
+           "write_store"]

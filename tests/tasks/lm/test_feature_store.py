@@ -205,3 +205,49 @@ def test_heads_from_a_store_learn_the_bases_own_greedy_tokens(target, data, stor
     with torch.no_grad():
         greedy = module.model.logits_first(module.model(batch["src"])).argmax(-1)  # (B, T): the base's own choices
     assert torch.equal(seen["tgt"], greedy) and not torch.equal(seen["tgt"], batch["tgt"])
+
+
+def test_bad_store_commands_are_one_line(target, data, tmp_path):
+    def refused(out: Path, *extra: str) -> str:
+        with pytest.raises(SystemExit) as err:
+            make_store(target, data, out, *extra)
+        assert str(err.value).startswith("store: ") and "\n" not in str(err.value)
+        return str(err.value)
+
+    assert "give comma-separated layer numbers" in refused(tmp_path / "a", "--layers", ",")  # not a store of no layer
+    assert "--layers eagle3" in refused(tmp_path / "a", "--layers", "eagle3")  # 4 layers: name our option
+    (tmp_path / "file").write_text("x")
+    assert "a file, not a folder" in refused(tmp_path / "file")
+    assert "Not a directory" in refused(tmp_path / "file" / "s")  # an OSError of the folder: one line too
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "store.json").write_text("garbage")
+    assert "not a readable feature store" in refused(junk)
+    (junk / "store.json").write_text('{"format": "another/1"}')
+    assert "no feature store of this version ('another/1'" in refused(junk)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "last.ckpt").write_text("x")
+    assert "holds other files (last.ckpt) and no store" in refused(run)  # never mixed into a run's (or data) folder
+    if not torch.cuda.is_available():
+        assert "gpu" in refused(tmp_path / "g", "--accelerator", "gpu")  # Lightning's refusal, one line
+
+
+def test_a_store_of_edited_data_is_not_resumed(target, data, tmp_path):
+    import shutil
+
+    edited = tmp_path / "code"
+    shutil.copytree(data, edited)
+    out = make_store(target, edited, tmp_path / "s", "--sequences", "4")
+    (out / shard_name(1)).unlink()
+    first = next(iter(sorted((edited / "train").glob("*.py"))))
+    text = first.read_text()
+    first.write_text(text.replace("return", "yield", 1))  # as many windows, other tokens
+    with pytest.raises(SystemExit, match="holds another store .differing: data"):
+        make_store(target, edited, out, "--sequences", "4")  # not completed with shards of other windows
+    first.write_text(text)
+    meta = json.loads((out / "store.json").read_text())
+    del meta["data"]["tokens"]  # a store begun before the data digest still resumes
+    (out / "store.json").write_text(json.dumps(meta))
+    make_store(target, edited, out, "--sequences", "4")
+    assert (out / shard_name(1)).is_file()
