@@ -59,8 +59,9 @@ class LMModule(BlockwiseModule):
             the base's weights stay bit-identical, its dropout off).
         max_new_tokens: validation decodes continue each held-out prompt by at most this many tokens.
         feature_store: with a frozen Hugging Face base, a store of its last hidden states (``python -m lightning_bpd
-            store``): the heads train on the store's sequences from the stored states toward the base's own greedy
-            next tokens (the store's labels), the base never running in a training step (validation still runs it).
+            store``): the heads train on the store's sequences from the stored states toward the base's greedy next
+            token after each prefix of the data (the store's labels), the base never running in a training step
+            (validation still runs it).
     """
 
     def __init__(self, pretrained: str | None = None, k: int = 4, head_type: str = "chained",
@@ -221,8 +222,8 @@ class LMModule(BlockwiseModule):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         """The shared step, and ``train/ppl`` where p_1 trains (a fine-tuned base; a frozen one's is the base's). With
-        a feature store the heads learn the base's own greedy next token at every position (the store's labels: the
-        agreement exact decoding accepts), not the data's."""
+        a feature store head i at position t learns the base's greedy choice after the data's first t + i tokens (the
+        store's labels, teacher-forced as DFlash's and EAGLE-3's are), not the data's token there."""
         if self.store is not None:
             labels = store_batch(self.store, batch["src"], batch.get("index")).labels  # (B, T)
             batch = {**batch, "tgt": labels.to(batch["tgt"].device)}
