@@ -11,8 +11,10 @@ Followed: llama.cpp as vendored by llama-cpp-python 0.3.36 (``conversion/qwen.py
   = our ``target_layer_ids`` + 1: llama.cpp extracts the INPUT of those target layers (= the output of ours), so the
   target's last layer cannot be one (llama.cpp aborts: there is no layer after it to take its output as input); the
   writer refuses it;
-* the tokenizer is the target's (``tokenizer.ggml.*``, as the converter copies it from ``--target-model-dir``), with
-  ``tokenizer.ggml.mask_token_id`` (the block's mask slots);
+* the tokenizer is the target's (``tokenizer.ggml.*``, as the converter copies it from ``--target-model-dir``; of a
+  Llama target with its ``LlamaModel.set_vocab`` extras, e.g. ``add_bos_token`` false for 49,152 tokens:
+  :func:`~lightning_bpd.benchmarks.gguf_drafter.add_llama_vocab`), with ``tokenizer.ggml.mask_token_id`` (the
+  block's mask slots);
 * tensors (the converter's order: the z-lab weights' names sorted): ``fc``, ``enc.output_norm`` (hidden_norm), per
   layer ``blk.{i}.attn_norm``, ``ffn_down/gate/up``, ``ffn_norm``, ``attn_k_norm``, ``attn_k``, ``attn_output``,
   ``attn_q_norm``, ``attn_q``, ``attn_v``, then ``output_norm``; no embedding and no LM head: llama.cpp shares the
@@ -66,7 +68,12 @@ def write_dflash_gguf(source: Any, path: str | os.PathLike, target: str | os.Pat
     alike."""
     import gguf
 
-    from lightning_bpd.benchmarks.gguf_drafter import add_layer_keys, add_target_vocab
+    from lightning_bpd.benchmarks.gguf_drafter import (
+        LLAMA_ARCHITECTURES,
+        add_layer_keys,
+        add_llama_vocab,
+        add_target_vocab,
+    )
     from lightning_bpd.benchmarks.gguf_llama import write_gguf
     from lightning_bpd.hf.prompts import load_tokenizer
 
@@ -88,6 +95,7 @@ def write_dflash_gguf(source: Any, path: str | os.PathLike, target: str | os.Pat
     writer.add_uint32(f"{ARCH}.block_size", config["dflash_config"]["block_size"])
     writer.add_array(f"{ARCH}.target_layers", [i + 1 for i in config["dflash_config"]["target_layer_ids"]])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    add_target_vocab(writer, tokenizer, target_dir, facts["vocab_size"])
+    llama = bool(facts["architectures"]) and facts["architectures"][0] in LLAMA_ARCHITECTURES  # its set_vocab
+    (add_llama_vocab if llama else add_target_vocab)(writer, tokenizer, target_dir, facts["vocab_size"])
     writer.add_mask_token_id(config["dflash_config"]["mask_token_id"])
     return write_gguf(writer, tensors)

@@ -22,15 +22,17 @@ EAGLE-3 by ``draft_vocab_size`` and a 1-layer ``transformer_layer_config``; ``sr
   (offset + index; ``t2d`` is dropped). ``attn_q`` / ``attn_k`` rows are interleaved per head as for every Llama
   (llama.cpp ropes EAGLE-3 adjacent pairs: :func:`~lightning_bpd.benchmarks.gguf_llama.interleave_rotary`).
 
-Refused (one line), as llama.cpp cannot run them: a qwen3 layer (q/k norms), ``fc_norm``, other than 3 target layers;
-and vocabularies of 32016 or 49152 tokens, where the converter applies CodeLlama's or Granite's tokenizer special
-cases (not reproduced). ``norm_output`` is written but not run as trained (llama.cpp feeds the pre-norm state back):
-output stays the target's, drafts differ (``export-heads`` notes it).
+The converter's ``LlamaModel.set_vocab`` special cases of a 32,016-token (CodeLlama) or 49,152-token (Granite's small
+models; SmolLM2) vocabulary are written as it writes them (:func:`~lightning_bpd.benchmarks.gguf_drafter.add_llama_vocab`:
+for 49,152, ``add_bos_token`` false, which is what SmolLM2's own GGUFs say).
+
+Refused (one line), as llama.cpp cannot run them: a qwen3 layer (q/k norms), ``fc_norm``, other than 3 target layers.
+``norm_output`` is written but not run as trained (llama.cpp feeds the pre-norm state back): output stays the
+target's, drafts differ (``export-heads`` notes it).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -48,7 +50,6 @@ TOP_NAMES = {"embed_tokens.weight": "token_embd.weight", "fc.weight": "fc.weight
              "input_norm.weight": "enc.output_norm.weight", "lm_head.weight": "output.weight",
              "norm.weight": "output_norm.weight"}
 MAPPINGS = ("d2t", "t2d")  # the draft vocabulary's buffers: d2t written last as absolute ids, t2d dropped
-SPECIAL_VOCABS = (32016, 49152)  # the converter's CodeLlama / Granite tokenizer special cases
 
 
 def gguf_tensor_name(name: str) -> str:
@@ -69,8 +70,7 @@ def check_llamacpp(drafter: Eagle3Drafter) -> None:
         (f"a {c.family} layer (q/k norms; llama.cpp's eagle3 is a Llama layer)", c.family != "llama"),
         ("fc_norm (llama.cpp has no per-layer norms before fc)", c.fc_norm),
         (f"{c.num_target_features} target layers (llama.cpp's eagle3 takes exactly 3)", c.num_target_features != 3),
-        (f"a vocabulary of {c.vocab_size} (the converter's CodeLlama / Granite tokenizer special case)",
-         c.vocab_size in SPECIAL_VOCABS)) if bad]
+    ) if bad]
     if problems:
         raise ValueError(f"llama.cpp's eagle3 does not take this drafter: {'; '.join(problems)}")
 
@@ -100,7 +100,7 @@ def write_eagle3_gguf(drafter: Eagle3Drafter, path: str | os.PathLike, target: s
     would not read alike."""
     import gguf
 
-    from lightning_bpd.benchmarks.gguf_drafter import add_layer_keys, add_target_vocab
+    from lightning_bpd.benchmarks.gguf_drafter import add_layer_keys, add_llama_vocab
     from lightning_bpd.benchmarks.gguf_llama import write_gguf
     from lightning_bpd.hf.eagle3_export import speculators_config
     from lightning_bpd.hf.prompts import load_tokenizer
@@ -124,9 +124,5 @@ def write_eagle3_gguf(drafter: Eagle3Drafter, path: str | os.PathLike, target: s
     writer.add_vocab_size(layer["vocab_size"])
     writer.add_rope_dimension_count(layer["head_dim"])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    config_file = Path(target) / "tokenizer_config.json"  # the converter's LlamaModel.set_vocab reads this flag first
-    prefix = json.loads(config_file.read_text()).get("add_prefix_space") if config_file.is_file() else None
-    if prefix is not None:
-        writer.add_add_space_prefix(prefix)
-    add_target_vocab(writer, tokenizer or load_tokenizer(target), target, layer["vocab_size"])
+    add_llama_vocab(writer, tokenizer or load_tokenizer(target), target, layer["vocab_size"])
     return write_gguf(writer, tensors)

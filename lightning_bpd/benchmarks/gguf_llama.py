@@ -8,7 +8,8 @@ prefix space, with no normalizer, is llama.cpp's ``gpt-2`` pre-tokenizer (of its
 byte-level BPE). Anything else is refused in one line, and :func:`tokenization_mismatches` checks the claim on the
 texts at hand (the bench refuses the peer if one differs).
 
-Weights: every tensor float32 under llama.cpp's Llama names (``token_embd``, ``blk.{i}.attn_q``, ... ``output``).
+Weights: every tensor float32 under llama.cpp's Llama names (``token_embd``, ``blk.{i}.attn_q``, ... ``output``);
+or (``weights="q8_0"``) the matrices in Q8_0, as a user's quantized GGUF would have them.
 Rotary positions: transformers rotates the first half of each head's dimensions against the second half, llama.cpp's
 Llama rotates adjacent pairs; so each head's rows of ``q_proj`` and ``k_proj`` are interleaved (row ``j`` of the first
 half becomes row ``2j``, row ``j`` of the second half row ``2j + 1``), which makes llama.cpp's rotation the same map.
@@ -132,10 +133,15 @@ def llama_tensors(model: Any) -> dict[str, np.ndarray]:
     return {name: t.contiguous().numpy() for name, t in out.items()}
 
 
-def write_llama_gguf(model: Any, tokenizer: Any, path: str | Path, name: str = "lightning_bpd") -> Path:
-    """``model`` (a ``LlamaForCausalLM``) and its ``tokenizer`` as one float32 GGUF file at ``path``."""
+def write_llama_gguf(model: Any, tokenizer: Any, path: str | Path, name: str = "lightning_bpd",
+                     weights: str = "f32") -> Path:
+    """``model`` (a ``LlamaForCausalLM``) and its ``tokenizer`` as one GGUF file at ``path``: float32, or
+    (``weights="q8_0"``) with every matrix whose rows are whole Q8_0 blocks (32 values) in Q8_0 (a quantized target
+    as users bring them, small enough for tests)."""
     import gguf
 
+    if weights not in ("f32", "q8_0"):
+        raise ValueError(f"weights must be f32 or q8_0, got {weights!r}")
     config = model.config
     check_llama(config)
     vocab = gguf_vocabulary(tokenizer, config.vocab_size)
@@ -144,7 +150,7 @@ def write_llama_gguf(model: Any, tokenizer: Any, path: str | Path, name: str = "
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(name)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if weights == "f32" else gguf.LlamaFileType.MOSTLY_Q8_0)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
@@ -168,14 +174,17 @@ def write_llama_gguf(model: Any, tokenizer: Any, path: str | Path, name: str = "
             add(int(vocab[key]))
     writer.add_add_bos_token(vocab["add_bos"])
     writer.add_add_eos_token(vocab["add_eos"])
-    return write_gguf(writer, llama_tensors(model))
+    tensors = llama_tensors(model)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    raw = {} if weights == "f32" else {k: q8 for k, t in tensors.items() if t.ndim == 2 and t.shape[1] % 32 == 0}
+    return write_gguf(writer, {k: gguf.quants.quantize(t, q8) if k in raw else t for k, t in tensors.items()}, raw)
 
 
-def write_gguf(writer: Any, tensors: dict[str, np.ndarray]) -> Path:
-    """Add ``tensors`` (in order; each array's dtype its GGML type: float32 F32, int64 I64), write the file and close
-    it; its path."""
+def write_gguf(writer: Any, tensors: dict[str, np.ndarray], raw_types: dict[str, Any] | None = None) -> Path:
+    """Add ``tensors`` (in order; each array's dtype its GGML type: float32 F32, int64 I64; or, named in
+    ``raw_types``, bytes of that quantized type), write the file and close it; its path."""
     for name, array in tensors.items():
-        writer.add_tensor(name, array)
+        writer.add_tensor(name, array, raw_dtype=(raw_types or {}).get(name))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -8,6 +8,13 @@ must tokenize in llama.cpp as in the checkpoint's tokenizer (else the peer is re
 :class:`~lightning_bpd.benchmarks.lm_generate.SelfTimed` of llama.cpp's text, its seconds (llama.cpp's clock) and its
 target calls; its text is compared with generate's (the bench's ``differs_from_hf_generate``) and the drafted row's
 with the alone row's (:func:`agreement`).
+
+A run whose target is a ``.gguf`` file (the user's own quantized GGUF, e.g. ``SmolLM2-135M-Instruct.Q4_1.gguf``) gets
+two rows more on that very file, named by its weights' type (:func:`~lightning_bpd.benchmarks.llamacpp_files.gguf_type`):
+``llamacpp_q4_1``, llama.cpp alone, and ``llamacpp_q4_1_dflash`` (or ``_eagle3``) with our drafter; the prompts must
+tokenize alike there too. Their text differs from generate's (float32) as the weights do: what counts there is the
+drafted row against the alone row on the same file (``q4_1_dflash_vs_alone`` in the record). The record's ``rows``
+names the GGUF each row ran on, ``pairs`` the (alone, drafted) rows compared.
 """
 
 from __future__ import annotations
@@ -71,16 +78,17 @@ class LlamaCppBinary:
         return SelfTimed(None, seconds, calls, texts, counts, self.same_text)
 
 
-def agreement(alone: LlamaCppBinary, drafted: LlamaCppBinary) -> dict[str, Any]:
-    """The drafted runs against the alone runs of the same prompts: rows whose text differs, and llama.cpp's
-    acceptance over them (drafted and accepted tokens, tokens per target call)."""
+def agreement(alone: LlamaCppBinary, drafted: LlamaCppBinary, alone_row: str = ALONE) -> dict[str, Any]:
+    """The drafted runs against the alone runs (row ``alone_row``) of the same prompts on the same GGUF: rows whose
+    text differs, and llama.cpp's acceptance over them (drafted and accepted tokens, tokens per target call)."""
     keys = [k for k in drafted.runs if k in alone.runs]
     differ = [i for i, k in enumerate(keys) if not drafted.runs[k].same(alone.runs[k])]
     reports = [drafted.runs[k].report for k in keys]
     drafted_tokens, accepted = sum(r.drafted for r in reports), sum(r.accepted for r in reports)
     tokens, calls = sum(r.new_tokens for r in reports), sum(r.target_calls for r in reports)
     seconds = sum(r.seconds for r in reports)
-    return {"prompts": len(keys), "differs_from_llamacpp_f32": len(differ), "differing_rows": differ[:10],
+    return {"gguf": drafted.runner.target, "prompts": len(keys), f"differs_from_{alone_row}": len(differ),
+            "differing_rows": differ[:10],
             "runs_repeated": {"alone": alone.runner.retries, "drafted": drafted.runner.retries},
             "drafted": drafted_tokens, "accepted": accepted, "acceptance_rate": accepted / max(1, drafted_tokens),
             "tokens_per_target_call": tokens / max(1, calls), "llamacpp_tokens": tokens,
@@ -102,47 +110,88 @@ def drafted_row(module: Any) -> tuple[str, int] | None:
     return None
 
 
+def own_rows(gguf: Path, drafted: str | None) -> tuple[str, str | None]:
+    """The rows of llama.cpp on the run's own target GGUF ``gguf``: alone (``llamacpp_<type>``, e.g.
+    ``llamacpp_q4_1``) and, with the drafted row ``drafted`` of the float32 target, with our drafter
+    (``llamacpp_q4_1_dflash``)."""
+    from lightning_bpd.benchmarks.llamacpp_files import gguf_type
+
+    alone = f"llamacpp_{gguf_type(gguf)}"
+    if alone == ALONE:
+        alone += "_gguf"  # a float32 GGUF of the user's: not the float32 target.gguf written here
+    return alone, None if drafted is None else f"{alone}_{drafted.removeprefix('llamacpp_')}"
+
+
+def check_tokenization(binary: Path, gguf: Path, tokenizer: Any, prompts: Sequence[str]) -> None:
+    """ValueError (one line) unless llama.cpp tokenizes every prompt with ``gguf`` as ``tokenizer`` does."""
+    wrong = tokenization_check(binary, gguf, tokenizer, prompts)
+    if wrong:
+        raise ValueError(f"llama.cpp tokenizes {len(wrong)} of {len(prompts)} prompts with {gguf.name} otherwise than "
+                         f"the checkpoint's tokenizer (first: prompt {wrong[0]}, {prompts[wrong[0]][:40]!r})")
+
+
 def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path, threads: int,
                        folder: str | Path, block_size: int | None = None
                        ) -> tuple[dict[str, LlamaCppBinary], dict[str, Any]]:
     """The methods (``llamacpp_f32``; and ``llamacpp_dflash`` or ``llamacpp_eagle3`` for a drafter's checkpoint,
-    drafting ``block_size - 1`` tokens per step, default the drafter's), their GGUFs written in ``folder``, and the
-    record; ValueError (one line) when the binaries are missing, the checkpoint cannot be written or llama.cpp
-    tokenizes a prompt otherwise."""
-    from lightning_bpd.benchmarks.llamacpp_files import DRAFTER_GGUF, TARGET_GGUF, write_llamacpp
+    drafting ``block_size - 1`` tokens per step, default the drafter's; and, where the run's target is a GGUF file,
+    the same on that file: ``llamacpp_<type>`` and ``llamacpp_<type>_dflash`` or ``_eagle3``), their GGUFs written
+    in ``folder``, and the record; ValueError (one line) when the binaries are missing, the checkpoint cannot be
+    written or llama.cpp tokenizes a prompt otherwise."""
+    from lightning_bpd.benchmarks.llamacpp_files import (
+        DRAFTER_GGUF,
+        TARGET_GGUF,
+        gguf_type,
+        target_gguf,
+        write_llamacpp,
+    )
 
     found = binaries(bin_dir, (SPEC, TOKENIZE))
     model, tokenizer = module.model, module.tokenizer
     folder = Path(folder)
     drafted = drafted_row(module)
+    own = target_gguf(module)
     if drafted:
-        write_llamacpp(module, folder)
+        write_llamacpp(module, folder, float32_target=True)
     else:
         from lightning_bpd.benchmarks.gguf_llama import write_llama_gguf
 
-        write_llama_gguf(model.base, tokenizer, folder / TARGET_GGUF,
-                         name=Path(str(module.hparams.get("pretrained"))).name)
-    wrong = tokenization_check(found[TOKENIZE], folder / TARGET_GGUF, tokenizer, prompts)
-    if wrong:
-        raise ValueError(f"llama.cpp tokenizes {len(wrong)} of {len(prompts)} prompts otherwise than the checkpoint's "
-                         f"tokenizer (first: prompt {wrong[0]}, {prompts[wrong[0]][:40]!r})")
+        name = Path(str(module.hparams.get("pretrained")))
+        write_llama_gguf(model.base, tokenizer, folder / TARGET_GGUF, name=name.stem if own else name.name)
+    rows = [(ALONE, folder / TARGET_GGUF, False)]  # (row, target GGUF, with our drafter)
+    if drafted:
+        rows.append((drafted[0], folder / TARGET_GGUF, True))
+    if own is not None:
+        alone_own, drafted_own = own_rows(own, drafted[0] if drafted else None)
+        rows += [(alone_own, own, False)] + ([(drafted_own, own, True)] if drafted_own else [])
+    for gguf in dict.fromkeys(target for _, target, _ in rows):
+        check_tokenization(found[TOKENIZE], gguf, tokenizer, prompts)
     texts = {tuple(t for t in module.encode_prompts([p])[0].tolist() if t != model.pad_id): p for p in prompts}
     n_ctx = model.n_positions or 2048
     eos = model.generation_rules.eos_ids or [model.eos_id]
-    methods = {ALONE: LlamaCppBinary(SpeculativeSimple(found[SPEC], folder / TARGET_GGUF, threads, n_ctx), tokenizer,
-                                     texts, model.pad_id, eos)}
-    stamp = read_stamp(bin_dir) or {}
-    info = {"binary": str(found[SPEC]), "llama_cpp_python_source": stamp.get("version"), "threads": threads,
-            "n_ctx": n_ctx, "weights": "float32", "kv_cache": "float32", "folder": str(folder),
-            "tokenization_checked_prompts": len(prompts), "tokenization_differs": 0,
-            "alone": f"{SPEC} with {' '.join(NEVER_DRAFTS)} (never drafts; 0 drafted checked)",
-            "timing": "llama-speculative-simple's own clock: encoded (prefill) + decoded (the loop); loading excluded",
-            "outputs_compared_as": "text (the binary prints text): generate's rows decoded to bytes, EOS left out"}
-    if drafted:
-        row, block = drafted[0], block_size or drafted[1]
-        runner = SpeculativeSimple(found[SPEC], folder / TARGET_GGUF, threads, n_ctx, folder / DRAFTER_GGUF, block,
-                                   SPEC_TYPES[row])
+    block = (block_size or drafted[1]) if drafted else None
+    spec_type = SPEC_TYPES[drafted[0]] if drafted else SPEC_TYPES[DFLASH]
+    methods = {}
+    for row, target, with_drafter in rows:
+        runner = SpeculativeSimple(found[SPEC], target, threads, n_ctx, folder / DRAFTER_GGUF if with_drafter else None,
+                                   block if with_drafter else None, spec_type)
         methods[row] = LlamaCppBinary(runner, tokenizer, texts, model.pad_id, eos)
-        info["drafter"] = {"row": row, "gguf": str(folder / DRAFTER_GGUF), "spec_type": SPEC_TYPES[row],
+    stamp = read_stamp(bin_dir) or {}
+    info: dict[str, Any] = {
+        "binary": str(found[SPEC]), "llama_cpp_python_source": stamp.get("version"), "threads": threads,
+        "n_ctx": n_ctx, "weights": "float32", "kv_cache": "float32", "folder": str(folder),
+        "tokenization_checked_prompts": len(prompts), "tokenization_differs": 0,
+        "alone": f"{SPEC} with {' '.join(NEVER_DRAFTS)} (never drafts; 0 drafted checked)",
+        "timing": "llama-speculative-simple's own clock: encoded (prefill) + decoded (the loop); loading excluded",
+        "outputs_compared_as": "text (the binary prints text): generate's rows decoded to bytes, EOS left out",
+        "rows": {row: str(target) for row, target, _ in rows},
+        "pairs": ([[ALONE, drafted[0]]] if drafted else []) + ([[alone_own, drafted_own]] if own and drafted else [])}
+    if drafted:
+        info["drafter"] = {"row": drafted[0], "gguf": str(folder / DRAFTER_GGUF), "spec_type": spec_type,
                            "block_size": block, "spec_draft_n_max": block - 1}
+    if own is not None:
+        info["own_gguf"] = {"gguf": str(own), "weights": gguf_type(own), "alone": alone_own, "drafted": drafted_own,
+                            "kv_cache": "float32", "tokenization_checked_prompts": len(prompts),
+                            "compared_as": "the drafted row against the alone row on this file (its text differs "
+                                           "from the float32 generate's as its weights do)"}
     return methods, info

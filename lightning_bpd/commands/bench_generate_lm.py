@@ -23,7 +23,10 @@ as the checkpoint's tokenizer does, else the command stops with one line). With 
 (DFlash, ``--spec-type draft-dflash``) or ``llamacpp_eagle3`` (EAGLE-3, ``--spec-type draft-eagle3``), drafting
 ``--k`` - 1 tokens per step (default: the drafter's block or chain, as our row), both timed by llama.cpp's own clock
 (loading excluded), their ``block`` the tokens per target call, their text compared with generate's and with each
-other (``llamacpp.dflash_vs_alone`` / ``llamacpp.eagle3_vs_alone`` in the record)::
+other (``llamacpp.dflash_vs_alone`` / ``llamacpp.eagle3_vs_alone`` in the record). Where the run's target is a
+``.gguf`` file (say a Q4_1 one), llama.cpp runs on that file too: ``llamacpp_q4_1`` alone and ``llamacpp_q4_1_dflash``
+(or ``_eagle3``) with our drafter, compared with each other (``llamacpp.q4_1_dflash_vs_alone``; their text differs
+from generate's float32 as the weights do; ``llamacpp.rows`` names each row's GGUF)::
 
     python -m lightning_bpd bench-generate --ckpt runs/code-lm/dflash/last.ckpt \\
         --data-root ../shared/data/code/python-stdlib/Lib --split test --limit 16 --max-new-tokens 64 \\
@@ -52,7 +55,6 @@ from typing import Any
 import torch
 
 from lightning_bpd.benchmarks.llamacpp_bin_peer import agreement
-from lightning_bpd.benchmarks.llamacpp_speculative import ALONE as ALONE_BIN
 from lightning_bpd.benchmarks.lm_generate import (
     ASSISTED,
     GENERATE,
@@ -265,8 +267,9 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
                 if peer is None:
                     sys.exit(f"bench-generate: llama.cpp peer refused: {result['llamacpp']['skipped']}")
                 methods[LLAMACPP] = peer
-            print(f"bench-generate: the GGUF tokenizes all {len(prompts)} prompts as the checkpoint's tokenizer does",
-                  file=sys.stderr)
+            ggufs = ", ".join(dict.fromkeys(Path(p).name for p in result["llamacpp"].get("rows", {}).values()))
+            print(f"bench-generate: llama.cpp tokenizes all {len(prompts)} prompts{f' with {ggufs}' if ggufs else ''} "
+                  "as the checkpoint's tokenizer does", file=sys.stderr)
         result["methods"] = list(methods)
         print_header(result, runtime.precision)
         for bs in args.batch_sizes:
@@ -275,13 +278,13 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
                                    peers=[name for name in methods if name.startswith("llamacpp")])
             result["batch_sizes"][str(bs)] = report
             print_rows(bs, report, mine)
-        drafted = [name for name in binaries if name != ALONE_BIN]
-        if drafted:  # llamacpp_dflash or llamacpp_eagle3
-            agreed = agreement(binaries[ALONE_BIN], binaries[drafted[0]])
-            result["llamacpp"][f"{drafted[0].removeprefix('llamacpp_')}_vs_alone"] = agreed
-            print(f"llama.cpp + our drafter: {agreed['differs_from_llamacpp_f32']} of {agreed['prompts']} rows differ "
-                  f"from llama.cpp alone; {agreed['accepted']} of {agreed['drafted']} drafted tokens accepted, "
-                  f"{agreed['tokens_per_target_call']:.2f} tokens per target call", flush=True)
+        for alone, drafted in result.get("llamacpp", {}).get("pairs", []):  # e.g. llamacpp_f32, llamacpp_dflash
+            agreed = agreement(binaries[alone], binaries[drafted], alone)
+            result["llamacpp"][f"{drafted.removeprefix('llamacpp_')}_vs_alone"] = agreed
+            print(f"llama.cpp + our drafter on {Path(agreed['gguf']).name}: {agreed[f'differs_from_{alone}']} of "
+                  f"{agreed['prompts']} rows differ from llama.cpp alone on it; {agreed['accepted']} of "
+                  f"{agreed['drafted']} drafted tokens accepted, {agreed['tokens_per_target_call']:.2f} tokens per "
+                  "target call", flush=True)
     if args.json:
         write_json(args.json, result)
     return result

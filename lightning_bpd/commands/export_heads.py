@@ -39,7 +39,9 @@ already saved; ``--format`` picks what is written to ``--out``:
             --spec-draft-n-max B-1 --spec-draft-p-min 0 --temp 0 --top-k 1 -n 64 -f prompt.txt
 
     (``build-llamacpp`` builds ``llama-speculative-simple``; ``bench-generate --peers llamacpp --llamacpp-bin DIR``
-    times it against llama.cpp without the drafter.)
+    times it against llama.cpp without the drafter.) A run whose target is a ``.gguf`` file (``model.pretrained=
+    model.Q4_1.gguf``) is served with that file as ``-m``: only ``drafter.gguf`` is written (``--float32-target``
+    adds ``target.gguf``, the dequantized target in float32), and the command names the file to serve.
 
 * ``speculators`` also takes the ``last.ckpt`` of an EAGLE-3 drafter run
   (:class:`~lightning_bpd.tasks.lm.eagle3_module.Eagle3Module`, ``conf/lm/eagle3.yaml``) on a Hugging Face target and
@@ -81,7 +83,7 @@ import json
 import sys
 from pathlib import Path
 
-from lightning_bpd.benchmarks.llamacpp_files import DRAFTER_GGUF, TARGET_GGUF, write_llamacpp
+from lightning_bpd.benchmarks.llamacpp_files import DRAFTER_GGUF, TARGET_GGUF, target_gguf, write_llamacpp
 from lightning_bpd.checkpoints import load_model
 
 __all__ = ["DFLASH_FORMATS", "EAGLE3_FORMATS", "FORMATS", "export_dflash", "export_eagle3", "export_heads"]
@@ -91,8 +93,9 @@ DFLASH_FORMATS = ("speculators", "dflash-zlab", "llamacpp")
 EAGLE3_FORMATS = ("speculators", "llamacpp")
 
 
-def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads") -> Path:
-    """Write the heads of the LM run or heads folder ``ckpt`` to ``out`` in ``layout`` (a ``--format``); ValueError
+def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads", float32_target: bool = False) -> Path:
+    """Write the heads of the LM run or heads folder ``ckpt`` to ``out`` in ``layout`` (a ``--format``;
+    ``float32_target``: ``llamacpp`` on a run whose target is a .gguf file writes ``target.gguf`` too); ValueError
     (one line) for a checkpoint that is no LM run, heads the layout cannot take or a fine-tuned base."""
     from lightning_bpd.hf.medusa_export import write_vllm_medusa
     from lightning_bpd.tasks.lm import LMModule
@@ -102,11 +105,13 @@ def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads") -> Pa
 
     if layout not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {layout!r}")
+    if float32_target and layout != "llamacpp":
+        raise ValueError(f"--float32-target goes with --format llamacpp, not {layout}")
     module = load_model(ckpt)
     if isinstance(module, Eagle3Module):
-        return export_eagle3(module, ckpt, out, layout)
+        return export_eagle3(module, ckpt, out, layout, float32_target)
     if isinstance(module, DFlashModule) or layout in DFLASH_FORMATS:
-        return export_dflash(module, ckpt, out, layout)
+        return export_dflash(module, ckpt, out, layout, float32_target)
     if not isinstance(module, LMModule):
         message = (f"{ckpt}: not a language-model run ({type(module).__name__}); export-heads takes the checkpoint of "
                    "an LM fit (conf/lm/) or a folder of its heads")
@@ -140,9 +145,10 @@ def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads") -> Pa
     return folder
 
 
-def export_dflash(module: object, ckpt: str | Path, out: str | Path, layout: str) -> Path:
+def export_dflash(module: object, ckpt: str | Path, out: str | Path, layout: str, float32_target: bool = False
+                  ) -> Path:
     """The drafter of the DFlash run ``module`` (read from ``ckpt``) written to ``out`` in ``layout``
-    (``speculators`` or ``dflash-zlab``); ValueError (one line) for another run or another layout."""
+    (``speculators``, ``dflash-zlab`` or ``llamacpp``); ValueError (one line) for another run or another layout."""
     from lightning_bpd.hf.dflash_export import write_speculators, write_zlab
     from lightning_bpd.tasks.lm.dflash_module import DFlashModule
 
@@ -155,17 +161,16 @@ def export_dflash(module: object, ckpt: str | Path, out: str | Path, layout: str
         raise ValueError(f"{ckpt}: a DFlash drafter run: use --format speculators (vLLM), dflash-zlab or llamacpp "
                          f"(llama.cpp), not {layout}")
     config, target = module.drafter.config, module.hparams.pretrained
+    serve = {}
     if layout == "llamacpp":
-        folder = write_llamacpp(module, out)
+        folder = write_llamacpp(module, out, float32_target or None)
+        serve = llamacpp_serving(module, folder, "draft-dflash", config.block_size)
     else:
         folder = (write_speculators if layout == "speculators" else write_zlab)(module, out)
     (folder / "export_heads.json").write_text(json.dumps(
         {"ckpt": str(Path(ckpt).resolve()), "target": target, "format": layout, "block_size": config.block_size,
-         "target_layer_ids": list(config.target_layer_ids), "mask_token_id": config.mask_token_id}, indent=2) + "\n")
-    if layout == "llamacpp":
-        print(f"export-heads: serve with llama-server -m {folder / TARGET_GGUF} -md {folder / DRAFTER_GGUF} "
-              f"--spec-type draft-dflash --spec-draft-n-max {config.block_size - 1} --spec-draft-p-min 0",
-              file=sys.stderr)
+         "target_layer_ids": list(config.target_layer_ids), "mask_token_id": config.mask_token_id, **serve},
+        indent=2) + "\n")
     last = module.model.n_layers - 1
     if layout == "speculators" and last in config.target_layer_ids:
         print(f"export-heads: warning: target layer {last} is the target's last: vLLM captures the input of a layer "
@@ -176,11 +181,14 @@ def export_dflash(module: object, ckpt: str | Path, out: str | Path, layout: str
     return folder
 
 
-def export_eagle3(module: object, ckpt: str | Path, out: str | Path, layout: str) -> Path:
+def export_eagle3(module: object, ckpt: str | Path, out: str | Path, layout: str, float32_target: bool = False
+                  ) -> Path:
     """The drafter of the EAGLE-3 run ``module`` (read from ``ckpt``) written to ``out`` in speculators' ``eagle3``
     layout or as llama.cpp's GGUFs (``llamacpp``), its serving notes on stderr; ValueError (one line) for another
-    layout, a target that is no Hugging Face directory or (``llamacpp``) a drafter llama.cpp cannot run."""
+    layout, a target that is no Hugging Face directory nor .gguf file or (``llamacpp``) a drafter llama.cpp cannot
+    run."""
     from lightning_bpd.hf.eagle3_export import serving_notes, write_speculators
+    from lightning_bpd.hf.gguf_target import resolve_pretrained
     from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
 
     if not isinstance(module, Eagle3Module):
@@ -189,21 +197,21 @@ def export_eagle3(module: object, ckpt: str | Path, out: str | Path, layout: str
         raise ValueError(f"{ckpt}: an EAGLE-3 drafter run: use --format speculators (vLLM; llama.cpp converts it) or "
                          f"llamacpp (llama.cpp's GGUFs), not {layout}")
     config, target = module.drafter.config, module.hparams.pretrained
-    if not Path(target).is_dir():
-        raise ValueError(f"{ckpt}: the drafter's target is {target}, not a Hugging Face directory: --format "
-                         f"{layout} reads its config and tokenizer there (train the drafter on an exported base)")
+    if not Path(target).is_dir() and target_gguf(module) is None:
+        raise ValueError(f"{ckpt}: the drafter's target is {target}, not a Hugging Face directory nor a .gguf file: "
+                         f"--format {layout} reads its config and tokenizer there (train the drafter on an exported "
+                         "base)")
+    serve = {}
     if layout == "llamacpp":
-        folder = write_llamacpp(module, out)
-    else:
-        folder = write_speculators(module.drafter, out, target, speculative_tokens=module.block_size - 1)
+        folder = write_llamacpp(module, out, float32_target or None)
+        serve = llamacpp_serving(module, folder, "draft-eagle3", module.block_size)
+    else:  # a .gguf target: its dequantized folder is the verifier
+        folder = write_speculators(module.drafter, out, resolve_pretrained(target),
+                                   speculative_tokens=module.block_size - 1)
     (folder / "export_heads.json").write_text(json.dumps(
         {"ckpt": str(Path(ckpt).resolve()), "target": target, "format": layout, "block_size": module.block_size,
-         "target_layer_ids": list(config.target_layer_ids), "draft_vocab_size": config.draft_vocab_size},
+         "target_layer_ids": list(config.target_layer_ids), "draft_vocab_size": config.draft_vocab_size, **serve},
         indent=2) + "\n")
-    if layout == "llamacpp":
-        print(f"export-heads: serve with llama-server -m {folder / TARGET_GGUF} -md {folder / DRAFTER_GGUF} "
-              f"--spec-type draft-eagle3 --spec-draft-n-max {module.block_size - 1} --spec-draft-p-min 0",
-              file=sys.stderr)
     for note in serving_notes(config):
         print(f"export-heads: note: {note}", file=sys.stderr)
     last = module.model.n_layers - 1
@@ -215,6 +223,20 @@ def export_eagle3(module: object, ckpt: str | Path, out: str | Path, layout: str
           f"vocabulary {config.draft_vocab_size}, chains of {module.block_size}, target {target}) in {folder} "
           f"({layout})", file=sys.stderr)
     return folder
+
+
+def llamacpp_serving(module: object, folder: Path, spec_type: str, block_size: int) -> dict[str, str]:
+    """Print how llama.cpp serves the GGUFs written in ``folder``: the target is the run's own .gguf file where it is
+    one, else ``target.gguf``; the record's keys for it (``serve_target``, ``serve_drafter``)."""
+    own = target_gguf(module)
+    target = own if own is not None else folder / TARGET_GGUF
+    if own is not None:
+        print(f"export-heads: the target to serve is the run's own GGUF {own} (the drafter was trained on its "
+              f"dequantized weights){'; target.gguf is its float32 copy' if (folder / TARGET_GGUF).is_file() else ''}",
+              file=sys.stderr)
+    print(f"export-heads: serve with llama-server -m {target} -md {folder / DRAFTER_GGUF} --spec-type {spec_type} "
+          f"--spec-draft-n-max {block_size - 1} --spec-draft-p-min 0", file=sys.stderr)
+    return {"serve_target": str(target), "serve_drafter": str(folder / DRAFTER_GGUF)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,13 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "draft model (medusa heads only); speculators (vLLM) / dflash-zlab (llama.cpp's converter) / "
                         "llamacpp (drafter.gguf + target.gguf): a DFlash drafter run's drafter; speculators / "
                         "llamacpp: an EAGLE-3 drafter run's drafter")
+    p.add_argument("--float32-target", action="store_true",
+                   help="--format llamacpp on a run whose target is a .gguf file (served as it is): write target.gguf "
+                        "too, the target dequantized in float32")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
-        export_heads(args.ckpt, args.out, args.format)
+        export_heads(args.ckpt, args.out, args.format, args.float32_target)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"export-heads: {err}")
 

@@ -1,13 +1,16 @@
 """The EAGLE-3 drafter as llama.cpp's GGUF (lightning_bpd/benchmarks/gguf_eagle3.py, ``export-heads --format
 llamacpp`` on an EAGLE-3 run): read back with gguf's reader, its keys, values and tensors are the drafter's, in the
 converter's order, ``d2t`` as absolute target ids; what llama.cpp cannot run is one line; slow: llama.cpp's own
-converter (from the build-llamacpp folder) makes the same file, byte for byte, of our speculators export."""
+converter (from the build-llamacpp folder) makes the same file, byte for byte, of our speculators export. A target of
+49,152 tokens (SmolLM2's; the converter's Granite special case: ``add_bos_token`` false) exports; slow: as the
+converter writes it, and llama.cpp runs it."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +20,7 @@ import torch
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("transformers")
 
+from lightning_bpd.benchmarks.gguf_drafter import GRANITE_VOCAB
 from lightning_bpd.benchmarks.gguf_eagle3 import gguf_tensor_name, write_eagle3_gguf
 from lightning_bpd.benchmarks.gguf_llama import interleave_rotary
 from lightning_bpd.commands.cli import main
@@ -170,3 +174,102 @@ def test_llamacpp_converter_makes_our_gguf_of_our_speculators_export(target, tmp
     assert ("tokenizer.ggml.add_space_prefix" in theirs) == (variant == "whole vocabulary")
     assert same_tensors(ours_reader, theirs_reader)
     assert (tmp_path / "ours.gguf").read_bytes() == (tmp_path / "theirs.gguf").read_bytes()
+
+
+# ---- a 49,152-token target (SmolLM2's vocabulary; the converter's Granite special case) -----------------------------
+
+@pytest.fixture(scope="module")
+def granite_target(tmp_path_factory) -> Callable[[bool], Path]:
+    """adds_bos -> a tiny random 4-layer Llama (hidden 16) over 49,152 tokens (the tiny tokenizer with added tokens up
+    to there), whose tokenizer adds BOS or (as SmolLM2's) not; each made once."""
+    from tokenizers import processors
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.tasks.lm.tiny_lm import scrambled, tokenizer
+
+    made: dict[bool, Path] = {}
+
+    def make(adds_bos: bool) -> Path:
+        if adds_bos not in made:
+            folder = tmp_path_factory.mktemp("granite") / "llama"
+            tok = tokenizer(extra=GRANITE_VOCAB - len(tokenizer()))
+            if not adds_bos:
+                tok.backend_tokenizer.post_processor = processors.TemplateProcessing(single="$A")
+            torch.manual_seed(0)
+            config = LlamaConfig(vocab_size=GRANITE_VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=4,
+                                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                                 pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=False)
+            scrambled(LlamaForCausalLM(config).eval(), 0).save_pretrained(folder)
+            tok.save_pretrained(folder)
+            made[adds_bos] = folder
+        return made[adds_bos]
+
+    return make
+
+
+@pytest.mark.parametrize("adds_bos", [False, True])
+def test_an_eagle3_drafter_of_a_49152_token_target_exports(granite_target, tmp_path, capsys, adds_bos):
+    target = granite_target(adds_bos)
+    module = drafter_module(target)
+    assert module.drafter.config.vocab_size == GRANITE_VOCAB
+    run = save_ckpt(module, tmp_path / "last.ckpt")
+    main(["export-heads", "--ckpt", str(run), "--out", str(tmp_path / "out"), "--format", "llamacpp"])
+    assert "--spec-type draft-eagle3" in capsys.readouterr().err
+    values, reader = fields(tmp_path / "out" / "drafter.gguf")
+    assert values["eagle3.vocab_size"] == GRANITE_VOCAB and len(values["tokenizer.ggml.tokens"]) == GRANITE_VOCAB
+    assert values["tokenizer.ggml.add_bos_token"] is adds_bos  # the converter's false, unless the target adds BOS
+    assert [t.name for t in reader.tensors] == TENSORS
+    target_values, _ = fields(tmp_path / "out" / "target.gguf")
+    assert target_values["tokenizer.ggml.add_bos_token"] is adds_bos  # llama.cpp needs the two to agree
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adds_bos", [False, True])
+def test_llamacpp_converter_makes_our_gguf_of_a_49152_token_target(granite_target, tmp_path, adds_bos):
+    """The converter's file of an EAGLE-3 export over a 49,152-token target: byte for byte ours where the target does
+    not add BOS (SmolLM2); where it does, ours keeps ``add_bos_token`` true (the converter's false would make llama.cpp
+    refuse the drafter beside its target) and nothing else differs."""
+    llamacpp_source()
+    target = granite_target(adds_bos)
+    drafter = drafter_module(target).drafter
+    write_speculators(drafter, tmp_path / "spec", target)
+    theirs, theirs_reader = converted(tmp_path / "spec", target, tmp_path / "theirs.gguf")
+    ours, ours_reader = fields(write_eagle3_gguf(drafter, tmp_path / "ours.gguf", target, name="Spec"))
+    assert list(ours) == list(theirs) and theirs["tokenizer.ggml.add_bos_token"] is False
+    assert [key for key in ours if ours[key] != theirs[key]] == (["tokenizer.ggml.add_bos_token"] if adds_bos else [])
+    assert same_tensors(ours_reader, theirs_reader)
+    if not adds_bos:
+        assert (tmp_path / "ours.gguf").read_bytes() == (tmp_path / "theirs.gguf").read_bytes()
+
+
+@pytest.mark.slow
+def test_llama_cpp_runs_an_eagle3_drafter_of_a_49152_token_target(granite_target, tmp_path):
+    """llama.cpp loads the drafter beside the float32 target of 49,152 tokens and decodes as alone."""
+    from tests.benchmarks.test_llamacpp_speculative import bench_llamacpp, saved_run
+    from tests.llamacpp_build import llamacpp_binaries
+
+    build = llamacpp_binaries()
+    ckpt, _ = saved_run(drafter_module(granite_target(False)), tmp_path)
+    result = bench_llamacpp(ckpt, build, 12, "--batch-sizes", "1")
+    agreed = result["llamacpp"]["eagle3_vs_alone"]
+    assert agreed["differs_from_llamacpp_f32"] == 0 and agreed["drafted"] > 0, agreed
+    assert result["batch_sizes"]["1"]["llamacpp_f32"]["differs_from_hf_generate"] == 0
+
+
+@pytest.mark.slow
+def test_llamacpp_converter_makes_our_dflash_gguf_of_a_49152_token_target(granite_target, tmp_path):
+    """A DFlash drafter's converter (which reads a Llama target's vocabulary with ``LlamaModel.set_vocab``) writes the
+    same special case: ours is its file but for the name."""
+    from lightning_bpd.benchmarks.gguf_dflash import write_dflash_gguf
+    from lightning_bpd.hf.dflash_export import write_zlab
+    from tests.hf.test_dflash_export import trained
+
+    llamacpp_source()
+    target = granite_target(False)
+    module = trained(target, target_layer_ids=[0, 1])
+    write_zlab(module, tmp_path / "zlab")
+    theirs, theirs_reader = converted(tmp_path / "zlab", target, tmp_path / "theirs.gguf")
+    ours, ours_reader = fields(write_dflash_gguf(module, tmp_path / "ours.gguf"))
+    assert list(ours) == list(theirs) and ours["tokenizer.ggml.add_bos_token"] is False
+    assert [key for key in ours if ours[key] != theirs[key]] == ["general.name"]
+    assert same_tensors(ours_reader, theirs_reader)
