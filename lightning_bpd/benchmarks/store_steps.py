@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 seconds[name].append(took)
             print(f"store_steps: round {round_} {name}: {took:.2f} s", flush=True)
     median = {name: statistics.median(s) for name, s in seconds.items()}
-    record = {"kind": args.kind, "pretrained": args.pretrained, "store": args.store, "options": options,
+    record = {"label": f"{args.kind} training steps on a frozen target: the target every step against the feature store",
+              "kind": args.kind, "pretrained": args.pretrained, "store": args.store, "options": options,
               "batch_size": args.batch_size, "seq_len": store.seq_len, "threads": torch.get_num_threads(),
               "cpu": cpu_name(), "seconds_per_step": median,
               "steps_per_second": {name: 1 / s for name, s in median.items()},
