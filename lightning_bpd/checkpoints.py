@@ -60,6 +60,6 @@ def load_error(err: Exception, base: str | Path | None = None) -> str:
     """One line for a command that could not load a checkpoint: ``err``'s first line, with a hint where the base
     directory a Hugging Face run names (a DFlash drafter's target, ...) is missing and no ``--base`` was given."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    if base is None and "pretrained" in text and "not a directory" in text:
+    if base is None and "pretrained" in text and ("not a directory" in text or "no such file" in text):
         text += "; if the base (target) moved since the run, give --base DIR"
     return text

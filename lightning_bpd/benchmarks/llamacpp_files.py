@@ -38,8 +38,10 @@ def gguf_type(path: str | Path) -> str:
     """The weights' type of the GGUF file ``path``, lower case as llama.cpp names it (``q4_1``, ``q8_0``, ``f32``):
     its ``general.file_type``, else the most common type of its matrices; ValueError (one line) for an unreadable
     file."""
-    import gguf
-
+    try:
+        import gguf
+    except ImportError:
+        raise ValueError(f"{path}: reading a GGUF's type needs the gguf package: pip install -e '.[gguf]'") from None
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as err:  # noqa: BLE001 (a foreign or truncated file fails anywhere in the reader: say so once)

@@ -99,7 +99,8 @@ class ProgressLines(Callback):
             return
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            loss = loss.detach().float().reshape(())  # summed on its device: no synchronisation per step
+            # Lightning divides the returned loss by accumulate_grad_batches before this hook: undone here
+            loss = loss.detach().float().reshape(()) * trainer.accumulate_grad_batches  # summed on its device
             self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss.to(self.loss_sum.device)
             self.batches += 1
         if time.monotonic() - self.last_line >= self.every:

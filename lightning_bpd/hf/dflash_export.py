@@ -39,6 +39,7 @@ from typing import Any
 
 from torch import Tensor
 
+from lightning_bpd.hf.gguf_target import resolve_pretrained
 from lightning_bpd.nn.dflash import DFlashConfig, DFlashDrafter
 
 __all__ = ["SPECULATORS_VERSION", "drafter_target", "read_zlab", "speculators_config", "write_speculators", "write_zlab",
@@ -60,7 +61,7 @@ def drafter_target(source: Any, target: str | os.PathLike | None) -> tuple[DFlas
         if model is None or pretrained is None:
             raise ValueError("a drafter alone: give target=<the Hugging Face directory of its target model>")
         config, vocab = model.base.config, int(model.vocab_size)
-        target = pretrained
+        target = resolve_pretrained(pretrained)  # a .gguf target: its dequantized Hugging Face folder
     else:
         from transformers import AutoConfig
 

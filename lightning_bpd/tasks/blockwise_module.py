@@ -160,6 +160,14 @@ class BlockwiseModule(pl.LightningModule):
 
     def on_train_start(self) -> None:
         """Lightning's check of the modules in eval mode is over: :meth:`hide_frozen_base_warning`'s filter goes."""
+        self.show_frozen_base_warning()
+
+    def on_fit_end(self) -> None:
+        """A fit that never trained (its step budget spent on resume, no training batches) removes the filter
+        here."""
+        self.show_frozen_base_warning()
+
+    def show_frozen_base_warning(self) -> None:
         entry = getattr(self, "frozen_base_filter", None)
         if entry is not None and entry in warnings.filters:
             warnings.filters.remove(entry)

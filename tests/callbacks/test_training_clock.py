@@ -77,7 +77,7 @@ def test_the_clock_counts_the_timers_training_time_less_the_validations_in_it(tm
     timer = next(cb for cb in trainer.callbacks if isinstance(cb, Timer))
     assert validations.seconds >= 0.8  # two validations inside the training loop
     assert timer.time_elapsed("train") >= validations.seconds  # the Timer counts them
-    assert clock.seconds() == pytest.approx(timer.time_elapsed("train") - validations.seconds, abs=0.05)
+    assert clock.seconds() == pytest.approx(timer.time_elapsed("train") - validations.seconds, abs=0.25)  # hooks, load
     assert clock.seconds() < timer.time_elapsed("train") - 0.75
     trainer.save_checkpoint(tmp_path / "last.ckpt")
     saved = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=False)
