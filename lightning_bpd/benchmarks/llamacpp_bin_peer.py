@@ -164,8 +164,10 @@ def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path,
     if own is not None:
         alone_own, drafted_own = own_rows(own, drafted[0] if drafted else None)
         rows += [(alone_own, own, False)] + ([(drafted_own, own, True)] if drafted_own else [])
-    for gguf in dict.fromkeys(target for _, target, _ in rows):
-        check_tokenization(found[TOKENIZE], gguf, tokenizer, prompts)
+    check_tokenization(found[TOKENIZE], folder / TARGET_GGUF, tokenizer, prompts)  # the rows compared with generate
+    # the user's own GGUF is compared with itself (drafted against alone): a prompt llama.cpp tokenizes otherwise
+    # there (its own pre-tokenizer against transformers' reading of the file) is counted, not refused
+    own_differs = tokenization_check(found[TOKENIZE], own, tokenizer, prompts) if own is not None else []
     texts = {tuple(t for t in module.encode_prompts([p])[0].tolist() if t != model.pad_id): p for p in prompts}
     n_ctx = model.n_positions or 2048
     eos = model.generation_rules.eos_ids or [model.eos_id]
@@ -192,6 +194,7 @@ def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path,
     if own is not None:
         info["own_gguf"] = {"gguf": str(own), "weights": gguf_type(own), "alone": alone_own, "drafted": drafted_own,
                             "kv_cache": "float32", "tokenization_checked_prompts": len(prompts),
+                            "tokenization_differs": len(own_differs), "tokenization_differing_prompts": own_differs,
                             "compared_as": "the drafted row against the alone row on this file (its text differs "
                                            "from the float32 generate's as its weights do)"}
     return methods, info

@@ -267,9 +267,16 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
                 if peer is None:
                     sys.exit(f"bench-generate: llama.cpp peer refused: {result['llamacpp']['skipped']}")
                 methods[LLAMACPP] = peer
-            ggufs = ", ".join(dict.fromkeys(Path(p).name for p in result["llamacpp"].get("rows", {}).values()))
+            own = result["llamacpp"].get("own_gguf") or {}
+            ggufs = ", ".join(dict.fromkeys(Path(p).name for p in result["llamacpp"].get("rows", {}).values()
+                                            if not own.get("tokenization_differs") or p != own.get("gguf")))
             print(f"bench-generate: llama.cpp tokenizes all {len(prompts)} prompts{f' with {ggufs}' if ggufs else ''} "
                   "as the checkpoint's tokenizer does", file=sys.stderr)
+            if own.get("tokenization_differs"):
+                print(f"bench-generate: with {Path(own['gguf']).name} (its own pre-tokenizer) llama.cpp tokenizes "
+                      f"{own['tokenization_differs']} of {len(prompts)} prompts otherwise than the checkpoint's "
+                      "tokenizer (transformers' reading of that file): its rows are compared with each other only",
+                      file=sys.stderr)
         result["methods"] = list(methods)
         print_header(result, runtime.precision)
         for bs in args.batch_sizes:

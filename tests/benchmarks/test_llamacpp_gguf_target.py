@@ -109,7 +109,7 @@ def test_llama_cpp_rows_on_the_runs_own_gguf(gguf_run, tmp_path, capsys):
     assert f"tokenizes all 3 prompts with target.gguf, {target.name} as" in captured.err
 
 
-def test_the_own_gguf_runs_with_its_file_and_must_tokenize_alike(gguf_run, tmp_path):
+def test_the_own_gguf_runs_with_its_file_and_its_tokenization_is_counted(gguf_run, tmp_path):
     _, module, target = gguf_run
     fake = logged_stand_ins(tmp_path / "bin", module, 4, corrupt=0)
     methods, info = start_llamacpp_bin(module, PROMPTS, fake, 1, tmp_path / "gguf", block_size=3)
@@ -118,9 +118,14 @@ def test_the_own_gguf_runs_with_its_file_and_must_tokenize_alike(gguf_run, tmp_p
     assert methods[Q8_DFLASH].runner.drafter == str(tmp_path / "gguf" / "drafter.gguf")
     assert methods[Q8_DFLASH].runner.block_size == 3 == info["drafter"]["block_size"]
     assert methods[DFLASH].runner.target == str(tmp_path / "gguf" / "target.gguf")
+    # the user's own GGUF tokenizing otherwise (llama.cpp's pre-tokenizer against transformers' reading of the file):
+    # counted, its rows compared with each other; the float32 target.gguf compared with generate must agree
     wrong = logged_stand_ins(tmp_path / "wrong", module, 4, corrupt=0, wrong=target.name)
-    with pytest.raises(ValueError, match=f"prompts with {target.name} otherwise than") as err:
-        start_llamacpp_bin(module, PROMPTS, wrong, 1, tmp_path / "gguf2")
+    methods, info = start_llamacpp_bin(module, PROMPTS, wrong, 1, tmp_path / "gguf2")
+    assert info["own_gguf"]["tokenization_differs"] == len(PROMPTS) and Q8_DFLASH in methods
+    wrong = logged_stand_ins(tmp_path / "wrong2", module, 4, corrupt=0, wrong="target.gguf")
+    with pytest.raises(ValueError, match="prompts with target.gguf otherwise than") as err:
+        start_llamacpp_bin(module, PROMPTS, wrong, 1, tmp_path / "gguf3")
     assert "\n" not in str(err.value)
 
 
