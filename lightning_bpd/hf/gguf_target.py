@@ -176,8 +176,12 @@ def resolve_pretrained(path: str | os.PathLike) -> str:
     require_extras()
     arch = read_architecture(source)
     print(f"dequantizing {source} into {target} (once)", file=sys.stderr, flush=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    except OSError as err:
+        raise ValueError(f"{target.parent}: cannot write the dequantized model's cache folder ({err.strerror or err}): "
+                         "set XDG_CACHE_HOME to a writable folder") from None
     try:
         try:
             dequantize_into(source, partial)
