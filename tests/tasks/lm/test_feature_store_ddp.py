@@ -24,6 +24,7 @@ OPTIONS = ["--seq-len", "32", "--layers", "0,2", "--shard-size", "2", "--batch-s
            "--seed", "2"]
 
 
+@pytest.mark.slow  # two ranks as subprocesses: about 30 s (the default suite stays under 10 minutes on 2 cores)
 def test_two_ranks_write_the_single_process_store(tmp_path):
     target = write_checkpoint(tmp_path / "llama4", layers=4)
     data = write_corpus(tmp_path / "code")
