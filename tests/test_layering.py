@@ -55,6 +55,17 @@ LAYERS = {
     "commands": 6, "__init__": 6, "__main__": 6,
 }
 
+# A drafter kind's folder (``drafters/<kind>/``, and ``drafters/common/``) holds a file of each layer, named for it:
+# the network (nn), the proposer (decoding), the exports (hf; GGUF writers with the benchmarks' GGUF code), the
+# Lightning module and what the registry reads (tasks). The package files of the folders import nothing.
+DRAFTER_FILES = {
+    "network": 1, "layers": 1, "cache": 1,
+    "proposer": 2, "proposing": 2, "tree": 2,
+    "speculators": 4,
+    "gguf": 5, "module": 5, "trainer": 5, "kind": 5, "registry": 5,
+}
+TORCH_ONLY = {"network", "layers", "cache", "proposer", "proposing", "tree"}
+
 # The one import allowed to run up a layer: the commands' option parsing (``options_from_args``, the one road from
 # a command to a runtime's options) counts ``--draft-vocab-from``'s text with the task module's tokenizer through
 # ``evaluation.draft_vocab_ids`` (which reads the file with the translation task's ``read_lines``).
@@ -148,11 +159,43 @@ def circles(edges: dict[str, set[str]]) -> set[frozenset[str]]:
 
 def layer(name: str) -> int:
     parts = name.split(".")
+    if len(parts) > 1 and parts[1] == "drafters":
+        return DRAFTER_FILES[parts[-1]] if parts[-1] in DRAFTER_FILES else 0  # 0: a folder's package file
     return LAYERS["__init__" if len(parts) == 1 else parts[1]]
 
 
 def test_every_module_has_a_layer():
-    assert not {name for name in MODULES if name != "lightning_bpd" and name.split(".")[1] not in LAYERS}
+    assert not {name for name in MODULES if name != "lightning_bpd" and name.split(".")[1] not in LAYERS
+                and name.split(".")[1] != "drafters"}
+    drafters = {name for name in MODULES if name.startswith("lightning_bpd.drafters.")}
+    packages = {name for name in drafters if MODULES[name].name == "__init__.py"}
+    assert not {name for name in drafters - packages if name.rpartition(".")[2] not in DRAFTER_FILES}
+    assert not {name for name in packages if graph()[name]}, "a drafters package file imports: keep them empty"
+
+
+def third_party(path: Path) -> set[str]:
+    """The top-level names of what a file imports from outside the package and the standard library."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+    return {n for n in names if n not in sys.stdlib_module_names and n != "lightning_bpd"}
+
+
+def test_a_drafters_network_and_proposer_import_torch_only():
+    """The decoding core's rule holds in a kind's folder: network, cache, norms and proposers see torch alone, and a
+    proposer reads the network through its methods (no import of it)."""
+    wrong = {}
+    for name, path in MODULES.items():
+        if name.startswith("lightning_bpd.drafters.") and name.rpartition(".")[2] in TORCH_ONLY:
+            outside = third_party(path) - {"torch"}
+            if layer(name) == 2:
+                outside |= {n for n in graph()[name] if layer(n) == 1 and not n.startswith("lightning_bpd.nn.argmax")}
+            if outside:
+                wrong[name] = sorted(outside)
+    assert not wrong, wrong
 
 
 def test_the_import_graph_has_no_circles_but_those_still_to_dissolve():

@@ -100,8 +100,8 @@ def agreement(alone: LlamaCppBinary, drafted: LlamaCppBinary, alone_row: str = A
 def drafted_row(module: Any) -> tuple[str, int] | None:
     """The drafted row of a drafter's run and its drafter's default block (DFlash: its block, EAGLE-3: the run's
     chains), or None for a run without a drafter."""
-    from lightning_bpd.tasks.lm.dflash_module import DFlashModule
-    from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
+    from lightning_bpd.drafters.dflash.module import DFlashModule
+    from lightning_bpd.drafters.eagle3.module import Eagle3Module
 
     if isinstance(module, DFlashModule):
         return DFLASH, module.drafter.config.block_size

@@ -1,7 +1,7 @@
 """The GGUF files llama.cpp serves a drafter's run with (``export-heads --format llamacpp``, ``bench-generate
 --llamacpp-bin``): ``drafter.gguf``, the drafter as llama.cpp's converter writes it (DFlash:
-:func:`~lightning_bpd.benchmarks.gguf_dflash.write_dflash_gguf`, EAGLE-3:
-:func:`~lightning_bpd.benchmarks.gguf_eagle3.write_eagle3_gguf`), and ``target.gguf``, the target as a float32 GGUF
+:func:`~lightning_bpd.drafters.dflash.gguf.write_dflash_gguf`, EAGLE-3:
+:func:`~lightning_bpd.drafters.eagle3.gguf.write_eagle3_gguf`), and ``target.gguf``, the target as a float32 GGUF
 with its tokenizer (:func:`~lightning_bpd.benchmarks.gguf_llama.write_llama_gguf`).
 
 A run whose target is a ``.gguf`` file (``model.pretrained=model.Q4_1.gguf``, read through its dequantized folder:
@@ -15,9 +15,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from lightning_bpd.benchmarks.gguf_dflash import write_dflash_gguf
-from lightning_bpd.benchmarks.gguf_eagle3 import write_eagle3_gguf
 from lightning_bpd.benchmarks.gguf_llama import write_llama_gguf
+from lightning_bpd.drafters.dflash.gguf import write_dflash_gguf
+from lightning_bpd.drafters.eagle3.gguf import write_eagle3_gguf
 
 __all__ = ["DRAFTER_GGUF", "TARGET_GGUF", "gguf_type", "target_gguf", "write_llamacpp"]
 
@@ -62,8 +62,8 @@ def gguf_type(path: str | Path) -> str:
 def write_llamacpp(module: Any, out: str | Path, float32_target: bool | None = None) -> Path:
     """``out/drafter.gguf`` and (``float32_target``; default: unless the run's target is a GGUF file)
     ``out/target.gguf`` of the DFlash or EAGLE-3 run ``module``; ``out``."""
+    from lightning_bpd.drafters.eagle3.module import Eagle3Module
     from lightning_bpd.hf.gguf_target import resolve_pretrained
-    from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
 
     folder = Path(out)
     own = target_gguf(module)

@@ -30,11 +30,11 @@ KINDS = ("dflash", "eagle3", "heads")
 def build(kind: str, pretrained: str, store: str | None, options: dict[str, Any]) -> Any:
     """The training module of ``kind`` on the frozen target, reading ``store`` (or running the target: None)."""
     if kind == "dflash":
-        from lightning_bpd.tasks.lm.dflash_module import DFlashModule
+        from lightning_bpd.drafters.dflash.module import DFlashModule
 
         return DFlashModule(pretrained, feature_store=store, feature_cache_gb=0.0, **options)
     if kind == "eagle3":
-        from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
+        from lightning_bpd.drafters.eagle3.module import Eagle3Module
 
         return Eagle3Module(pretrained, feature_store=store, feature_cache_gb=0.0, **options)
     from lightning_bpd.tasks.lm import LMModule

@@ -119,7 +119,7 @@ class TimedDrafter:
 
 def is_eagle3(module: Any) -> bool:
     """An EAGLE-3 drafter's run (its drafter proposes chains or trees)."""
-    from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
+    from lightning_bpd.drafters.eagle3.module import Eagle3Module
 
     return isinstance(module, Eagle3Module)
 
@@ -128,16 +128,16 @@ def drafter_proposer(module: Any, runtime: Runtime, proxy: TimedModel, k: int | 
     """A drafter checkpoint's proposer, its drafter timed into ``proxy``: DFlash blocks of ``k``; EAGLE-3 chains of
     ``k`` or, with ``tree_nodes``, its dynamic trees of that many nodes, ``k`` - 1 deep and 4 wide."""
     if is_eagle3(module):
-        from lightning_bpd.decoding.proposers import Eagle3Tree
         from lightning_bpd.decoding.trees.tree import DynamicTree
-        from lightning_bpd.tasks.lm.eagle3_module import eagle3_proposer
+        from lightning_bpd.drafters.eagle3.module import eagle3_proposer
+        from lightning_bpd.drafters.eagle3.tree import Eagle3Tree
 
         chain = eagle3_proposer(module.drafter, runtime, k)
         timed = TimedDrafter(chain.drafter, proxy)
         if tree_nodes:
             return Eagle3Tree(timed, spec=DynamicTree(tree_nodes, chain.block_size - 1, 4))
         return type(chain)(timed, chain.block_size)
-    from lightning_bpd.tasks.lm.dflash_module import dflash_proposer
+    from lightning_bpd.drafters.dflash.module import dflash_proposer
 
     made = dflash_proposer(module.drafter, runtime, k)
     return type(made)(TimedDrafter(made.drafter, proxy), made.block_size)

@@ -249,8 +249,8 @@ def main(argv: list[str] | None = None) -> dict:
         module = load_model(args.ckpt, args.device, base=args.base)
     except (ValueError, TypeError, FileNotFoundError) as err:
         sys.exit(f"hf_generate: {load_error(err, args.base)}")
-    from lightning_bpd.tasks.lm.dflash_module import DFlashModule
-    from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
+    from lightning_bpd.drafters.dflash.module import DFlashModule
+    from lightning_bpd.drafters.eagle3.module import Eagle3Module
     from lightning_bpd.tasks.lm.module import LMModule
 
     if isinstance(module, (LMModule, DFlashModule, Eagle3Module)):  # a language model: prompts, generate's peers, llama.cpp

@@ -76,7 +76,7 @@ EAGLE3 = "eagle3"  # an EAGLE-3 checkpoint's: exact, the drafter's chains; eagle
 
 
 def is_dflash(module: Any) -> bool:
-    from lightning_bpd.tasks.lm.dflash_module import DFlashModule
+    from lightning_bpd.drafters.dflash.module import DFlashModule
 
     return isinstance(module, DFlashModule)
 
@@ -98,14 +98,14 @@ def drafter_rows(module: Any, runtime: Any, args: argparse.Namespace) -> dict[st
     does not fit."""
     what = f"the drafter of {args.ckpt}"
     if is_dflash(module):
-        from lightning_bpd.tasks.lm.dflash_module import dflash_proposer
+        from lightning_bpd.drafters.dflash.module import dflash_proposer
 
         dflash = dflash_proposer(module.drafter, runtime, args.k, what)
         dflash.check(runtime, Exact())  # --k outside the drafter's block: one line now
         return {DFLASH: dflash}
-    from lightning_bpd.decoding.proposers import Eagle3Tree
     from lightning_bpd.decoding.trees.tree import DynamicTree
-    from lightning_bpd.tasks.lm.eagle3_module import eagle3_proposer
+    from lightning_bpd.drafters.eagle3.module import eagle3_proposer
+    from lightning_bpd.drafters.eagle3.tree import Eagle3Tree
 
     chain = eagle3_proposer(module.drafter, runtime, args.k or module.block_size, what)
     chain.check(runtime, Exact())

@@ -103,9 +103,9 @@ def eagle3_choice(module: Any, runtime: Any, args: argparse.Namespace) -> Any:
     """The proposer of an EAGLE-3 checkpoint: its chain of ``--k`` (default the run's block size) under the default
     ``heads``, an EAGLE-2 dynamic tree under ``dynamic:N[:D[:W]]`` (D default the chain's drafts) or a static tree
     under ``tree:PATHS`` (paths of the drafter's ranks); one-line ValueError for another choice."""
-    from lightning_bpd.decoding.proposers import Eagle3StaticTree, Eagle3Tree
     from lightning_bpd.decoding.trees.tree import DynamicTree
-    from lightning_bpd.tasks.lm.eagle3_module import eagle3_proposer
+    from lightning_bpd.drafters.eagle3.module import eagle3_proposer
+    from lightning_bpd.drafters.eagle3.tree import Eagle3StaticTree, Eagle3Tree
 
     choice, what = args.proposer, f"the drafter of {args.ckpt}"
     chain = eagle3_proposer(module.drafter, runtime, args.k or module.block_size, what)
@@ -127,7 +127,7 @@ def dflash_choice(module: Any, runtime: Any, args: argparse.Namespace) -> Any:
     An EAGLE-3 checkpoint's drafter: :func:`eagle3_choice`."""
     choice, own = args.proposer, hasattr(module, "decode_eval_proposer") and hasattr(module, "drafter")
     if own:  # a drafter's run (a language model: transformers is loaded already)
-        from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
+        from lightning_bpd.drafters.eagle3.module import Eagle3Module
 
         if isinstance(module, Eagle3Module):
             if choice.kind == "dflash":
@@ -136,7 +136,7 @@ def dflash_choice(module: Any, runtime: Any, args: argparse.Namespace) -> Any:
             return eagle3_choice(module, runtime, args)
     if choice.kind != "dflash" and not own:  # no DFlash here (and no transformers import for a translation run)
         return None
-    from lightning_bpd.tasks.lm.dflash_module import dflash_proposer, load_drafter
+    from lightning_bpd.drafters.dflash.module import dflash_proposer, load_drafter
 
     if choice.kind == "dflash" and choice.ckpt:
         drafter, what = load_drafter(choice.ckpt), f"the drafter of {choice.ckpt}"

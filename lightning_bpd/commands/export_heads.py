@@ -9,8 +9,8 @@ already saved; ``--format`` picks what is written to ``--out``:
   :func:`~lightning_bpd.hf.medusa_export.write_vllm_medusa`), the draft model of vLLM's Medusa speculative decoding on
   a GPU server beside the base directory;
 * ``speculators`` and ``dflash-zlab`` take the ``last.ckpt`` of a DFlash drafter run
-  (:class:`~lightning_bpd.tasks.lm.dflash_module.DFlashModule`, ``conf/lm/dflash.yaml``) and write the drafter alone
-  (:mod:`lightning_bpd.hf.dflash_export`), to be served beside its target (the directory named by the run's
+  (:class:`~lightning_bpd.drafters.dflash.module.DFlashModule`, ``conf/lm/dflash.yaml``) and write the drafter alone
+  (:mod:`lightning_bpd.drafters.dflash.speculators`), to be served beside its target (the directory named by the run's
   ``model.pretrained``; the drafter borrows the target's embedding and LM head):
 
   - ``speculators``: the layout of speculators' ``dflash`` drafters (speculators 0.9.0), which vLLM serves::
@@ -28,7 +28,7 @@ already saved; ``--format`` picks what is written to ``--out``:
     target's directory beside it (``convert_hf_to_gguf.py <out> --target-model-dir <target dir>``; our tokenizers
     need its pre-tokenizer check bypassed, see ``--format llamacpp``);
   - ``llamacpp``: what llama.cpp serves directly: ``<out>/drafter.gguf``, the GGUF llama.cpp's converter makes of
-    the z-lab export (:mod:`lightning_bpd.benchmarks.gguf_dflash`; the same keys, tensors and values, checked against the
+    the z-lab export (:mod:`lightning_bpd.drafters.dflash.gguf`; the same keys, tensors and values, checked against the
     converter of llama-cpp-python 0.3.36's llama.cpp in ``tests/benchmarks/test_gguf_dflash.py``, slow), and
     ``<out>/target.gguf``, the target as a float32 GGUF with its tokenizer
     (:func:`~lightning_bpd.benchmarks.gguf_llama.write_llama_gguf`; a Llama target)::
@@ -44,8 +44,8 @@ already saved; ``--format`` picks what is written to ``--out``:
     adds ``target.gguf``, the dequantized target in float32), and the command names the file to serve.
 
 * ``speculators`` also takes the ``last.ckpt`` of an EAGLE-3 drafter run
-  (:class:`~lightning_bpd.tasks.lm.eagle3_module.Eagle3Module`, ``conf/lm/eagle3.yaml``) on a Hugging Face target and
-  writes speculators' ``eagle3`` layout (:func:`lightning_bpd.hf.eagle3_export.write_speculators`: the drafter with
+  (:class:`~lightning_bpd.drafters.eagle3.module.Eagle3Module`, ``conf/lm/eagle3.yaml``) on a Hugging Face target and
+  writes speculators' ``eagle3`` layout (:func:`lightning_bpd.drafters.eagle3.speculators.write_speculators`: the drafter with
   the target's embeddings and its draft vocabulary, ``speculative_tokens`` = the run's ``model.block_size`` - 1),
   which vLLM serves and llama.cpp converts::
 
@@ -54,10 +54,10 @@ already saved; ``--format`` picks what is written to ``--out``:
         python convert_hf_to_gguf.py <out> --target-model-dir <target dir> --outfile D.gguf
 
   What either would not run as trained (a qwen3 layer, ``fc_norm``, ``norm_output``, not 3 target layers) is printed
-  as a note (:func:`~lightning_bpd.hf.eagle3_export.serving_notes`).
+  as a note (:func:`~lightning_bpd.drafters.eagle3.speculators.serving_notes`).
 
   ``llamacpp`` takes an EAGLE-3 run too: ``<out>/drafter.gguf``, the GGUF llama.cpp's converter makes of the
-  speculators export (:mod:`lightning_bpd.benchmarks.gguf_eagle3`: architecture ``eagle3``, byte for byte the
+  speculators export (:mod:`lightning_bpd.drafters.eagle3.gguf`: architecture ``eagle3``, byte for byte the
   converter's file but for ``general.name``, checked in ``tests/benchmarks/test_gguf_eagle3.py``, slow), and
   ``<out>/target.gguf``; a drafter llama.cpp cannot run (a qwen3 layer, ``fc_norm``, not 3 target layers) is
   refused::
@@ -97,10 +97,10 @@ def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads", float
     """Write the heads of the LM run or heads folder ``ckpt`` to ``out`` in ``layout`` (a ``--format``;
     ``float32_target``: ``llamacpp`` on a run whose target is a .gguf file writes ``target.gguf`` too); ValueError
     (one line) for a checkpoint that is no LM run, heads the layout cannot take or a fine-tuned base."""
+    from lightning_bpd.drafters.dflash.module import DFlashModule
+    from lightning_bpd.drafters.eagle3.module import Eagle3Module
     from lightning_bpd.hf.medusa_export import write_vllm_medusa
     from lightning_bpd.tasks.lm import LMModule
-    from lightning_bpd.tasks.lm.dflash_module import DFlashModule
-    from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
     from lightning_bpd.tasks.translation.hf_module import save_heads
 
     if layout not in FORMATS:
@@ -149,8 +149,8 @@ def export_dflash(module: object, ckpt: str | Path, out: str | Path, layout: str
                   ) -> Path:
     """The drafter of the DFlash run ``module`` (read from ``ckpt``) written to ``out`` in ``layout``
     (``speculators``, ``dflash-zlab`` or ``llamacpp``); ValueError (one line) for another run or another layout."""
-    from lightning_bpd.hf.dflash_export import write_speculators, write_zlab
-    from lightning_bpd.tasks.lm.dflash_module import DFlashModule
+    from lightning_bpd.drafters.dflash.module import DFlashModule
+    from lightning_bpd.drafters.dflash.speculators import write_speculators, write_zlab
 
     if not isinstance(module, DFlashModule):
         other = " or of an EAGLE-3 one (conf/lm/eagle3.yaml)" if layout in EAGLE3_FORMATS else ""
@@ -187,9 +187,9 @@ def export_eagle3(module: object, ckpt: str | Path, out: str | Path, layout: str
     layout or as llama.cpp's GGUFs (``llamacpp``), its serving notes on stderr; ValueError (one line) for another
     layout, a target that is no Hugging Face directory nor .gguf file or (``llamacpp``) a drafter llama.cpp cannot
     run."""
-    from lightning_bpd.hf.eagle3_export import serving_notes, write_speculators
+    from lightning_bpd.drafters.eagle3.module import Eagle3Module
+    from lightning_bpd.drafters.eagle3.speculators import serving_notes, write_speculators
     from lightning_bpd.hf.gguf_target import resolve_pretrained
-    from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
 
     if not isinstance(module, Eagle3Module):
         raise ValueError(f"{ckpt}: not an EAGLE-3 drafter run ({type(module).__name__})")  # noqa: TRY004

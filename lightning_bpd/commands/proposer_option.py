@@ -9,7 +9,7 @@
 * ``prompt-lookup[:NGRAM:TOKENS]``: n-grams of the prompt propose (up to NGRAM long, TOKENS tokens; default 3 and 8);
 * ``dflash`` / ``dflash:CKPT``: a DFlash drafter proposes blocks from the target's features (exact and the other
   deterministic rules): the checkpoint's own (a DFlashModule run, where it is the default), or the one of CKPT on a
-  causal LM checkpoint of the same target shapes (:mod:`lightning_bpd.tasks.lm.dflash_module`).
+  causal LM checkpoint of the same target shapes (:mod:`lightning_bpd.drafters.dflash.module`).
 
 :func:`proposer_arg` is the argparse type (one line naming what to write on anything else);
 :func:`add_proposer_arg` adds the option and the old ``--tree``, ``--tree-nodes`` and ``--draft`` as deprecated

@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_layers(text: str, n_layers: int) -> tuple[int, ...]:
-    from lightning_bpd.nn.eagle3 import default_eagle3_layers
+    from lightning_bpd.drafters.eagle3.network import default_eagle3_layers
 
     if text == "none":
         return ()
@@ -79,8 +79,8 @@ def parse_layers(text: str, n_layers: int) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> None:
     from pytorch_lightning.utilities import rank_zero_only
 
+    from lightning_bpd.drafters.dflash.module import frozen_target
     from lightning_bpd.tasks.lm.datamodule import HF_PREFIX, LMDataModule
-    from lightning_bpd.tasks.lm.dflash_module import frozen_target
     from lightning_bpd.tasks.lm.store_writer import StorePlan, choose_windows, token_digest, write_store
 
     for name in ("seq_len", "batch_size", "shard_size", "devices"):

@@ -1,4 +1,4 @@
-"""The DFlash drafter as llama.cpp's GGUF (lightning_bpd/benchmarks/gguf_dflash.py, ``export-heads --format llamacpp``): read
+"""The DFlash drafter as llama.cpp's GGUF (lightning_bpd/drafters/dflash/gguf.py, ``export-heads --format llamacpp``): read
 back with gguf's reader, its keys, values and tensors are the drafter's, in the converter's order; slow: llama.cpp's
 own converter (from the build-llamacpp folder) makes the same file of our z-lab export."""
 
@@ -17,9 +17,9 @@ import pytest
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("transformers")
 
-from lightning_bpd.benchmarks.gguf_dflash import gguf_tensor_name, write_dflash_gguf
 from lightning_bpd.commands.cli import main
-from lightning_bpd.hf.dflash_export import write_zlab
+from lightning_bpd.drafters.dflash.gguf import gguf_tensor_name, write_dflash_gguf
+from lightning_bpd.drafters.dflash.speculators import write_zlab
 from tests.hf.test_dflash_export import save_ckpt, trained
 from tests.llamacpp_build import llamacpp_source
 from tests.tasks.lm.tiny_lm import BOS, EOS, PAD

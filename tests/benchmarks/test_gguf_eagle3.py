@@ -1,4 +1,4 @@
-"""The EAGLE-3 drafter as llama.cpp's GGUF (lightning_bpd/benchmarks/gguf_eagle3.py, ``export-heads --format
+"""The EAGLE-3 drafter as llama.cpp's GGUF (lightning_bpd/drafters/eagle3/gguf.py, ``export-heads --format
 llamacpp`` on an EAGLE-3 run): read back with gguf's reader, its keys, values and tensors are the drafter's, in the
 converter's order, ``d2t`` as absolute target ids; what llama.cpp cannot run is one line; slow: llama.cpp's own
 converter (from the build-llamacpp folder) makes the same file, byte for byte, of our speculators export. A target of
@@ -20,13 +20,13 @@ import torch
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("transformers")
 
-from lightning_bpd.benchmarks.gguf_drafter import GRANITE_VOCAB
-from lightning_bpd.benchmarks.gguf_eagle3 import gguf_tensor_name, write_eagle3_gguf
 from lightning_bpd.benchmarks.gguf_llama import interleave_rotary
 from lightning_bpd.commands.cli import main
-from lightning_bpd.hf.eagle3_export import write_speculators
-from lightning_bpd.nn.eagle3 import Eagle3Drafter
-from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
+from lightning_bpd.drafters.common.gguf import GRANITE_VOCAB
+from lightning_bpd.drafters.eagle3.gguf import gguf_tensor_name, write_eagle3_gguf
+from lightning_bpd.drafters.eagle3.module import Eagle3Module
+from lightning_bpd.drafters.eagle3.network import Eagle3Drafter
+from lightning_bpd.drafters.eagle3.speculators import write_speculators
 from tests.benchmarks.test_gguf_dflash import converted, fields, same_tensors
 from tests.hf.test_dflash_export import save_ckpt
 from tests.llamacpp_build import llamacpp_source
@@ -260,8 +260,8 @@ def test_llama_cpp_runs_an_eagle3_drafter_of_a_49152_token_target(granite_target
 def test_llamacpp_converter_makes_our_dflash_gguf_of_a_49152_token_target(granite_target, tmp_path):
     """A DFlash drafter's converter (which reads a Llama target's vocabulary with ``LlamaModel.set_vocab``) writes the
     same special case: ours is its file but for the name."""
-    from lightning_bpd.benchmarks.gguf_dflash import write_dflash_gguf
-    from lightning_bpd.hf.dflash_export import write_zlab
+    from lightning_bpd.drafters.dflash.gguf import write_dflash_gguf
+    from lightning_bpd.drafters.dflash.speculators import write_zlab
     from tests.hf.test_dflash_export import trained
 
     llamacpp_source()

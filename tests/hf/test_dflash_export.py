@@ -1,4 +1,4 @@
-"""DFlash drafter export (lightning_bpd/hf/dflash_export.py, ``export-heads --format speculators|dflash-zlab``): both
+"""DFlash drafter export (lightning_bpd/drafters/dflash/speculators.py, ``export-heads --format speculators|dflash-zlab``): both
 layouts' config.json and safetensors, the exported tensors are the drafter's, the z-lab export read back drafts as the
 drafter does, bad input is one line; slow: speculators' own DFlashDraftModel (in a separate virtual environment)
 loads the speculators export and computes the drafter's hidden states and logits."""
@@ -22,15 +22,15 @@ from safetensors.torch import load_file
 
 from lightning_bpd.commands.cli import main
 from lightning_bpd.decoding import Exact, decode
-from lightning_bpd.decoding.proposers import DFlash
-from lightning_bpd.hf.dflash_export import (
+from lightning_bpd.drafters.dflash.module import DFlashModule
+from lightning_bpd.drafters.dflash.proposer import DFlash
+from lightning_bpd.drafters.dflash.speculators import (
     SPECULATORS_VERSION,
     read_zlab,
     speculators_config,
     write_speculators,
     write_zlab,
 )
-from lightning_bpd.tasks.lm.dflash_module import DFlashModule
 from tests.tasks.lm.tiny_lm import PAD, PROMPTS
 
 pytestmark = pytest.mark.usefixtures("one_thread")

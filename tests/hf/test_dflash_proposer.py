@@ -13,10 +13,9 @@ pytest.importorskip("transformers")
 
 from lightning_bpd.decoding import Exact, decode
 from lightning_bpd.decoding.acceptance import SpeculativeSampling
-from lightning_bpd.decoding.proposers import DFlash
-from lightning_bpd.decoding.proposers.dflash import DFlashDrafting
+from lightning_bpd.drafters.dflash.network import DFlashConfig, DFlashDrafter
+from lightning_bpd.drafters.dflash.proposer import DFlash, DFlashDrafting
 from lightning_bpd.hf.causal import HFCausalBlockwise
-from lightning_bpd.nn.dflash import DFlashConfig, DFlashDrafter
 from tests.hf import test_causal as causal
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""EAGLE-3 drafter export (lightning_bpd/hf/eagle3_export.py): speculators' eagle3 config.json and safetensors, the
+"""EAGLE-3 drafter export (lightning_bpd/drafters/eagle3/speculators.py): speculators' eagle3 config.json and safetensors, the
 read-back is bitwise the drafter, bad input is one line; slow: speculators' own Eagle3DraftModel (in the separate
 virtual environment of tests/hf/test_dflash_export.py) loads the export and computes our logits at every step of the
 training-time test."""
@@ -18,14 +18,14 @@ pytest.importorskip("safetensors")
 
 from safetensors.torch import load_file
 
-from lightning_bpd.hf.eagle3_export import (
+from lightning_bpd.drafters.eagle3.network import Eagle3Config, Eagle3Drafter, vocab_mapping
+from lightning_bpd.drafters.eagle3.speculators import (
     SPECULATORS_VERSION,
     read_speculators,
     serving_notes,
     speculators_config,
     write_speculators,
 )
-from lightning_bpd.nn.eagle3 import Eagle3Config, Eagle3Drafter, vocab_mapping
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

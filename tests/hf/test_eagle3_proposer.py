@@ -13,11 +13,10 @@ import torch
 pytest.importorskip("transformers")
 
 from lightning_bpd.decoding import Exact, decode, greedy_decode_reference
-from lightning_bpd.decoding.proposers import Eagle3
-from lightning_bpd.decoding.proposers.eagle3 import Eagle3Drafting
+from lightning_bpd.drafters.eagle3.network import Eagle3Config, Eagle3Drafter, vocab_mapping
+from lightning_bpd.drafters.eagle3.proposer import Eagle3, Eagle3Drafting
 from lightning_bpd.hf.causal import HFCausalBlockwise
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.nn.eagle3 import Eagle3Config, Eagle3Drafter, vocab_mapping
 from tests.hf import test_causal as causal
 from tests.models import assert_close_to_rounding
 from tests.nn import test_causal_model as own
@@ -169,8 +168,8 @@ def test_speculative_sampling_with_the_drafter_is_lossless(draft_vocab):
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 @pytest.mark.parametrize("draft_vocab", [None, 50])
 def test_eagle3_trees_equal_generate_on_a_ragged_batch(family, draft_vocab):
-    from lightning_bpd.decoding.proposers import Eagle3Tree
     from lightning_bpd.decoding.trees.tree import DynamicTree
+    from lightning_bpd.drafters.eagle3.tree import Eagle3Tree
 
     base, src, max_len = causal.tiny_lm(family), causal.prompts(6, side="right"), 14
     causal.pick_eos(base, src, max_len)
@@ -187,8 +186,8 @@ def test_eagle3_trees_equal_generate_on_a_ragged_batch(family, draft_vocab):
 def test_an_eagle3_tree_with_fewer_candidates_than_nodes_is_one_line():
     """Expanding 2 nodes per depth, a tree 3 deep and 2 wide ranks 2 + 4 + 4 candidates: 12 nodes is refused, as is an
     expansion that is no count; expanding 4 gives 2 + 4 + 8 and the 12 nodes fit."""
-    from lightning_bpd.decoding.proposers import Eagle3Tree
     from lightning_bpd.decoding.trees.tree import DynamicTree
+    from lightning_bpd.drafters.eagle3.tree import Eagle3Tree
 
     base = causal.tiny_lm("llama")
     model = HFCausalBlockwise(base, k=1)
@@ -209,8 +208,8 @@ def test_an_eagle3_tree_with_fewer_candidates_than_nodes_is_one_line():
 def test_an_eagle3_tree_of_one_path_is_the_chain():
     """A tree one wide is the chain of the same depth: the same blocks, token for token (the tree's mask and
     positions give each node what the chain gives its draft)."""
-    from lightning_bpd.decoding.proposers import Eagle3Tree
     from lightning_bpd.decoding.trees.tree import DynamicTree
+    from lightning_bpd.drafters.eagle3.tree import Eagle3Tree
 
     base, src = causal.tiny_lm("qwen3"), causal.prompts(5)
     model = HFCausalBlockwise(base, k=1)
@@ -221,7 +220,7 @@ def test_an_eagle3_tree_of_one_path_is_the_chain():
     assert max(max(sizes) for sizes in chain.block_sizes) > 1
     # chain first: a tree 3 wide of as many nodes as it is deep is the chain too (the chain's nodes come first,
     # every tree reaches the full depth); ranked by confidence alone, its 3 nodes are mostly shallower ones
-    from lightning_bpd.decoding.proposers.eagle3_tree import Eagle3TreeDrafting
+    from lightning_bpd.drafters.eagle3.tree import Eagle3TreeDrafting
 
     @dataclass
     class Depths(Eagle3TreeDrafting):
@@ -251,8 +250,8 @@ def test_an_eagle3_tree_of_one_path_is_the_chain():
 
 
 def test_our_own_base_decodes_trees_as_greedy():
-    from lightning_bpd.decoding.proposers import Eagle3Tree
     from lightning_bpd.decoding.trees.tree import DynamicTree
+    from lightning_bpd.drafters.eagle3.tree import Eagle3Tree
 
     model, src = own.tiny(k=1), own.prompts(6, side="left")
     own.pick_eos(model, src)
@@ -268,8 +267,8 @@ def test_our_own_base_decodes_trees_as_greedy():
 def test_eagle3_static_trees_equal_generate_on_a_ragged_batch(family, draft_vocab):
     """A static tree (paths of the drafter's ranks) decodes as greedy; a path of ranks 0 is the chain, block for
     block."""
-    from lightning_bpd.decoding.proposers import Eagle3StaticTree
     from lightning_bpd.decoding.trees.tree import Tree
+    from lightning_bpd.drafters.eagle3.tree import Eagle3StaticTree
 
     base, src, max_len = causal.tiny_lm(family), causal.prompts(6, side="right"), 14
     causal.pick_eos(base, src, max_len)
@@ -291,9 +290,13 @@ def test_each_tree_entry_is_the_training_time_test_along_its_path(rows, static):
     gets the logits the training-time test gives after the node's own path (over the row's uncached features, the
     path's tokens fed), so each entry saw its own row's committed entries and ancestors, not its siblings or cousins,
     at its own position."""
-    from lightning_bpd.decoding.proposers import Eagle3StaticTree, Eagle3Tree
-    from lightning_bpd.decoding.proposers.eagle3_tree import Eagle3StaticTreeDrafting, Eagle3TreeDrafting
     from lightning_bpd.decoding.trees.tree import DynamicTree, Tree
+    from lightning_bpd.drafters.eagle3.tree import (
+        Eagle3StaticTree,
+        Eagle3StaticTreeDrafting,
+        Eagle3Tree,
+        Eagle3TreeDrafting,
+    )
 
     @dataclass
     class Entries(Eagle3StaticTreeDrafting if static else Eagle3TreeDrafting):

@@ -1,4 +1,4 @@
-"""The DFlash drafter (lightning_bpd/nn/dflash.py): training pass == cached inference, ragged caches, masks, weight
+"""The DFlash drafter (lightning_bpd/drafters/dflash/network.py): training pass == cached inference, ragged caches, masks, weight
 names, config checks, GQA. Tiny float64 sizes."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_bpd.nn.dflash import DFlashCache, DFlashConfig, DFlashDrafter, default_target_layers
+from lightning_bpd.drafters.common.cache import DrafterCache
+from lightning_bpd.drafters.dflash.network import DFlashConfig, DFlashDrafter, default_target_layers
 
 H, A, BK = 32, 3, 4
 
@@ -103,7 +104,7 @@ def test_cache_errors():
         model.extend(cache, feats, torch.arange(3).expand(2, 3), torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="crop"):
         cache.crop([4, 1])
-    assert isinstance(cache, DFlashCache) and cache.capacity == 4
+    assert isinstance(cache, DrafterCache) and cache.capacity == 4
 
 
 def test_block_is_bidirectional_and_context_strictly_before():

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from lightning_bpd.decoding import Exact, decode, greedy_decode_reference
-from lightning_bpd.decoding.proposers import DFlash
+from lightning_bpd.drafters.dflash.network import DFlashConfig, DFlashDrafter
+from lightning_bpd.drafters.dflash.proposer import DFlash
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from lightning_bpd.nn.dflash import DFlashConfig, DFlashDrafter
 from tests.hf.test_dflash_proposer import Recorded
 from tests.models import assert_close_to_rounding
 from tests.nn import test_causal_model as causal

@@ -1,4 +1,4 @@
-"""The EAGLE-3 drafter (lightning_bpd/nn/eagle3.py): the training-time test == its cached token-by-token reference,
+"""The EAGLE-3 drafter (lightning_bpd/drafters/eagle3/network.py): the training-time test == its cached token-by-token reference,
 the cache's ragged rows, crops and tree masks, the state fed back, weight names, the draft vocabulary, config and
 input checks. Tiny float64 sizes."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_bpd.nn.eagle3 import (
+from lightning_bpd.drafters.eagle3.network import (
     Eagle3Cache,
     Eagle3Config,
     Eagle3Drafter,

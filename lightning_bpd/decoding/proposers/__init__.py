@@ -14,13 +14,10 @@ A new proposer subclasses :class:`Proposer` (:mod:`~lightning_bpd.decoding.propo
 """
 
 from lightning_bpd.decoding.proposers.base import Proposer
-from lightning_bpd.decoding.proposers.dflash import DFlash
 from lightning_bpd.decoding.proposers.draft import DraftModel
 from lightning_bpd.decoding.proposers.dynamic_tree import DynamicHeadTree
-from lightning_bpd.decoding.proposers.eagle3 import Eagle3
-from lightning_bpd.decoding.proposers.eagle3_tree import Eagle3StaticTree, Eagle3Tree
 from lightning_bpd.decoding.proposers.heads import Heads
 from lightning_bpd.decoding.proposers.prompt_lookup import PromptLookup
 from lightning_bpd.decoding.proposers.tree import HeadTree
 
-__all__ = ["DFlash", "DraftModel", "DynamicHeadTree", "Eagle3", "Eagle3StaticTree", "Eagle3Tree", "HeadTree", "Heads", "PromptLookup", "Proposer"]
+__all__ = ["DraftModel", "DynamicHeadTree", "HeadTree", "Heads", "PromptLookup", "Proposer"]

@@ -26,8 +26,8 @@ from pytorch_lightning.utilities import rank_zero_only
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from lightning_bpd.drafters.dflash.module import target_shape
 from lightning_bpd.nn.argmax import argmax
-from lightning_bpd.tasks.lm.dflash_module import target_shape
 from lightning_bpd.tasks.lm.feature_store import (
     DTYPES,
     FORMAT,

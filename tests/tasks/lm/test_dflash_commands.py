@@ -22,10 +22,10 @@ from lightning_bpd.commands.bench_generate import main as bench
 from lightning_bpd.commands.bench_generate_lm import DFLASH, OURS_LOOKUP
 from lightning_bpd.commands.decode import main as decode_main
 from lightning_bpd.decoding import greedy_decode
-from lightning_bpd.decoding.proposers import DFlash
-from lightning_bpd.nn.dflash import DFlashDrafter
+from lightning_bpd.drafters.dflash.module import check_drafter_fits, load_drafter
+from lightning_bpd.drafters.dflash.network import DFlashDrafter
+from lightning_bpd.drafters.dflash.proposer import DFlash
 from lightning_bpd.tasks.lm import LMModule
-from lightning_bpd.tasks.lm.dflash_module import check_drafter_fits, load_drafter
 from lightning_bpd.tasks.translation.hf_module import save_heads
 from tests.tasks.lm.tiny_dflash import PROMPTS, write_dflash
 

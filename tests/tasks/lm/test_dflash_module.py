@@ -1,4 +1,4 @@
-"""DFlash drafter training (lightning_bpd/tasks/lm/dflash_module.py) on a tiny random Llama: the step trains the
+"""DFlash drafter training (lightning_bpd/drafters/dflash/module.py) on a tiny random Llama: the step trains the
 drafter alone toward the target's own greedy tokens at the right positions, its acceptance metrics are those of exact
 acceptance, ``fit --config conf/lm/dflash.yaml`` writes a checkpoint of the drafter alone that loads back and decodes
 as greedy does, and training raises the accepted block size."""
@@ -18,14 +18,14 @@ pytest.importorskip("safetensors")
 
 from lightning_bpd.commands.cli import CONF_DIR, main
 from lightning_bpd.decoding import Exact, decode, greedy_decode
-from lightning_bpd.decoding.proposers import DFlash
-from lightning_bpd.tasks.lm.dflash_module import (
+from lightning_bpd.drafters.dflash.module import (
     DFlashModule,
     block_acceptance,
     lr_factor,
     sample_anchors,
     slot_weights,
 )
+from lightning_bpd.drafters.dflash.proposer import DFlash
 from tests.tasks.lm.tiny_lm import PAD, write_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -228,7 +228,7 @@ def test_training_raises_the_accepted_block_size(checkpoint, tmp_path):
 
 
 def test_anchor_seeds_differ_across_ranks_and_steps():
-    from lightning_bpd.tasks.lm.dflash_module import anchor_seed
+    from lightning_bpd.drafters.dflash.module import anchor_seed
 
     seeds = {anchor_seed(step, rank, 4) for step in range(50) for rank in range(4)}
     assert len(seeds) == 200

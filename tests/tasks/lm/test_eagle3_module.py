@@ -1,4 +1,4 @@
-"""EAGLE-3 drafter training (lightning_bpd/tasks/lm/eagle3_module.py) on a tiny random Llama and on our own decoder-only
+"""EAGLE-3 drafter training (lightning_bpd/drafters/eagle3/module.py) on a tiny random Llama and on our own decoder-only
 base: a step trains the drafter alone (the target and the copied embeddings untouched) toward the target's own
 logits at the right positions, cached and uncached steps agree, the draft vocabulary comes from the data's counts,
 ``fit --config conf/lm/eagle3.yaml`` writes a checkpoint of the drafter alone that ``load_model`` reads and
@@ -22,9 +22,7 @@ pytest.importorskip("safetensors")
 import lightning_bpd
 from lightning_bpd.commands.cli import CONF_DIR, main
 from lightning_bpd.commands.export_heads import export_heads
-from lightning_bpd.hf.eagle3_export import read_speculators
-from lightning_bpd.nn.eagle3 import vocab_mapping
-from lightning_bpd.tasks.lm.eagle3_module import (
+from lightning_bpd.drafters.eagle3.module import (
     Eagle3Module,
     depth_labels,
     eagle3_proposer,
@@ -32,6 +30,8 @@ from lightning_bpd.tasks.lm.eagle3_module import (
     token_counts,
     ttt_loss,
 )
+from lightning_bpd.drafters.eagle3.network import vocab_mapping
+from lightning_bpd.drafters.eagle3.speculators import read_speculators
 from tests.tasks.lm.tiny_lm import write_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -183,7 +183,7 @@ def test_a_draft_vocabulary_of_the_whole_vocabulary_or_more_is_the_whole_one_and
         checkpoint, monkeypatch, capsys):
     """conf/lm/eagle3.yaml's draft_vocab (8192) on a smaller vocabulary (300 here) is the whole one, not an error;
     null on a vocabulary above 32,768 tokens prints one hint naming the option and the parameters it saves."""
-    from lightning_bpd.tasks.lm import eagle3_module
+    from lightning_bpd.drafters.eagle3 import module as eagle3_module
     from tests.test_configs import resolved
 
     assert resolved(CONF_DIR / "lm" / "eagle3.yaml")["model"]["init_args"]["draft_vocab"] == 8192
@@ -216,7 +216,7 @@ def test_the_decode_evaluation_states_the_drafters_block(checkpoint):
     """decode_val_*.json's k (proposed_block): a DFlash drafter's block_size, an EAGLE-3 chain's, not the target's
     k of 1."""
     from lightning_bpd.callbacks.decode_eval import build_methods, proposed_block
-    from lightning_bpd.tasks.lm.dflash_module import DFlashModule
+    from lightning_bpd.drafters.dflash.module import DFlashModule
 
     for module in (DFlashModule(str(checkpoint), block_size=5), Eagle3Module(str(checkpoint), target_layer_ids=LAYERS,
                                                                              block_size=3)):
@@ -325,7 +325,7 @@ def test_export_heads_writes_the_speculators_layout(fitted, checkpoint, tmp_path
 
 
 def test_the_drafter_of_another_kind_of_checkpoint_is_one_line(fitted, checkpoint, tmp_path):
-    from lightning_bpd.tasks.lm.dflash_module import DFlashModule, load_drafter
+    from lightning_bpd.drafters.dflash.module import DFlashModule, load_drafter
     from tests.tasks.lm.tiny_dflash import save_dflash
 
     dflash = save_dflash(DFlashModule(str(checkpoint), block_size=4), tmp_path / "dflash.ckpt")

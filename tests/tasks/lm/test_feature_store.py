@@ -15,9 +15,9 @@ pytest.importorskip("transformers")
 
 from lightning_bpd.commands.cli import CONF_DIR, main
 from lightning_bpd.commands.store import main as store_main
+from lightning_bpd.drafters.dflash.module import DFlashModule
+from lightning_bpd.drafters.eagle3.module import Eagle3Module
 from lightning_bpd.tasks.lm.datamodule import LMDataModule
-from lightning_bpd.tasks.lm.dflash_module import DFlashModule
-from lightning_bpd.tasks.lm.eagle3_module import Eagle3Module
 from lightning_bpd.tasks.lm.feature_store import FeatureStore, shard_name
 from tests.tasks.lm.tiny_lm import write_checkpoint, write_corpus
 

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding import greedy_decode
-from lightning_bpd.tasks.lm.dflash_module import DFlashModule
+from lightning_bpd.drafters.dflash.module import DFlashModule
 
 PROMPTS = ["def f_1(x, y):\n", "    return", "for items in range(3):\n        total = total * items\n",
            "def f_2(key, value):\n    key = key + 4\n", "x"]

@@ -1,8 +1,8 @@
-"""Training an EAGLE-3 drafter (:mod:`lightning_bpd.nn.eagle3`) on a frozen causal LM: the LightningModule.
+"""Training an EAGLE-3 drafter (:mod:`lightning_bpd.drafters.eagle3.network`) on a frozen causal LM: the LightningModule.
 
 The target (``pretrained``: a local Hugging Face causal LM directory, or the .ckpt of an LM run on our own
 decoder-only base) is frozen and held outside the module's registered children, as
-:class:`~lightning_bpd.tasks.lm.dflash_module.DFlashModule` holds it: neither the optimizer nor the checkpoint sees
+:class:`~lightning_bpd.drafters.dflash.module.DFlashModule` holds it: neither the optimizer nor the checkpoint sees
 it. The drafter's ``embed_tokens`` are the target's input embeddings, copied at init and frozen (never trained); they
 stay in the drafter's state_dict, so the checkpoint holds them once, as the export needs them.
 
@@ -12,7 +12,7 @@ A training step, as speculators trains EAGLE-3 (its ``Eagle3DraftModel.forward``
   of the layers ``target_layer_ids`` (B, T, A*H), and its last hidden states (B, T, H), through the per-sequence
   cache (``feature_cache_gb``) while training; its logits are recomputed from the last hidden states by its LM head
   (the vocabulary is too big to cache), and restricted to the draft vocabulary;
-* the training-time test (:meth:`~lightning_bpd.nn.eagle3.Eagle3Drafter.train_forward`): the drafter unrolled
+* the training-time test (:meth:`~lightning_bpd.drafters.eagle3.network.Eagle3Drafter.train_forward`): the drafter unrolled
   ``ttt_steps`` steps over its own output states, step s at slot t drafting the token at t + 2 + s, the data's
   tokens as its inputs;
 * the loss of step s is the mean over the valid slots of the forward KL from the target's distribution over the draft
@@ -23,13 +23,13 @@ A training step, as speculators trains EAGLE-3 (its ``Eagle3DraftModel.forward``
 Metrics: ``acc_depth<d>`` (d = 1..ttt_steps): the drafter's argmax equals the target's greedy token (over the whole
 vocabulary: a token outside the draft vocabulary is never right) at depth d of the chain, teacher-forced; and
 ``accepted``, the expected accepted length of exact acceptance of a chain of ``ttt_steps`` drafts,
-``1 + sum_d prod_{i <= d} correct_i`` (:func:`~lightning_bpd.tasks.lm.dflash_module.block_acceptance`). At the end of
+``1 + sum_d prod_{i <= d} correct_i`` (:func:`~lightning_bpd.drafters.dflash.module.block_acceptance`). At the end of
 validation :class:`~lightning_bpd.callbacks.decode_eval.DecodeEval` decodes held-out prompts greedily and with exact
 acceptance, the drafter proposing chains of ``block_size`` (:meth:`Eagle3Module.decode_eval_proposer`).
 
 Draft vocabulary (``draft_vocab``): the most frequent tokens of the training data (the datamodule's training
 sequences, counted at ``setup("fit")``, as speculators counts its data's tokens), mapped by
-:func:`~lightning_bpd.nn.eagle3.vocab_mapping`; every rank counts the same sequences, so they agree under DDP.
+:func:`~lightning_bpd.drafters.eagle3.network.vocab_mapping`; every rank counts the same sequences, so they agree under DDP.
 """
 
 from __future__ import annotations
@@ -42,13 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_bpd.decoding.proposers import Eagle3
-from lightning_bpd.decoding.proposers.eagle3 import MAX_BLOCK
-from lightning_bpd.hf.prompts import CausalLM
-from lightning_bpd.nn.argmax import argmax
-from lightning_bpd.nn.eagle3 import Eagle3Config, Eagle3Drafter, default_eagle3_layers, vocab_mapping
-from lightning_bpd.tasks.frozen_states import FrozenStates
-from lightning_bpd.tasks.lm.dflash_module import (
+from lightning_bpd.drafters.common.trainer import DrafterModule, load_drafter_state
+from lightning_bpd.drafters.dflash.module import (
     anchor_seed,
     block_acceptance,
     drafter_for,
@@ -57,10 +52,14 @@ from lightning_bpd.tasks.lm.dflash_module import (
     is_own_base,
     target_shape,
 )
-from lightning_bpd.tasks.lm.drafter_module import DrafterModule, load_drafter_state
+from lightning_bpd.drafters.eagle3.network import Eagle3Config, Eagle3Drafter, default_eagle3_layers, vocab_mapping
+from lightning_bpd.drafters.eagle3.proposer import MAX_BLOCK, Eagle3
+from lightning_bpd.hf.prompts import CausalLM
+from lightning_bpd.nn.argmax import argmax
+from lightning_bpd.tasks.frozen_states import FrozenStates
 from lightning_bpd.tasks.lm.feature_store import open_store, store_batch, train_from_store
 
-EAGLE3_CLASS = "lightning_bpd.tasks.lm.eagle3_module.Eagle3Module"
+EAGLE3_CLASS = "lightning_bpd.drafters.eagle3.module.Eagle3Module"
 LOSSES = ("kl_div", "ce")
 FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 DRAFT_VOCAB = 8192  # conf/lm/eagle3.yaml's draft vocabulary (speculators' practice: 32k of Llama 3's 128k)
@@ -188,7 +187,7 @@ class Eagle3Module(DrafterModule):
             :func:`~lightning_bpd.hf.gguf_target.resolve_pretrained`), or the .ckpt of a language-modelling run on our
             own decoder-only base.
         target_layer_ids: the target's layers whose outputs the drafter fuses (default EAGLE-3's low, middle and high
-            layers, :func:`~lightning_bpd.nn.eagle3.default_eagle3_layers`; a target of fewer than 7 layers needs them).
+            layers, :func:`~lightning_bpd.drafters.eagle3.network.default_eagle3_layers`; a target of fewer than 7 layers needs them).
         draft_vocab: the drafter's vocabulary: null, the target's whole vocabulary; else this many of the training
             data's most frequent tokens (counted at ``setup("fit")``); at least the target's vocabulary: the whole
             one (conf/lm/eagle3.yaml: 8192). A fit with null on a vocabulary above 32,768 tokens prints a hint.
@@ -197,7 +196,7 @@ class Eagle3Module(DrafterModule):
         loss: ``kl_div`` (forward KL to the target's distribution over the draft vocabulary) or ``ce``.
         family: the decoder layer, ``llama`` (what vLLM and llama.cpp serve) or ``qwen3`` (q/k norms).
         norm_before_residual, norm_before_fc, fc_norm, norm_output: the drafter's norm flags
-            (:class:`~lightning_bpd.nn.eagle3.Eagle3Config`; speculators trains with norm_output true, which vLLM and
+            (:class:`~lightning_bpd.drafters.eagle3.network.Eagle3Config`; speculators trains with norm_output true, which vLLM and
             llama.cpp do not run as trained: false here).
         feature_noise: uniform noise in ``[-x, x]`` added to the target features while training.
         feature_cache_gb: up to this many GiB of the target's features and last hidden states are kept per training
@@ -214,6 +213,7 @@ class Eagle3Module(DrafterModule):
             it; the target's distribution is its LM head over the stored last states).
     """
 
+    drafter_kind = "eagle3"  # the registry's name of this kind (lightning_bpd.drafters.registry)
     config_key = "eagle3_config"
     position = "depth"
 

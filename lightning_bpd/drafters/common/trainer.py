@@ -1,5 +1,5 @@
-"""What the drafter trainers share (DFlash, :mod:`~lightning_bpd.tasks.lm.dflash_module`; EAGLE-3,
-:mod:`~lightning_bpd.tasks.lm.eagle3_module`): a frozen target held outside the module's registered children, the
+"""What the drafter trainers share (DFlash, :mod:`~lightning_bpd.drafters.dflash.module`; EAGLE-3,
+:mod:`~lightning_bpd.drafters.eagle3.module`): a frozen target held outside the module's registered children, the
 drafter alone in the checkpoint (its config under ``config_key``), AdamW on the drafter with warmup then cosine decay,
 the per-position acceptance logs, the LM task's prompt and validation-decode hooks, and reading the drafter alone
 back from a checkpoint."""
@@ -16,6 +16,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from lightning_bpd.drafters.registry import canonical_class
 from lightning_bpd.tasks.lm.module import LMModule
 
 
@@ -43,7 +44,7 @@ def load_drafter_state(path: str | os.PathLike, class_path: str, config_key: str
     except Exception as err:  # noqa: BLE001 (a corrupt or foreign file: say so once)
         raise ValueError(f"{path} is not a readable PyTorch checkpoint ({type(err).__name__})") from None
     kind = ckpt.get("lightning_bpd_class") if isinstance(ckpt, dict) else None
-    if kind != class_path or config_key not in ckpt:
+    if (canonical_class(kind) if isinstance(kind, str) else kind) != class_path or config_key not in ckpt:
         raise ValueError(f"{path} is not {what} checkpoint ({str(kind or 'not lightning_bpd').rpartition('.')[2]}): "
                          f"{hint}")
     drafter = build(ckpt[config_key])

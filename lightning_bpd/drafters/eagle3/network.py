@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_bpd.nn.dflash import DFlashCache, RMSNorm, rope
-from lightning_bpd.nn.dflash import DFlashMLP as SwiGLU
+from lightning_bpd.drafters.common.cache import DrafterCache
+from lightning_bpd.drafters.common.layers import RMSNorm, SwiGLU, rope
 
 FAMILIES = ("llama", "qwen3")  # the decoder layer's family = transformer_layer_config.model_type
 
@@ -176,7 +176,7 @@ def vocab_mapping(token_counts: Tensor, draft_vocab: int) -> tuple[Tensor, Tenso
     return ids - torch.arange(draft_vocab), t2d
 
 
-class Eagle3Cache(DFlashCache):
+class Eagle3Cache(DrafterCache):
     """The drafter's keys/values per row, ragged: row b holds ``lengths[b]`` positions (committed context, then
     any drafted ones) in slots ``[0, lengths[b])``; ``crop`` drops drafts, ``select`` keeps rows. One layer:
     ``k``/``v`` (1, B, nKV, capacity, hd) after RoPE."""

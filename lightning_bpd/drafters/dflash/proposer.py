@@ -7,10 +7,10 @@ being greedy's next token (from the verdict), in one bidirectional pass; draft s
 target's LM head as the token at the block's position j. The loop verifies the block in one pass of the target, and
 that pass's features at the positions the row accepted (``first`` and the accepted drafts) join the drafter's
 context. So the drafter sees exactly the target features of the row's prompt and output, as in training
-(:meth:`~lightning_bpd.nn.dflash.DFlashDrafter.train_forward`: the context strictly before the block's anchor).
+(:meth:`~lightning_bpd.drafters.dflash.network.DFlashDrafter.train_forward`: the context strictly before the block's anchor).
 
 The target offers its features through ``encode_features`` and ``decode_step_features``
-(:class:`~lightning_bpd.decoding.protocol.BlockwiseModel`); the drafter (:class:`~lightning_bpd.nn.dflash.
+(:class:`~lightning_bpd.decoding.protocol.BlockwiseModel`); the drafter (:class:`~lightning_bpd.drafters.dflash.network.
 DFlashDrafter`, seen here through its methods only) brings ``config`` (``block_size``, ``target_layer_ids``,
 ``mask_token_id``), ``new_cache``, ``extend`` and ``draft``. Exact reproduces greedy; speculative sampling draws each
 slot from the drafter's distribution and stays lossless.
@@ -25,9 +25,10 @@ import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.acceptance import Block, Criterion
-from lightning_bpd.decoding.candidates import Outcome, Path
+from lightning_bpd.decoding.candidates import Outcome
 from lightning_bpd.decoding.proposers.base import Proposer, opening_block
-from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context, restricted, valid_first
+from lightning_bpd.decoding.protocol import BlockwiseModel, Context, restricted, valid_first
+from lightning_bpd.drafters.common.proposing import FeaturePath
 from lightning_bpd.nn.argmax import argmax
 
 
@@ -86,7 +87,7 @@ class DFlashDrafting(Proposer):
         self.drafter.extend(self.cache, features, positions.gather(1, order), counts)
         return context
 
-    def propose(self, run: Any, h: Tensor, first: Tensor | None) -> Path:
+    def propose(self, run: Any, h: Tensor, first: Tensor | None) -> FeaturePath:
         """Deterministic rules: token 1 is greedy's, the drafts the argmax of each slot. Speculative sampling: token 1
         the verdict's residual draw (or, where there is none, a draw from p_1 under the rules), then each slot's draft
         drawn from the drafter's distribution there (the block keeps them for the verdict, which stays lossless)."""
@@ -114,15 +115,3 @@ class DFlashDrafting(Proposer):
         n = features.shape[1]  # type: ignore[union-attr]
         positions = self.cache.lengths[:, None] + torch.arange(n, device=features.device)  # type: ignore[union-attr]
         self.drafter.extend(self.cache, features, positions, outcome.accepted)
-
-
-@dataclass
-class FeaturePath(Path):
-    """A path whose verify pass also hands the target's features at the drafter's layers to ``sink``."""
-
-    sink: DFlashDrafting | None = None
-
-    def verify_pass(self, model: BlockwiseModel, context: Context, cache: Cache) -> Tensor:
-        hidden, self.sink.pending = model.decode_step_features(  # type: ignore[union-attr,misc]
-            self.block.tokens, context, cache, self.sink.layers)  # type: ignore[union-attr]
-        return hidden  # (b, w, D)

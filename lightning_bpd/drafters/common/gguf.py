@@ -1,5 +1,5 @@
 """What llama.cpp's ``convert_hf_to_gguf.py`` writes alike of every drafter it converts (DFlash:
-:mod:`~lightning_bpd.benchmarks.gguf_dflash`, EAGLE-3: :mod:`~lightning_bpd.benchmarks.gguf_eagle3`), written here with
+:mod:`~lightning_bpd.drafters.dflash.gguf`, EAGLE-3: :mod:`~lightning_bpd.drafters.eagle3.gguf`), written here with
 the ``gguf`` package: the text model's keys of the drafter's layer config, the target's tokenizer (as the converter
 copies it from ``--target-model-dir``: llama.cpp's ``gpt2`` tokenizer with the ``gpt-2`` pre-tokenizer, which our
 byte-level BPE tokenizers are, see :mod:`~lightning_bpd.benchmarks.gguf_llama`) and the file itself.

@@ -9,11 +9,11 @@ last accepted position; that call's last entry drafts token 2. Each further draf
 state back with the draft before it (one call each); those chain entries are dropped once the block is drafted. The
 loop verifies ``[first, d_2, .., d_w]`` in one pass of the target, whose features at the accepted positions wait for
 the next iteration. So the drafter reads exactly the target features of the row's prompt and output, as in training
-(:meth:`~lightning_bpd.nn.eagle3.Eagle3Drafter.train_forward`, step 0), and its own states along the chain (the
+(:meth:`~lightning_bpd.drafters.eagle3.network.Eagle3Drafter.train_forward`, step 0), and its own states along the chain (the
 training-time test's later steps).
 
 The target offers its features through ``encode_features`` and ``decode_step_features``
-(:class:`~lightning_bpd.decoding.protocol.BlockwiseModel`); the drafter (:class:`~lightning_bpd.nn.eagle3.
+(:class:`~lightning_bpd.decoding.protocol.BlockwiseModel`); the drafter (:class:`~lightning_bpd.drafters.eagle3.network.
 Eagle3Drafter`, seen through its methods only) brings ``config`` (``target_layer_ids``, ``vocab_size``),
 ``new_cache``, ``extend``, ``draft_to_target`` and ``t2d`` (its draft vocabulary, or None). Exact reproduces greedy;
 speculative sampling draws each draft from the drafter's distribution (zero outside its draft vocabulary) and stays
@@ -31,8 +31,8 @@ from torch import Tensor
 from lightning_bpd.decoding.acceptance import Block, Criterion
 from lightning_bpd.decoding.candidates import Outcome
 from lightning_bpd.decoding.proposers.base import Proposer, opening_block
-from lightning_bpd.decoding.proposers.dflash import FeaturePath
 from lightning_bpd.decoding.protocol import BlockwiseModel, Context, restricted, valid_first
+from lightning_bpd.drafters.common.proposing import FeaturePath
 from lightning_bpd.nn.argmax import argmax
 
 MAX_BLOCK = 64  # the longest chain a block may hold (token 1 and 63 drafts)

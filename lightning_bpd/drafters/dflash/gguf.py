@@ -1,5 +1,5 @@
 """A trained DFlash drafter as a GGUF file for llama.cpp (``--spec-type draft-dflash``): the file llama.cpp's own
-``convert_hf_to_gguf.py`` makes of our z-lab export (:func:`~lightning_bpd.hf.dflash_export.write_zlab`), written
+``convert_hf_to_gguf.py`` makes of our z-lab export (:func:`~lightning_bpd.drafters.dflash.speculators.write_zlab`), written
 here with the ``gguf`` package, float32.
 
 Followed: llama.cpp as vendored by llama-cpp-python 0.3.36 (``conversion/qwen.py`` ``DFlashModel``, a ``Qwen3Model``;
@@ -13,7 +13,7 @@ Followed: llama.cpp as vendored by llama-cpp-python 0.3.36 (``conversion/qwen.py
   writer refuses it;
 * the tokenizer is the target's (``tokenizer.ggml.*``, as the converter copies it from ``--target-model-dir``; of a
   Llama target with its ``LlamaModel.set_vocab`` extras, e.g. ``add_bos_token`` false for 49,152 tokens:
-  :func:`~lightning_bpd.benchmarks.gguf_drafter.add_llama_vocab`), with ``tokenizer.ggml.mask_token_id`` (the
+  :func:`~lightning_bpd.drafters.common.gguf.add_llama_vocab`), with ``tokenizer.ggml.mask_token_id`` (the
   block's mask slots);
 * tensors (the converter's order: the z-lab weights' names sorted): ``fc``, ``enc.output_norm`` (hidden_norm), per
   layer ``blk.{i}.attn_norm``, ``ffn_down/gate/up``, ``ffn_norm``, ``attn_k_norm``, ``attn_k``, ``attn_output``,
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_bpd.hf.dflash_export import drafter_target, drafter_weights, zlab_config
+from lightning_bpd.drafters.dflash.speculators import drafter_target, drafter_weights, zlab_config
 
 __all__ = ["ARCH", "dflash_tensors", "gguf_tensor_name", "write_dflash_gguf"]
 
@@ -68,13 +68,13 @@ def write_dflash_gguf(source: Any, path: str | os.PathLike, target: str | os.Pat
     alike."""
     import gguf
 
-    from lightning_bpd.benchmarks.gguf_drafter import (
+    from lightning_bpd.benchmarks.gguf_llama import write_gguf
+    from lightning_bpd.drafters.common.gguf import (
         LLAMA_ARCHITECTURES,
         add_layer_keys,
         add_llama_vocab,
         add_target_vocab,
     )
-    from lightning_bpd.benchmarks.gguf_llama import write_gguf
     from lightning_bpd.hf.prompts import load_tokenizer
 
     drafter, target_dir, facts = drafter_target(source, target)

@@ -13,7 +13,7 @@ slot j predicts the token AT position ``start + j``.
 Two ways to run it:
 
 * inference: :meth:`DFlashDrafter.extend` appends the fused context of newly committed tokens to a
-  :class:`DFlashCache` (ragged rows, each at its own length), :meth:`DFlashDrafter.draft` runs one block per row
+  :class:`DrafterCache` (ragged rows, each at its own length), :meth:`DFlashDrafter.draft` runs one block per row
   against the cache without writing the block;
 * training: :meth:`DFlashDrafter.train_forward` runs M blocks per sequence in one pass; block m sees the context
   positions ``t < anchors[n, m]`` and its own tokens, equal (up to rounding) to ``extend`` of features
@@ -28,8 +28,10 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from lightning_bpd.drafters.common.cache import DrafterCache
+from lightning_bpd.drafters.common.layers import RMSNorm, SwiGLU, rope
 
 
 def default_target_layers(n_target_layers: int, n_draft_layers: int) -> list[int]:
@@ -107,32 +109,6 @@ class DFlashConfig:
         return cls(**data).validate()
 
 
-class RMSNorm(nn.Module):
-    """Qwen3 RMSNorm over the last dim; half precisions are normalised in float32, others in their own dtype."""
-
-    def __init__(self, size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = x.to(torch.promote_types(x.dtype, torch.float32))
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-
-def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
-    """Rotate-half RoPE. x: (..., P, heads, hd), positions: (..., P) integer token positions."""
-    hd = x.shape[-1]
-    dtype = torch.promote_types(x.dtype, torch.float32)
-    inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2, device=x.device, dtype=dtype) / hd)  # (hd/2,)
-    freqs = positions.to(dtype)[..., None] * inv_freq  # (..., P, hd/2)
-    emb = torch.cat([freqs, freqs], dim=-1)[..., None, :]  # (..., P, 1, hd)
-    x1, x2 = x.to(dtype).chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (x.to(dtype) * emb.cos() + rotated * emb.sin()).to(x.dtype)
-
-
 class DFlashAttention(nn.Module):
     """Qwen3 attention whose keys/values are [projected context | block]; queries are the block tokens only."""
 
@@ -183,19 +159,6 @@ class DFlashAttention(nn.Module):
         return self.o_proj(out.to(x.dtype))
 
 
-class DFlashMLP(nn.Module):
-    """SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x)), no biases."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DFlashLayer(nn.Module):
     """Pre-norm Qwen3 decoder layer over the block tokens, with the context as extra keys/values."""
 
@@ -204,70 +167,12 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = DFlashAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = DFlashMLP(config.hidden_size, config.intermediate_size)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
     def forward(self, x: Tensor, positions: Tensor, ctx_k: Tensor, ctx_v: Tensor, ctx_mask: Tensor) -> Tensor:
         """x: (B, M, Bk, H) -> (B, M, Bk, H); see :meth:`DFlashAttention.forward` for the other arguments."""
         x = x + self.self_attn(self.input_layernorm(x), positions, ctx_k, ctx_v, ctx_mask)
         return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class DFlashCache:
-    """Per-layer projected context keys/values of each row, ragged: row b holds ``lengths[b]`` context tokens in
-    slots ``[0, lengths[b])``, their token positions in ``positions``. Slots past a row's length are stale and never
-    attended to. ``k``/``v``: (L, B, nKV, capacity, hd); ``lengths``: (B,); ``positions``: (B, capacity)."""
-
-    def __init__(self, num_layers: int, batch_size: int, capacity: int, num_kv_heads: int, head_dim: int, *,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
-        if capacity < 1:
-            raise ValueError(f"DFlashCache capacity must be >= 1, got {capacity}")
-        shape = (num_layers, batch_size, num_kv_heads, capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, nKV, S, hd)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, nKV, S, hd)
-        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
-        self.positions = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)  # (B, S)
-
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[3]
-
-    def append(self, keys: list[Tensor], values: list[Tensor], positions: Tensor, counts: Tensor) -> None:
-        """Write, for every layer l, row b's first ``counts[b]`` of ``keys[l]``/``values[l]`` (B, nKV, n, hd) at
-        slots ``lengths[b] ..``, record their positions (B, n), and advance ``lengths`` by ``counts`` (B,)."""
-        counts = counts.to(self.lengths.device, torch.long)
-        n = positions.shape[1]
-        if bool((counts < 0).any()) or bool((counts > n).any()):
-            raise ValueError(f"counts must lie in [0, {n}], got {counts.tolist()}")
-        if bool((self.lengths + counts > self.capacity).any()):
-            raise RuntimeError(f"{type(self).__name__} overflow: lengths {self.lengths.tolist()} + counts {counts.tolist()} "
-                               f"> capacity {self.capacity}")
-        rows, j = (torch.arange(n, device=counts.device)[None, :] < counts[:, None]).nonzero(as_tuple=True)
-        slots = self.lengths[rows] + j  # (P,)
-        for layer, (k, v) in enumerate(zip(keys, values)):
-            self.k[layer, rows, :, slots] = k[rows, :, j].to(self.k.dtype)  # (P, nKV, hd)
-            self.v[layer, rows, :, slots] = v[rows, :, j].to(self.v.dtype)
-        self.positions[rows, slots] = positions.to(self.positions.device)[rows, j]
-        self.lengths = self.lengths + counts
-
-    def select(self, rows: Tensor | list[int]) -> None:
-        """Keep only ``rows`` (in that order), e.g. when finished rows leave the batch."""
-        rows = torch.as_tensor(rows, dtype=torch.long, device=self.lengths.device)
-        self.k, self.v = self.k[:, rows], self.v[:, rows]
-        self.lengths, self.positions = self.lengths[rows], self.positions[rows]
-
-    def crop(self, lengths: Tensor | list[int]) -> None:
-        """Cut each row back to ``lengths[b]`` context tokens (never longer than now)."""
-        lengths = torch.as_tensor(lengths, dtype=torch.long, device=self.lengths.device)
-        if bool((lengths > self.lengths).any()) or bool((lengths < 0).any()):
-            raise ValueError(f"crop lengths {lengths.tolist()} must lie in [0, current length "
-                             f"{self.lengths.tolist()}]")
-        self.lengths = lengths.clone()
-
-    def view(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Layer ``layer``'s keys, values (B, nKV, C, hd) and validity (B, C), C = the longest row's length."""
-        c = int(self.lengths.max()) if self.lengths.numel() else 0
-        valid = torch.arange(c, device=self.lengths.device)[None, :] < self.lengths[:, None]  # (B, C)
-        return self.k[layer, :, :, :c], self.v[layer, :, :, :c], valid
 
 
 class DFlashDrafter(nn.Module):
@@ -287,14 +192,14 @@ class DFlashDrafter(nn.Module):
         return self.hidden_norm(self.fc(features))
 
     def new_cache(self, batch_size: int, capacity: int, *, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None) -> DFlashCache:
+                  device: torch.device | str | None = None) -> DrafterCache:
         """An empty cache sized for this drafter (dtype/device default to the parameters')."""
         p = self.fc.weight
         c = self.config
-        return DFlashCache(c.num_layers, batch_size, capacity, c.num_kv_heads, c.head_dim,
+        return DrafterCache(c.num_layers, batch_size, capacity, c.num_kv_heads, c.head_dim,
                            dtype=dtype or p.dtype, device=device or p.device)
 
-    def extend(self, cache: DFlashCache, features: Tensor, positions: Tensor, counts: Tensor | None = None) -> None:
+    def extend(self, cache: DrafterCache, features: Tensor, positions: Tensor, counts: Tensor | None = None) -> None:
         """Append newly committed tokens' context to each row: features (B, n, A*H) at token positions (B, n); only
         row b's first ``counts[b]`` (default all n) are valid and written, at the row's own length."""
         if counts is None:
@@ -303,7 +208,7 @@ class DFlashDrafter(nn.Module):
         kv = [layer.self_attn.context_kv(g, positions) for layer in self.layers]
         cache.append([k for k, _ in kv], [v for _, v in kv], positions, counts)
 
-    def draft(self, cache: DFlashCache, block_embeds: Tensor, positions: Tensor) -> Tensor:
+    def draft(self, cache: DrafterCache, block_embeds: Tensor, positions: Tensor) -> Tensor:
         """One block per row: block_embeds (B, Bk, H) at positions (B, Bk) attend to row b's cached context and the
         whole block; the cache is not written. Returns the final-normed hidden states (B, Bk, H)."""
         x = block_embeds[:, None]  # (B, 1, Bk, H)

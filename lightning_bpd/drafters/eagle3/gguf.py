@@ -1,19 +1,19 @@
 """A trained EAGLE-3 drafter as a GGUF file for llama.cpp (``--spec-type draft-eagle3``): the file llama.cpp's own
 ``convert_hf_to_gguf.py <speculators export> --target-model-dir <target> --outtype f32`` makes of our speculators
-export (:func:`~lightning_bpd.hf.eagle3_export.write_speculators`), written here with the ``gguf`` package.
+export (:func:`~lightning_bpd.drafters.eagle3.speculators.write_speculators`), written here with the ``gguf`` package.
 
 Followed: llama.cpp as vendored by llama-cpp-python 0.3.36 (``conversion/llama.py`` ``LlamaModel``, which detects
 EAGLE-3 by ``draft_vocab_size`` and a 1-layer ``transformer_layer_config``; ``src/models/eagle3.cpp``;
 ``common/speculative.cpp``), and checked against its converter (``tests/benchmarks/test_gguf_eagle3.py``, slow):
 
 * architecture ``eagle3``; first its own keys, from the speculators ``config.json``
-  (:func:`~lightning_bpd.hf.eagle3_export.speculators_config`): ``eagle3.target_layers`` = its
+  (:func:`~lightning_bpd.drafters.eagle3.speculators.speculators_config`): ``eagle3.target_layers`` = its
   ``eagle_aux_hidden_state_layer_ids`` (our ``target_layer_ids`` + 1: llama.cpp extracts the INPUT of those target
   layers, and of id = the target's layer count its last hidden state), ``eagle3.target_hidden_size``, the two norm
   flags llama.cpp reads (``norm_before_residual``, ``norm_before_fc``); then the Llama keys of
   ``transformer_layer_config`` (one layer, context = its positions, sizes, heads, RoPE base, RMS epsilon, head
   dims), ``eagle3.vocab_size`` (the target's) and ``eagle3.rope.dimension_count`` (the head dim);
-* the tokenizer is the target's (``tokenizer.ggml.*``, :func:`~lightning_bpd.benchmarks.gguf_drafter.add_target_vocab`);
+* the tokenizer is the target's (``tokenizer.ggml.*``, :func:`~lightning_bpd.drafters.common.gguf.add_target_vocab`);
 * tensors in the converter's order, the state_dict's names sorted (``d2t`` and ``t2d`` aside): ``token_embd``
   (``embed_tokens``: the target's embeddings, which the drafter holds), ``fc``, ``enc.output_norm`` (``input_norm``,
   under ``norm_before_fc``), ``blk.0.attn_norm_2`` (``hidden_norm``), ``blk.0.attn_norm``, ``ffn_down/gate/up``,
@@ -23,7 +23,7 @@ EAGLE-3 by ``draft_vocab_size`` and a 1-layer ``transformer_layer_config``; ``sr
   (llama.cpp ropes EAGLE-3 adjacent pairs: :func:`~lightning_bpd.benchmarks.gguf_llama.interleave_rotary`).
 
 The converter's ``LlamaModel.set_vocab`` special cases of a 32,016-token (CodeLlama) or 49,152-token (Granite's small
-models; SmolLM2) vocabulary are written as it writes them (:func:`~lightning_bpd.benchmarks.gguf_drafter.add_llama_vocab`:
+models; SmolLM2) vocabulary are written as it writes them (:func:`~lightning_bpd.drafters.common.gguf.add_llama_vocab`:
 for 49,152, ``add_bos_token`` false, which is what SmolLM2's own GGUFs say).
 
 Refused (one line), as llama.cpp cannot run them: a qwen3 layer (q/k norms), ``fc_norm``, other than 3 target layers.
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from lightning_bpd.benchmarks.gguf_llama import LAYER_NAMES, interleave_rotary
-from lightning_bpd.nn.eagle3 import Eagle3Drafter
+from lightning_bpd.drafters.eagle3.network import Eagle3Drafter
 
 __all__ = ["ARCH", "eagle3_tensors", "gguf_tensor_name", "write_eagle3_gguf"]
 
@@ -100,9 +100,9 @@ def write_eagle3_gguf(drafter: Eagle3Drafter, path: str | os.PathLike, target: s
     would not read alike."""
     import gguf
 
-    from lightning_bpd.benchmarks.gguf_drafter import add_layer_keys, add_llama_vocab
     from lightning_bpd.benchmarks.gguf_llama import write_gguf
-    from lightning_bpd.hf.eagle3_export import speculators_config
+    from lightning_bpd.drafters.common.gguf import add_layer_keys, add_llama_vocab
+    from lightning_bpd.drafters.eagle3.speculators import speculators_config
     from lightning_bpd.hf.prompts import load_tokenizer
 
     if not isinstance(drafter, Eagle3Drafter):

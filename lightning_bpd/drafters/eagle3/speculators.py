@@ -1,4 +1,4 @@
-"""A trained EAGLE-3 drafter (:class:`~lightning_bpd.nn.eagle3.Eagle3Drafter`) written in speculators' ``eagle3``
+"""A trained EAGLE-3 drafter (:class:`~lightning_bpd.drafters.eagle3.network.Eagle3Drafter`) written in speculators' ``eagle3``
 layout, and read back.
 
 :func:`write_speculators` writes ``config.json`` + ``model.safetensors`` as speculators 0.9.0's
@@ -28,7 +28,7 @@ hyper-parameters), needs exactly 3 aux layer ids, reads ``target_hidden_size``, 
 to ``enc_output_norm``), keeps ``fc``, writes ``d2t`` as absolute ids (checked in range and distinct), drops
 ``t2d``, uses ``embed_tokens`` when present and the target's tokenizer; it has no tensor for Qwen3's q/k norms nor
 for ``fc_norm``, and always feeds the pre-norm state back (no ``norm_output``). The GGUF it writes is also written
-directly, byte for byte, by :mod:`lightning_bpd.benchmarks.gguf_eagle3` (``export-heads --format llamacpp``).
+directly, byte for byte, by :mod:`lightning_bpd.drafters.eagle3.gguf` (``export-heads --format llamacpp``).
 
 :func:`read_speculators` reads such a folder back into an :class:`Eagle3Drafter`.
 
@@ -48,8 +48,8 @@ from typing import Any
 
 from torch import Tensor
 
-from lightning_bpd.hf.dflash_export import SPECULATORS_VERSION, loaded
-from lightning_bpd.nn.eagle3 import FAMILIES, Eagle3Config, Eagle3Drafter
+from lightning_bpd.drafters.dflash.speculators import SPECULATORS_VERSION, loaded
+from lightning_bpd.drafters.eagle3.network import FAMILIES, Eagle3Config, Eagle3Drafter
 
 __all__ = ["SPECULATORS_VERSION", "read_speculators", "serving_notes", "speculators_config", "write_speculators"]
 

@@ -1,4 +1,4 @@
-"""A trained DFlash drafter (:class:`~lightning_bpd.nn.dflash.DFlashDrafter`) written in the two layouts that serve
+"""A trained DFlash drafter (:class:`~lightning_bpd.drafters.dflash.network.DFlashDrafter`) written in the two layouts that serve
 it, and the z-lab one read back.
 
 * :func:`write_speculators`: the ``speculators`` ``dflash`` layout (``config.json`` with ``speculators_model_type``
@@ -26,7 +26,7 @@ it, and the z-lab one read back.
   as they are) and ``mask_token_id``; weights ``layers.*``, ``fc``, ``hidden_norm``, ``norm``).
   :func:`read_zlab` reads such a folder back into a :class:`DFlashDrafter`.
 
-Both writers take a :class:`~lightning_bpd.tasks.lm.dflash_module.DFlashModule` (drafter + its target), or a drafter
+Both writers take a :class:`~lightning_bpd.drafters.dflash.module.DFlashModule` (drafter + its target), or a drafter
 with ``target=`` the Hugging Face directory of its target.
 """
 
@@ -39,8 +39,8 @@ from typing import Any
 
 from torch import Tensor
 
+from lightning_bpd.drafters.dflash.network import DFlashConfig, DFlashDrafter
 from lightning_bpd.hf.gguf_target import resolve_pretrained
-from lightning_bpd.nn.dflash import DFlashConfig, DFlashDrafter
 
 __all__ = ["SPECULATORS_VERSION", "drafter_target", "read_zlab", "speculators_config", "write_speculators", "write_zlab",
            "zlab_config"]

@@ -1,4 +1,4 @@
-"""Training a DFlash block drafter (:mod:`lightning_bpd.nn.dflash`) on a frozen Hugging Face causal LM: the
+"""Training a DFlash block drafter (:mod:`lightning_bpd.drafters.dflash.network`) on a frozen Hugging Face causal LM: the
 LightningModule.
 
 The target (``pretrained``, a local checkpoint directory) is frozen: no gradients, eval mode (no dropout), and held
@@ -13,7 +13,7 @@ A training step, as speculators trains DFlash (the target's own greedy output, n
 * ``M = min(anchors, T - block_size)`` distinct anchors per sequence are drawn from ``[1, T - block_size]`` (sorted;
   a generator seeded by the step); block m is ``[src[a], mask x (Bk - 1)]`` at positions ``a + [0, Bk)``, embedded
   with the target's embedding, and sees the features of the positions ``< a``
-  (:meth:`~lightning_bpd.nn.dflash.DFlashDrafter.train_forward`);
+  (:meth:`~lightning_bpd.drafters.dflash.network.DFlashDrafter.train_forward`);
 * slot j >= 1 is read through the target's LM head and trained toward ``labels[a + j - 1]`` (the target's choice
   of the token at position ``a + j``), with the weight ``w_j = exp(-(j - 1) / gamma)``; the loss is the weighted
   cross-entropy summed over the slots and divided by the number of slots (speculators' normaliser).
@@ -36,14 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_bpd.decoding.proposers import DFlash
+from lightning_bpd.drafters.common.trainer import DrafterModule, load_drafter_state, lr_factor
+from lightning_bpd.drafters.dflash.network import DFlashConfig, DFlashDrafter, default_target_layers
+from lightning_bpd.drafters.dflash.proposer import DFlash
 from lightning_bpd.hf.causal import load_causal
 from lightning_bpd.hf.gguf_target import is_gguf
 from lightning_bpd.hf.prompts import CausalLM, load_tokenizer
 from lightning_bpd.nn.argmax import argmax
-from lightning_bpd.nn.dflash import DFlashConfig, DFlashDrafter, default_target_layers
 from lightning_bpd.tasks.frozen_states import FrozenStates
-from lightning_bpd.tasks.lm.drafter_module import DrafterModule, load_drafter_state, lr_factor
 from lightning_bpd.tasks.lm.feature_store import open_store, store_batch, train_from_store
 from lightning_bpd.tasks.lm.module import LMModule
 
@@ -168,7 +168,7 @@ def default_mask_id(tokenizer: Any) -> int:
     raise ValueError("model.mask_token_id: the tokenizer has no mask, pad or EOS token: give one")
 
 
-DFLASH_CLASS = "lightning_bpd.tasks.lm.dflash_module.DFlashModule"
+DFLASH_CLASS = "lightning_bpd.drafters.dflash.module.DFlashModule"
 
 
 def check_drafter_fits(drafter: Any, model: Any, what: str = "the drafter") -> None:
@@ -236,6 +236,7 @@ class DFlashModule(DrafterModule):
             the target never running in a training step (validation still runs it).
     """
 
+    drafter_kind = "dflash"  # the registry's name of this kind (lightning_bpd.drafters.registry)
     config_key = "dflash_config"
     position = "slot"
 

@@ -3,7 +3,7 @@
 
 The tree is rooted at greedy's next token ``first``, whose entry (the target's features of the last accepted
 position with ``first``) goes into the drafter's cache with the positions the last verify pass accepted
-(:meth:`~lightning_bpd.decoding.proposers.eagle3.Eagle3Drafting.settle`); its logits give depth 1's candidates.
+(:meth:`~lightning_bpd.drafters.eagle3.proposer.Eagle3Drafting.settle`); its logits give depth 1's candidates.
 Depth by depth, the last depth's expanded nodes go into the cache in one call, each seeing the committed entries,
 its own ancestors' entries and itself (a tree mask), each fed its parent's output state and its own token; their
 logits give the next depth's candidates (each node's ``width`` most likely tokens, confidence = the product of the
@@ -11,7 +11,7 @@ probabilities along its path), of which the ``expand`` most confident (default `
 EAGLE-2's expansion, whose cost per depth is one drafter call of ``expand`` nodes, however large the tree. The tree is
 the ``nodes`` most confident of all candidates (:func:`~lightning_bpd.decoding.proposers.dynamic_tree.select`; all of
 them where there are fewer). With ``chain_first`` (the default) the drafter's own chain (the top child of the top
-child ..., what :class:`~lightning_bpd.decoding.proposers.eagle3.Eagle3` drafts) is always expanded and always in the
+child ..., what :class:`~lightning_bpd.drafters.eagle3.proposer.Eagle3` drafts) is always expanded and always in the
 tree, its ``depth`` nodes first, so a tree accepts at least what the chain of ``depth + 1`` would; the confidence
 ranks the rest. The tree's entries leave the
 drafter's cache once it is drafted. The target verifies the tree in one pass (``decode_tree_features``) and the
@@ -32,9 +32,9 @@ from lightning_bpd.decoding.acceptance import Criterion, Exact
 from lightning_bpd.decoding.candidates import Outcome, RowTree
 from lightning_bpd.decoding.proposers.base import opening_token
 from lightning_bpd.decoding.proposers.dynamic_tree import RowTrees, log_probs, select
-from lightning_bpd.decoding.proposers.eagle3 import Eagle3, Eagle3Drafting
 from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context
 from lightning_bpd.decoding.trees.tree import DynamicTree, Tree
+from lightning_bpd.drafters.eagle3.proposer import Eagle3, Eagle3Drafting
 from lightning_bpd.nn.argmax import top_ranks
 
 DEFAULT_TREE = DynamicTree(nodes=16, depth=6, width=4)

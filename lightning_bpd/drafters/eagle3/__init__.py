@@ -1,0 +1,1 @@
+"""The eagle3 drafter kind: network.py (torch), module.py (its Lightning training module), proposer.py (the decoding loop's proposer), speculators.py and gguf.py (its exports), kind.py (what the registry reads)."""
