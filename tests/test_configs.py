@@ -38,7 +38,7 @@ def resolved(path: Path) -> dict:
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(CONF_DIR)))
 def test_config_parses(path: Path):
     cfg = parse("--config", str(path)).config
-    assert cfg.model.class_path.startswith("lightning_bpd.tasks.")
+    assert cfg.model.class_path.startswith(("lightning_bpd.tasks.", "lightning_bpd.drafters."))
     assert cfg.data.class_path.startswith("lightning_bpd.tasks.")
     args = cfg.model.init_args  # a Hugging Face model: its own k; a DFlash drafter: its block size
     k = args.get("architecture.k", args.get("k", args.get("block_size")))
