@@ -63,6 +63,20 @@ def test_decode_help_lists_at_most_twelve_options():
     assert len(listed) - ("--help" in listed) == len(options)
 
 
+def test_decode_lists_base_and_reads_the_seed_from_the_criterion(capsys):
+    from lightning_bpd.commands.decode import criterion_and_seed
+
+    assert "--base" in decode.build_parser().format_help()  # nothing that works is hidden
+    args = decode.build_parser().parse_args(["--ckpt", "c", "--criterion", "sample_t0.7@3"])
+    assert criterion_and_seed(args) == ("sample_t0.7", 3) and capsys.readouterr().err == ""
+    assert criterion_and_seed(decode.build_parser().parse_args(["--ckpt", "c"])) == ("exact", 0)
+    old = decode.build_parser().parse_args(["--ckpt", "c", "--criterion", "sample_t1", "--seed", "5"])
+    assert criterion_and_seed(old) == ("sample_t1", 5)
+    assert capsys.readouterr().err.strip() == "--seed is deprecated: use --criterion RULE@SEED"
+    with pytest.raises(ValueError, match="the seed after @ is an integer"):
+        criterion_and_seed(decode.build_parser().parse_args(["--ckpt", "c", "--criterion", "sample_t1@x"]))
+
+
 def test_an_old_spelling_and_the_new_one_together_is_one_error(capsys):
     with pytest.raises(SystemExit):
         decode.build_parser().parse_args(["--ckpt", "c", "--proposer", "tree:8", "--tree-nodes", "4"])
@@ -102,7 +116,7 @@ def test_an_alias_of_a_flag_and_of_a_list_keeps_their_action(capsys):
     ("dynamic:16", {"kind": "tree", "dynamic": (16, 0)}),
     ("dynamic:16:3:2", {"kind": "tree", "dynamic": (16, 3, 2)}),
     ("draft:runs/d/last.ckpt", {"kind": "draft", "ckpt": "runs/d/last.ckpt"}),
-    ("prompt-lookup", {"kind": "prompt-lookup", "ngram": 3, "tokens": 8}),
+    ("prompt-lookup", {"kind": "prompt-lookup", "ngram": 2, "tokens": 10}),  # one default: transformers' (2:10)
     ("prompt-lookup:2:10", {"kind": "prompt-lookup", "ngram": 2, "tokens": 10}),
 ])
 def test_proposer_parses_each_kind(text, fields):
@@ -141,7 +155,7 @@ def test_prompt_lookup_is_passed_to_make_method_as_its_proposer():
     assert set(kwargs) == {"proposer"} and isinstance(kwargs["proposer"], proposers.PromptLookup)
     assert (kwargs["proposer"].max_ngram, kwargs["proposer"].num_tokens) == (2, 10)
     default = proposer_arg("prompt-lookup").method_kwargs()["proposer"]
-    assert (default.max_ngram, default.num_tokens) == (3, 8)
+    assert (default.max_ngram, default.num_tokens) == (2, 10)  # the benches' and transformers' default
 
 
 def test_the_console_script_runs_the_cli(capsys):

@@ -1,6 +1,6 @@
 """``bench-generate --peers llamacpp --llamacpp-bin DIR``: llama.cpp's own binaries (``build-llamacpp``) as rows of
 the bench: ``llamacpp_f32``, the target alone, and, on a drafter's checkpoint, the target + our drafter:
-``llamacpp_dflash`` (DFlash) or ``llamacpp_eagle3`` (EAGLE-3) (:mod:`lightning_bpd.benchmarks.llamacpp_speculative`:
+``llamacpp_<kind>`` (``llamacpp_dflash``, ``llamacpp_eagle3``; ``--spec-type`` the kind's) (:mod:`lightning_bpd.benchmarks.llamacpp_speculative`:
 how they run, are timed and are compared).
 
 The checkpoint is written as ``target.gguf`` and ``drafter.gguf`` (``export-heads --format llamacpp``); every prompt
@@ -28,16 +28,16 @@ from torch import Tensor
 from lightning_bpd.benchmarks.llamacpp_build import binaries, read_stamp
 from lightning_bpd.benchmarks.llamacpp_speculative import (
     ALONE,
-    DFLASH,
-    EAGLE3,
     NEVER_DRAFTS,
-    SPEC_TYPES,
     LlamaCppRun,
     SpeculativeSimple,
+    drafted_name,
+    spec_types,
     token_bytes,
     tokenization_check,
 )
 from lightning_bpd.benchmarks.lm_generate import SelfTimed
+from lightning_bpd.drafters.registry import kind_of
 
 __all__ = ["LlamaCppBinary", "agreement", "drafted_row", "start_llamacpp_bin"]
 
@@ -97,17 +97,16 @@ def agreement(alone: LlamaCppBinary, drafted: LlamaCppBinary, alone_row: str = A
                 1e-9, sum(alone.runs[k].report.seconds for k in keys))}
 
 
-def drafted_row(module: Any) -> tuple[str, int] | None:
-    """The drafted row of a drafter's run and its drafter's default block (DFlash: its block, EAGLE-3: the run's
-    chains), or None for a run without a drafter."""
-    from lightning_bpd.drafters.dflash.module import DFlashModule
-    from lightning_bpd.drafters.eagle3.module import Eagle3Module
-
-    if isinstance(module, DFlashModule):
-        return DFLASH, module.drafter.config.block_size
-    if isinstance(module, Eagle3Module):
-        return EAGLE3, module.block_size
-    return None
+def drafted_row(module: Any) -> tuple[str, int, str] | None:
+    """The drafted row of a drafter's run (``llamacpp_<kind>``), its drafter's default block (its kind's
+    ``default_k``) and llama.cpp's ``--spec-type`` for it; None for a run without a drafter; ValueError (one line)
+    for a kind llama.cpp does not run."""
+    kind = kind_of(module)
+    if kind is None:
+        return None
+    if kind.llamacpp_spec_type is None:
+        raise ValueError(f"llama.cpp does not run {kind.title} drafters (no --spec-type for them)")
+    return drafted_name(kind.name), kind.default_k(module), kind.llamacpp_spec_type
 
 
 def own_rows(gguf: Path, drafted: str | None) -> tuple[str, str | None]:
@@ -172,7 +171,7 @@ def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path,
     n_ctx = model.n_positions or 2048
     eos = model.generation_rules.eos_ids or [model.eos_id]
     block = (block_size or drafted[1]) if drafted else None
-    spec_type = SPEC_TYPES[drafted[0]] if drafted else SPEC_TYPES[DFLASH]
+    spec_type = drafted[2] if drafted else spec_types()[0]  # alone: never read
     methods = {}
     for row, target, with_drafter in rows:
         runner = SpeculativeSimple(found[SPEC], target, threads, n_ctx, folder / DRAFTER_GGUF if with_drafter else None,

@@ -1,5 +1,6 @@
-"""The GGUF files llama.cpp serves a drafter's run with (``export-heads --format llamacpp``, ``bench-generate
---llamacpp-bin``): ``drafter.gguf``, the drafter as llama.cpp's converter writes it (DFlash:
+"""The GGUF files llama.cpp serves a drafter's run with (``export-heads --format llamacpp``, ``bench --peers llamacpp
+--llamacpp-bin``): ``drafter.gguf``, the drafter as llama.cpp's converter writes it (its kind's
+:meth:`~lightning_bpd.drafters.common.kind.DrafterKind.write_gguf`, e.g. DFlash:
 :func:`~lightning_bpd.drafters.dflash.gguf.write_dflash_gguf`, EAGLE-3:
 :func:`~lightning_bpd.drafters.eagle3.gguf.write_eagle3_gguf`), and ``target.gguf``, the target as a float32 GGUF
 with its tokenizer (:func:`~lightning_bpd.benchmarks.gguf_llama.write_llama_gguf`).
@@ -11,15 +12,15 @@ A run whose target is a ``.gguf`` file (``model.pretrained=model.Q4_1.gguf``, re
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from lightning_bpd.benchmarks.gguf_llama import write_llama_gguf
-from lightning_bpd.drafters.dflash.gguf import write_dflash_gguf
-from lightning_bpd.drafters.eagle3.gguf import write_eagle3_gguf
+from lightning_bpd.drafters.registry import kind_of
 
-__all__ = ["DRAFTER_GGUF", "TARGET_GGUF", "gguf_type", "target_gguf", "write_llamacpp"]
+__all__ = ["DRAFTER_GGUF", "TARGET_GGUF", "gguf_type", "llamacpp_serving", "target_gguf", "write_llamacpp"]
 
 DRAFTER_GGUF, TARGET_GGUF = "drafter.gguf", "target.gguf"
 
@@ -61,18 +62,31 @@ def gguf_type(path: str | Path) -> str:
 
 def write_llamacpp(module: Any, out: str | Path, float32_target: bool | None = None) -> Path:
     """``out/drafter.gguf`` and (``float32_target``; default: unless the run's target is a GGUF file)
-    ``out/target.gguf`` of the DFlash or EAGLE-3 run ``module``; ``out``."""
-    from lightning_bpd.drafters.eagle3.module import Eagle3Module
+    ``out/target.gguf`` of the drafter's run ``module`` (a registered kind's); ``out``."""
     from lightning_bpd.hf.gguf_target import resolve_pretrained
 
+    kind = kind_of(module)
+    if kind is None:
+        raise ValueError(f"llama.cpp's drafter GGUF is written of a drafter's run, not of a {type(module).__name__}")
     folder = Path(out)
     own = target_gguf(module)
     target = resolve_pretrained(str(module.hparams.pretrained))  # a .gguf: its dequantized folder (config, tokenizer)
     name = own.stem if own is not None else Path(target).name
-    if isinstance(module, Eagle3Module):
-        write_eagle3_gguf(module.drafter, folder / DRAFTER_GGUF, target, module.tokenizer, name=f"{name}-eagle3")
-    else:
-        write_dflash_gguf(module, folder / DRAFTER_GGUF, target if own is not None else None, name=f"{name}-dflash")
+    kind.write_gguf(module, folder / DRAFTER_GGUF, target, own is not None, name)
     if float32_target or (float32_target is None and own is None):
         write_llama_gguf(module.model.base, module.tokenizer, folder / TARGET_GGUF, name=name)
     return folder
+
+
+def llamacpp_serving(module: Any, folder: Path, spec_type: str, block_size: int) -> dict[str, str]:
+    """Print how llama.cpp serves the GGUFs written in ``folder``: the target is the run's own .gguf file where it is
+    one, else ``target.gguf``; the record's keys for it (``serve_target``, ``serve_drafter``)."""
+    own = target_gguf(module)
+    target = own if own is not None else folder / TARGET_GGUF
+    if own is not None:
+        print(f"export-heads: the target to serve is the run's own GGUF {own} (the drafter was trained on its "
+              f"dequantized weights){'; target.gguf is its float32 copy' if (folder / TARGET_GGUF).is_file() else ''}",
+              file=sys.stderr)
+    print(f"export-heads: serve with llama-server -m {target} -md {folder / DRAFTER_GGUF} --spec-type {spec_type} "
+          f"--spec-draft-n-max {block_size - 1} --spec-draft-p-min 0", file=sys.stderr)
+    return {"serve_target": str(target), "serve_drafter": str(folder / DRAFTER_GGUF)}

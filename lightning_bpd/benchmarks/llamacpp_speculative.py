@@ -36,12 +36,25 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ALONE", "DFLASH", "EAGLE3", "SPEC_TYPES", "LlamaCppRun", "SpecReport", "SpeculativeSimple", "new_bytes",
-           "parse_report", "token_bytes", "tokenization_check"]
+from lightning_bpd.drafters.registry import kinds
+
+__all__ = ["ALONE", "DFLASH", "EAGLE3", "LlamaCppRun", "SpecReport", "SpeculativeSimple", "drafted_name", "new_bytes",
+           "parse_report", "spec_types", "token_bytes", "tokenization_check"]
 
 ALONE = "llamacpp_f32"  # the row of the target alone
-DFLASH, EAGLE3 = "llamacpp_dflash", "llamacpp_eagle3"  # the rows of the target + our drafter
-SPEC_TYPES = {DFLASH: "draft-dflash", EAGLE3: "draft-eagle3"}  # row -> llama.cpp's --spec-type
+
+
+def drafted_name(kind: str) -> str:
+    """The row of the target + our drafter of kind ``kind`` (``llamacpp_dflash``)."""
+    return f"llamacpp_{kind}"
+
+
+def spec_types() -> list[str]:
+    """llama.cpp's ``--spec-type`` of every registered drafter kind llama.cpp runs (``draft-dflash``, ...)."""
+    return [k.llamacpp_spec_type for k in kinds() if k.llamacpp_spec_type]
+
+
+DFLASH, EAGLE3 = drafted_name("dflash"), drafted_name("eagle3")  # two kinds' rows (the tests name them)
 ATTEMPTS = 5  # runs of one prompt before its lost output is an error (see SpeculativeSimple.run)
 NEVER_DRAFTS = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1024", "--spec-ngram-simple-size-m",
                 "1024")  # a key of 1024 tokens and 1024 more to draft: no match before 2049 tokens of context
@@ -148,7 +161,7 @@ class LlamaCppRun:
 
 class SpeculativeSimple:
     """``llama-speculative-simple`` on ``target`` (GGUF), alone or with ``drafter`` (a drafter's GGUF of
-    ``spec_type``, a value of :data:`SPEC_TYPES`, drafting ``block_size - 1`` tokens per step):
+    ``spec_type``, one of :func:`spec_types`, drafting ``block_size - 1`` tokens per step):
     ``run(prompt, prompt_bytes, max_new)`` -> :class:`LlamaCppRun`."""
 
     def __init__(self, binary: str | Path, target: str | Path, threads: int, n_ctx: int,
@@ -158,8 +171,8 @@ class SpeculativeSimple:
             raise ValueError(f"llama.cpp needs threads >= 1 and a context >= 8, got {threads}, {n_ctx}")
         if drafter is not None and (block_size is None or block_size < 2):
             raise ValueError(f"a drafter needs its block size (>= 2), got {block_size}")
-        if spec_type not in SPEC_TYPES.values():
-            raise ValueError(f"spec_type must be one of {', '.join(SPEC_TYPES.values())}, got {spec_type!r}")
+        if spec_type not in spec_types():
+            raise ValueError(f"spec_type must be one of {', '.join(spec_types())}, got {spec_type!r}")
         self.binary, self.target, self.drafter = str(binary), str(target), None if drafter is None else str(drafter)
         self.threads, self.n_ctx, self.block_size, self.timeout = threads, n_ctx, block_size, timeout
         self.spec_type = spec_type

@@ -22,21 +22,19 @@ from typing import Any
 
 import torch
 
+from lightning_bpd.drafters.registry import REGISTERED, kind_of
 from lightning_bpd.records import cpu_name, write_json
 
-KINDS = ("dflash", "eagle3", "heads")
+HEADS = "heads"  # the heads' training module (LMModule, frozen base); every other --kind is a registered drafter kind
 
 
 def build(kind: str, pretrained: str, store: str | None, options: dict[str, Any]) -> Any:
-    """The training module of ``kind`` on the frozen target, reading ``store`` (or running the target: None)."""
-    if kind == "dflash":
-        from lightning_bpd.drafters.dflash.module import DFlashModule
+    """The training module of ``kind`` (a registered drafter kind's, or the heads') on the frozen target, reading
+    ``store`` (or running the target: None)."""
+    if kind != HEADS:
+        from lightning_bpd.drafters.registry import kind as drafter_kind
 
-        return DFlashModule(pretrained, feature_store=store, feature_cache_gb=0.0, **options)
-    if kind == "eagle3":
-        from lightning_bpd.drafters.eagle3.module import Eagle3Module
-
-        return Eagle3Module(pretrained, feature_store=store, feature_cache_gb=0.0, **options)
+        return drafter_kind(kind).module_class()(pretrained, feature_store=store, feature_cache_gb=0.0, **options)
     from lightning_bpd.tasks.lm import LMModule
     from lightning_bpd.tasks.training_options import TrainingOptions
 
@@ -47,7 +45,7 @@ def build(kind: str, pretrained: str, store: str | None, options: dict[str, Any]
 def one_step(module: Any, batch: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer, seed: int) -> float:
     """Seconds of one training step (forward, loss, backward, AdamW) of ``module`` on ``batch``."""
     start = time.perf_counter()
-    if hasattr(module, "drafter"):
+    if kind_of(module) is not None:  # a drafter's step: the target's outputs (or the store's), the drafter's loss
         out = module.step(batch, torch.Generator().manual_seed(seed), 0.0)
         loss = out["loss"]
     else:
@@ -74,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--store", required=True)
     p.add_argument("--data-root", required=True)
     p.add_argument("--suffixes", nargs="*", default=None)
-    p.add_argument("--kind", choices=KINDS, default="dflash")
+    p.add_argument("--kind", choices=[*REGISTERED, HEADS], default="dflash")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=4, help="timed rounds (each: one step of each variant)")
     p.add_argument("--set", action="append", default=[], help="a module option KEY=VALUE (repeatable)")

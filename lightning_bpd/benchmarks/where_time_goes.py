@@ -49,6 +49,8 @@ import torch
 
 from lightning_bpd.decoding import blockwise_decode, decode, greedy_decode
 from lightning_bpd.deprecated_options import deprecated_alias
+from lightning_bpd.drafters.common.kind import article
+from lightning_bpd.drafters.registry import kind_of, kinds
 from lightning_bpd.evaluation import load_inputs
 from lightning_bpd.inference import Runtime, build_runtime
 from lightning_bpd.inference.arguments import (
@@ -117,30 +119,17 @@ class TimedDrafter:
         return timed
 
 
-def is_eagle3(module: Any) -> bool:
-    """An EAGLE-3 drafter's run (its drafter proposes chains or trees)."""
-    from lightning_bpd.drafters.eagle3.module import Eagle3Module
-
-    return isinstance(module, Eagle3Module)
-
-
 def drafter_proposer(module: Any, runtime: Runtime, proxy: TimedModel, k: int | None, tree_nodes: int = 0) -> Any:
-    """A drafter checkpoint's proposer, its drafter timed into ``proxy``: DFlash blocks of ``k``; EAGLE-3 chains of
-    ``k`` or, with ``tree_nodes``, its dynamic trees of that many nodes, ``k`` - 1 deep and 4 wide."""
-    if is_eagle3(module):
-        from lightning_bpd.decoding.trees.tree import DynamicTree
-        from lightning_bpd.drafters.eagle3.module import eagle3_proposer
-        from lightning_bpd.drafters.eagle3.tree import Eagle3Tree
+    """A drafter checkpoint's proposer (its kind's, :func:`~lightning_bpd.drafters.registry.kind_of`), its drafter
+    timed into ``proxy``: blocks (chains) of ``k`` or, with ``tree_nodes``, the kind's dynamic trees of that many
+    nodes, ``k`` - 1 deep and 4 wide."""
+    from lightning_bpd.drafters.common.kind import Spelling
 
-        chain = eagle3_proposer(module.drafter, runtime, k)
-        timed = TimedDrafter(chain.drafter, proxy)
-        if tree_nodes:
-            return Eagle3Tree(timed, spec=DynamicTree(tree_nodes, chain.block_size - 1, 4))
-        return type(chain)(timed, chain.block_size)
-    from lightning_bpd.drafters.dflash.module import dflash_proposer
-
-    made = dflash_proposer(module.drafter, runtime, k)
-    return type(made)(TimedDrafter(made.drafter, proxy), made.block_size)
+    kind = kind_of(module)
+    timed = TimedDrafter(kind.prepare(module.drafter, runtime), proxy)
+    if tree_nodes:
+        return kind.build(timed, Spelling(f"dynamic:{tree_nodes}", "dynamic", (tree_nodes, 0, 0)), k)
+    return kind.build(timed, Spelling("", "chain"), k)
 
 
 def profile(module: Any, runtime: Runtime, inputs: list[torch.Tensor], k: int | None, criterion: str | None,
@@ -151,9 +140,8 @@ def profile(module: Any, runtime: Runtime, inputs: list[torch.Tensor], k: int | 
     EAGLE-3 chains of ``k`` or its trees of ``tree_nodes``)."""
     proxy = TimedModel(runtime)
     rule = module.make_criterion(criterion) if criterion else None
-    drafter = getattr(module, "drafter", None)
     proposer = None
-    if drafter is not None and rule is not None:
+    if kind_of(module) is not None and rule is not None:
         proposer = drafter_proposer(module, runtime, proxy, k, tree_nodes)
     start, steps = time.perf_counter(), 0
     for src in inputs:
@@ -232,12 +220,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         inputs, new = lm_inputs(module, args) if hasattr(module, "encode_prompts") else (load_inputs(module, args), None)
     except (ValueError, FileNotFoundError, OSError) as err:
         raise SystemExit(f"where_time_goes: {str(err).strip().splitlines()[0]}") from None
-    drafter = getattr(module, "drafter", None) is not None
-    name = "eagle3" if is_eagle3(module) else "dflash" if drafter else args.criterion
-    ks = args.k or [module.block_size if is_eagle3(module) else module.drafter.config.block_size if drafter
-                    else module.model.k]
-    if args.tree_nodes and not is_eagle3(module):
-        raise SystemExit("where_time_goes: --tree-nodes times an EAGLE-3 drafter's dynamic trees; this checkpoint "
+    drafting = kind_of(module)
+    name = drafting.name if drafting is not None else args.criterion
+    ks = args.k or [drafting.default_k(module) if drafting is not None else module.model.k]
+    if args.tree_nodes and (drafting is None or not drafting.trees):
+        growers = " or ".join(f"{article(k.title)} {k.title}" for k in kinds() if k.trees)
+        raise SystemExit(f"where_time_goes: --tree-nodes times {growers} drafter's dynamic trees; this checkpoint "
                          "has none")
     if args.tree_nodes and (min(args.tree_nodes) < 1 or args.criterion != "exact"):
         raise SystemExit("where_time_goes: --tree-nodes takes node counts >= 1, with --criterion exact")

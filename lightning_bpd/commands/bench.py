@@ -16,17 +16,29 @@ automatically); ``draft:<criterion>`` lets the ``--draft`` checkpoint propose in
         --criteria exact top2 --batch-sizes 1 32 --limit 100 --json results/bench.json
     python -m lightning_bpd bench --ckpt runs/m30k-k8-frozen/last.ckpt --draft runs/m30k-draft/last.ckpt \\
         --input src.en --criteria exact draft:exact sample_t1 draft:sample_t1 --batch-sizes 1
+
+Runs of one Hugging Face causal base (heads, or any registered drafter kind's run) go in one table with ``--run
+NAME=CKPT[@PROPOSER]`` (repeated; what ``bench-drafters`` did, which still runs with one deprecation line): every
+row exact and counted against the base's own ``generate``, transformers' prompt lookup (``--peers
+generate,prompt-lookup[:NGRAM:TOKENS]``, default 2:10) and ours, each run with its training cost
+(:mod:`lightning_bpd.commands.bench_drafters`); ``--k NAME=K`` a run's block, ``--tree-nodes`` its tree rows::
+
+    python -m lightning_bpd bench --run heads=runs/code-lm/frozen/last.ckpt --run dflash=runs/code-lm/dflash/last.ckpt \\
+        --run e3=runs/code-lm/eagle3/last.ckpt@dynamic:16 --data-root ../shared/data/code/python-stdlib/Lib \\
+        --split test --limit 64 --max-new-tokens 64 --batch-sizes 1 --device cpu
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 
 import torch
 
 from lightning_bpd.benchmarks.ctranslate2_peer import Peers
+from lightning_bpd.benchmarks.lm_prompts import add_prompt_args
 from lightning_bpd.checkpoints import load_model
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 from lightning_bpd.decoding.trees.budget import tree_nodes_arg
@@ -48,15 +60,22 @@ from lightning_bpd.records import device_name, write_json
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="checkpoint of a translation or super-resolution run")
+    p.add_argument("--ckpt", default=None, help="checkpoint of a translation or super-resolution run (or --run)")
+    p.add_argument("--run", action="append", default=None, metavar="NAME=CKPT[@PROPOSER]",
+                   help="a run of a Hugging Face causal base to bench under NAME (repeat; all on one base): heads or a "
+                        "drafter kind's checkpoint, proposing as its own (heads, its drafter) or as PROPOSER (tree:N, "
+                        "dynamic:N, prompt-lookup[:N:T], ...); one table against the base's generate (--peers)")
+    p.add_argument("--minutes", action="append", default=[], metavar="NAME=M",
+                   help="--run NAME's training minutes, where its checkpoint keeps no training clock")
     p.add_argument("--input", default=None, help="translation: source sentences, one per line (.gz allowed)")
     p.add_argument("--images", default=None,
                    help="super-resolution: CelebA folder (default: synthetic faces); the val split is used")
     p.add_argument("--criteria", nargs="+", default=["exact", "top2"],
                    help="methods: exact, topN, epsX, minL[_rule], sample_tX[_pY], draft:<any of these>")
-    p.add_argument("--k", type=int, nargs="+", default=None,
+    p.add_argument("--k", type=k_value, nargs="+", action="extend", default=None, metavar="K|NAME=K",
                    help="heads to use (default: all); with a draft, the block size (default: the model's k, >= 2). "
-                        "Several values run every method at each k, named <method>@k<k>, against one baseline")
+                        "Several values run every method at each k, named <method>@k<k>, against one baseline; with "
+                        "--run: NAME=K for run NAME's block (heads, a drafter's block or chain), K for every run's")
     p.add_argument("--draft", default=None, help="checkpoint of a draft model (same vocabulary) for draft:<rule>")
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
     p.add_argument("--limit", type=int, default=100, dest="inputs", help="number of inputs decoded per batch size")
@@ -82,10 +101,76 @@ def build_parser() -> argparse.ArgumentParser:
     add_precision_arg(p)
     add_timing_args(p)
     p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument("--peers", nargs="*", default=[], choices=["ctranslate2"],
-                   help="also time CTranslate2 (float32 and int8) greedy decoding of a random-weight Transformer of "
-                        "the checkpoint's shape, forced to greedy's output lengths (pip install -e '.[peers]')")
+    p.add_argument("--peers", type=peer_list, nargs="*", action="extend", default=None, metavar="PEER,...",
+                   help="what else decodes the same inputs: generate, prompt-lookup[:NGRAM:TOKENS] (transformers'), "
+                        "assisted, llamacpp, ctranslate2. --ckpt: ctranslate2 (float32 and int8 greedy decoding of a "
+                        "random-weight Transformer of the checkpoint's shape, forced to greedy's output lengths; pip "
+                        "install -e '.[peers]'); --run: generate and prompt-lookup (the default, always in its table)")
+    add_prompt_args(p)
     return p
+
+
+PEERS = ("generate", "prompt-lookup", "assisted", "llamacpp", "ctranslate2")
+
+
+def k_value(text: str) -> int | str:
+    """``--k``'s argparse type: an integer, or ``NAME=K`` (a ``--run``'s block, kept as text)."""
+    name, eq, value = text.partition("=")
+    try:
+        return f"{name}={int(value)}" if eq and name else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k {text}: give an integer K or NAME=K") from None
+
+
+def peer_list(text: str) -> str:
+    """``--peers``' argparse type: comma-separated peers (see :data:`PEERS`), checked; :func:`peers_of` splits them."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    for name in names:
+        head, _, rest = name.partition(":")
+        if head not in PEERS or (rest and head != "prompt-lookup"):
+            raise argparse.ArgumentTypeError(f"--peers {name}: write {', '.join(PEERS)} (prompt-lookup[:NGRAM:TOKENS])")
+    return text
+
+
+def peers_of(given: list[str] | None) -> list[str]:
+    """The peers named by ``--peers`` (each value comma-separated), in order."""
+    return [t.strip() for text in given or [] for t in text.split(",") if t.strip()]
+
+
+def runs_args(args: argparse.Namespace) -> argparse.Namespace:
+    """``bench --run``'s options as the table's engine reads them (:func:`~lightning_bpd.commands.bench_drafters.run`);
+    ValueError (one line) for what that table does not take."""
+    from lightning_bpd.commands.proposer_option import LOOKUP_NGRAM, LOOKUP_TOKENS
+
+    if args.ckpt is not None:
+        raise ValueError("--ckpt and --run: give the runs as --run NAME=CKPT (one base, any number of runs)")
+    peers = peers_of(args.peers) or ["generate", "prompt-lookup"]
+    ngram, tokens = LOOKUP_NGRAM, LOOKUP_TOKENS
+    for peer in peers:
+        head, _, rest = peer.partition(":")
+        if head not in ("generate", "prompt-lookup"):
+            raise ValueError(f"--peers {head} with --run: not yet in the table of runs (bench-generate --ckpt CKPT "
+                             f"--peers {head} times it against one run)")
+        if rest:
+            numbers = rest.split(":")
+            if len(numbers) != 2 or not all(n.isdigit() and int(n) > 0 for n in numbers):
+                raise ValueError(f"--peers {peer}: prompt lookup is prompt-lookup or prompt-lookup:NGRAM:TOKENS")
+            ngram, tokens = map(int, numbers)
+    for option in ("images", "draft", "trees"):
+        if getattr(args, option):
+            raise ValueError(f"--{option} benches a --ckpt, not --run's table")
+    ks = args.k or []
+    named = [k for k in ks if isinstance(k, str)]
+    plain = [k for k in ks if not isinstance(k, str)]
+    if len(plain) > 1:
+        raise ValueError("--k with --run: one K for every run, or NAME=K per run")
+    done = {k.partition("=")[0] for k in named}
+    named += [f"{value.partition('=')[0]}={plain[0]}" for value in args.run
+              if plain and value.partition("=")[0] not in done]
+    out = copy.copy(args)
+    out.run_k, out.tree_nodes = named, args.tree_nodes or []
+    out.prompt_lookup_tokens, out.max_matching_ngram = tokens, ngram
+    return out
 
 
 def build_methods(module, runtime: Runtime, specs: list[str], ks: list[int] | None, draft, lazy: bool = False,
@@ -187,6 +272,23 @@ def last_column(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
+    if args.run:
+        from lightning_bpd.commands import bench_drafters
+
+        try:
+            table = runs_args(args)
+        except ValueError as err:
+            sys.exit(f"bench: {err}")
+        return bench_drafters.run(table, "bench")
+    if args.ckpt is None:
+        sys.exit("bench: give --ckpt CKPT (a translation or super-resolution run) or --run NAME=CKPT (runs of one "
+                 "Hugging Face base)")
+    if args.k is not None and any(isinstance(k, str) for k in args.k):
+        sys.exit("bench: --k NAME=K names a --run; with --ckpt give integers")
+    args.peers = peers_of(args.peers)
+    if any(p != "ctranslate2" for p in args.peers):
+        sys.exit("bench: --peers with --ckpt: ctranslate2 (generate, prompt lookup, assisted and llama.cpp time "
+                 "--run's Hugging Face bases)")
     if any(b < 1 for b in args.batch_sizes) or args.inputs < 1:
         sys.exit("bench: --batch-sizes and --inputs must be >= 1")
     try:

@@ -39,16 +39,10 @@ from lightning_bpd.benchmarks.lm_generate import GENERATE, LOOKUP, bench_methods
 from lightning_bpd.benchmarks.lm_prompts import add_prompt_args
 from lightning_bpd.benchmarks.ours import ours, runtime_options
 from lightning_bpd.callbacks.training_clock import training_seconds
-from lightning_bpd.commands.bench_generate_lm import (
-    OURS_LOOKUP,
-    generate_methods,
-    is_dflash,
-    is_drafter,
-    main_row,
-    our_lookup,
-    prepare,
-)
+from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP, generate_methods, main_row, our_lookup, prepare
+from lightning_bpd.commands.proposer_option import LOOKUP_NGRAM, LOOKUP_TOKENS
 from lightning_bpd.decoding.trees.budget import tree_nodes_arg
+from lightning_bpd.drafters.registry import kind_of
 from lightning_bpd.inference.arguments import add_draft_vocab_args, add_precision_arg, add_timing_args
 from lightning_bpd.records import device_name, write_json
 
@@ -71,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
     p.add_argument("--tree-nodes", type=tree_nodes_arg, nargs="+", default=[],
                    help="also decode with trees of N nodes (heads: from the rank agreement table; EAGLE-3: dynamic)")
-    p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="generate's prompt_lookup_num_tokens")
-    p.add_argument("--max-matching-ngram", type=int, default=2, help="generate's max_matching_ngram_size")
+    p.add_argument("--prompt-lookup-tokens", type=int, default=LOOKUP_TOKENS, help="generate's prompt_lookup_num_tokens")
+    p.add_argument("--max-matching-ngram", type=int, default=LOOKUP_NGRAM, help="generate's max_matching_ngram_size")
     p.add_argument("--device", default="cpu")
     add_precision_arg(p)
     add_draft_vocab_args(p)
@@ -129,10 +123,11 @@ def proposer_parameters(module: Any) -> int:
     return sum(seen.values())
 
 
-def kind_of(module: Any) -> str:
-    """What proposes in a run: ``chained heads``, ``medusa heads``, ``paper heads``, ``DFlash`` or ``EAGLE-3``."""
-    row = main_row(module)
-    return {"dflash": "DFlash", "eagle3": "EAGLE-3"}.get(row) or f"{module.model.head_type} heads"
+def proposer_title(module: Any) -> str:
+    """What proposes in a run: ``chained heads``, ``medusa heads``, ``paper heads``, or a drafter kind's title
+    (``DFlash``, ``EAGLE-3``, ...)."""
+    found = kind_of(module)
+    return found.title if found is not None else f"{module.model.head_type} heads"
 
 
 def training_record(path: str, minutes: str | None) -> dict[str, Any]:
@@ -149,18 +144,64 @@ def training_record(path: str, minutes: str | None) -> dict[str, Any]:
     return record
 
 
-def run_rows(name: str, module: Any, args: argparse.Namespace, k: int | None = None
+def split_run(value: str) -> tuple[str, str | None]:
+    """``CKPT[@PROPOSER]`` (a ``--run`` value less ``NAME=``) as the checkpoint and the proposer's spelling (None:
+    the run's own: its heads, or its drafter)."""
+    ckpt, at, spelling = value.rpartition("@")
+    return (ckpt, spelling.strip()) if at and ckpt and spelling.strip() else (value, None)
+
+
+def spelled_row(name: str, module: Any, spelling: str, runtime: Any, trees: dict[str, Any], k: int | None) -> Callable:
+    """Run ``name``'s row under ``--run NAME=CKPT@PROPOSER``: a drafter's spelling (its kind's, e.g. ``dynamic:16``),
+    the heads' ``tree:N`` / ``dynamic:N`` (built by ``prepare``, in ``trees``) or ``prompt-lookup[:N:T]`` on the run's
+    base; ValueError (one line) for another."""
+    from lightning_bpd.commands.proposer_option import proposer_arg
+
+    drafting = kind_of(module)
+    if drafting is not None:
+        return ours(runtime, None, proposer=drafting.proposer(module.drafter, runtime, spelling, k,
+                                                              f"the drafter of run {name}"))
+    try:
+        choice = proposer_arg(spelling)
+    except argparse.ArgumentTypeError as err:
+        raise ValueError(str(err)) from None
+    if choice.kind == "prompt-lookup":
+        return ours(runtime, None, **choice.method_kwargs())
+    if choice.kind == "tree" and choice.auto is None:
+        tree = choice.tree(module.rank_agreement, k or module.model.k) if choice.nodes is None else next(
+            iter(trees.values()), None)
+        return ours(runtime, None, tree)
+    if choice.kind == "heads":
+        return ours(runtime, None)
+    raise ValueError(f"--run {name}=...@{spelling}: a run's proposer is heads, tree:N, tree:PATHS, dynamic:N, "
+                     "prompt-lookup[:N:T] or its drafter kind's spellings")
+
+
+def run_rows(name: str, module: Any, args: argparse.Namespace, k: int | None = None, spelling: str | None = None
              ) -> tuple[dict[str, Callable], list[str], Any]:
     """A run's rows of ours by name (``NAME``, ``NAME+nodes<N>``, ``NAME+tree<N>``) with block ``k`` (None: the
-    run's), the prompts it reads and (the new tokens, the runtime's options, the runtime); ValueError (one line) on
-    bad input."""
+    run's), or under ``spelling`` (``@PROPOSER``) its one row ``NAME``; the prompts it reads and (the new tokens, the
+    runtime's options, the runtime); ValueError (one line) on bad input."""
+    if spelling is not None:
+        from lightning_bpd.commands.proposer_option import proposer_arg
+
+        try:
+            choice = proposer_arg(spelling) if kind_of(module) is None else None
+        except argparse.ArgumentTypeError as err:
+            raise ValueError(str(err)) from None
+        mine = copy.copy(args)
+        mine.tree_nodes = [choice.nodes] if choice is not None and choice.nodes else []
+        mine.peers, mine.llamacpp_bin, mine.assistant, mine.k = [], None, None, k
+        if kind_of(module) is not None:
+            mine.tree_nodes = []
+        max_new, prompts, options, runtime, trees, _, _ = prepare(module, mine)
+        row = spelled_row(name, module, spelling, runtime, trees, k)
+        return {name: row}, prompts, (max_new, options, runtime)
     mine = copy.copy(args)
     mine.peers, mine.llamacpp_bin, mine.assistant, mine.k = [], None, None, k
-    # NAME is the single path already (0 nodes); a DFlash drafter proposes single blocks
-    mine.tree_nodes = [] if is_dflash(module) else [n for n in args.tree_nodes if n != 0]
-    if is_drafter(module) and any(isinstance(n, str) for n in mine.tree_nodes):
-        raise ValueError("--tree-nodes auto picks a tree of the heads' rank agreement table: an EAGLE-3 run takes "
-                         "node counts")
+    # NAME is the single path already (0 nodes); a drafter that grows no trees proposes single blocks
+    drafting = kind_of(module)
+    mine.tree_nodes = [] if drafting is not None and not drafting.trees else [n for n in args.tree_nodes if n != 0]
     max_new, prompts, options, runtime, trees, _, drafter = prepare(module, mine)
     rows: dict[str, Callable] = {}
     if drafter:
@@ -212,14 +253,30 @@ def table(report: dict[str, Any], runs: dict[str, dict[str, Any]], row_run: dict
     return out
 
 
+DEPRECATED = "bench-drafters is deprecated: use bench (the same options: bench --run NAME=CKPT[@PROPOSER] ...)"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """The old command: one deprecation line, then :func:`run` (``bench --run``'s table)."""
+    args = build_parser().parse_args(argv)
+    print(DEPRECATED, file=sys.stderr)
+    return run(args, "bench-drafters")
+
+
+def run(args: argparse.Namespace, prog: str = "bench") -> dict[str, Any]:
+    """The one table of ``args.run`` (``NAME=CKPT[@PROPOSER]`` each) on one base (see the module); errors are one
+    line, ``<prog>: ...``."""
     from lightning_bpd.checkpoints import load_error, load_model
 
-    args = build_parser().parse_args(argv)
     try:
         if min(args.batch_sizes) < 1 or args.inputs < 1:
             raise ValueError("--batch-sizes and --limit take integers >= 1")
         paths, minutes, ks = named(args.run, "--run"), named(args.minutes, "--minutes"), named(args.run_k, "--k")
+        spellings = {}
+        for name, value in paths.items():
+            paths[name], spelling = split_run(value)
+            if spelling is not None:
+                spellings[name] = spelling
         for option, given in (("--minutes", minutes), ("--k", ks)):
             unknown = sorted(set(given) - set(paths))
             if unknown:
@@ -232,13 +289,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     raise ValueError(f"{option} {name}={value}: not a{'n integer' if kind is int else ' number'}") \
                         from None
     except ValueError as err:
-        sys.exit(f"bench-drafters: {err}")
+        sys.exit(f"{prog}: {err}")
     modules: dict[str, Any] = {}
     for name, path in paths.items():
         try:
             modules[name] = load_model(path, args.device)
         except (ValueError, OSError, KeyError, RuntimeError, TypeError) as err:
-            sys.exit(f"bench-drafters: --run {name}={path}: {load_error(err)}")
+            sys.exit(f"{prog}: --run {name}={path}: {load_error(err)}")
     first_name, first = next(iter(modules.items()))
     from lightning_bpd.hf.causal import HFCausalBlockwise
 
@@ -250,27 +307,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, module in modules.items():
         where = f"--run {name}={paths[name]}"
         if not isinstance(getattr(module, "model", None), HFCausalBlockwise):
-            sys.exit(f"bench-drafters: {where}: not a run on a Hugging Face causal base (generate is the reference)")
+            sys.exit(f"{prog}: {where}: not a run on a Hugging Face causal base (generate is the reference)")
         differs = base_difference(first.model.base, module.model.base)
         if differs is None and first.tokenizer.get_vocab() != module.tokenizer.get_vocab():
             differs = "another tokenizer"
         if differs is not None:
-            sys.exit(f"bench-drafters: {where}: its base is not run {first_name}'s ({differs}); the table compares "
+            sys.exit(f"{prog}: {where}: its base is not run {first_name}'s ({differs}); the table compares "
                      "proposers of one frozen base")
         try:
             args.ckpt = paths[name]
-            rows, its_prompts, its_setting = run_rows(name, module, args, int(ks[name]) if name in ks else None)
+            rows, its_prompts, its_setting = run_rows(name, module, args, int(ks[name]) if name in ks else None,
+                                                      spellings.get(name))
         except (ValueError, TypeError, OSError) as err:
-            sys.exit(f"bench-drafters: {where}: {str(err).strip().splitlines()[0]}")
+            sys.exit(f"{prog}: {where}: {str(err).strip().splitlines()[0]}")
         if prompts is None:
             prompts, setting = its_prompts, its_setting
         elif its_prompts != prompts:
-            sys.exit(f"bench-drafters: {where}: its prompts differ from run {first_name}'s (another data split or "
+            sys.exit(f"{prog}: {where}: its prompts differ from run {first_name}'s (another data split or "
                      "prompt length): give --prompt-tokens and --suffixes")
         methods.update(rows)
         ours_rows += list(rows)
         row_run.update({row: name for row in rows})
-        runs[name] = {"ckpt": paths[name], "proposer": kind_of(module), "k": int(ks[name]) if name in ks else None,
+        runs[name] = {"ckpt": paths[name], "proposer": proposer_title(module),
+                      **({"spelling": spellings[name]} if name in spellings else {}), "k": int(ks[name]) if name in ks else None,
                       "parameters": proposer_parameters(module),
                       **training_record(paths[name], minutes.get(name))}
     max_new, options, runtime = setting  # the first run's: our prompt lookup runs its base

@@ -61,6 +61,7 @@ from lightning_bpd.benchmarks.ours import ours, runtime_options
 from lightning_bpd.benchmarks.tally import Tally, differing
 from lightning_bpd.checkpoints import load_error, load_model
 from lightning_bpd.commands.bench_generate_lm import add_lm_args, main_lm
+from lightning_bpd.commands.proposer_option import LOOKUP_NGRAM, LOOKUP_TOKENS
 from lightning_bpd.decoding import Tree
 from lightning_bpd.decoding.proposers import PromptLookup
 from lightning_bpd.decoding.trees.budget import tree_nodes_arg
@@ -100,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also decode exact with the tree of N nodes per budget (rows exact+nodes<N>); auto (auto:M): "
                         "the budget up to 64 (M) that pays on this machine, timed at the smallest batch size "
                         "(row exact+nodes-auto)")
-    p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="generate's prompt_lookup_num_tokens")
-    p.add_argument("--max-matching-ngram", type=int, default=2, help="generate's max_matching_ngram_size")
+    p.add_argument("--prompt-lookup-tokens", type=int, default=LOOKUP_TOKENS, help="generate's prompt_lookup_num_tokens")
+    p.add_argument("--max-matching-ngram", type=int, default=LOOKUP_NGRAM, help="generate's max_matching_ngram_size")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add_precision_arg(p)
     add_draft_vocab_args(p)
@@ -249,11 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
         module = load_model(args.ckpt, args.device, base=args.base)
     except (ValueError, TypeError, FileNotFoundError) as err:
         sys.exit(f"hf_generate: {load_error(err, args.base)}")
-    from lightning_bpd.drafters.dflash.module import DFlashModule
-    from lightning_bpd.drafters.eagle3.module import Eagle3Module
-    from lightning_bpd.tasks.lm.module import LMModule
-
-    if isinstance(module, (LMModule, DFlashModule, Eagle3Module)):  # a language model: prompts, generate's peers, llama.cpp
+    if hasattr(module, "encode_prompts"):  # a language model (heads or a drafter's run): prompts, llama.cpp
         return main_lm(module, args)
     try:
         if args.input is None:

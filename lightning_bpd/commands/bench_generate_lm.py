@@ -66,52 +66,25 @@ from lightning_bpd.benchmarks.lm_generate import (
 )
 from lightning_bpd.benchmarks.lm_prompts import add_prompt_args, lm_prompts, new_tokens
 from lightning_bpd.benchmarks.ours import ours, runtime_options
-from lightning_bpd.benchmarks.where_time_goes import is_eagle3
-from lightning_bpd.decoding import Exact
+from lightning_bpd.drafters.registry import kind, kind_of
 from lightning_bpd.records import device_name, write_json
 
 OURS_LOOKUP = "prompt_lookup"  # our prompt lookup (PromptLookup through the one loop), exact, any batch size
-DFLASH = "dflash"  # a DFlash checkpoint's row of ours: exact, the drafter proposing, the target verifying
-EAGLE3 = "eagle3"  # an EAGLE-3 checkpoint's: exact, the drafter's chains; eagle3+tree<N>: its dynamic trees of N nodes
-
-
-def is_dflash(module: Any) -> bool:
-    from lightning_bpd.drafters.dflash.module import DFlashModule
-
-    return isinstance(module, DFlashModule)
-
-
-def is_drafter(module: Any) -> bool:
-    """A drafter's run (DFlash or EAGLE-3): its target has no heads; the drafter proposes."""
-    return is_dflash(module) or is_eagle3(module)
 
 
 def main_row(module: Any) -> str:
-    """The name of our main row: ``exact`` with the heads, ``dflash`` or ``eagle3`` with a drafter."""
-    return DFLASH if is_dflash(module) else EAGLE3 if is_eagle3(module) else OURS
+    """The name of our main row: ``exact`` with the heads, the kind's name (``dflash``, ``eagle3``, ...) with a
+    drafter (:func:`~lightning_bpd.drafters.registry.kind_of`)."""
+    found = kind_of(module)
+    return OURS if found is None else found.name
 
 
 def drafter_rows(module: Any, runtime: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """A drafter checkpoint's rows of ours, by name, each a proposer: ``dflash`` (blocks of ``--k``, default the
-    drafter's), or ``eagle3`` (chains of ``--k``, default the run's) and ``eagle3+tree<N>`` per ``--tree-nodes`` N > 0
-    (an EAGLE-2 dynamic tree of N nodes, as deep as the chain's drafts, 4 wide); one-line ValueError where ``--k``
-    does not fit."""
-    what = f"the drafter of {args.ckpt}"
-    if is_dflash(module):
-        from lightning_bpd.drafters.dflash.module import dflash_proposer
-
-        dflash = dflash_proposer(module.drafter, runtime, args.k, what)
-        dflash.check(runtime, Exact())  # --k outside the drafter's block: one line now
-        return {DFLASH: dflash}
-    from lightning_bpd.decoding.trees.tree import DynamicTree
-    from lightning_bpd.drafters.eagle3.module import eagle3_proposer
-    from lightning_bpd.drafters.eagle3.tree import Eagle3Tree
-
-    chain = eagle3_proposer(module.drafter, runtime, args.k or module.block_size, what)
-    chain.check(runtime, Exact())
-    depth = chain.block_size - 1
-    return {EAGLE3: chain, **{f"{EAGLE3}+tree{n}": Eagle3Tree(chain.drafter, spec=DynamicTree(n, depth, 4))
-                              for n in args.tree_nodes if n > 0}}
+    """A drafter checkpoint's rows of ours, by name, each a proposer (its kind's
+    :meth:`~lightning_bpd.drafters.common.kind.DrafterKind.bench_rows`: ``NAME`` with blocks of ``--k``, default the
+    run's, and where the kind grows trees ``NAME+tree<N>`` per ``--tree-nodes`` N > 0); one-line ValueError where
+    ``--k`` or ``--tree-nodes`` does not fit."""
+    return kind_of(module).bench_rows(module, runtime, args.k, args.tree_nodes, f"the drafter of {args.ckpt}")
 
 
 def add_lm_args(p: argparse.ArgumentParser) -> None:
@@ -139,8 +112,8 @@ def assistant_record(draft: Any, path: str) -> dict[str, Any]:
 
 
 def print_header(result: dict[str, Any], precision: str) -> None:
-    drafter = {DFLASH: "DFlash", EAGLE3: "EAGLE-3"}.get(result["head_type"])
-    what = f"exact with the {drafter} drafter" if result.get("drafter") else "exact blockwise decoding"
+    drafter = kind(result["head_type"]).title if result.get("drafter") else None
+    what = f"exact with the {drafter} drafter" if drafter else "exact blockwise decoding"
     print(f"device: {result['device_name']}; ours = {what} at precision {precision}; "
           f"{result['inputs']} prompts, at most {result['max_new_tokens']} new tokens; x gen = generate's seconds over "
           "the method's; x ours = the method's seconds over ours; differ = rows whose tokens differ from hf_generate's")
@@ -205,14 +178,14 @@ def prepare(module: Any, args: argparse.Namespace) -> tuple[int, list[str], Any,
         raise ValueError("--peers ctranslate2 benches seq2seq checkpoints; on a language model use --peers llamacpp")
     max_new = new_tokens(module, args)
     prompts = lm_prompts(module, args, max_new)
-    if is_dflash(module) and args.tree_nodes:
-        raise ValueError("--tree-nodes: a DFlash checkpoint's target has no heads to build trees of (its drafter "
-                         "proposes single blocks)")
-    if not is_drafter(module) and args.k is not None and not 1 <= args.k <= model.k:
+    drafting = kind_of(module)
+    if drafting is not None:  # --tree-nodes it cannot take: one line before the runtime is built
+        drafting.check_tree_nodes(args.tree_nodes)
+    if drafting is None and args.k is not None and not 1 <= args.k <= model.k:
         raise ValueError(f"--k must lie in [1, {model.k}] (the checkpoint's heads), got {args.k}")
     options = options_from_args(args, module)
     runtime = build_runtime(model, options)
-    dflash = drafter_rows(module, runtime, args) if is_drafter(module) else None
+    dflash = drafter_rows(module, runtime, args) if drafting is not None else None
     singles = [module.encode_prompts([p]) for p in prompts]
     budgets = {} if dflash else budget_trees(module, runtime, singles, args.tree_nodes, args.k, "bench-generate")
     trees = {f"{OURS}+{name}": tree for name, tree in budgets.items()}

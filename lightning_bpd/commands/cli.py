@@ -63,9 +63,10 @@ COMMANDS = {
     "validate": "evaluate a checkpoint on the whole validation split (--ckpt_path)",
     "test": "evaluate a checkpoint on the test split (--ckpt_path)",
     "decode": "translate a file or stdin with a checkpoint, k and a criterion",
-    "bench": "time greedy against blockwise decoding of a checkpoint (table and JSON)",
+    "bench": "time greedy against blockwise decoding of a checkpoint, or --run NAME=CKPT runs of one HF base against "
+             "its generate (table and JSON)",
     "bench-generate": "time a Hugging Face heads checkpoint against its base's own generate (greedy, prompt lookup)",
-    "bench-drafters": "one table: heads and drafter runs of one base, exact, against its generate, with training cost",
+    "bench-drafters": "deprecated: bench --run NAME=CKPT ... (the same options)",
     "distill": "beam-decode a training corpus with a teacher (sequence-level distillation), sharded, resumable",
     "store": "a frozen target's features over training data, once (16-bit, sharded, resumable): drafters train from it",
     "human-eval": "export side-by-side image pairs for raters (export) and score their answers (analyze)",

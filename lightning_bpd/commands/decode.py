@@ -16,7 +16,7 @@ draft model (``draft:CKPT``: any rule, ``draft:exact``, ``draft:sample_t1``); n-
 ``conf/lm/dflash.yaml``) continues prompts with its target, the drafter proposing (its default; ``--k`` the block
 size, ``--criterion`` the deterministic rules; ``--base DIR`` where the target's directory moved);
 ``--proposer dflash:CKPT`` puts that drafter on a causal LM checkpoint of the same target shapes (the heads' base
-verifies). Sampling is seeded (``--seed``) and
+verifies). Sampling is seeded (``--criterion sample_t1@SEED``, default 0) and
 reproducible. ``--max-new-tokens N`` caps every translation at N tokens, as ``generate(max_new_tokens=N)`` does (a
 checkpoint that forces EOS at the cap ends its capped rows with it); the default is the task's own cap
 (``max_len_a * source length + max_len_b``).
@@ -36,7 +36,9 @@ from lightning_bpd.commands.proposer_option import add_proposer_arg
 from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.decoding.trees.budget import auto_tree
-from lightning_bpd.deprecated_options import deprecated_alias
+from lightning_bpd.deprecated_options import deprecated_alias, deprecated_option
+from lightning_bpd.drafters.common.kind import article
+from lightning_bpd.drafters.registry import REGISTERED, kind, kind_of
 from lightning_bpd.inference import build_runtime
 from lightning_bpd.inference.arguments import add_draft_vocab_args, add_precision_arg, options_from_args
 
@@ -46,9 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint (.ckpt) of a translation run, or a folder of heads saved on their own "
                         "(save_heads: heads.json names their Hugging Face base)")
-    # --base DIR: the Hugging Face base (a DFlash drafter's target) if it moved since the run (load_model's base=);
-    # named in the description and in the error line of a missing base, not listed (decode lists at most 12 options)
-    p.add_argument("--base", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--base", default=None, help="the Hugging Face base directory (a drafter's target, a heads folder's "
+                   "base) if it moved since the run")
     p.add_argument("--input", default="-", help="text file, one sentence per line (.gz allowed); a language model: "
                         'JSON Lines, each {"prompt": "..."}; - for stdin')
     p.add_argument("--out", default="-", dest="output", metavar="FILE",
@@ -56,11 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     deprecated_alias(p, "--output", "--out")
     p.add_argument("--criterion", default="exact",
                    help="greedy, exact, topN (top2), minL[_<rule>], sample_tX[_pY], ancestral_tX[_pY], "
-                        "or draft:<rule> (default: exact)")
+                        "or draft:<rule> (default: exact); a sampling rule's seed after @ (sample_t0.7@3; default 0)")
     p.add_argument("--k", type=int, default=None,
                    help="heads to use (default: all of the model's); with a draft, the block size (default: the model's k, >= 2)")
     add_proposer_arg(p)
-    p.add_argument("--seed", type=int, default=0, help="random seed of sampling methods")
+    deprecated_option(p, "--seed", "--criterion RULE@SEED", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="at most this many tokens per translation, as generate's max_new_tokens "
                         "(default: the task's own cap, max_len_a * source length + max_len_b)")
@@ -69,6 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add_precision_arg(p)
     return p
+
+
+def criterion_and_seed(args: argparse.Namespace) -> tuple[str, int]:
+    """``--criterion RULE[@SEED]`` as the rule and its seed (default 0; the old ``--seed N`` read too); one-line
+    ValueError for a seed that is no integer or given twice."""
+    rule, at, seed = args.criterion.partition("@")
+    if at and (not seed.strip().lstrip("-").isdigit()):
+        raise ValueError(f"--criterion {args.criterion}: the seed after @ is an integer (sample_t0.7@3)")
+    if at and args.seed is not None:
+        raise ValueError(f"--criterion {args.criterion} and --seed {args.seed} both give a seed: give one")
+    return rule.strip(), int(seed) if at else (args.seed if args.seed is not None else 0)
 
 
 def read_input(path: str) -> list[str]:
@@ -99,57 +111,31 @@ def decode_auto_tree(module: Any, runtime: Any, sentences: list[str], lm: bool, 
     return tree
 
 
-def eagle3_choice(module: Any, runtime: Any, args: argparse.Namespace) -> Any:
-    """The proposer of an EAGLE-3 checkpoint: its chain of ``--k`` (default the run's block size) under the default
-    ``heads``, an EAGLE-2 dynamic tree under ``dynamic:N[:D[:W]]`` (D default the chain's drafts) or a static tree
-    under ``tree:PATHS`` (paths of the drafter's ranks); one-line ValueError for another choice."""
-    from lightning_bpd.decoding.trees.tree import DynamicTree
-    from lightning_bpd.drafters.eagle3.module import eagle3_proposer
-    from lightning_bpd.drafters.eagle3.tree import Eagle3StaticTree, Eagle3Tree
-
-    choice, what = args.proposer, f"the drafter of {args.ckpt}"
-    chain = eagle3_proposer(module.drafter, runtime, args.k or module.block_size, what)
-    if choice.kind == "heads":
-        return chain
-    if choice.kind == "tree" and choice.dynamic:
-        nodes, depth, *width = choice.dynamic
-        spec = DynamicTree(nodes, depth or chain.block_size - 1, *width)
-        return Eagle3Tree(chain.drafter, spec=spec)
-    if choice.kind == "tree" and choice.paths is not None:
-        return Eagle3StaticTree(chain.drafter, tree=choice.tree(None, chain.block_size))
-    raise ValueError(f"--proposer {choice.text}: an EAGLE-3 checkpoint's drafter proposes chains (heads, the "
-                     "default), dynamic trees (dynamic:N[:D[:W]]) or static trees (tree:PATHS)")
-
-
-def dflash_choice(module: Any, runtime: Any, args: argparse.Namespace) -> Any:
-    """The DFlash proposer of ``--proposer dflash[:CKPT]``, or of a DFlash checkpoint under the default ``heads``
-    (None for every other choice); one-line ValueError where there is no drafter or it does not fit the target.
-    An EAGLE-3 checkpoint's drafter: :func:`eagle3_choice`."""
-    choice, own = args.proposer, hasattr(module, "decode_eval_proposer") and hasattr(module, "drafter")
-    if own:  # a drafter's run (a language model: transformers is loaded already)
-        from lightning_bpd.drafters.eagle3.module import Eagle3Module
-
-        if isinstance(module, Eagle3Module):
-            if choice.kind == "dflash":
-                raise ValueError(f"--proposer {choice.text}: {args.ckpt} is an EAGLE-3 drafter's run; give a heads "
-                                 "checkpoint as --ckpt to add a DFlash drafter")
-            return eagle3_choice(module, runtime, args)
-    if choice.kind != "dflash" and not own:  # no DFlash here (and no transformers import for a translation run)
+def drafter_choice(module: Any, runtime: Any, args: argparse.Namespace) -> Any:
+    """The proposer of a drafter, or None where none proposes. A drafter's run (a registered kind,
+    :func:`~lightning_bpd.drafters.registry.kind_of`) proposes with its own drafter under every spelling its kind
+    takes (``heads``, the default, or the kind's name; ``dynamic:N``, ``tree:PATHS`` where it grows trees), ``--k``
+    its block (default the run's); ``--proposer NAME:CKPT`` puts the drafter of CKPT (a run of kind NAME) on the
+    checkpoint's target. One-line ValueError where there is no drafter or it does not fit the target."""
+    choice, own = args.proposer, kind_of(module)
+    named = kind(choice.kind) if choice.kind in REGISTERED else None
+    if own is None and named is None:
         return None
-    from lightning_bpd.drafters.dflash.module import dflash_proposer, load_drafter
-
-    if choice.kind == "dflash" and choice.ckpt:
-        drafter, what = load_drafter(choice.ckpt), f"the drafter of {choice.ckpt}"
-    elif choice.kind == "dflash" or (own and choice.kind == "heads"):
-        if not own:
-            raise ValueError(f"--proposer {choice.text}: {args.ckpt} holds no DFlash drafter "
-                             f"({type(module).__name__}): give a DFlash checkpoint as --ckpt, or --proposer dflash:CKPT")
-        drafter, what = module.drafter, f"the drafter of {args.ckpt}"
-    else:
-        return None
+    if named is not None and own is not None and named.name != own.name:
+        raise ValueError(f"--proposer {choice.text}: {args.ckpt} is {article(own.title)} {own.title} drafter's run; "
+                         f"give a heads checkpoint as --ckpt to add {article(named.title)} {named.title} drafter")
     if args.criterion.strip().startswith("draft:"):
-        raise ValueError(f"--criterion {args.criterion}: the DFlash drafter proposes, not a draft model")
-    return dflash_proposer(drafter, runtime, args.k, what)
+        raise ValueError(f"--criterion {args.criterion}: the {(named or own).title} drafter proposes, not a draft "
+                         "model")
+    if named is not None and choice.ckpt:
+        drafter, what, k = named.load_drafter(choice.ckpt), f"the drafter of {choice.ckpt}", args.k
+    elif own is None:
+        raise ValueError(f"--proposer {choice.text}: {args.ckpt} holds no {named.title} drafter "
+                         f"({type(module).__name__}): give {article(named.title)} {named.title} checkpoint as --ckpt, "
+                         f"or --proposer {named.name}:CKPT")
+    else:
+        drafter, what, k = module.drafter, f"the drafter of {args.ckpt}", args.k or own.default_k(module)
+    return (named or own).proposer(drafter, runtime, "" if named is not None else choice.text, k, what)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -166,22 +152,23 @@ def main(argv: list[str] | None = None) -> None:
         lm = hasattr(module, "encode_prompts")  # a language-modelling checkpoint: JSON Lines in and out
         if not hasattr(module, "tokenizer"):
             raise ValueError(f"{args.ckpt} is not a translation checkpoint")
+        args.criterion, seed = criterion_and_seed(args)
         options = options_from_args(args, module)
         runtime = build_runtime(module.model, options)
         proposer = args.proposer
-        dflash = dflash_choice(module, runtime, args)
+        drafting = drafter_choice(module, runtime, args)
         draft = (build_runtime(load_model(proposer.ckpt, args.device).model, options) if proposer.kind == "draft"
                  else None)
         sentences = read_lm_input(module, args) if lm else read_input(args.input)
-        if dflash is not None:  # a drafter proposes (its block size is --k's); no heads
-            method = make_method(args.criterion, parse_criterion, runtime, None, seed=args.seed, proposer=dflash)
+        if drafting is not None:  # a drafter proposes (its block size is --k's); no heads
+            method = make_method(args.criterion, parse_criterion, runtime, None, seed=seed, proposer=drafting)
         else:
             if proposer.auto is not None:
                 tree = decode_auto_tree(module, runtime, sentences, lm, args)
             else:
                 tree = proposer.tree(module.rank_agreement, args.k or module.model.k)
             method = make_method(proposer.criterion(args.criterion), parse_criterion, runtime, args.k, draft,
-                                 seed=args.seed, tree=tree, **proposer.method_kwargs())
+                                 seed=seed, tree=tree, **proposer.method_kwargs())
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"decode: {err}")
     from lightning_bpd.tasks.lm.jsonl import as_lines, complete

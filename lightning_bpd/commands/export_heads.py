@@ -83,35 +83,41 @@ import json
 import sys
 from pathlib import Path
 
-from lightning_bpd.benchmarks.llamacpp_files import DRAFTER_GGUF, TARGET_GGUF, target_gguf, write_llamacpp
 from lightning_bpd.checkpoints import load_model
+from lightning_bpd.drafters.common.kind import article
+from lightning_bpd.drafters.registry import kind_of, kinds
 
-__all__ = ["DFLASH_FORMATS", "EAGLE3_FORMATS", "FORMATS", "export_dflash", "export_eagle3", "export_heads"]
+__all__ = ["HEADS_FORMATS", "export_heads", "formats"]
 
-FORMATS = ("heads", "vllm-medusa", "speculators", "dflash-zlab", "llamacpp")
-DFLASH_FORMATS = ("speculators", "dflash-zlab", "llamacpp")
-EAGLE3_FORMATS = ("speculators", "llamacpp")
+HEADS_FORMATS = ("heads", "vllm-medusa")
+
+
+def formats() -> tuple[str, ...]:
+    """Every ``--format``: the heads' and each registered drafter kind's (:attr:`DrafterKind.formats`)."""
+    return tuple(dict.fromkeys([*HEADS_FORMATS, *(f for k in kinds() for f in k.formats)]))
 
 
 def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads", float32_target: bool = False) -> Path:
     """Write the heads of the LM run or heads folder ``ckpt`` to ``out`` in ``layout`` (a ``--format``;
     ``float32_target``: ``llamacpp`` on a run whose target is a .gguf file writes ``target.gguf`` too); ValueError
     (one line) for a checkpoint that is no LM run, heads the layout cannot take or a fine-tuned base."""
-    from lightning_bpd.drafters.dflash.module import DFlashModule
-    from lightning_bpd.drafters.eagle3.module import Eagle3Module
     from lightning_bpd.hf.medusa_export import write_vllm_medusa
     from lightning_bpd.tasks.lm import LMModule
     from lightning_bpd.tasks.translation.hf_module import save_heads
 
-    if layout not in FORMATS:
-        raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {layout!r}")
+    if layout not in formats():
+        raise ValueError(f"--format must be one of {', '.join(formats())}, got {layout!r}")
     if float32_target and layout != "llamacpp":
         raise ValueError(f"--float32-target goes with --format llamacpp, not {layout}")
     module = load_model(ckpt)
-    if isinstance(module, Eagle3Module):
-        return export_eagle3(module, ckpt, out, layout, float32_target)
-    if isinstance(module, DFlashModule) or layout in DFLASH_FORMATS:
-        return export_dflash(module, ckpt, out, layout, float32_target)
+    kind = kind_of(module)
+    if kind is not None:  # a drafter's run: its kind writes it
+        return kind.export(module, ckpt, out, layout, float32_target)
+    if layout not in HEADS_FORMATS:
+        takers = [k for k in kinds() if layout in k.formats]
+        runs = " or of ".join(f"{article(k.title)} {k.title} drafter run (conf/lm/{k.name}.yaml)" for k in takers)
+        message = f"{ckpt}: --format {layout} takes the checkpoint of {runs}, this is a {type(module).__name__}"
+        raise ValueError(message)
     if not isinstance(module, LMModule):
         message = (f"{ckpt}: not a language-model run ({type(module).__name__}); export-heads takes the checkpoint of "
                    "an LM fit (conf/lm/) or a folder of its heads")
@@ -145,100 +151,6 @@ def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads", float
     return folder
 
 
-def export_dflash(module: object, ckpt: str | Path, out: str | Path, layout: str, float32_target: bool = False
-                  ) -> Path:
-    """The drafter of the DFlash run ``module`` (read from ``ckpt``) written to ``out`` in ``layout``
-    (``speculators``, ``dflash-zlab`` or ``llamacpp``); ValueError (one line) for another run or another layout."""
-    from lightning_bpd.drafters.dflash.module import DFlashModule
-    from lightning_bpd.drafters.dflash.speculators import write_speculators, write_zlab
-
-    if not isinstance(module, DFlashModule):
-        other = " or of an EAGLE-3 one (conf/lm/eagle3.yaml)" if layout in EAGLE3_FORMATS else ""
-        message = (f"{ckpt}: --format {layout} takes the checkpoint of a DFlash drafter run (conf/lm/dflash.yaml)"
-                   f"{other}, this is a {type(module).__name__}")
-        raise ValueError(message)  # noqa: TRY004 (bad input: one line, as every other)
-    if layout not in DFLASH_FORMATS:
-        raise ValueError(f"{ckpt}: a DFlash drafter run: use --format speculators (vLLM), dflash-zlab or llamacpp "
-                         f"(llama.cpp), not {layout}")
-    config, target = module.drafter.config, module.hparams.pretrained
-    serve = {}
-    if layout == "llamacpp":
-        folder = write_llamacpp(module, out, float32_target or None)
-        serve = llamacpp_serving(module, folder, "draft-dflash", config.block_size)
-    else:
-        folder = (write_speculators if layout == "speculators" else write_zlab)(module, out)
-    (folder / "export_heads.json").write_text(json.dumps(
-        {"ckpt": str(Path(ckpt).resolve()), "target": target, "format": layout, "block_size": config.block_size,
-         "target_layer_ids": list(config.target_layer_ids), "mask_token_id": config.mask_token_id, **serve},
-        indent=2) + "\n")
-    last = module.model.n_layers - 1
-    if layout == "speculators" and last in config.target_layer_ids:
-        print(f"export-heads: warning: target layer {last} is the target's last: vLLM captures the input of a layer "
-              f"(aux_hidden_state_layer_ids {[i + 1 for i in config.target_layer_ids]}), so aux id {last + 1} may be "
-              "refused (unverified)", file=sys.stderr)
-    print(f"export-heads: the DFlash drafter of {ckpt} ({config.num_layers} layers, block {config.block_size}, "
-          f"target {target}) in {folder} ({layout})", file=sys.stderr)
-    return folder
-
-
-def export_eagle3(module: object, ckpt: str | Path, out: str | Path, layout: str, float32_target: bool = False
-                  ) -> Path:
-    """The drafter of the EAGLE-3 run ``module`` (read from ``ckpt``) written to ``out`` in speculators' ``eagle3``
-    layout or as llama.cpp's GGUFs (``llamacpp``), its serving notes on stderr; ValueError (one line) for another
-    layout, a target that is no Hugging Face directory nor .gguf file or (``llamacpp``) a drafter llama.cpp cannot
-    run."""
-    from lightning_bpd.drafters.eagle3.module import Eagle3Module
-    from lightning_bpd.drafters.eagle3.speculators import serving_notes, write_speculators
-    from lightning_bpd.hf.gguf_target import resolve_pretrained
-
-    if not isinstance(module, Eagle3Module):
-        raise ValueError(f"{ckpt}: not an EAGLE-3 drafter run ({type(module).__name__})")  # noqa: TRY004
-    if layout not in EAGLE3_FORMATS:
-        raise ValueError(f"{ckpt}: an EAGLE-3 drafter run: use --format speculators (vLLM; llama.cpp converts it) or "
-                         f"llamacpp (llama.cpp's GGUFs), not {layout}")
-    config, target = module.drafter.config, module.hparams.pretrained
-    if not Path(target).is_dir() and target_gguf(module) is None:
-        raise ValueError(f"{ckpt}: the drafter's target is {target}, not a Hugging Face directory nor a .gguf file: "
-                         f"--format {layout} reads its config and tokenizer there (train the drafter on an exported "
-                         "base)")
-    serve = {}
-    if layout == "llamacpp":
-        folder = write_llamacpp(module, out, float32_target or None)
-        serve = llamacpp_serving(module, folder, "draft-eagle3", module.block_size)
-    else:  # a .gguf target: its dequantized folder is the verifier
-        folder = write_speculators(module.drafter, out, resolve_pretrained(target),
-                                   speculative_tokens=module.block_size - 1)
-    (folder / "export_heads.json").write_text(json.dumps(
-        {"ckpt": str(Path(ckpt).resolve()), "target": target, "format": layout, "block_size": module.block_size,
-         "target_layer_ids": list(config.target_layer_ids), "draft_vocab_size": config.draft_vocab_size, **serve},
-        indent=2) + "\n")
-    for note in serving_notes(config):
-        print(f"export-heads: note: {note}", file=sys.stderr)
-    last = module.model.n_layers - 1
-    if last in config.target_layer_ids:
-        print(f"export-heads: warning: target layer {last} is the target's last: vLLM and llama.cpp capture the input "
-              f"of a layer (eagle_aux_hidden_state_layer_ids {[i + 1 for i in config.target_layer_ids]}), so aux id "
-              f"{last + 1} is the output after the final norm there, or refused (unverified)", file=sys.stderr)
-    print(f"export-heads: the EAGLE-3 drafter of {ckpt} (target layers {list(config.target_layer_ids)}, draft "
-          f"vocabulary {config.draft_vocab_size}, chains of {module.block_size}, target {target}) in {folder} "
-          f"({layout})", file=sys.stderr)
-    return folder
-
-
-def llamacpp_serving(module: object, folder: Path, spec_type: str, block_size: int) -> dict[str, str]:
-    """Print how llama.cpp serves the GGUFs written in ``folder``: the target is the run's own .gguf file where it is
-    one, else ``target.gguf``; the record's keys for it (``serve_target``, ``serve_drafter``)."""
-    own = target_gguf(module)
-    target = own if own is not None else folder / TARGET_GGUF
-    if own is not None:
-        print(f"export-heads: the target to serve is the run's own GGUF {own} (the drafter was trained on its "
-              f"dequantized weights){'; target.gguf is its float32 copy' if (folder / TARGET_GGUF).is_file() else ''}",
-              file=sys.stderr)
-    print(f"export-heads: serve with llama-server -m {target} -md {folder / DRAFTER_GGUF} --spec-type {spec_type} "
-          f"--spec-draft-n-max {block_size - 1} --spec-draft-p-min 0", file=sys.stderr)
-    return {"serve_target": str(target), "serve_drafter": str(folder / DRAFTER_GGUF)}
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd export-heads", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -247,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "dflash-zlab, llamacpp) or of an EAGLE-3 drafter run (--format "
                                                   "speculators, llamacpp)")
     p.add_argument("--out", required=True, help="the folder to write")
-    p.add_argument("--format", choices=FORMATS, default="heads",
+    p.add_argument("--format", choices=formats(), default="heads",
                    help="heads: safetensors + heads.json (load_model re-attaches them); vllm-medusa: vLLM's Medusa "
                         "draft model (medusa heads only); speculators (vLLM) / dflash-zlab (llama.cpp's converter) / "
                         "llamacpp (drafter.gguf + target.gguf): a DFlash drafter run's drafter; speculators / "

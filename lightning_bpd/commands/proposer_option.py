@@ -6,10 +6,12 @@
   ``tree:PATHS``: a tree given as paths of head ranks in Medusa's format (``tree:0;1;0,0;0,1``) or ``tree:path:D``;
 * ``dynamic:N[:D[:W]]``: EAGLE-2's dynamic tree of N nodes, D heads deep (default k - 1), W wide (default 4);
 * ``draft:CKPT``: a draft model (same vocabulary) proposes; the criterion becomes ``draft:<criterion>``;
-* ``prompt-lookup[:NGRAM:TOKENS]``: n-grams of the prompt propose (up to NGRAM long, TOKENS tokens; default 3 and 8);
-* ``dflash`` / ``dflash:CKPT``: a DFlash drafter proposes blocks from the target's features (exact and the other
-  deterministic rules): the checkpoint's own (a DFlashModule run, where it is the default), or the one of CKPT on a
-  causal LM checkpoint of the same target shapes (:mod:`lightning_bpd.drafters.dflash.module`).
+* ``prompt-lookup[:NGRAM:TOKENS]``: n-grams of the prompt propose (up to NGRAM long, TOKENS tokens; default 2 and
+  10, transformers' own and the benches');
+* ``NAME`` / ``NAME:CKPT``, NAME a registered drafter kind (``dflash``, ``eagle3``, ...,
+  :mod:`lightning_bpd.drafters.registry`): its drafter proposes from the target's features (exact and the other
+  deterministic rules): the checkpoint's own (a drafter's run, where it is the default), or the one of CKPT on a
+  causal LM checkpoint of the same target shapes.
 
 :func:`proposer_arg` is the argparse type (one line naming what to write on anything else);
 :func:`add_proposer_arg` adds the option and the old ``--tree``, ``--tree-nodes`` and ``--draft`` as deprecated
@@ -22,21 +24,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_bpd.deprecated_options import deprecated_alias
+from lightning_bpd.drafters.registry import REGISTERED
+
+# prompt lookup's one default, everywhere (decode, the benches' rows of ours and of generate): transformers' own
+# (max_matching_ngram_size 2, prompt_lookup_num_tokens 10)
+LOOKUP_NGRAM, LOOKUP_TOKENS = 2, 10
 
 PROPOSER_HELP = ("what proposes the candidates: heads (default), tree:N (the tree of N nodes from the heads' rank "
                  "agreement table; 0 = the single path), tree:auto[:M] (the budget up to 64 (M) that pays here, timed), "
                  "tree:PATHS (Medusa-format paths such as '0;1;0,0;0,1', or path:D), dynamic:N[:D[:W]] (EAGLE-2's "
                  "dynamic tree of N nodes, D deep (default k-1), W wide (default 4); exact), draft:CKPT (a draft model "
                  "of the same vocabulary; the criterion becomes draft:<criterion>), prompt-lookup[:NGRAM:TOKENS] "
-                 "(n-grams of the prompt; default 3:8), dflash[:CKPT] (a DFlash drafter: the checkpoint's own, the default on a "
-                 "DFlash checkpoint, or CKPT's on a causal LM of the same target; deterministic rules)")
+                 "(n-grams of the prompt; default 2:10, as transformers'), or a drafter kind's name, NAME[:CKPT] (dflash, eagle3, ...: the "
+                 "checkpoint's own drafter, the default on a drafter's checkpoint, or CKPT's on a causal LM of the same "
+                 "target; deterministic rules)")
 KINDS = ("heads, tree:N, tree:auto[:M], tree:PATHS, dynamic:N[:D[:W]], draft:CKPT, prompt-lookup[:NGRAM:TOKENS] or "
-         "dflash[:CKPT]")
+         "a drafter kind's NAME[:CKPT] (" + ", ".join(REGISTERED) + ")")
 
 
 @dataclass(frozen=True)
 class ProposerChoice:
-    """A parsed ``--proposer``: ``kind`` (heads, tree, draft, prompt-lookup or dflash) and what that kind reads."""
+    """A parsed ``--proposer``: ``kind`` (heads, tree, draft, prompt-lookup or a registered drafter kind's name) and
+    what that kind reads."""
 
     text: str
     kind: str = "heads"
@@ -44,9 +53,9 @@ class ProposerChoice:
     auto: str | None = None  # tree:auto / tree:auto:M, in tree_budget's spelling ("auto", "auto:M")
     paths: str | None = None  # tree:PATHS, in parse_tree's spelling
     dynamic: tuple[int, ...] = ()  # dynamic:N[:D[:W]]
-    ckpt: str | None = None  # draft:CKPT, dflash:CKPT
-    ngram: int = 3  # prompt-lookup
-    tokens: int = 8
+    ckpt: str | None = None  # draft:CKPT, NAME:CKPT (a drafter kind)
+    ngram: int = LOOKUP_NGRAM  # prompt-lookup
+    tokens: int = LOOKUP_TOKENS
 
     def criterion(self, spec: str) -> str:
         """The criterion ``make_method`` reads: a draft proposer's rule is ``draft:<rule>``."""
@@ -114,8 +123,8 @@ def proposer_arg(text: str) -> ProposerChoice:
             return ProposerChoice(text, "tree", dynamic=(numbers[0], *(numbers[1:] or [0])))
         if kind == "draft" and rest:
             return ProposerChoice(text, "draft", ckpt=rest)
-        if kind == "dflash":
-            return ProposerChoice(text, "dflash", ckpt=rest or None)
+        if kind in REGISTERED:  # a drafter kind (lightning_bpd.drafters.registry): NAME or NAME:CKPT
+            return ProposerChoice(text, kind, ckpt=rest or None)
         if kind == "prompt-lookup":
             if not rest:
                 return ProposerChoice(text, "prompt-lookup")

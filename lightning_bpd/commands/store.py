@@ -55,21 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_layers(text: str, n_layers: int) -> tuple[int, ...]:
-    from lightning_bpd.drafters.eagle3.network import default_eagle3_layers
+    from lightning_bpd.drafters.registry import REGISTERED, kind
 
     if text == "none":
         return ()
-    if text == "eagle3":
-        if n_layers < 7:
-            raise ValueError(f"--layers eagle3: EAGLE-3's default layers need a target of >= 7 layers, this one has "
-                             f"{n_layers}: give --layers (comma-separated layers in [0, {n_layers - 1}])")
-        return tuple(default_eagle3_layers(n_layers))
+    if text in REGISTERED:  # a drafter kind's default layers (eagle3: its low, middle and high ones)
+        return tuple(kind(text).default_layers(n_layers))
     try:
         layers = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         layers = ()
     if not layers:
-        raise ValueError(f"--layers {text!r}: give comma-separated layer numbers, 'eagle3' or 'none'")
+        raise ValueError(f"--layers {text!r}: give comma-separated layer numbers, a drafter kind's name (its default "
+                         "layers: eagle3) or 'none'")
     bad = [i for i in layers if not 0 <= i < n_layers]
     if bad or len(set(layers)) != len(layers):
         raise ValueError(f"--layers {text}: give distinct decoder layers of the target in [0, {n_layers - 1}]")

@@ -3,35 +3,39 @@
 Each kind knows its own verify pass, its verdict and what the cache keeps afterwards; the loop
 (:mod:`~lightning_bpd.decoding.loop`) never asks which kind it holds::
 
-    hidden  = candidates.verify_pass(model, context, cache)   # one call of the target, (b, N, D)
-    outcome = candidates.judge(model, criterion, rules, book, hidden)
+    hidden, feats = candidates.verify_pass(target, context, cache, layers)  # one call of the target, (b, N, D)
+    outcome = candidates.judge(target, criterion, rules, book, hidden)
     ...commit outcome.tokens[:, :outcome.accepted], drop finished rows...
     candidates.keep(cache, outcome, book)                      # crop (a path) or keep the accepted path (a tree)
 
-- :class:`Path`: a block (b, w) of tokens, verified by ``decode_step`` (the heads' chain, a draft model, prompt
-  lookup); the cache is cropped back to what each row accepted.
+The verify pass also returns, where the proposer reads them (``layers``: target layer ids), the hidden states of
+those layers at every input (b, N, A * D); else None.
+
+``target``: the narrow :class:`~lightning_bpd.decoding.target.Target` (its ``verify`` and p_1).
+
+- :class:`Path`: a block (b, w) of tokens, verified as a path (the heads' chain, a draft model, prompt
+  lookup, a drafter's block or chain); the cache is cropped back to what each row accepted.
 - :class:`SharedTree`: one :class:`~lightning_bpd.decoding.trees.tree.Tree` for every row (static trees of the heads).
-- :class:`RowTree`: one tree per row (dynamic trees, EAGLE-2). Both verify through ``decode_tree`` and keep the
-  accepted path's cache entries (``cache.keep_path``).
+- :class:`RowTree`: one tree per row (dynamic trees, EAGLE-2; an EAGLE-3 drafter's trees). Both verify as a tree
+  (depths, ancestors) and keep the accepted path's cache entries (``cache.keep_path``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from torch import Tensor
 
 from lightning_bpd.decoding.acceptance import Block, Criterion
 from lightning_bpd.decoding.generation_rules import RuleBook
-from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context
+from lightning_bpd.decoding.protocol import Cache, Context
 from lightning_bpd.decoding.row_book import RowBook
+from lightning_bpd.decoding.target import Layers, Target
 from lightning_bpd.decoding.tree_sampling import judge_tree
+from lightning_bpd.decoding.trees.rows import RowTrees
 from lightning_bpd.decoding.trees.tree import Tree
 from lightning_bpd.decoding.verify import verify, verify_rows, verify_tree
-
-if TYPE_CHECKING:
-    from lightning_bpd.decoding.proposers.dynamic_tree import RowTrees
 
 
 @dataclass
@@ -55,9 +59,12 @@ class Outcome:
 class Candidates(Protocol):
     """One verify pass's candidates (see the module docstring)."""
 
-    def verify_pass(self, model: BlockwiseModel, context: Context, cache: Cache) -> Tensor: ...
+    def verify_pass(self, target: Target, context: Context, cache: Cache,
+                    layers: Layers = ()) -> tuple[Tensor, Tensor | None]: ...
 
-    def judge(self, model: BlockwiseModel, criterion: Criterion, rules: RuleBook, book: RowBook,
+    def forced(self, rules: RuleBook, book: RowBook) -> Candidates: ...
+
+    def judge(self, target: Target, criterion: Criterion, rules: RuleBook, book: RowBook,
               hidden: Tensor) -> Outcome: ...
 
     def keep(self, cache: Cache, outcome: Outcome, book: RowBook) -> None: ...
@@ -72,13 +79,20 @@ class Path:
     block: Block
     lazy: bool = False
 
-    def verify_pass(self, model: BlockwiseModel, context: Context, cache: Cache) -> Tensor:
-        return model.decode_step(self.block.tokens, context, cache)  # (b, w, D)
+    def verify_pass(self, target: Target, context: Context, cache: Cache,
+                    layers: Layers = ()) -> tuple[Tensor, Tensor | None]:
+        return target.verify(self.block.tokens, context, cache, None, layers)  # (b, w, D), (b, w, A * D) | None
 
-    def judge(self, model: BlockwiseModel, criterion: Criterion, rules: RuleBook, book: RowBook,
+    def forced(self, rules: RuleBook, book: RowBook) -> Path:
+        """Deterministic rules: the token a generation rule forces put in place wherever one does (a proposal's
+        other guess there could only be rejected)."""
+        tokens = rules.forced_proposals(book, self.block.tokens)
+        return self if tokens is self.block.tokens else replace(self, block=replace(self.block, tokens=tokens))
+
+    def judge(self, target: Target, criterion: Criterion, rules: RuleBook, book: RowBook,
               hidden: Tensor) -> Outcome:
         tokens = self.block.tokens
-        accepted, first = verify(model, criterion, self.block, hidden, self.lazy, rules.verifying(book, tokens))
+        accepted, first = verify(target, criterion, self.block, hidden, self.lazy, rules.verifying(book, tokens))
         return Outcome(tokens, accepted, first, accepted - 1)
 
     def keep(self, cache: Cache, outcome: Outcome, book: RowBook) -> None:
@@ -101,12 +115,17 @@ class SharedTree:
     q: Tensor | None = None
     chained: bool = False
 
-    def verify_pass(self, model: BlockwiseModel, context: Context, cache: Cache) -> Tensor:
-        return model.decode_tree(self.tokens, self.depths, self.ancestors, context, cache)  # (b, N, D)
+    def verify_pass(self, target: Target, context: Context, cache: Cache,
+                    layers: Layers = ()) -> tuple[Tensor, Tensor | None]:
+        return target.verify(self.tokens, context, cache, (self.depths, self.ancestors), layers)  # (b, N, D), ...
 
-    def judge(self, model: BlockwiseModel, criterion: Criterion, rules: RuleBook, book: RowBook,
+    def forced(self, rules: RuleBook, book: RowBook) -> SharedTree:
+        """A tree's nodes stay as proposed: its verdict applies the rules at every node."""
+        return self
+
+    def judge(self, target: Target, criterion: Criterion, rules: RuleBook, book: RowBook,
               hidden: Tensor) -> Outcome:
-        reader: Any = rules.on_tree(book, self.tokens, self.depths, self.table) or model  # p_1 at every node
+        reader: Any = rules.on_tree(book, self.tokens, self.depths, self.table) or target  # p_1 at every node
         if criterion.stochastic:  # SpecInfer's walk: the accepted node and the next token, from its residual
             p = criterion.distribution(reader.logits_first(hidden))  # (b, N, V)
             node, first = judge_tree(criterion, self.tree, self.tokens, p, self.q, self.chained)
@@ -122,18 +141,23 @@ class SharedTree:
 
 @dataclass
 class RowTree:
-    """One tree per row (:class:`~lightning_bpd.decoding.proposers.dynamic_tree.RowTrees`), exact acceptance."""
+    """One tree per row (:class:`~lightning_bpd.decoding.trees.rows.RowTrees`), exact acceptance."""
 
     trees: RowTrees
 
-    def verify_pass(self, model: BlockwiseModel, context: Context, cache: Cache) -> Tensor:
+    def verify_pass(self, target: Target, context: Context, cache: Cache,
+                    layers: Layers = ()) -> tuple[Tensor, Tensor | None]:
         t = self.trees
-        return model.decode_tree(t.tokens, t.depths, t.ancestors, context, cache)  # (b, N, D)
+        return target.verify(t.tokens, context, cache, (t.depths, t.ancestors), layers)  # (b, N, D), (b, N, A * D)
 
-    def judge(self, model: BlockwiseModel, criterion: Criterion, rules: RuleBook, book: RowBook,
+    def forced(self, rules: RuleBook, book: RowBook) -> RowTree:
+        """A tree's nodes stay as proposed: its verdict applies the rules at every node."""
+        return self
+
+    def judge(self, target: Target, criterion: Criterion, rules: RuleBook, book: RowBook,
               hidden: Tensor) -> Outcome:
         t = self.trees
-        reader: Any = rules.on_tree(book, t.tokens, t.depths, t.paths) or model  # p_1 at every node
+        reader: Any = rules.on_tree(book, t.tokens, t.depths, t.paths) or target  # p_1 at every node
         node, first = verify_rows(reader, t, hidden)  # (b,), (b,)
         path = t.paths.gather(1, node[:, None, None].expand(-1, 1, t.paths.shape[-1]))[:, 0]  # (b, depth + 1)
         accepted = t.depths.gather(1, node[:, None])[:, 0] + 1  # (b,)

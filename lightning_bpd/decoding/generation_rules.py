@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_bpd.decoding.target import target_of
 from lightning_bpd.nn.argmax import argmax
 
 
@@ -257,9 +258,10 @@ def bind_rules(rules: GenerationRules | None, max_len: int, vocab_size: int | No
 
 
 def rules_of(model: Any, src: Tensor) -> GenerationRules | None:
-    """``model.generation_rules`` for a decode of the sources ``src`` (B, S) (a causal LM counts their padded
-    width as generate's ``start``: :meth:`GenerationRules.at_width`)."""
-    rules = model.generation_rules
+    """The target's generation rules (``rules.generation``: a base's ``generation_rules``) for a decode of the
+    sources ``src`` (B, S) (a causal LM counts their padded width as generate's ``start``:
+    :meth:`GenerationRules.at_width`). ``model``: a :class:`~lightning_bpd.decoding.target.Target` or a base."""
+    rules = target_of(model).rules.generation
     return None if rules is None else rules.at_width(src.shape[1])
 
 
@@ -303,19 +305,20 @@ class RuledFirst:
 
 def start_tail(model: Any, src: Tensor, window: int) -> Tensor | None:
     """The ``window`` tokens before the first generated token of each row of a decode of ``src`` (B, S), as the
-    rules see them (B, window): ``model.rules_history`` where offered, else the start token, -1 before it; None
-    without a window."""
+    rules see them (B, window): the target's ``rules.history`` (a base's ``rules_history``) where offered, else the
+    start token, -1 before it; None without a window."""
     if window == 0:
         return None
-    own = model.rules_history
-    return own(src, window) if own is not None else opening_tail(src.shape[0], model.bos_id, window, src.device)
+    target = target_of(model)
+    own = target.rules.history
+    return own(src, window) if own is not None else opening_tail(src.shape[0], target.spec.bos_id, window, src.device)
 
 
 def histories(model: Any, src: Tensor, window: int) -> list[list[int]]:
     """Each row's tokens before its first generated token as the references' rules read them (a list per row: the
     start token alone without a window)."""
     tail = start_tail(model, src, window)
-    return [[model.bos_id] for _ in range(src.shape[0])] if tail is None else tail.tolist()
+    return [[target_of(model).spec.bos_id] for _ in range(src.shape[0])] if tail is None else tail.tolist()
 
 
 def opening_tail(batch: int, bos_id: int, window: int, device: torch.device | str) -> Tensor | None:
@@ -328,19 +331,22 @@ def opening_tail(batch: int, bos_id: int, window: int, device: torch.device | st
 
 
 class RuleBook:
-    """The generation rules of one decode of ``model`` (its ``generation_rules``) with at most ``max_len`` new
-    tokens: the ids that end a row (``stops``, for :meth:`~lightning_bpd.decoding.row_book.RowBook.commit`) and
-    what reads p_1 at each read site of a blockwise loop (None everywhere when no rule changes p_1's argmax)."""
+    """The generation rules of one decode of ``model`` (a :class:`~lightning_bpd.decoding.target.Target` or a base:
+    its ``rules.generation``) with at most ``max_len`` new tokens: the ids that end a row (``stops``, for
+    :meth:`~lightning_bpd.decoding.row_book.RowBook.commit`) and what reads p_1 at each read site of a blockwise
+    loop (None everywhere when no rule changes p_1's argmax)."""
 
     def __init__(self, model: Any, max_len: int, device: torch.device | str, src: Tensor | None = None) -> None:
-        given = model.generation_rules if src is None else rules_of(model, src)  # src: the sources (B, S)
-        self.bound = bind_rules(given, max_len, model.vocab_size, device)
-        ids = stop_ids(model.eos_id, given)
+        target = target_of(model)
+        given = target.rules.generation if src is None else rules_of(target, src)  # src: the sources (B, S)
+        spec = target.spec
+        self.bound = bind_rules(given, max_len, spec.vocab_size, device)
+        ids = stop_ids(spec.eos_id, given)
         self.stops: int | Tensor | None = (None if not ids else ids[0] if len(ids) == 1
                                            else torch.tensor(ids, dtype=torch.long, device=device))
-        self.model, self.bos_id, self.device = model, model.bos_id, device
+        self.model, self.bos_id, self.device = target, spec.bos_id, device  # model: p_1 under the rules reads it
         self.window = 0 if self.bound is None else self.bound.window
-        self.start = None if src is None else start_tail(model, src, self.window)  # (B, window): before token 0
+        self.start = None if src is None else start_tail(target, src, self.window)  # (B, window): before token 0
 
     def opening(self, batch: int) -> Any:
         """p_1 for the first generated token of every row (index 0)."""
@@ -418,7 +424,8 @@ def reference_rules(model: Any, src: Tensor, max_len: int) -> tuple[BoundRules |
                                                                       list[list[int]]]:
     """What the slow references read of the rules of a decode of ``src`` (B, S): the bound rules (None: none that
     change p_1's argmax), the ids that end a row, and each row's tokens before its first generated one."""
-    rules = rules_of(model, src)
-    bound = bind_rules(rules, max_len, model.vocab_size, src.device)
-    befores = histories(model, src, 0 if bound is None else bound.window)
-    return bound, stop_ids(model.eos_id, rules), befores
+    target = target_of(model)
+    rules = rules_of(target, src)
+    bound = bind_rules(rules, max_len, target.spec.vocab_size, src.device)
+    befores = histories(target, src, 0 if bound is None else bound.window)
+    return bound, stop_ids(target.spec.eos_id, rules), befores

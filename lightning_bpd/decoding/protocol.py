@@ -4,9 +4,13 @@ The decoding core knows nothing about tokenizers, images, Lightning or tasks: a 
 with this small interface (:class:`~lightning_bpd.nn.model.BlockwiseTransformer` is one, the inference
 :class:`~lightning_bpd.inference.runtime.Runtime` another; the tests use hand-written stubs).
 
-Every member the decoding core reads is declared on :class:`BlockwiseModel`. The optional capabilities
-(faster paths to what the required methods already give, and chained heads) are members too, never
-probed for: a callable member that is None is not offered, and the core then takes the required path.
+The loop reads a model through the narrow :class:`~lightning_bpd.decoding.target.Target` (eight members: its
+spec and rules, prefill, new_cache, verify a path or a tree, logits_first, argmax_first, embed_tokens), which
+:func:`~lightning_bpd.decoding.target.target_of` offers over the wide members every base defines
+(:class:`WideTarget`: what greedy, beam, the fixed-shape decoder and the references call). The model's own heads
+are the :class:`HeadsNetwork` that only the heads' proposers read (a drafter that reads the last hidden state).
+The optional capabilities (faster paths to what the required methods already give, and chained heads) are members
+too, never probed for: a callable member that is None is not offered, and the core then takes the required path.
 :class:`OptionalCapabilities` holds those defaults for a model or stub to inherit.
 """
 
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import Tensor
 
+from lightning_bpd.decoding.target import Target, target_of
 from lightning_bpd.nn.argmax import argmax
 
 if TYPE_CHECKING:
@@ -56,16 +61,19 @@ class Source(Protocol):
     def take(self, rows: Tensor) -> Source: ...
 
 
-class BlockwiseModel(Protocol):
-    """A model with k heads; ``k = 1`` is an ordinary autoregressive model.
+class WideTarget(Protocol):
+    """The target's members as every base defines them: its ids, the prefill (:meth:`encode`, with the features of
+    named layers: :attr:`encode_features`), a cache, the verify pass of a path (:meth:`decode_step`) or a tree
+    (:attr:`decode_tree`), each with the features of named layers (:attr:`decode_step_features`,
+    :attr:`decode_tree_features`), p_1 (:meth:`logits_first`, :attr:`argmax_first`), its generation rules and room.
+    The loop reads them through :func:`~lightning_bpd.decoding.target.target_of` (the narrow
+    :class:`~lightning_bpd.decoding.target.Target`); greedy, beam, the fixed-shape decoder and the references call
+    them directly.
 
     The required members come first. The optional ones follow, each None (or False) when not offered:
-    the decoding core then takes the required path to the same tokens. Chained heads
-    (``chained_heads = True``) are the exception: they need :meth:`chain_step` and the ``prev_tokens``
-    and ``source`` of :meth:`logits_heads`.
+    the decoding core then takes the required path to the same tokens.
     """
 
-    k: int
     pad_id: int
     bos_id: int
     eos_id: int | None
@@ -89,36 +97,13 @@ class BlockwiseModel(Protocol):
         """(..., D) -> (..., V): p_1."""
         ...
 
-    def logits_heads(self, h: Tensor, heads: Sequence[int] | None = None, prev_tokens: Tensor | None = None,
-                     source: Source | None = None) -> Tensor:
-        """(..., D) -> (..., len(heads), V): p_1..p_k (all by default). Chained heads also take the earlier
-        proposals ``prev_tokens`` (..., m) and the ``source`` of each leading row; other heads ignore both."""
-        ...
-
     # ---- optional: None (False) when not offered -------------------------------------------------------------
-    chained_heads: bool
-    """Head i also sees the token proposed for head i-1: proposals run link by link (:meth:`chain_step`)."""
-
     vocab_size: int | None
     """The output vocabulary's size when known (a draft model's is checked against its target's)."""
 
     argmax_first: Callable[[Tensor], Tensor] | None
     """Greedy's token: h (..., D) -> the argmax of p_1 (...) long, ties to the lowest id; None: the argmax of
     :meth:`logits_first` (see :func:`first_argmax`)."""
-
-    draft_tokens: Callable[..., Any] | None
-    """Paper heads, deterministic proposals: ``draft_tokens(h (b, D), heads, confidence=False)`` -> the listed
-    heads' argmax tokens (b, len(heads)), and with ``confidence`` also their probabilities (b, len(heads)).
-    None: the argmax of :meth:`logits_heads`."""
-
-    draft_ranks: Callable[[Tensor, Sequence[int], int], Tensor] | None
-    """Paper heads, a tree's proposals: ``draft_ranks(h (b, D), heads, n)`` -> each listed head's n best tokens
-    (b, len(heads), n), best first, ties to the lowest id (rank 0: :attr:`draft_tokens`'), over the draft
-    vocabulary. None: :func:`~lightning_bpd.nn.argmax.top_ranks` of :meth:`logits_heads`."""
-
-    restrict_draft: Callable[[Tensor], Tensor] | None
-    """Logits (..., V) of a proposing head as the model's draft vocabulary sees them (-inf outside it);
-    None: no draft vocabulary (every token may be proposed)."""
 
     generation_rules: GenerationRules | None
     """The checkpoint's rules on p_1 (:mod:`lightning_bpd.decoding.generation_rules`: forced BOS/EOS, EOS ids, suppressed and
@@ -130,24 +115,6 @@ class BlockwiseModel(Protocol):
     against them: ``rules_history(src (B, S), window)`` -> (B, window) long, -1 where there is none (a causal LM:
     each prompt's last tokens as ``generate`` sees its left-padded input). None: the start token ``bos_id``, -1
     before it (an encoder-decoder's decoder input)."""
-
-    chain_source: Callable[[Context], Source | None] | None
-    """What source-attending chained heads read for the sources of a context; None (or a None result):
-    nothing."""
-
-    chain_draft: Callable[..., tuple[Tensor, ...]] | None
-    """Chained heads, deterministic proposals, one link: ``chain_draft(z (b, D), token (b,), i, source,
-    confidence=False)`` -> head i's state (b, D), its argmax token (b,) and with ``confidence`` its
-    probability (b,). None: :meth:`chain_step` and the argmax of its logits."""
-
-    chain_drafts: Callable[[Tensor, Tensor, int, Source | None], Tensor | None] | None
-    """Chained heads, deterministic proposals, the whole chain: ``chain_drafts(h (b, D), first (b,), k, source)``
-    -> heads 2..k's tokens (b, k - 1), or None where that path does not apply. None: link by link."""
-
-    chain_ranks: Callable[..., tuple[Tensor, Tensor]] | None
-    """Chained heads, a tree's proposals, one link: ``chain_ranks(z (b, D), token (b,), i, source, n)`` -> head i's
-    state (b, D) and its n best tokens (b, n), best first, ties to the lowest id (rank 0: :attr:`chain_draft`'s
-    token). None: :meth:`chain_step` and :func:`~lightning_bpd.nn.argmax.top_ranks` of its logits."""
 
     decode_tree: Callable[[Tensor, Tensor, Tensor, Context, Cache], Tensor] | None
     """The verify pass of tree decoding (:mod:`lightning_bpd.decoding.proposers.tree`): ``decode_tree(tokens (B, N),
@@ -183,10 +150,68 @@ class BlockwiseModel(Protocol):
     ``layers`` at every node: ``decode_tree_features(tokens (B, N), depths, ancestors, context, cache, layers)`` ->
     (hidden (B, N, D), features (B, N, len(layers) * D)). None: not offered."""
 
+
+class HeadsNetwork(Protocol):
+    """The model's own heads (the paper's block, chained heads, Medusa heads) as the heads' proposers read them
+    (:class:`~lightning_bpd.decoding.proposers.Heads`, :class:`~lightning_bpd.decoding.proposers.HeadTree`,
+    :class:`~lightning_bpd.decoding.proposers.DynamicHeadTree`): a drafter that reads the target's last hidden
+    state; the loop's verify pass that checks a block also gives the state they read for the next one (one pass).
+    ``k = 1``: no heads beyond p_1. Chained heads (``chained_heads = True``) need :meth:`chain_step` and the
+    ``prev_tokens`` and ``source`` of :meth:`logits_heads`; the other members are optional (None: not offered)."""
+
+    k: int
+
+    def logits_heads(self, h: Tensor, heads: Sequence[int] | None = None, prev_tokens: Tensor | None = None,
+                     source: Source | None = None) -> Tensor:
+        """(..., D) -> (..., len(heads), V): p_1..p_k (all by default). Chained heads also take the earlier
+        proposals ``prev_tokens`` (..., m) and the ``source`` of each leading row; other heads ignore both."""
+        ...
+
+    chained_heads: bool
+    """Head i also sees the token proposed for head i-1: proposals run link by link (:meth:`chain_step`)."""
+
+    draft_tokens: Callable[..., Any] | None
+    """Paper heads, deterministic proposals: ``draft_tokens(h (b, D), heads, confidence=False)`` -> the listed
+    heads' argmax tokens (b, len(heads)), and with ``confidence`` also their probabilities (b, len(heads)).
+    None: the argmax of :meth:`logits_heads`."""
+
+    draft_ranks: Callable[[Tensor, Sequence[int], int], Tensor] | None
+    """Paper heads, a tree's proposals: ``draft_ranks(h (b, D), heads, n)`` -> each listed head's n best tokens
+    (b, len(heads), n), best first, ties to the lowest id (rank 0: :attr:`draft_tokens`'), over the draft
+    vocabulary. None: :func:`~lightning_bpd.nn.argmax.top_ranks` of :meth:`logits_heads`."""
+
+    restrict_draft: Callable[[Tensor], Tensor] | None
+    """Logits (..., V) of a proposing head as the model's draft vocabulary sees them (-inf outside it);
+    None: no draft vocabulary (every token may be proposed)."""
+
+    chain_source: Callable[[Context], Source | None] | None
+    """What source-attending chained heads read for the sources of a context; None (or a None result):
+    nothing."""
+
+    chain_draft: Callable[..., tuple[Tensor, ...]] | None
+    """Chained heads, deterministic proposals, one link: ``chain_draft(z (b, D), token (b,), i, source,
+    confidence=False)`` -> head i's state (b, D), its argmax token (b,) and with ``confidence`` its
+    probability (b,). None: :meth:`chain_step` and the argmax of its logits."""
+
+    chain_drafts: Callable[[Tensor, Tensor, int, Source | None], Tensor | None] | None
+    """Chained heads, deterministic proposals, the whole chain: ``chain_drafts(h (b, D), first (b,), k, source)``
+    -> heads 2..k's tokens (b, k - 1), or None where that path does not apply. None: link by link."""
+
+    chain_ranks: Callable[..., tuple[Tensor, Tensor]] | None
+    """Chained heads, a tree's proposals, one link: ``chain_ranks(z (b, D), token (b,), i, source, n)`` -> head i's
+    state (b, D) and its n best tokens (b, n), best first, ties to the lowest id (rank 0: :attr:`chain_draft`'s
+    token). None: :meth:`chain_step` and :func:`~lightning_bpd.nn.argmax.top_ranks` of its logits."""
+
     def chain_step(self, z: Tensor, token: Tensor, i: int, source: Source | None = None) -> tuple[Tensor, Tensor]:
         """Chained heads only: head i's state (b, D) and logits (b, V) from head i-1's state z (b, D) and its
         token (b,)."""
         ...
+
+
+class BlockwiseModel(WideTarget, HeadsNetwork, Protocol):
+    """A model with k heads (``k = 1``: an ordinary autoregressive model): the :class:`WideTarget` the loop verifies
+    with (through :func:`~lightning_bpd.decoding.target.target_of`), and the :class:`HeadsNetwork` its own heads
+    propose with. Every model of the package is both."""
 
 
 class OptionalCapabilities:
@@ -243,7 +268,7 @@ def first_argmax(model: BlockwiseModel, h: Tensor) -> Tensor:
     return own(h) if own is not None else argmax(model.logits_first(h))
 
 
-def resolve_k(model: BlockwiseModel, k: int | None) -> int:
+def resolve_k(model: HeadsNetwork, k: int | None) -> int:
     """The block size to decode with: the model's own k, or fewer heads of it."""
     if k is None:
         return model.k
@@ -252,7 +277,7 @@ def resolve_k(model: BlockwiseModel, k: int | None) -> int:
     return k
 
 
-def chain_source(model: BlockwiseModel, context: Context) -> Source | None:
+def chain_source(model: HeadsNetwork, context: Context) -> Source | None:
     """What source-attending chained heads read (``model.chain_source``, when offered), or None."""
     get = model.chain_source
     return get(context) if get is not None else None
@@ -263,25 +288,27 @@ def restricted(model: BlockwiseModel, logits: Tensor) -> Tensor:
     return logits if model.restrict_draft is None else model.restrict_draft(logits)
 
 
-def check_decode_args(model: BlockwiseModel, src: Tensor, max_len: int) -> None:
-    """Raise ValueError, naming the argument and the allowed range, on unusable decode input."""
+def check_decode_args(model: Target | WideTarget, src: Tensor, max_len: int) -> None:
+    """Raise ValueError, naming the argument and the allowed range, on unusable decode input (``model``: a
+    :class:`~lightning_bpd.decoding.target.Target` or a base)."""
     if not isinstance(max_len, int) or max_len < 1:
         raise ValueError(f"max_len must be an integer >= 1, got {max_len!r}")
     if src.dim() != 2 or src.shape[0] == 0 or src.shape[1] == 0:
         raise ValueError(f"src must be a non-empty (batch, length) tensor, got shape {tuple(src.shape)}")
-    if not bool((src != model.pad_id).any(dim=1).all()):
+    target = target_of(model)
+    if not bool((src != target.spec.pad_id).any(dim=1).all()):
         raise ValueError("src: every row needs at least one non-pad token (got an empty source)")
-    room = source_room(model, src)
+    room = source_room(target, src)
     if room is not None and min(room) < max_len:
         row = room.index(min(room))
         raise ValueError(f"src row {row}: the model's context holds {room[row]} new tokens after it, fewer than "
                          f"max_len={max_len}")
 
 
-def source_room(model: BlockwiseModel, src: Tensor) -> list[int] | None:
-    """The decoder inputs each row of ``src`` (B, S) may feed after its start token (``model.decode_room``), or
-    None where the model sets no bound."""
-    room = model.decode_room
+def source_room(model: Target | WideTarget, src: Tensor) -> list[int] | None:
+    """The decoder inputs each row of ``src`` (B, S) may feed after its start token (the target's ``rules.room``:
+    a base's ``decode_room``), or None where the model sets no bound."""
+    room = target_of(model).rules.room
     return None if room is None else room(src)
 
 

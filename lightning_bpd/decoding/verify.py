@@ -2,26 +2,27 @@
 
 A path (a block of tokens, :func:`verify`; position by position, :func:`verify_lazily`), a tree shared by every row
 (:func:`verify_tree`) and one tree per row (:func:`verify_rows`). Each returns what the row keeps and greedy's (or the
-rule's) token after it, which opens the next proposal. No host read, except :func:`verify_lazily`.
+rule's) token after it, which opens the next proposal. No host read, except :func:`verify_lazily`. Each reads p_1
+through ``logits_first`` and ``argmax_first`` alone: of the loop's :class:`~lightning_bpd.decoding.target.Target`,
+of a base (the fixed-shape decoder, the trees' cost) or of the generation rules' reader.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.acceptance import Block, Criterion, Exact
 from lightning_bpd.decoding.protocol import BlockwiseModel, first_argmax
+from lightning_bpd.decoding.target import Target
+from lightning_bpd.decoding.trees.rows import RowTrees
 from lightning_bpd.decoding.trees.tree import Tree
 from lightning_bpd.nn.argmax import argmax
 
-if TYPE_CHECKING:
-    from lightning_bpd.decoding.proposers.dynamic_tree import RowTrees
 
-
-def verify(model: BlockwiseModel, criterion: Criterion, block: Block, hidden: Tensor,
+def verify(model: Target | BlockwiseModel, criterion: Criterion, block: Block, hidden: Tensor,
            lazy: bool = False, p1: Any = None) -> tuple[Tensor, Tensor | None]:
     """Accepted block sizes (b,) in [1, k] and the token opening each row's next block (b,), from the
     verify pass ``hidden`` (b, k, D) over ``block`` (b, k). No host read (except ``lazy``).
@@ -47,7 +48,8 @@ def verify(model: BlockwiseModel, criterion: Criterion, block: Block, hidden: Te
     return accepted, best.gather(1, (accepted - 1)[:, None]).squeeze(1)
 
 
-def verify_lazily(model: BlockwiseModel, criterion: Criterion, tokens: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor]:
+def verify_lazily(model: Target | BlockwiseModel, criterion: Criterion, tokens: Tensor,
+                  hidden: Tensor) -> tuple[Tensor, Tensor]:
     """Check a block position by position, projecting p_1 only where the verdict is still open.
 
     tokens (b, k), hidden (b, k, D) from the verify pass. Token j+1 is checked against p_1 at
@@ -75,7 +77,7 @@ def verify_lazily(model: BlockwiseModel, criterion: Criterion, tokens: Tensor, h
     return accepted, next_first
 
 
-def verify_tree(model: BlockwiseModel, criterion: Criterion, tree: Tree, tokens: Tensor,
+def verify_tree(model: Target | BlockwiseModel, criterion: Criterion, tree: Tree, tokens: Tensor,
                 hidden: Tensor) -> tuple[Tensor, Tensor]:
     """The accepted node (b,) of each row and greedy's token there (b,), from the verify pass ``hidden`` (b, N, D)
     over the tree's ``tokens`` (b, N). Node j >= 1 passes when the rule accepts its token against p_1 at its
@@ -97,7 +99,7 @@ def verify_tree(model: BlockwiseModel, criterion: Criterion, tree: Tree, tokens:
     return node, best.gather(1, node[:, None])[:, 0]
 
 
-def verify_rows(reader: BlockwiseModel, trees: RowTrees, hidden: Tensor) -> tuple[Tensor, Tensor]:
+def verify_rows(reader: Target | BlockwiseModel, trees: RowTrees, hidden: Tensor) -> tuple[Tensor, Tensor]:
     """The accepted node (b,) of each row's tree and greedy's token there (b,), from the verify pass ``hidden``
     (b, N, D): node j passes when its token is greedy's after its parent; the deepest accepted node wins."""
     best = first_argmax(reader, hidden)  # (b, N)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 REGISTERED: dict[str, str] = {
     "dflash": "lightning_bpd.drafters.dflash.kind",
     "eagle3": "lightning_bpd.drafters.eagle3.kind",
+    "dspark": "lightning_bpd.drafters.dspark.kind",
 }
 
 

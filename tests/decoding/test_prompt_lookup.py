@@ -99,10 +99,9 @@ class RepeatFirst(Proposer):
     def width(self) -> int:
         return self.n + 1
 
-    def propose(self, run, h, first):
-        first = opening_token(run, h, first)  # (b,): greedy's next token
-        width = run.book.block_width(self.width, run.room)
-        return Path(Block(first[:, None].expand(-1, width).clone()))
+    def propose(self, state, features):
+        first = opening_token(state, features)  # (b,): greedy's next token
+        return Path(Block(first[:, None].expand(-1, state.width).clone()))  # (b, width): the loop's room clamp
 
 
 def test_a_proposer_written_outside_the_package_runs_in_the_loop():

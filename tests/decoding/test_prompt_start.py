@@ -9,7 +9,7 @@ from lightning_bpd.decoding.generation_rules import GenerationRules, RuleBook, r
 
 
 class Stub:
-    eos_id, bos_id, vocab_size, rules_history = 2, 0, 10, None
+    pad_id, eos_id, bos_id, vocab_size, rules_history = 1, 2, 0, 10, None  # the ids every target has
 
     def __init__(self, rules: GenerationRules) -> None:
         self.generation_rules = rules

@@ -4,7 +4,7 @@ as its training pass computes it (the context strictly before the block, from an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import pytest
 import torch
@@ -36,17 +36,17 @@ class Recording(DFlashDrafting):
 
     log: list = field(default_factory=list)
 
-    def propose(self, run, h, first):
-        path = super().propose(run, h, first)
-        self.log.append((run.book.live_rows[:], run.book.committed().tolist(), path.block.tokens.clone()))
+    def propose(self, state, features):
+        path = super().propose(state, features)
+        self.log.append((state.book.live_rows[:], state.book.committed().tolist(), path.block.tokens.clone()))
         return path
 
 
 @dataclass(frozen=True)
 class Recorded(DFlash):
-    def start(self, run):
-        base = super().start(run)
-        self.__dict__.setdefault("made", []).append(Recording(base.drafter, base.size, base.layers, base.mask_id))
+    def start(self, state, prompt):
+        base = super().start(state, prompt)
+        self.__dict__.setdefault("made", []).append(Recording(**{f.name: getattr(base, f.name) for f in fields(base)}))
         return self.made[-1]
 
 
@@ -173,3 +173,23 @@ def test_speculative_sampling_with_the_drafter_is_lossless():
     p_value, bins = chi_square_p_value(out.sequences(), exact)
     assert bins >= 10 and p_value > P_MIN
     assert max(max(sizes) for sizes in out.block_sizes) > 1
+
+
+def test_the_loop_owns_the_target_and_hands_the_drafter_its_features():
+    """Every pass of the target is the loop's: one prefill with the drafter's layers, one call on the start token,
+    then one verify pass per iteration with those layers; the drafter calls none (issue 60)."""
+    base, src, max_len = causal.tiny_lm("llama"), causal.prompts(4, side="left"), 10
+    model = HFCausalBlockwise(base, k=1)
+    calls: dict[str, list] = {}
+    for name in ("encode", "encode_features", "decode_step", "decode_step_features", "decode_full"):
+        own = getattr(model, name)
+
+        def counted(*args, _own=own, _name=name, **kwargs):
+            calls.setdefault(_name, []).append(args[-1] if _name.endswith("_features") else None)
+            return _own(*args, **kwargs)
+
+        setattr(model, name, counted)
+    got = decode(model, src, Exact(), DFlash(drafter_for(base, layers=(0, 1))), max_len=max_len)
+    assert got.sequences() == causal.hf_greedy(base, src, max_len)
+    assert calls["encode_features"] == [(0, 1)] and "encode" not in calls and "decode_full" not in calls
+    assert len(calls["decode_step"]) == 1 and calls["decode_step_features"] == [(0, 1)] * (got.model_calls - 1)

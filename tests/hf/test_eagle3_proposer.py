@@ -5,7 +5,7 @@ speculative sampling."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import pytest
 import torch
@@ -44,21 +44,26 @@ def drafter_for(hidden: int, vocab: int, draft_vocab: int | None = None, seed: i
     return drafter
 
 
+def state_of(drafting) -> dict:
+    """A drafting object's fields (to make a recording subclass of it, its cache filled)."""
+    return {f.name: getattr(drafting, f.name) for f in fields(drafting)}
+
+
 @dataclass
 class Recording(Eagle3Drafting):
     log: list = field(default_factory=list)
 
-    def propose(self, run, h, first):
-        path = super().propose(run, h, first)
-        self.log.append((run.book.committed().tolist(), path.block.tokens.clone()))
+    def propose(self, state, features):
+        path = super().propose(state, features)
+        self.log.append((state.book.committed().tolist(), path.block.tokens.clone()))
         return path
 
 
 @dataclass(frozen=True)
 class Recorded(Eagle3):
-    def start(self, run):
-        base = super().start(run)
-        self.__dict__.setdefault("made", []).append(Recording(base.drafter, base.size, base.layers))
+    def start(self, state, prompt):
+        base = super().start(state, prompt)
+        self.__dict__.setdefault("made", []).append(Recording(**state_of(base)))
         return self.made[-1]
 
 
@@ -226,17 +231,15 @@ def test_an_eagle3_tree_of_one_path_is_the_chain():
     class Depths(Eagle3TreeDrafting):
         deepest: list = field(default_factory=list)
 
-        def propose(self, run, h, first):
-            out = super().propose(run, h, first)
+        def propose(self, state, features):
+            out = super().propose(state, features)
             self.deepest += self.trees.depths.max(dim=1).values.tolist()
             return out
 
     @dataclass(frozen=True)
     class Recorded(Eagle3Tree):
-        def start(self, run):
-            made = super().start(run)
-            self.__dict__["made"] = Depths(made.drafter, made.size, made.layers, spec=made.spec,
-                                           chain_first=made.chain_first)
+        def start(self, state, prompt):
+            self.__dict__["made"] = Depths(**state_of(super().start(state, prompt)))
             return self.made
 
     wide = DynamicTree(nodes=3, depth=3, width=3)
@@ -315,10 +318,8 @@ def test_each_tree_entry_is_the_training_time_test_along_its_path(rows, static):
 
     @dataclass(frozen=True)
     class Recorded(Eagle3StaticTree if static else Eagle3Tree):
-        def start(self, run):
-            made = super().start(run)
-            shape = {"tree": made.tree} if static else {"spec": made.spec}
-            self.__dict__.setdefault("made", []).append(Entries(made.drafter, made.size, made.layers, **shape))
+        def start(self, state, prompt):
+            self.__dict__.setdefault("made", []).append(Entries(**state_of(super().start(state, prompt))))
             return self.made[-1]
 
     base = causal.tiny_lm("llama")

@@ -97,7 +97,7 @@ def test_ragged_cache_chunks_crop_and_select():
 
 def test_cache_errors():
     model = make()
-    cache = model.new_cache(2, 4)
+    cache = model.new_cache(2, 4, check=True)  # the checks read the host: tests and debugging only
     feats = torch.randn(2, 3, A * H, dtype=torch.float64)
     model.extend(cache, feats, torch.arange(3).expand(2, 3))
     with pytest.raises(RuntimeError, match="overflow"):
@@ -224,3 +224,27 @@ def test_draft_matches_the_layer_written_out_by_hand():
         pos = anchor + torch.arange(BK)
         torch.testing.assert_close(reference(model, feats, anchor, embeds, pos),
                                    naive_block(model, feats, anchor, embeds, pos))
+
+
+def test_a_drafter_step_reads_nothing_back_from_the_device(monkeypatch):
+    """Unchecked (the decoders' cache), ``extend`` and ``draft`` (the cache's append and view) never read a tensor
+    back to the host: every call of a tensor's host read fails; the drafts equal the checked cache's."""
+    model = make()
+    feats = torch.randn(3, 5, A * H, dtype=torch.float64)
+    pos, counts = torch.arange(5).expand(3, 5), torch.tensor([5, 3, 1])
+    embeds, block_pos = torch.randn(3, BK, H, dtype=torch.float64), 5 + torch.arange(BK).expand(3, BK)
+    checked = model.new_cache(3, 16, check=True)
+    model.extend(checked, feats, pos, counts)
+    want = model.draft(checked, embeds, block_pos)
+    cache = model.new_cache(3, 16)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a host read in a drafter's step")
+
+    for name in ("__bool__", "item", "tolist", "__int__", "__index__", "nonzero"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    model.extend(cache, feats, pos, counts)
+    got = model.draft(cache, embeds, block_pos)
+    monkeypatch.undo()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert cache.span == 5 and cache.lengths.tolist() == [5, 3, 1]

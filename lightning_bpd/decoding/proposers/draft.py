@@ -21,7 +21,6 @@ samples the draft tokens with q_i = the draft's distribution at step i and is lo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -32,6 +31,8 @@ from lightning_bpd.decoding.generation_rules import RuleBook
 from lightning_bpd.decoding.proposers.base import Proposer
 from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context
 from lightning_bpd.decoding.row_book import RowBook
+from lightning_bpd.decoding.state import DecodeState, Features
+from lightning_bpd.decoding.target import target_of
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,10 @@ class DraftModel(Proposer):
         criterion.validate(self.k)
         return criterion
 
-    def start(self, run: Any) -> Drafting:
-        batch, capacity = run.src.shape[0], 1 + run.max_len + self.k
-        last = torch.full((batch,), run.model.bos_id, dtype=torch.long, device=run.device)  # (B,)
-        return Drafting(self.draft, self.k, self.draft.encode(run.src), self.draft.new_cache(batch, capacity), last)
+    def start(self, state: DecodeState, prompt: Features) -> Drafting:
+        batch, capacity = state.src.shape[0], 1 + state.max_len + self.k
+        last = torch.full((batch,), state.target.bos_id, dtype=torch.long, device=state.device)  # (B,)
+        return Drafting(self.draft, self.k, self.draft.encode(state.src), self.draft.new_cache(batch, capacity), last)
 
 
 @dataclass
@@ -72,31 +73,32 @@ class Drafting(Proposer):
     def width(self) -> int:  # type: ignore[override]
         return self.k
 
-    def propose(self, run: Any, h: Tensor, first: Tensor | None) -> Path:
-        model, criterion = run.model, run.criterion
+    def propose(self, state: DecodeState, features: Features) -> Path:
+        """Always ``k`` wide: a draft's proposals past a row's room are never read (the target computes them)."""
+        target, criterion, h, first = state.target, state.criterion, features.last, features.first
         logits = None  # the target's p_1 at h (b, V) under the rules, where token 1 is not given
         if first is None:  # the opening
-            opening = run.p1() or model
+            opening = state.reader()
             logits = opening.logits_first(h)  # (B, V)
-            check_draft_vocabulary(model, self.draft, logits)
+            check_draft_vocabulary(target, self.draft, logits)
             if not criterion.stochastic:  # greedy's first token (under the rules)
                 first = criterion.first_token(opening, h)
         elif criterion.stochastic:  # token 1 drawn from p_1 where no residual token was
-            logits = model.logits_first(h)  # (b, V)
-            reader = run.p1()
+            logits = target.logits_first(h)  # (b, V)
+            reader = state.p1()
             if reader is not None:
                 logits = reader.rule(logits)
         self.block = draft_block(self.draft, criterion, logits, first, self.last, self.context, self.cache, self.k,
-                                 run.rules, run.book)
+                                 state.rules, state.book)
         return Path(self.block)
 
-    def advance(self, run: Any, outcome: Outcome, rows: Tensor | None) -> None:
+    def advance(self, state: DecodeState, outcome: Outcome, features: Features, rows: Tensor | None) -> None:
         self.last = outcome.tokens.gather(1, (outcome.accepted - 1)[:, None])[:, 0]  # (b,)
         if rows is not None:
             self.context = self.context.select(rows)
             self.cache.select(rows)
         if self.k > 1:  # BOS and every committed token but the newest
-            self.cache.crop(self.cache.lengths - self.k + outcome.accepted, bounds=run.book.length_bounds(offset=0),
+            self.cache.crop(self.cache.lengths - self.k + outcome.accepted, bounds=state.book.length_bounds(offset=0),
                             check=False)
 
 
@@ -104,8 +106,9 @@ def check_draft_args(target: BlockwiseModel, draft: BlockwiseModel, k: int) -> N
     """Raise ValueError on a block size below 1 or a draft whose special token ids differ from the target's."""
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1 (tokens per target call), got {k!r}")
-    ids = {"pad_id": (target.pad_id, draft.pad_id), "bos_id": (target.bos_id, draft.bos_id),
-           "eos_id": (target.eos_id, draft.eos_id)}
+    spec = target_of(target).spec
+    ids = {"pad_id": (spec.pad_id, draft.pad_id), "bos_id": (spec.bos_id, draft.bos_id),
+           "eos_id": (spec.eos_id, draft.eos_id)}
     for name, (want, got) in ids.items():
         if got != want:
             raise ValueError(f"draft {name}={got!r} differs from the target's {want!r}")
@@ -145,7 +148,7 @@ def draft_block(
     return Block.cat(parts)
 
 
-def check_draft_vocabulary(target: BlockwiseModel, draft: BlockwiseModel, target_logits: Tensor) -> None:
+def check_draft_vocabulary(target: object, draft: BlockwiseModel, target_logits: Tensor) -> None:
     """Raise ValueError when the draft's vocabulary size (``draft.vocab_size``, when known) differs from the
     target's, the width of its p_1 logits (..., V)."""
     size = draft.vocab_size

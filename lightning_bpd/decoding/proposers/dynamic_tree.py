@@ -9,7 +9,8 @@ top ``nodes`` of the whole ``width``-ary tree are found depth by depth (EAGLE-2'
 the children of depth d - 1's kept nodes compete, and the ``nodes`` most confident stay; the tree is the ``nodes``
 most confident of all kept ones (ties to the shallower, then to the earlier candidate, so a parent always precedes
 its child). Nodes are ordered by depth (ancestors first); each row has its own parents, depths, ancestor mask and
-root-to-node table, and the verify pass (``decode_tree``) takes them per row.
+root-to-node table (:class:`~lightning_bpd.decoding.trees.rows.RowTrees`), and the verify pass (``decode_tree``) takes
+them per row.
 
 Exact only: node j passes when its token is greedy's after its parent, and the deepest accepted node wins (with
 exact acceptance the accepted path is unique, since siblings hold different tokens). So the output is greedy's.
@@ -20,7 +21,6 @@ whole ``width``-ary tree through the uncached decoder and checks every candidate
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,7 +28,10 @@ from torch import Tensor
 from lightning_bpd.decoding.acceptance import Criterion, Exact
 from lightning_bpd.decoding.candidates import RowTree
 from lightning_bpd.decoding.proposers.base import Proposer, opening_token
-from lightning_bpd.decoding.protocol import BlockwiseModel, Source, chain_source, resolve_k, restricted
+from lightning_bpd.decoding.protocol import BlockwiseModel, Source, resolve_k, restricted
+from lightning_bpd.decoding.state import DecodeState, Features
+from lightning_bpd.decoding.target import target_of
+from lightning_bpd.decoding.trees.rows import RowTrees
 from lightning_bpd.decoding.trees.tree import DynamicTree
 from lightning_bpd.nn.argmax import top_ranks
 
@@ -53,35 +56,10 @@ class DynamicHeadTree(Proposer):
         check_dynamic_args(model, criterion, self.spec, self.k)
         return criterion
 
-    def propose(self, run: Any, h: Tensor, first: Tensor | None) -> RowTree:
-        first = opening_token(run, h, first)
-        return RowTree(grow(run.model, self.spec, h, first, chain_source(run.model, run.context)))
-
-
-@dataclass
-class RowTrees:
-    """One tree per row, nodes in depth order (the root first): tokens, depths and parents (b, N) long (the root's
-    parent is itself), the ancestor mask (b, N, N) bool (a node and its ancestors) and the root-to-node table
-    (b, N, depth + 1) (padded with the node)."""
-
-    tokens: Tensor
-    depths: Tensor
-    parents: Tensor
-    ancestors: Tensor
-    paths: Tensor
-
-    @staticmethod
-    def of(tokens: Tensor, depths: Tensor, parents: Tensor, depth: int) -> RowTrees:
-        b, n = tokens.shape
-        eye = torch.eye(n, dtype=torch.bool, device=tokens.device).expand(b, n, n)
-        ancestors = eye
-        for _ in range(depth):  # a node sees what its parent sees
-            ancestors = eye | ancestors.gather(1, parents[:, :, None].expand(b, n, n))
-        paths = torch.arange(n, device=tokens.device).expand(b, n)[:, :, None].repeat(1, 1, depth + 1)
-        for d in range(depth + 1):  # the ancestor at depth d, where the node is that deep
-            at = ancestors & (depths == d)[:, None, :]  # (b, N, N)
-            paths[:, :, d] = torch.where(at.any(-1), at.int().argmax(-1), paths[:, :, d])
-        return RowTrees(tokens, depths, parents, ancestors, paths)
+    def propose(self, state: DecodeState, features: Features) -> RowTree:
+        """The heads read the last hidden state ``features.last`` (b, D)."""
+        first = opening_token(state, features)
+        return RowTree(grow(state.heads, self.spec, features.last, first, state.chain_source()))
 
 
 def grow(model: BlockwiseModel, spec: DynamicTree, h: Tensor, first: Tensor, source: Source | None) -> RowTrees:
@@ -157,5 +135,5 @@ def check_dynamic_args(model: BlockwiseModel, criterion: Criterion, spec: Dynami
     if spec.depth > resolve_k(model, k) - 1:
         raise ValueError(f"a dynamic tree {spec.depth} deep needs k >= {spec.depth + 1} heads, decoding with "
                          f"k={resolve_k(model, k)}")
-    if model.decode_tree is None:
+    if not target_of(model).spec.trees:
         raise ValueError(f"{type(model).__name__} has no tree verify pass (decode_tree): decode it with tree=None")

@@ -16,7 +16,8 @@ from torch import Tensor
 from lightning_bpd.decoding.acceptance import Block, Criterion
 from lightning_bpd.decoding.candidates import Path
 from lightning_bpd.decoding.proposers.base import Proposer
-from lightning_bpd.decoding.protocol import BlockwiseModel, Source, chain_source, resolve_k, restricted
+from lightning_bpd.decoding.protocol import BlockwiseModel, Source, resolve_k, restricted
+from lightning_bpd.decoding.state import DecodeState, Features
 
 
 def check_stop_below(stop_below: float | None, criterion: Criterion) -> None:
@@ -49,16 +50,15 @@ class Heads(Proposer):
         check_stop_below(self.stop_below, criterion)
         return criterion
 
-    def start(self, run: Any) -> Heads:
-        return replace(self, k=resolve_k(run.model, self.k))
+    def start(self, state: DecodeState, prompt: Features) -> Heads:
+        return replace(self, k=resolve_k(state.heads, self.k))
 
-    def propose(self, run: Any, h: Tensor, first: Tensor | None) -> Path:
-        model, criterion, book = run.model, run.criterion, run.book
-        p1 = run.p1() if first is None or criterion.stochastic else None  # p_1 for a token 1 not given
-        block = propose(model, criterion, h, book.block_width(self.width, run.room), first,
-                        chain_source(model, run.context), self.stop_below, p1)  # fewer where a row's context ends
-        if not criterion.stochastic:  # a forced token where a rule forces one (a draw keeps its own distribution)
-            block.tokens = run.rules.forced_proposals(book, block.tokens)
+    def propose(self, state: DecodeState, features: Features) -> Path:
+        """The heads read the last hidden state ``features.last`` (b, D); ``state.width`` tokens at most."""
+        first, criterion = features.first, state.criterion
+        p1 = state.p1() if first is None or criterion.stochastic else None  # p_1 for a token 1 not given
+        block = propose(state.heads, criterion, features.last, state.width, first, state.chain_source(),
+                        self.stop_below, p1)
         return Path(block, self.lazy)
 
 

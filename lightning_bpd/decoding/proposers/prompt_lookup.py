@@ -14,7 +14,6 @@ transformers does. Deterministic rules only: a copied token has no distribution 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -23,6 +22,7 @@ from lightning_bpd.decoding.acceptance import Block, Criterion
 from lightning_bpd.decoding.candidates import Path
 from lightning_bpd.decoding.proposers.base import Proposer, opening_token
 from lightning_bpd.decoding.protocol import BlockwiseModel, valid_first
+from lightning_bpd.decoding.state import DecodeState, Features
 
 
 @dataclass(frozen=True)
@@ -55,9 +55,9 @@ class PromptLookup(Proposer):
         criterion.validate(self.width)
         return criterion
 
-    def start(self, run: Any) -> PromptLookupRun:
+    def start(self, state: DecodeState, prompt: Features) -> PromptLookupRun:
         """This decode's state: every row's prompt left-aligned once (the rows' histories start with it)."""
-        return PromptLookupRun(self, *left_aligned(run.src, run.model.pad_id))
+        return PromptLookupRun(self, *left_aligned(state.src, state.target.pad_id))
 
 
 @dataclass
@@ -73,17 +73,17 @@ class PromptLookupRun(Proposer):
     def width(self) -> int:  # type: ignore[override]
         return self.spec.width
 
-    def propose(self, run: Any, h: Tensor, first: Tensor | None) -> Path:
-        book, spec = run.book, self.spec
-        first = opening_token(run, h, first)  # (b,)
+    def propose(self, state: DecodeState, features: Features) -> Path:
+        book, spec = state.book, self.spec
+        first = opening_token(state, features)  # (b,)
         live = book.live
         history, lengths = joined(self.prompts[live], self.lengths[live], book.tokens[live], book.committed(),
                                   max(book.live_lengths), first)
         found, count = lookup(history, lengths, spec.max_ngram, spec.num_tokens, spec.match == "last")
-        width = min(book.block_width(spec.width, run.room) - 1, int(count.max()))  # host read: the pass's width
-        found = torch.where(torch.arange(width, device=h.device) < count[:, None], found[:, :width], first[:, None])
+        width = min(state.width - 1, int(count.max()))  # host read: the pass's width
+        found = torch.where(torch.arange(width, device=first.device) < count[:, None], found[:, :width],
+                            first[:, None])
         tokens = torch.cat([first[:, None], found], dim=1)  # (b, 1 + width): past a row's count, fillers
-        tokens = run.rules.forced_proposals(book, tokens)
         return Path(Block(tokens, widths=1 + count.clamp(max=width)))
 
 

@@ -14,7 +14,6 @@ SpecInfer's walk, :mod:`~lightning_bpd.decoding.tree_sampling`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -24,8 +23,10 @@ from lightning_bpd.decoding.candidates import SharedTree
 from lightning_bpd.decoding.proposers.base import Proposer
 from lightning_bpd.decoding.proposers.dynamic_tree import check_dynamic_args
 from lightning_bpd.decoding.proposers.heads import propose
-from lightning_bpd.decoding.protocol import BlockwiseModel, Source, chain_source, resolve_k, restricted
+from lightning_bpd.decoding.protocol import BlockwiseModel, Source, resolve_k, restricted
 from lightning_bpd.decoding.sampling import sample
+from lightning_bpd.decoding.state import DecodeState, Features
+from lightning_bpd.decoding.target import target_of
 from lightning_bpd.decoding.tree_sampling import propose_sampled_tree
 from lightning_bpd.decoding.trees.tree import DynamicTree, Tree
 from lightning_bpd.nn.argmax import top_ranks
@@ -53,16 +54,18 @@ class HeadTree(Proposer):
         criterion.validate(self.width)
         return criterion
 
-    def propose(self, run: Any, h: Tensor, first: Tensor | None) -> SharedTree:
-        model, criterion, device = run.model, run.criterion, h.device
-        tree, depths, ancestors, table = shaped(self.tree, run.book.block_width(self.width, run.room), device)
+    def propose(self, state: DecodeState, features: Features) -> SharedTree:
+        """The heads read the last hidden state ``features.last`` (b, D); the tree is cut to ``state.width``."""
+        model, criterion, h, first = state.heads, state.criterion, features.last, features.first
+        device = h.device
+        tree, depths, ancestors, table = shaped(self.tree, state.width, device)
         if first is None:  # the opening: p_1 of the first token, under the rules
-            opening = run.p1() or model
+            opening = state.reader()
             if criterion.stochastic:
                 first = sample(criterion.distribution(opening.logits_first(h)), criterion.rng(device))  # (b,)
             else:
                 first = criterion.first_token(opening, h)  # (b,)
-        source = chain_source(model, run.context)
+        source = state.chain_source()
         if criterion.stochastic:
             tokens, q = propose_sampled_tree(model, criterion, tree, h, first, source)
         else:
@@ -86,7 +89,7 @@ def check_tree_args(model: BlockwiseModel, criterion: Criterion, tree: Tree | Dy
     if not (criterion.prefix_checks or isinstance(criterion, SpeculativeSampling)):
         raise ValueError(f"tree decoding takes the deterministic prefix rules (exact, topN, epsX) and sampling, "
                          f"not {criterion.name}")
-    if verify_pass and model.decode_tree is None:
+    if verify_pass and not target_of(model).spec.trees:
         raise ValueError(f"{type(model).__name__} has no tree verify pass (decode_tree; e.g. a local attention window): "
                          "decode it with tree=None")
 

@@ -192,12 +192,13 @@ class DFlashDrafter(nn.Module):
         return self.hidden_norm(self.fc(features))
 
     def new_cache(self, batch_size: int, capacity: int, *, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None) -> DrafterCache:
-        """An empty cache sized for this drafter (dtype/device default to the parameters')."""
+                  device: torch.device | str | None = None, check: bool = False) -> DrafterCache:
+        """An empty cache sized for this drafter (dtype/device default to the parameters'; ``check``: refuse bad
+        counts and overflows, reading the host)."""
         p = self.fc.weight
         c = self.config
         return DrafterCache(c.num_layers, batch_size, capacity, c.num_kv_heads, c.head_dim,
-                           dtype=dtype or p.dtype, device=device or p.device)
+                           dtype=dtype or p.dtype, device=device or p.device, check=check)
 
     def extend(self, cache: DrafterCache, features: Tensor, positions: Tensor, counts: Tensor | None = None) -> None:
         """Append newly committed tokens' context to each row: features (B, n, A*H) at token positions (B, n); only

@@ -9,26 +9,31 @@ that pass's features at the positions the row accepted (``first`` and the accept
 context. So the drafter sees exactly the target features of the row's prompt and output, as in training
 (:meth:`~lightning_bpd.drafters.dflash.network.DFlashDrafter.train_forward`: the context strictly before the block's anchor).
 
-The target offers its features through ``encode_features`` and ``decode_step_features``
-(:class:`~lightning_bpd.decoding.protocol.BlockwiseModel`); the drafter (:class:`~lightning_bpd.drafters.dflash.network.
-DFlashDrafter`, seen here through its methods only) brings ``config`` (``block_size``, ``target_layer_ids``,
-``mask_token_id``), ``new_cache``, ``extend`` and ``draft``. Exact reproduces greedy; speculative sampling draws each
-slot from the drafter's distribution and stays lossless.
+The loop owns the target: it runs the prefill and each verify pass with the layers this proposer reads (``reads``:
+the drafter's ``target_layer_ids``) and hands their hidden states over (:class:`~lightning_bpd.decoding.state.
+Features`); the proposer calls two of the target's projections only, ``embed_tokens`` (the block's inputs) and
+``logits_first`` (its LM head, reading each slot), through ``state.target``. The drafter (:class:`~lightning_bpd.
+drafters.dflash.network.DFlashDrafter`, seen here through its methods only) brings ``config`` (``block_size``,
+``target_layer_ids``, ``mask_token_id``), ``new_cache``, ``extend`` and ``draft``. No host read in a step: the
+drafter cache is bounded by the loop's host counts (:meth:`~lightning_bpd.drafters.common.cache.DrafterCache.bound`).
+Exact reproduces greedy; speculative sampling draws each slot from the drafter's distribution and stays lossless.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightning_bpd.decoding.acceptance import Block, Criterion
-from lightning_bpd.decoding.candidates import Outcome
+from lightning_bpd.decoding.candidates import Outcome, Path
 from lightning_bpd.decoding.proposers.base import Proposer, opening_block
-from lightning_bpd.decoding.protocol import BlockwiseModel, Context, restricted, valid_first
-from lightning_bpd.drafters.common.proposing import FeaturePath
+from lightning_bpd.decoding.protocol import BlockwiseModel, restricted
+from lightning_bpd.decoding.state import DecodeState, Features
+from lightning_bpd.decoding.target import target_of
+from lightning_bpd.drafters.common.proposing import prompt_rows
 from lightning_bpd.nn.argmax import argmax
 
 
@@ -44,8 +49,12 @@ class DFlash(Proposer):
     def width(self) -> int:  # type: ignore[override]
         return self.block_size if self.block_size is not None else int(self.drafter.config.block_size)
 
+    @property
+    def reads(self) -> tuple[int, ...]:  # type: ignore[override]
+        return tuple(self.drafter.config.target_layer_ids)
+
     def check(self, model: BlockwiseModel, criterion: Criterion) -> Criterion:
-        if model.encode_features is None or model.decode_step_features is None:
+        if not target_of(model).spec.layers:
             raise ValueError(f"{type(model).__name__} offers no target features (encode_features, "
                              "decode_step_features): a DFlash drafter needs a Hugging Face causal base")
         most = int(self.drafter.config.block_size)
@@ -54,64 +63,65 @@ class DFlash(Proposer):
         criterion.validate(self.width)
         return criterion
 
-    def start(self, run: Any) -> DFlashDrafting:
-        return DFlashDrafting(self.drafter, self.width, tuple(self.drafter.config.target_layer_ids),
-                              int(self.drafter.config.mask_token_id))
+    def start(self, state: DecodeState, prompt: Features) -> DFlashDrafting:
+        """This decode's drafter state, its cache filled with the prompts' features (the prefill's)."""
+        drafting = DFlashDrafting(self.drafter, self.width, self.reads, int(self.drafter.config.mask_token_id))
+        drafting.fill(state, prompt)
+        return drafting
 
 
 @dataclass
 class DFlashDrafting(Proposer):
-    """One decode's drafter state: its cache of the target's fused features (one row per live row) and the features
-    of the last verify pass, waiting for the verdict."""
+    """One decode's drafter state: its cache of the target's fused features (one row per live row) and the padded
+    prompts' width (``prompt_width``: with the loop's committed counts, a host bound on every row's context)."""
 
     drafter: Any
     size: int
     layers: tuple[int, ...]
     mask_id: int
     cache: Any = None
-    pending: Tensor | None = field(default=None, repr=False)
+    prompt_width: int = 0
 
     @property
     def width(self) -> int:  # type: ignore[override]
         return self.size
 
-    def encode(self, run: Any) -> Context:
-        """The target's prefill, and the drafter's cache filled with the prompts' features."""
-        context, features, valid, positions = run.model.encode_features(run.src, self.layers)
-        b, s = valid.shape
-        order = valid_first(valid)  # (B, S): each row's tokens first, in order
-        features = features.gather(1, order[:, :, None].expand(-1, -1, features.shape[-1]))  # (B, S, A * D)
-        counts = valid.sum(dim=1)  # (B,)
-        capacity = s + 1 + run.max_len + self.size
-        self.cache = self.drafter.new_cache(b, capacity, dtype=features.dtype, device=features.device)
-        self.drafter.extend(self.cache, features, positions.gather(1, order), counts)
-        return context
+    @property
+    def reads(self) -> tuple[int, ...]:  # type: ignore[override]
+        return self.layers
 
-    def propose(self, run: Any, h: Tensor, first: Tensor | None) -> FeaturePath:
+    def fill(self, state: DecodeState, prompt: Features) -> None:
+        """The drafter's cache made and filled with the prompts' features."""
+        features, order, counts = prompt_rows(prompt)  # (B, S, A * D), (B, S), (B,)
+        b, s = order.shape
+        self.prompt_width = s
+        capacity = s + 1 + state.max_len + self.size
+        self.cache = self.drafter.new_cache(b, capacity, dtype=features.dtype, device=features.device)
+        self.drafter.extend(self.cache, features, prompt.positions.gather(1, order), counts)  # type: ignore[union-attr]
+
+    def propose(self, state: DecodeState, features: Features) -> Path:
         """Deterministic rules: token 1 is greedy's, the drafts the argmax of each slot. Speculative sampling: token 1
         the verdict's residual draw (or, where there is none, a draw from p_1 under the rules), then each slot's draft
         drawn from the drafter's distribution there (the block keeps them for the verdict, which stays lossless)."""
-        model, criterion = run.model, run.criterion
-        one = opening_block(run, h, first)  # (b, 1)
-        width = run.book.block_width(self.size, run.room)
+        target, criterion, width = state.target, state.criterion, state.width
+        one = opening_block(state, features)  # (b, 1)
         if width < 2:
-            return FeaturePath(one, sink=self)
+            return Path(one)
         opening = one.tokens  # (b, 1)
         block = torch.cat([opening, opening.new_full((opening.shape[0], width - 1), self.mask_id)], dim=1)  # (b, w)
         positions = self.cache.lengths[:, None] + torch.arange(width, device=opening.device)  # the rows' next positions
-        out = self.drafter.draft(self.cache, model.embed_tokens(block), positions)  # (b, w, D)
-        logits = restricted(model, model.logits_first(out[:, 1:]))  # (b, w - 1, V): the tokens at 1..w-1
+        out = self.drafter.draft(self.cache, target.embed_tokens(block), positions)  # (b, w, D)
+        logits = restricted(target, target.logits_first(out[:, 1:]))  # (b, w - 1, V): the tokens at 1..w-1
         if criterion.stochastic:
-            return FeaturePath(Block.cat([one, criterion.draft(logits)]), sink=self)
-        tokens = run.rules.forced_proposals(run.book, torch.cat([opening, argmax(logits)], dim=1))
-        return FeaturePath(Block(tokens), sink=self)
+            return Path(Block.cat([one, criterion.draft(logits)]))
+        return Path(Block(torch.cat([opening, argmax(logits)], dim=1)))
 
-    def advance(self, run: Any, outcome: Outcome, rows: Tensor | None) -> None:
+    def advance(self, state: DecodeState, outcome: Outcome, features: Features, rows: Tensor | None) -> None:
         """The verify pass's features at the positions each row accepted join its context."""
-        features, self.pending = self.pending, None
         if rows is not None:
             self.cache.select(rows)
-            features = features[rows]  # type: ignore[index]
-        n = features.shape[1]  # type: ignore[union-attr]
-        positions = self.cache.lengths[:, None] + torch.arange(n, device=features.device)  # type: ignore[union-attr]
-        self.drafter.extend(self.cache, features, positions, outcome.accepted)
+        layers = features.layers  # (b, w, A * D)
+        n = layers.shape[1]  # type: ignore[union-attr]
+        positions = self.cache.lengths[:, None] + torch.arange(n, device=layers.device)  # type: ignore[union-attr]
+        self.drafter.extend(self.cache, layers, positions, outcome.accepted)
+        self.cache.bound(self.prompt_width + state.longest)  # each row: its prompt and what it committed

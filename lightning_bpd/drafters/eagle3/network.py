@@ -328,12 +328,13 @@ class Eagle3Drafter(nn.Module):
 
     # ---- drafting -------------------------------------------------------------------------------------------
     def new_cache(self, batch_size: int, capacity: int, *, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None) -> Eagle3Cache:
-        """An empty cache sized for this drafter (dtype/device default to the parameters')."""
+                  device: torch.device | str | None = None, check: bool = False) -> Eagle3Cache:
+        """An empty cache sized for this drafter (dtype/device default to the parameters'; ``check``: refuse bad
+        counts and overflows, reading the host)."""
         p = self.fc.weight
         c = self.config
         return Eagle3Cache(1, batch_size, capacity, c.num_kv_heads, c.head_dim, dtype=dtype or p.dtype,
-                           device=device or p.device)
+                           device=device or p.device, check=check)
 
     def extend(self, cache: Eagle3Cache, inputs: Tensor, tokens: Tensor, positions: Tensor,
                counts: Tensor | None = None, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -32,7 +32,7 @@ directly, byte for byte, by :mod:`lightning_bpd.drafters.eagle3.gguf` (``export-
 
 :func:`read_speculators` reads such a folder back into an :class:`Eagle3Drafter`.
 
-Wired into ``export-heads --format speculators`` (:func:`lightning_bpd.commands.export_heads.export_eagle3`): an
+Wired into ``export-heads --format speculators`` (:meth:`lightning_bpd.drafters.eagle3.kind.Eagle3Kind.export`): an
 EAGLE-3 run's ``write_speculators(module.drafter, out, module.hparams.pretrained)`` (the verifier's architectures and
 fit read from that directory), then each of ``serving_notes(module.drafter.config)`` on stderr, and a warning where a
 target layer is the target's last (``eagle_aux_hidden_state_layer_ids`` = the number of layers: transformers gives

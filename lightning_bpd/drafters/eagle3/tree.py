@@ -14,8 +14,8 @@ them where there are fewer). With ``chain_first`` (the default) the drafter's ow
 child ..., what :class:`~lightning_bpd.drafters.eagle3.proposer.Eagle3` drafts) is always expanded and always in the
 tree, its ``depth`` nodes first, so a tree accepts at least what the chain of ``depth + 1`` would; the confidence
 ranks the rest. The tree's entries leave the
-drafter's cache once it is drafted. The target verifies the tree in one pass (``decode_tree_features``) and the
-features along the accepted path wait for the next iteration.
+drafter's cache once it is drafted. The loop verifies the tree in one pass of the target, with the layers the drafter
+reads, and the features along the accepted path wait for the next iteration.
 
 Exact only, as every dynamic tree: the deepest node whose path is greedy's wins, so the output is greedy's.
 """
@@ -31,8 +31,11 @@ from torch import Tensor
 from lightning_bpd.decoding.acceptance import Criterion, Exact
 from lightning_bpd.decoding.candidates import Outcome, RowTree
 from lightning_bpd.decoding.proposers.base import opening_token
-from lightning_bpd.decoding.proposers.dynamic_tree import RowTrees, log_probs, select
-from lightning_bpd.decoding.protocol import BlockwiseModel, Cache, Context
+from lightning_bpd.decoding.proposers.dynamic_tree import log_probs, select
+from lightning_bpd.decoding.protocol import BlockwiseModel
+from lightning_bpd.decoding.state import DecodeState, Features
+from lightning_bpd.decoding.target import target_of
+from lightning_bpd.decoding.trees.rows import RowTrees
 from lightning_bpd.decoding.trees.tree import DynamicTree, Tree
 from lightning_bpd.drafters.eagle3.proposer import Eagle3, Eagle3Drafting
 from lightning_bpd.nn.argmax import top_ranks
@@ -45,15 +48,16 @@ def check_tree_target(drafter: Any, model: BlockwiseModel, criterion: Criterion,
     """What every EAGLE-3 tree (``kind``: dynamic or static) needs of its target and rule: the target's features on
     a tree, exact acceptance (the accepted path is unique only under it), the drafter's vocabulary; ValueError, one
     line."""
-    if model.encode_features is None or model.decode_tree_features is None:
+    spec = target_of(model).spec
+    if not spec.tree_layers:
         raise ValueError(f"{type(model).__name__} offers no target features on a tree (encode_features, "
                          "decode_tree_features): an EAGLE-3 tree needs a causal base")
     if not isinstance(criterion, Exact):
         raise ValueError(  # noqa: TRY004 (a rule this proposer cannot serve: the decoders' one-line ValueError)
             f"EAGLE-3 {kind} trees take exact acceptance, not {criterion.name}")
-    if model.vocab_size is not None and int(drafter.config.vocab_size) != model.vocab_size:
+    if spec.vocab_size is not None and int(drafter.config.vocab_size) != spec.vocab_size:
         raise ValueError(f"the EAGLE-3 drafter's vocabulary ({drafter.config.vocab_size}) is not the "
-                         f"target's ({model.vocab_size}): it was trained on another target")
+                         f"target's ({spec.vocab_size}): it was trained on another target")
 
 
 @dataclass(frozen=True)
@@ -94,9 +98,11 @@ class Eagle3Tree(Eagle3):
             front = min(expand, front * spec.width)
         return total
 
-    def start(self, run: Any) -> Eagle3TreeDrafting:
-        return Eagle3TreeDrafting(self.drafter, self.width, tuple(self.drafter.config.target_layer_ids),
-                                  spec=self.spec, expand=self.expand, chain_first=self.chain_first)
+    def start(self, state: DecodeState, prompt: Features) -> Eagle3TreeDrafting:
+        drafting = Eagle3TreeDrafting(self.drafter, self.width, self.reads, spec=self.spec, expand=self.expand,
+                                      chain_first=self.chain_first)
+        drafting.fill(state, prompt)
+        return drafting
 
 
 @dataclass
@@ -119,16 +125,16 @@ class Eagle3TreeDrafting(Eagle3Drafting):
         """The tree's entries: the expanded nodes, at most ``expand`` per depth."""
         return (self.expand or self.spec.width) * self.spec.depth + 1
 
-    def propose(self, run: Any, h: Tensor, first: Tensor | None) -> FeatureRowTree:
-        model, spec, expand = run.model, self.spec, self.expand or self.spec.width
-        first = opening_token(run, h, first)  # (b,)
-        state, logits = self.settle(first)  # (b, D), (b, Vd): the root's entry, depth 1's logits
-        committed = self.cache.lengths.clone()  # (b,)
+    def propose(self, state: DecodeState, features: Features) -> RowTree:
+        target, spec, expand = state.target, self.spec, self.expand or self.spec.width
+        first = opening_token(state, features)  # (b,)
+        root, logits = self.settle(state, first)  # (b, D), (b, Vd): the root's entry, depth 1's logits
+        committed, span = self.cache.lengths.clone(), self.cache.span  # (b,), host
         b = first.shape[0]
         zero = first.new_zeros(b, 1)
         front, front_tokens = zero, first[:, None]  # (b, m): the nodes expanded at this depth, their tokens
-        front_scores = state.new_zeros(b, 1).float()
-        states, logits = state[:, None], logits[:, None]  # (b, m, D), (b, m, Vd): each front node's entry
+        front_scores = root.new_zeros(b, 1).float()
+        states, logits = root[:, None], logits[:, None]  # (b, m, D), (b, m, Vd): each front node's entry
         tokens, scores, depths, parents = [first[:, None]], [front_scores], [zero], [zero]
         ranks = [front_scores]  # (b, m) per depth: what the selection ranks by (the chain's nodes first, +inf)
         self.candidates = tokens  # the candidates' tokens by depth so far (read by tests of the tree's entries)
@@ -139,7 +145,7 @@ class Eagle3TreeDrafting(Eagle3Drafting):
             if d > 1:  # the last depth's expanded nodes into the cache: their states and logits
                 states, logits = self.grow_entries(states, front_tokens, front, ancestors, committed, d)
                 self.slots = torch.cat([self.slots, front], dim=1)
-            drafted = self.target_logits(model, logits)  # (b, m, V)
+            drafted = self.target_logits(target, logits)  # (b, m, V)
             kids = top_ranks(drafted, spec.width)  # (b, m, W) target ids
             kid_logp = log_probs(drafted).gather(-1, kids)  # (b, m, W)
             score = (front_scores[:, :, None] + kid_logp).reshape(b, -1)  # (b, m * W): every child a candidate
@@ -160,10 +166,10 @@ class Eagle3TreeDrafting(Eagle3Drafting):
                 states = states.gather(1, (keep // spec.width)[:, :, None].expand(-1, -1, states.shape[-1]))
                 front, front_tokens, front_scores = count + keep, kid_tokens.gather(1, keep), score.gather(1, keep)
             count += new
-        self.cache.crop(committed)  # the tree's entries go; the verify pass's features replace them
+        self.cache.crop(committed, span)  # the tree's entries go; the verify pass's features replace them
         trees = select(torch.cat(tokens, 1), torch.cat(ranks, 1), torch.cat(depths, 1), torch.cat(parents, 1), spec)
         self.trees = trees
-        return FeatureRowTree(trees, sink=self)
+        return RowTree(trees)
 
     def grow_entries(self, states: Tensor, tokens: Tensor, front: Tensor, ancestors: Tensor, committed: Tensor,
                      d: int) -> tuple[Tensor, Tensor]:
@@ -172,7 +178,7 @@ class Eagle3TreeDrafting(Eagle3Drafting):
         entries, its ancestors' entries (tree slot j, at ``committed + j``, holds candidate ``self.slots[:, j]``)
         and itself -> their output states (b, m, D) and logits (b, m, Vd)."""
         b, m = front.shape
-        c = int(self.cache.lengths.max())  # the longest row's entries, the tree's so far included
+        c = self.cache.span  # a host bound on the longest row's entries, the tree's so far included (the view's)
         rel = torch.arange(c, device=front.device)[None, :] - committed[:, None]  # (b, C): < 0 committed
         s = self.slots.shape[1]
         in_tree = (rel >= 0) & (rel < s)  # (b, C): the row's tree slots so far
@@ -184,15 +190,13 @@ class Eagle3TreeDrafting(Eagle3Drafting):
         positions = (committed + d - 1)[:, None].expand(b, m)  # the root sits at position ``committed``
         return self.drafter.extend(self.cache, states, tokens, positions, mask=torch.cat([seen, itself], dim=-1))
 
-    def advance(self, run: Any, outcome: Outcome, rows: Tensor | None) -> None:
+    def advance(self, state: DecodeState, outcome: Outcome, features: Features, rows: Tensor | None) -> None:
         """The verify pass's features along each row's accepted path wait for the next proposal, with the accepted
         tokens after the root."""
-        features, self.pending = self.pending, None
         if rows is not None:
             self.cache.select(rows)
-            features = features[rows]  # type: ignore[index]
-        path = outcome.path  # (b, depth + 1): the accepted nodes, root first
-        self.features = features.gather(1, path[:, :, None].expand(-1, -1, features.shape[-1]))  # type: ignore[union-attr]
+        layers, path = features.layers, outcome.path  # (b, N, A*D), (b, depth + 1): the accepted nodes, root first
+        self.features = layers.gather(1, path[:, :, None].expand(-1, -1, layers.shape[-1]))  # type: ignore[union-attr,index]
         self.tokens = outcome.tokens[:, 1:]  # (b, depth)
         self.counts = outcome.accepted.to(torch.long)
 
@@ -218,9 +222,10 @@ class Eagle3StaticTree(Eagle3):
         check_tree_target(self.drafter, model, criterion, "static")
         return criterion
 
-    def start(self, run: Any) -> Eagle3StaticTreeDrafting:
-        return Eagle3StaticTreeDrafting(self.drafter, self.width, tuple(self.drafter.config.target_layer_ids),
-                                        tree=self.tree)
+    def start(self, state: DecodeState, prompt: Features) -> Eagle3StaticTreeDrafting:
+        drafting = Eagle3StaticTreeDrafting(self.drafter, self.width, self.reads, tree=self.tree)
+        drafting.fill(state, prompt)
+        return drafting
 
 
 @dataclass
@@ -234,17 +239,17 @@ class Eagle3StaticTreeDrafting(Eagle3TreeDrafting):
         """The tree's entries: its nodes with children, the root's in the committed ones."""
         return sum(1 for n in range(1, self.tree.size) if self.tree.children(n)) + 1
 
-    def propose(self, run: Any, h: Tensor, first: Tensor | None) -> FeatureRowTree:
-        tree, model = self.tree, run.model
-        first = opening_token(run, h, first)  # (b,)
-        state, logits = self.settle(first)  # (b, D), (b, Vd): the root's entry, its children's logits
-        committed = self.cache.lengths.clone()
+    def propose(self, state: DecodeState, features: Features) -> RowTree:
+        tree, target = self.tree, state.target
+        first = opening_token(state, features)  # (b,)
+        root, logits = self.settle(state, first)  # (b, D), (b, Vd): the root's entry, its children's logits
+        committed, span = self.cache.lengths.clone(), self.cache.span
         b, device = first.shape[0], first.device
         tokens = first.new_zeros(b, tree.size)  # (b, N): each node's token, in the tree's order
         tokens[:, 0] = first
         self.candidates = [tokens]  # the nodes' tokens as they are filled (read by tests of the tree's entries)
         ancestors = tree.ancestors(device).expand(b, -1, -1)  # (b, N, N): a node and its ancestors
-        states, node_logits = {0: state}, {0: logits}  # each extended node's output state and logits (b, D), (b, Vd)
+        states, node_logits = {0: root}, {0: logits}  # each extended node's output state and logits (b, D), (b, Vd)
         self.slots = first.new_zeros(b, 0)
         for d in range(1, tree.depth + 1):
             parents = [n for n in tree.at_depth(d - 1) if tree.children(n)]
@@ -255,16 +260,16 @@ class Eagle3StaticTreeDrafting(Eagle3TreeDrafting):
                 self.slots = torch.cat([self.slots, front], dim=1)
                 for i, n in enumerate(parents):
                     states[n], node_logits[n] = out[:, i], drafted[:, i]
-            ranked = top_ranks(self.target_logits(model, torch.stack([node_logits[n] for n in parents], dim=1)),
+            ranked = top_ranks(self.target_logits(target, torch.stack([node_logits[n] for n in parents], dim=1)),
                                1 + max(tree.ranks[c] for n in parents for c in tree.children(n)))  # (b, m, R)
             for i, n in enumerate(parents):
                 for c in tree.children(n):
                     tokens[:, c] = ranked[:, i, tree.ranks[c]]
-        self.cache.crop(committed)  # the tree's entries go; the verify pass's features replace them
+        self.cache.crop(committed, span)  # the tree's entries go; the verify pass's features replace them
         parent_ids = torch.tensor([max(p, 0) for p in tree.parents], device=device).expand(b, -1)  # the root's: 0
         depths = torch.tensor(tree.depths, device=device).expand(b, -1)
         self.trees = RowTrees.of(tokens, depths.contiguous(), parent_ids.contiguous(), tree.depth)
-        return FeatureRowTree(self.trees, sink=self)
+        return RowTree(self.trees)
 
 
 def grown(ancestors: Tensor, parents: Tensor) -> Tensor:
@@ -279,17 +284,4 @@ def grown(ancestors: Tensor, parents: Tensor) -> Tensor:
     return out
 
 
-@dataclass
-class FeatureRowTree(RowTree):
-    """A tree per row whose verify pass also hands the target's features at the drafter's layers to ``sink``."""
-
-    sink: Eagle3TreeDrafting | None = None
-
-    def verify_pass(self, model: BlockwiseModel, context: Context, cache: Cache) -> Tensor:
-        t = self.trees
-        hidden, self.sink.pending = model.decode_tree_features(  # type: ignore[union-attr,misc]
-            t.tokens, t.depths, t.ancestors, context, cache, self.sink.layers)  # type: ignore[union-attr]
-        return hidden  # (b, N, D)
-
-
-__all__ = ["Eagle3StaticTree", "Eagle3Tree", "FeatureRowTree", "grown"]
+__all__ = ["Eagle3StaticTree", "Eagle3Tree", "grown"]

@@ -1,5 +1,6 @@
-"""``bench-drafters`` (issue 54's one table): heads and drafter runs of one base on the same prompts, every row equal
-to ``generate``, each with its training cost; runs of another base, bad pairs and unknown names are one line."""
+"""``bench --run`` (issue 54's one table, once ``bench-drafters``, which still runs with one deprecation line): heads
+and drafter runs of one base on the same prompts, every row equal to ``generate``, each with its training cost; a run
+under another proposer (``NAME=CKPT@PROPOSER``); runs of another base, bad pairs and unknown names are one line."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from lightning_bpd.benchmarks.lm_generate import GENERATE, LOOKUP
 from lightning_bpd.callbacks.training_clock import STATE_KEY
+from lightning_bpd.commands.bench import main as bench
+from lightning_bpd.commands.bench_drafters import DEPRECATED
 from lightning_bpd.commands.bench_drafters import main as bench_drafters
 from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP
 from lightning_bpd.tasks.lm.module import LMModule
@@ -55,11 +58,16 @@ def args_of(root: Path, *runs: str) -> list[str]:
         "--prompt-lookup-tokens", "3"]
 
 
+def new_args(root: Path, *runs: str) -> list[str]:
+    """:func:`args_of` in ``bench``'s spelling: prompt lookup's settings in ``--peers``, the device named."""
+    old = args_of(root, *runs)
+    return [*old[: old.index("--prompt-lookup-tokens")], "--peers", "generate,prompt-lookup:2:3", "--device", "cpu"]
+
+
 def test_one_table_of_heads_and_drafters_every_row_equals_generate(runs, checkpoint, capsys):
     out = runs / "table.json"
-    result = bench_drafters([*args_of(runs, "chained", "medusa", "dflash", "eagle3"), "--batch-sizes", "1", "2",
-                             "--tree-nodes", "0", "5", "--minutes", "chained=2.5", "--k", "eagle3=3",
-                             "--json", str(out)])
+    result = bench([*new_args(runs, "chained", "medusa", "dflash", "eagle3"), "--batch-sizes", "1", "2",
+                    "--tree-nodes", "0", "5", "--minutes", "chained=2.5", "--k", "eagle3=3", "--json", str(out)])
     assert result["methods"] == [GENERATE, LOOKUP, "chained", "chained+nodes5", "medusa", "medusa+nodes5", "dflash",
                                  "eagle3", "eagle3+tree5", OURS_LOOKUP]
     for bs in ("1", "2"):
@@ -84,6 +92,26 @@ def test_one_table_of_heads_and_drafters_every_row_equals_generate(runs, checkpo
     assert saved["runs"]["eagle3"]["minutes_from"] == "the checkpoint's training clock"
     assert saved["runs"]["eagle3"]["k"] == 3 and saved["runs"]["dflash"]["k"] is None
     assert "| eagle3+tree5 | EAGLE-3 |" in capsys.readouterr().out
+
+
+def test_a_run_proposes_as_its_proposer_spelling_says_and_the_old_command_still_runs(runs, capsys):
+    pairs = [f"heads4={runs / 'chained'}@tree:4", f"lookup={runs / 'chained'}@prompt-lookup:2:3",
+             f"e3={runs / 'eagle3.ckpt'}@dynamic:5"]
+    argv = [x for pair in pairs for x in ("--run", pair)]
+    argv = [*argv, "--input", str(runs / "prompts.jsonl"), "--max-new-tokens", str(N), "--warmup", "0",
+            "--batch-sizes", "1", "--device", "cpu", "--peers", "generate"]
+    result = bench(argv)
+    assert result["methods"] == [GENERATE, LOOKUP, "heads4", "lookup", "e3", OURS_LOOKUP]
+    assert all(result["batch_sizes"]["1"][r]["differs_from_hf_generate"] == 0 for r in ("heads4", "lookup", "e3"))
+    assert result["runs"]["e3"]["spelling"] == "dynamic:5" and result["runs"]["e3"]["proposer"] == "EAGLE-3"
+    capsys.readouterr()
+    with pytest.raises(SystemExit, match="a DFlash checkpoint's drafter proposes blocks"):
+        bench(["--run", f"d={runs / 'dflash.ckpt'}@dynamic:5", *argv[6:]])
+    with pytest.raises(SystemExit, match="^bench: --peers llamacpp with --run: not yet in the table"):
+        bench([*argv, "--peers", "llamacpp"])
+    old = bench_drafters([*args_of(runs, "chained"), "--batch-sizes", "1", "--warmup", "0"])
+    assert old["methods"] == [GENERATE, LOOKUP, "chained", OURS_LOOKUP]
+    assert capsys.readouterr().err.splitlines().count(DEPRECATED) == 1
 
 
 def test_runs_of_another_base_bad_pairs_and_unknown_names_are_one_line(runs, checkpoint, tmp_path):

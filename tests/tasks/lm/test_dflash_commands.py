@@ -19,7 +19,7 @@ import lightning_bpd
 from lightning_bpd.benchmarks.lm_generate import GENERATE, LOOKUP
 from lightning_bpd.callbacks.decode_eval import build_methods, run_decode_eval
 from lightning_bpd.commands.bench_generate import main as bench
-from lightning_bpd.commands.bench_generate_lm import DFLASH, OURS_LOOKUP
+from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP
 from lightning_bpd.commands.decode import main as decode_main
 from lightning_bpd.decoding import greedy_decode
 from lightning_bpd.drafters.dflash.module import check_drafter_fits, load_drafter
@@ -30,6 +30,7 @@ from lightning_bpd.tasks.translation.hf_module import save_heads
 from tests.tasks.lm.tiny_dflash import PROMPTS, write_dflash
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+DFLASH = "dflash"  # the row of a DFlash run (the row of a drafter kind is its registry name)
 N = 12  # new tokens
 
 
