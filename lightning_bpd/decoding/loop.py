@@ -5,8 +5,8 @@ model's own heads, a static or dynamic tree of them, a draft model, prompt looku
 (:mod:`lightning_bpd.drafters`), or one written outside the package). The loop owns the target and reads it through
 the narrow :class:`~lightning_bpd.decoding.target.Target` (``target = target_of(model)``, once per decode): it runs
 the prefill and every verify pass, and hands the proposer the hidden states of the layers it reads
-(``drafter.reads``). Setup once (the prefill, the proposer's start on the prompts' features, the first call on the start token), then per
-iteration::
+(``drafter.reads``). Setup once (the prefill, the proposer's start on the prompts' features, the first call on the
+start token), then per iteration::
 
     state.width = book.block_width(drafter.width, room)        # the room clamp, once for every proposer
     candidates  = drafter.propose(state, Features(last, first))  # a path (b, w) or a tree (b, N) per row
@@ -51,8 +51,8 @@ def ask(drafter: Proposer, state: DecodeState, last: Tensor, first: Tensor | Non
 
 
 @torch.no_grad()
-def decode(model: BlockwiseModel | Target, src: Tensor, criterion: Criterion | None = None, proposer: Proposer | None = None,
-           max_len: int = 256) -> DecodeResult:
+def decode(model: BlockwiseModel | Target, src: Tensor, criterion: Criterion | None = None,
+           proposer: Proposer | None = None, max_len: int = 256) -> DecodeResult:
     """Decode ``src`` (B, S) with ``proposer``'s candidates (default: the model's own heads,
     :class:`~lightning_bpd.decoding.proposers.Heads`), each iteration verified in one call of ``model``: a base
     (read through :func:`~lightning_bpd.decoding.target.target_of`) or a :class:`~lightning_bpd.decoding.target.Target`

@@ -135,8 +135,10 @@ class Target(Protocol):
 
 class TargetView:
     """:class:`Target` over a model of the wide protocol (``model``: a base, a runtime, a stub). Its members read
-    the model's when first used (a member the model lacks is not offered, as an optional member that is None), so a
-    view made once per decode costs a call per pass and nothing more."""
+    the model's when first used, so a view made once per decode costs a call per pass and nothing more. The ids,
+    rules and p_1 are read as the protocol declares them (a model lacking one fails loudly); a verify pass the model
+    lacks altogether is not offered (``spec``: as an optional member that is None), and a proposer needing it says
+    so in its check."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -148,15 +150,14 @@ class TargetView:
         def offered(*names: str) -> bool:
             return all(getattr(m, name, None) is not None for name in names)
 
-        return TargetSpec(m.pad_id, m.bos_id, m.eos_id, getattr(m, "vocab_size", None), offered("decode_tree"),
+        return TargetSpec(m.pad_id, m.bos_id, m.eos_id, m.vocab_size, offered("decode_tree"),
                           offered("encode_features", "decode_step_features"),
                           offered("encode_features", "decode_tree_features"))
 
     @functools.cached_property
     def rules(self) -> TargetRules:
         m = self.model
-        return TargetRules(getattr(m, "generation_rules", None), getattr(m, "rules_history", None),
-                           getattr(m, "decode_room", None))
+        return TargetRules(m.generation_rules, m.rules_history, m.decode_room)
 
     def prefill(self, src: Tensor, layers: Layers = ()) -> tuple[Any, Features | None]:
         if not layers:
@@ -192,7 +193,7 @@ class TargetView:
 
     @functools.cached_property
     def _own_argmax(self) -> Callable[[Tensor], Tensor] | None:
-        return getattr(self.model, "argmax_first", None)
+        return self.model.argmax_first
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         return self.model.embed_tokens(tokens)

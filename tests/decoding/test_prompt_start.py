@@ -9,7 +9,8 @@ from lightning_bpd.decoding.generation_rules import GenerationRules, RuleBook, r
 
 
 class Stub:
-    pad_id, eos_id, bos_id, vocab_size, rules_history = 1, 2, 0, 10, None  # the ids every target has
+    pad_id, eos_id, bos_id, vocab_size = 1, 2, 0, 10  # the ids every target has
+    rules_history = decode_room = None  # the rules members besides generation_rules: none
 
     def __init__(self, rules: GenerationRules) -> None:
         self.generation_rules = rules
