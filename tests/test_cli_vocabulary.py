@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_bpd.commands import bench, bench_generate, decode, distill, make_base
+from lightning_bpd.commands import bench, decode, distill, make_base
 from lightning_bpd.commands.proposer_option import ProposerChoice, proposer_arg
 from lightning_bpd.decoding import Tree
 from lightning_bpd.decoding.trees.tree import DynamicTree
@@ -28,7 +28,6 @@ RENAMED = [
     (decode, ["--ckpt", "c"], "--draft", "--proposer", "d.ckpt", "proposer", proposer_arg("draft:d.ckpt")),
     (distill, ["--ckpt", "c", "--out", "o"], "--new-tokens", "--max-new-tokens", "7", "new_tokens", 7),
     (bench, ["--ckpt", "c"], "--inputs", "--limit", "9", "inputs", 9),
-    (bench_generate, ["--ckpt", "c"], "--inputs", "--limit", "9", "inputs", 9),
     (make_base, ["--out", "o"], "--data", "--data-root", "corpus", "data", "corpus"),
 ]
 NEW_VALUE = {"--proposer": {"16": "tree:16", "0;1;0,0": "tree:0;1;0,0", "d.ckpt": "draft:d.ckpt"}}
@@ -46,6 +45,36 @@ def test_an_old_spelling_reads_the_same_value_and_says_once_what_to_use(capsys, 
     assert getattr(by_old, key) == value
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"{old} is deprecated: use {new}"), err
+
+
+def test_bench_generate_and_bench_drafters_map_their_options_onto_bench(capsys):
+    """The two old benches' command lines in ``bench``'s spelling (what their one deprecation line prints and runs):
+    prompt lookup, the assistant, llama.cpp's binaries and CTranslate2's conversions as ``--peers``."""
+    from lightning_bpd.commands.old_benches import drafters_argv
+    from lightning_bpd.commands.old_benches import generate_argv as new_argv
+
+    argv = new_argv(["--ckpt", "c", "--inputs", "9", "--prompt-lookup-tokens", "4", "--assistant", "d", "--peers",
+                     "llamacpp", "ctranslate2", "--llamacpp-bin=b", "--ct2-quantizations", "int8", "float16", "--k", "3"])
+    assert argv == ["--ckpt", "c", "--limit", "9", "--k", "3", "--peers",
+                    "generate,prompt-lookup:2:4,assisted:d,llamacpp:b,ctranslate2:int8,ctranslate2:float16"]
+    args = bench.build_parser().parse_args(argv)
+    peers = bench.peer_choice(args.peers)
+    assert (peers.ngram, peers.tokens, peers.assistant, peers.llamacpp_bin) == (2, 4, "d", "b")
+    assert peers.quantizations == ("int8", "float16") and args.inputs == 9 and args.k == [3]
+    assert new_argv(["--ckpt", "c"]) == ["--ckpt", "c", "--peers", "generate,prompt-lookup"]
+    assert new_argv(["--ckpt", "c", "--peers", "ctranslate2"])[-1] == "generate,prompt-lookup,ctranslate2"
+    with pytest.raises(ValueError, match="add --peers llamacpp"):
+        new_argv(["--ckpt", "c", "--llamacpp-bin", "b"])
+    old = drafters_argv(["--run", "a=x", "--k", "a=3", "--max-matching-ngram", "3"])
+    assert old == ["--run", "a=x", "--k", "a=3", "--peers", "generate,prompt-lookup:3:10", "--limit", "64",
+                   "--batch-sizes", "1", "--device", "cpu"]
+    bench.build_parser().parse_args(old)
+    assert capsys.readouterr().err == ""
+    for bad in ("llama", "generate:x", "assisted", "prompt-lookup:2", "prompt-lookup:0:3"):
+        with pytest.raises(ValueError, match=r"^--peers "):
+            bench.peer_item(bad)
+    with pytest.raises(ValueError, match="given twice"):
+        bench.peer_choice(["assisted:a,assisted:b"])
 
 
 def test_old_spellings_are_hidden_from_help():

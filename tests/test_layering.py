@@ -62,7 +62,7 @@ DRAFTER_FILES = {
     "network": 1, "layers": 1, "cache": 1,
     "proposer": 2, "proposing": 2, "tree": 2,
     "speculators": 4,
-    "gguf": 5, "module": 5, "trainer": 5, "kind": 5, "registry": 5,
+    "gguf": 5, "module": 5, "trainer": 5, "target": 5, "kind": 5, "registry": 5,
 }
 TORCH_ONLY = {"network", "layers", "cache", "proposer", "proposing", "tree"}
 
@@ -160,7 +160,7 @@ def circles(edges: dict[str, set[str]]) -> set[frozenset[str]]:
 def layer(name: str) -> int:
     parts = name.split(".")
     if len(parts) > 1 and parts[1] == "drafters":
-        return DRAFTER_FILES[parts[-1]] if parts[-1] in DRAFTER_FILES else 0  # 0: a folder's package file
+        return DRAFTER_FILES.get(parts[-1], 0)  # 0: a folder's package file
     return LAYERS["__init__" if len(parts) == 1 else parts[1]]
 
 

@@ -17,11 +17,27 @@ automatically); ``draft:<criterion>`` lets the ``--draft`` checkpoint propose in
     python -m lightning_bpd bench --ckpt runs/m30k-k8-frozen/last.ckpt --draft runs/m30k-draft/last.ckpt \\
         --input src.en --criteria exact draft:exact sample_t1 draft:sample_t1 --batch-sizes 1
 
+Against a Hugging Face base's own ``generate`` (what ``bench-generate`` did, which still runs with one deprecation
+line): ``--ckpt`` a Hugging Face heads run, a ``save_heads`` folder or a drafter kind's run (``--base DIR`` where its
+target moved) with ``--peers`` (a language model's checkpoint always; a seq2seq one when ``--peers`` is given) decodes
+the same inputs with ``generate`` (greedy, the reference of every row), transformers' prompt lookup and ours (exact,
+with the heads or the drafter; ``--tree-nodes`` rows; our prompt lookup), and the peers asked for: ``assisted:DRAFT``
+(transformers' assisted generation with that draft model, batch 1), ``llamacpp[:BIN]`` (llama.cpp on the base written
+as a float32 GGUF: llama-cpp-python, or BIN's ``llama-speculative-simple`` from ``build-llamacpp``, alone and with a
+drafter checkpoint's drafter; ``--llamacpp-threads``, ``--gguf``), ``ctranslate2[:QUANT]`` (a seq2seq base converted
+by CTranslate2, float32 and int8 unless QUANT names one; repeat it for several) (:mod:`lightning_bpd.commands.
+bench_generate`; its record: ``hf_generate``, ``hf_prompt_lookup``, ``exact`` or the kind's row, ...)::
+
+    python -m lightning_bpd bench --ckpt runs/code-lm/frozen/last.ckpt --data-root ../shared/data/code/python-stdlib/Lib \\
+        --split test --limit 64 --max-new-tokens 64 --batch-sizes 1 32 \\
+        --peers generate,prompt-lookup,assisted:runs/code-lm/draft-export,llamacpp --json results/lm_generate.json
+
 Runs of one Hugging Face causal base (heads, or any registered drafter kind's run) go in one table with ``--run
 NAME=CKPT[@PROPOSER]`` (repeated; what ``bench-drafters`` did, which still runs with one deprecation line): every
 row exact and counted against the base's own ``generate``, transformers' prompt lookup (``--peers
-generate,prompt-lookup[:NGRAM:TOKENS]``, default 2:10) and ours, each run with its training cost
-(:mod:`lightning_bpd.commands.bench_drafters`); ``--k NAME=K`` a run's block, ``--tree-nodes`` its tree rows::
+generate,prompt-lookup[:NGRAM:TOKENS]``, default 2:10; ``assisted:DRAFT`` adds assisted generation) and ours, each
+run with its training cost (:mod:`lightning_bpd.commands.bench_drafters`); ``--k NAME=K`` a run's block,
+``--tree-nodes`` its tree rows::
 
     python -m lightning_bpd bench --run heads=runs/code-lm/frozen/last.ckpt --run dflash=runs/code-lm/dflash/last.ckpt \\
         --run e3=runs/code-lm/eagle3/last.ckpt@dynamic:16 --data-root ../shared/data/code/python-stdlib/Lib \\
@@ -34,12 +50,14 @@ import argparse
 import copy
 import statistics
 import sys
+from dataclasses import dataclass
 
 import torch
 
 from lightning_bpd.benchmarks.ctranslate2_peer import Peers
 from lightning_bpd.benchmarks.lm_prompts import add_prompt_args
-from lightning_bpd.checkpoints import load_model
+from lightning_bpd.checkpoints import load_error, load_model
+from lightning_bpd.commands.proposer_option import LOOKUP_NGRAM, LOOKUP_TOKENS
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 from lightning_bpd.decoding.trees.budget import tree_nodes_arg
 from lightning_bpd.decoding.trees.tree import DynamicTree, Tree, parse_tree
@@ -59,8 +77,15 @@ from lightning_bpd.records import device_name, write_json
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", default=None, help="checkpoint of a translation or super-resolution run (or --run)")
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="old spellings, each still working with one deprecation line: --inputs (--limit), "
+                                       "--draft-vocab-from TEXT (--draft-vocab N:TEXT); the commands bench-generate "
+                                       "(--ckpt CKPT --peers generate,...) and bench-drafters (--run NAME=CKPT ...)")
+    p.add_argument("--ckpt", default=None,
+                   help="the checkpoint to bench (or --run): a translation or super-resolution run (--criteria against "
+                        "greedy), or a Hugging Face heads run, save_heads folder or drafter's run (against its base's "
+                        "generate: a language model's always, a seq2seq one with --peers)")
+    p.add_argument("--base", default=None, help="--ckpt's base (a drafter's target) directory, if it moved since the run")
     p.add_argument("--run", action="append", default=None, metavar="NAME=CKPT[@PROPOSER]",
                    help="a run of a Hugging Face causal base to bench under NAME (repeat; all on one base): heads or a "
                         "drafter kind's checkpoint, proposing as its own (heads, its drafter) or as PROPOSER (tree:N, "
@@ -70,8 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", default=None, help="translation: source sentences, one per line (.gz allowed)")
     p.add_argument("--images", default=None,
                    help="super-resolution: CelebA folder (default: synthetic faces); the val split is used")
-    p.add_argument("--criteria", nargs="+", default=["exact", "top2"],
-                   help="methods: exact, topN, epsX, minL[_rule], sample_tX[_pY], draft:<any of these>")
+    p.add_argument("--criteria", nargs="+", default=None,
+                   help="--ckpt of our own base: the methods (default exact top2): exact, topN, epsX, minL[_rule], "
+                        "sample_tX[_pY], draft:<any of these>; against generate ours is exact")
     p.add_argument("--k", type=k_value, nargs="+", action="extend", default=None, metavar="K|NAME=K",
                    help="heads to use (default: all); with a draft, the block size (default: the model's k, >= 2). "
                         "Several values run every method at each k, named <method>@k<k>, against one baseline; with "
@@ -102,34 +128,106 @@ def build_parser() -> argparse.ArgumentParser:
     add_timing_args(p)
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--peers", type=peer_list, nargs="*", action="extend", default=None, metavar="PEER,...",
-                   help="what else decodes the same inputs: generate, prompt-lookup[:NGRAM:TOKENS] (transformers'), "
-                        "assisted, llamacpp, ctranslate2. --ckpt: ctranslate2 (float32 and int8 greedy decoding of a "
-                        "random-weight Transformer of the checkpoint's shape, forced to greedy's output lengths; pip "
-                        "install -e '.[peers]'); --run: generate and prompt-lookup (the default, always in its table)")
-    add_prompt_args(p)
+                   help="what else decodes the same inputs (comma-separated): generate (the base's own, greedy: the "
+                        "reference), prompt-lookup[:NGRAM:TOKENS] (transformers'; default 2:10), assisted:DRAFT "
+                        "(transformers' assisted generation with DRAFT, a causal LM folder or LM run), llamacpp[:BIN] "
+                        "(llama.cpp on the base as a float32 GGUF: llama-cpp-python, or the build-llamacpp folder BIN's "
+                        "binaries, alone and with a drafter's drafter), ctranslate2[:QUANT] (CTranslate2: of a seq2seq "
+                        "Hugging Face base, float32 and int8 or QUANT, repeatable; of our own base, a random-weight "
+                        "Transformer of its shape forced to greedy's lengths; pip install -e '.[peers]'). On a Hugging "
+                        "Face base generate and prompt-lookup always run")
+    g = add_prompt_args(p)
+    g.add_argument("--llamacpp-threads", type=int, default=None, help="--peers llamacpp: its threads (default: torch's)")
+    g.add_argument("--gguf", default=None, help="--peers llamacpp: keep its GGUF here (default: a temporary file); with "
+                   "llamacpp:BIN a folder for target.gguf (and drafter.gguf)")
     return p
 
 
 PEERS = ("generate", "prompt-lookup", "assisted", "llamacpp", "ctranslate2")
+GENERATE_PEERS = ("generate", "prompt-lookup", "assisted", "llamacpp")  # they run a Hugging Face base's generate
 
 
 def k_value(text: str) -> int | str:
-    """``--k``'s argparse type: an integer, or ``NAME=K`` (a ``--run``'s block, kept as text)."""
-    name, eq, value = text.partition("=")
+    """``--k``'s argparse type: an integer, or ``NAME=K`` (a ``--run``'s block, kept as text: the table checks K)."""
+    name, eq, _ = text.partition("=")
     try:
-        return f"{name}={int(value)}" if eq and name else int(text)
+        return text if eq and name else int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--k {text}: give an integer K or NAME=K") from None
 
 
 def peer_list(text: str) -> str:
-    """``--peers``' argparse type: comma-separated peers (see :data:`PEERS`), checked; :func:`peers_of` splits them."""
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    for name in names:
-        head, _, rest = name.partition(":")
-        if head not in PEERS or (rest and head != "prompt-lookup"):
-            raise argparse.ArgumentTypeError(f"--peers {name}: write {', '.join(PEERS)} (prompt-lookup[:NGRAM:TOKENS])")
+    """``--peers``' argparse type: comma-separated peers (see :data:`PEERS`), each checked; :func:`peer_choice`
+    reads them."""
+    try:
+        for name in text.split(","):
+            if name.strip():
+                peer_item(name.strip())
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return text
+
+
+PEERS_SPELLED = "generate, prompt-lookup[:NGRAM:TOKENS], assisted:DRAFT, llamacpp[:BIN] or ctranslate2[:QUANT]"
+
+
+def peer_item(text: str) -> tuple[str, str]:
+    """One peer as ``(name, its argument)`` (``""``: none); ValueError (one line) for a peer or argument it is not."""
+    head, _, rest = text.partition(":")
+    if head not in PEERS:
+        raise ValueError(f"--peers {text}: write {PEERS_SPELLED}")
+    if head == "generate" and rest:
+        raise ValueError(f"--peers {text}: generate takes no argument")
+    if head == "assisted" and not rest:
+        raise ValueError("--peers assisted:DRAFT: name the draft model (a causal LM folder with the base's tokenizer, "
+                         "or an LM run's .ckpt)")
+    if head == "prompt-lookup" and rest:
+        numbers = rest.split(":")
+        if len(numbers) != 2 or not all(n.isdigit() and int(n) > 0 for n in numbers):
+            raise ValueError(f"--peers {text}: prompt lookup is prompt-lookup or prompt-lookup:NGRAM:TOKENS "
+                             "(integers >= 1)")
+    return head, rest
+
+
+@dataclass(frozen=True)
+class PeerChoice:
+    """What ``--peers`` asked for: the peers named (in order, once each), prompt lookup's n-gram size and token count,
+    the draft model of assisted generation, llama.cpp (and its build folder), CTranslate2's conversions (empty: the
+    defaults)."""
+
+    names: tuple[str, ...] = ()
+    ngram: int = LOOKUP_NGRAM
+    tokens: int = LOOKUP_TOKENS
+    assistant: str | None = None
+    llamacpp_bin: str | None = None
+    quantizations: tuple[str, ...] = ()
+
+    @property
+    def generate(self) -> bool:
+        """Whether a peer runs the base's own ``generate`` (then it is the reference of every row)."""
+        return any(name in GENERATE_PEERS for name in self.names)
+
+
+def peer_choice(given: list[str] | None) -> PeerChoice:
+    """``--peers``' values (each comma-separated) as one :class:`PeerChoice`; ValueError (one line) for a peer given
+    twice with different arguments."""
+    names: list[str] = []
+    seen: dict[str, str] = {}
+    quantizations: list[str] = []
+    for text in peers_of(given):
+        head, rest = peer_item(text)
+        if head == "ctranslate2":
+            if rest and rest not in quantizations:
+                quantizations.append(rest)
+        elif head in seen and seen[head] != rest:
+            raise ValueError(f"--peers {head}: given twice ({head}:{seen[head]} and {text}): give it once")
+        seen.setdefault(head, rest)
+        if head not in names:
+            names.append(head)
+    ngram, tokens = map(int, seen["prompt-lookup"].split(":")) if seen.get("prompt-lookup") else (LOOKUP_NGRAM,
+                                                                                                    LOOKUP_TOKENS)
+    return PeerChoice(tuple(names), ngram, tokens, seen.get("assisted"), seen.get("llamacpp") or None,
+                      tuple(quantizations))
 
 
 def peers_of(given: list[str] | None) -> list[str]:
@@ -137,28 +235,18 @@ def peers_of(given: list[str] | None) -> list[str]:
     return [t.strip() for text in given or [] for t in text.split(",") if t.strip()]
 
 
-def runs_args(args: argparse.Namespace) -> argparse.Namespace:
+def runs_args(args: argparse.Namespace, peers: PeerChoice) -> argparse.Namespace:
     """``bench --run``'s options as the table's engine reads them (:func:`~lightning_bpd.commands.bench_drafters.run`);
     ValueError (one line) for what that table does not take."""
-    from lightning_bpd.commands.proposer_option import LOOKUP_NGRAM, LOOKUP_TOKENS
-
     if args.ckpt is not None:
         raise ValueError("--ckpt and --run: give the runs as --run NAME=CKPT (one base, any number of runs)")
-    peers = peers_of(args.peers) or ["generate", "prompt-lookup"]
-    ngram, tokens = LOOKUP_NGRAM, LOOKUP_TOKENS
-    for peer in peers:
-        head, _, rest = peer.partition(":")
-        if head not in ("generate", "prompt-lookup"):
-            raise ValueError(f"--peers {head} with --run: not yet in the table of runs (bench-generate --ckpt CKPT "
-                             f"--peers {head} times it against one run)")
-        if rest:
-            numbers = rest.split(":")
-            if len(numbers) != 2 or not all(n.isdigit() and int(n) > 0 for n in numbers):
-                raise ValueError(f"--peers {peer}: prompt lookup is prompt-lookup or prompt-lookup:NGRAM:TOKENS")
-            ngram, tokens = map(int, numbers)
-    for option in ("images", "draft", "trees"):
+    for name in peers.names:
+        if name in ("llamacpp", "ctranslate2"):
+            raise ValueError(f"--peers {name} with --run: not in the table of runs; time it against one run with "
+                             f"bench --ckpt CKPT --peers {name}")
+    for option in ("images", "draft", "trees", "criteria", "base", "llamacpp_threads", "gguf"):
         if getattr(args, option):
-            raise ValueError(f"--{option} benches a --ckpt, not --run's table")
+            raise ValueError(f"--{option.replace('_', '-')} benches a --ckpt, not --run's table")
     ks = args.k or []
     named = [k for k in ks if isinstance(k, str)]
     plain = [k for k in ks if not isinstance(k, str)]
@@ -169,7 +257,31 @@ def runs_args(args: argparse.Namespace) -> argparse.Namespace:
               if plain and value.partition("=")[0] not in done]
     out = copy.copy(args)
     out.run_k, out.tree_nodes = named, args.tree_nodes or []
-    out.prompt_lookup_tokens, out.max_matching_ngram = tokens, ngram
+    out.prompt_lookup_tokens, out.max_matching_ngram, out.assistant = peers.tokens, peers.ngram, peers.assistant
+    return out
+
+
+ONLY_OURS = ("images", "draft", "trees", "criteria", "minutes", "lazy_verify", "fixed_shape")  # --criteria's bench
+
+
+def generate_args(args: argparse.Namespace, peers: PeerChoice) -> argparse.Namespace:
+    """``bench --ckpt``'s options against a Hugging Face base's ``generate`` as that bench reads them
+    (:func:`~lightning_bpd.commands.bench_generate.run`); ValueError (one line) for what it does not take."""
+    for option in ONLY_OURS:
+        if getattr(args, option):
+            raise ValueError(f"--{option.replace('_', '-')} times our own decoding against greedy, not against "
+                             "generate (there ours is exact)")
+    if args.k is not None and len(args.k) > 1:
+        raise ValueError("--k against generate: one K (heads used, or a drafter's block)")
+    if (args.llamacpp_threads is not None or args.gguf) and "llamacpp" not in peers.names:
+        raise ValueError("--llamacpp-threads and --gguf set llama.cpp's peer: add --peers llamacpp[:BIN]")
+    out = copy.copy(args)
+    out.k = args.k[0] if args.k else None
+    out.tree_nodes = args.tree_nodes or []
+    out.prompt_lookup_tokens, out.max_matching_ngram = peers.tokens, peers.ngram
+    out.assistant, out.llamacpp_bin = peers.assistant, peers.llamacpp_bin
+    out.peers = [name for name in ("ctranslate2", "llamacpp") if name in peers.names]
+    out.ct2_quantizations = list(peers.quantizations) or ["float32", "int8"]
     return out
 
 
@@ -270,29 +382,59 @@ def last_column(r: dict) -> str:
     return str(r.get("equals_greedy", ""))
 
 
+def against_generate(module, peers: PeerChoice) -> bool:
+    """Whether ``bench --ckpt`` times ``module`` against its base's ``generate``: a language model's checkpoint always,
+    a seq2seq Hugging Face one when ``--peers`` names any peer (else: its ``--criteria`` against greedy)."""
+    if hasattr(module, "encode_prompts"):
+        return True
+    from lightning_bpd.hf.base import HFSeq2SeqBlockwise
+
+    return isinstance(getattr(module, "model", None), HFSeq2SeqBlockwise) and bool(peers.names)
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
+    try:
+        peers = peer_choice(args.peers)
+    except ValueError as err:
+        sys.exit(f"bench: {err}")
     if args.run:
         from lightning_bpd.commands import bench_drafters
 
         try:
-            table = runs_args(args)
+            table = runs_args(args, peers)
         except ValueError as err:
             sys.exit(f"bench: {err}")
         return bench_drafters.run(table, "bench")
     if args.ckpt is None:
-        sys.exit("bench: give --ckpt CKPT (a translation or super-resolution run) or --run NAME=CKPT (runs of one "
-                 "Hugging Face base)")
+        sys.exit("bench: give --ckpt CKPT (a checkpoint) or --run NAME=CKPT (runs of one Hugging Face base)")
     if args.k is not None and any(isinstance(k, str) for k in args.k):
         sys.exit("bench: --k NAME=K names a --run; with --ckpt give integers")
-    args.peers = peers_of(args.peers)
-    if any(p != "ctranslate2" for p in args.peers):
-        sys.exit("bench: --peers with --ckpt: ctranslate2 (generate, prompt lookup, assisted and llama.cpp time "
-                 "--run's Hugging Face bases)")
-    if any(b < 1 for b in args.batch_sizes) or args.inputs < 1:
-        sys.exit("bench: --batch-sizes and --inputs must be >= 1")
     try:
-        module = load_model(args.ckpt, args.device)
+        module = load_model(args.ckpt, args.device, base=args.base)
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        sys.exit(f"bench: {load_error(err, args.base)}")
+    if against_generate(module, peers):
+        from lightning_bpd.commands import bench_generate
+
+        try:
+            return bench_generate.run(generate_args(args, peers), module, "bench")
+        except ValueError as err:
+            sys.exit(f"bench: {err}")
+    if peers.generate:
+        sys.exit(f"bench: --peers {', '.join(n for n in peers.names if n in GENERATE_PEERS)}: {args.ckpt} is a run of our "
+                 "own base, which has no transformers generate (its peer: ctranslate2)")
+    if peers.quantizations:
+        sys.exit("bench: --peers ctranslate2:QUANT picks the conversions of a Hugging Face base; our own base's peer "
+                 "times float32 and int8 (--peers ctranslate2)")
+    for option in ("minutes", "llamacpp_threads", "gguf"):
+        if getattr(args, option):
+            sys.exit(f"bench: --{option.replace('_', '-')} does not apply to {args.ckpt} (a run of our own base)")
+    args.peers = list(peers.names)
+    args.criteria = args.criteria or ["exact", "top2"]
+    if any(b < 1 for b in args.batch_sizes) or args.inputs < 1:
+        sys.exit("bench: --batch-sizes and --limit must be >= 1")
+    try:
         options = options_from_args(args, module)
         runtime, memory = measured_build(lambda: build_runtime(module.model, options), module.model)
         draft = None

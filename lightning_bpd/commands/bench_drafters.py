@@ -1,14 +1,17 @@
-"""``bench-drafters``: trained proposers of one base side by side, one table: several language-modelling runs on the
+"""``bench --run``: trained proposers of one base side by side, one table: several language-modelling runs on the
 same frozen Hugging Face base (chained or Medusa heads, a DFlash or an EAGLE-3 drafter) decode the same prompts with
-exact acceptance, batch by batch in turn with the base's own ``generate``, transformers' prompt lookup and ours::
+exact acceptance, batch by batch in turn with the base's own ``generate``, transformers' prompt lookup (``--peers
+assisted:DRAFT``: and assisted generation) and ours (``bench-drafters`` is the old spelling:
+:func:`lightning_bpd.commands.old_benches.bench_drafters`)::
 
-    python -m lightning_bpd bench-drafters \\
+    python -m lightning_bpd bench \\
         --run chained=runs/code-lm/frozen_distilled/last.ckpt --run medusa=runs/code-lm/medusa_distilled/last.ckpt \\
         --run dflash=runs/code-lm/dflash/last.ckpt --run eagle3=runs/code-lm/eagle3/last.ckpt \\
         --data-root ../shared/data/code/python-stdlib/Lib --split test --limit 64 --max-new-tokens 64 \\
         --batch-sizes 1 --tree-nodes 0 16 --precision float32-packed --json results/lm/code_lm_drafters.json
 
-Rows: ``hf_generate``, ``hf_prompt_lookup`` and ``prompt_lookup`` (ours: n-grams of the prompt, exact, any batch);
+Rows: ``hf_generate``, ``hf_prompt_lookup`` (``hf_assisted`` with ``--peers assisted:DRAFT``, batch 1) and
+``prompt_lookup`` (ours: n-grams of the prompt, exact, any batch);
 per run ``NAME`` (the heads' single path, the DFlash block, the EAGLE-3 chain; ``--k NAME=K`` its block, default the
 run's) and, per ``--tree-nodes`` N > 0,
 ``NAME+nodes<N>`` (heads: the tree of N nodes from the run's rank agreement table) or ``NAME+tree<N>`` (EAGLE-3: a
@@ -35,48 +38,21 @@ from typing import Any
 
 import torch
 
-from lightning_bpd.benchmarks.lm_generate import GENERATE, LOOKUP, bench_methods
-from lightning_bpd.benchmarks.lm_prompts import add_prompt_args
+from lightning_bpd.benchmarks.lm_generate import ASSISTED, GENERATE, LOOKUP, bench_methods, load_assistant
 from lightning_bpd.benchmarks.ours import ours, runtime_options
 from lightning_bpd.callbacks.training_clock import training_seconds
-from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP, generate_methods, main_row, our_lookup, prepare
-from lightning_bpd.commands.proposer_option import LOOKUP_NGRAM, LOOKUP_TOKENS
-from lightning_bpd.decoding.trees.budget import tree_nodes_arg
+from lightning_bpd.commands.bench_generate_lm import (
+    OURS_LOOKUP,
+    assistant_record,
+    generate_methods,
+    main_row,
+    our_lookup,
+    prepare,
+)
 from lightning_bpd.drafters.registry import kind_of
-from lightning_bpd.inference.arguments import add_draft_vocab_args, add_precision_arg, add_timing_args
 from lightning_bpd.records import device_name, write_json
 
-PROG = "python -m lightning_bpd bench-drafters"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", action="append", required=True, metavar="NAME=CKPT",
-                   help="a run to bench under NAME: a language-modelling checkpoint with heads, or a DFlash or "
-                        "EAGLE-3 drafter's (repeat; all on one base)")
-    p.add_argument("--k", action="append", default=[], metavar="NAME=K", dest="run_k",
-                   help="run NAME's block: heads used, a DFlash block, an EAGLE-3 chain (its trees K - 1 deep); "
-                        "default the run's own")
-    p.add_argument("--minutes", action="append", default=[], metavar="NAME=M",
-                   help="run NAME's training minutes, where its checkpoint keeps no training clock")
-    p.add_argument("--input", default=None, help='prompts: JSON Lines, each {"prompt": "..."} (or --data-root)')
-    p.add_argument("--limit", type=int, default=64, dest="inputs", help="number of prompts decoded per batch size")
-    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1])
-    p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
-    p.add_argument("--tree-nodes", type=tree_nodes_arg, nargs="+", default=[],
-                   help="also decode with trees of N nodes (heads: from the rank agreement table; EAGLE-3: dynamic)")
-    p.add_argument("--prompt-lookup-tokens", type=int, default=LOOKUP_TOKENS, help="generate's prompt_lookup_num_tokens")
-    p.add_argument("--max-matching-ngram", type=int, default=LOOKUP_NGRAM, help="generate's max_matching_ngram_size")
-    p.add_argument("--device", default="cpu")
-    add_precision_arg(p)
-    add_draft_vocab_args(p)
-    add_timing_args(p)
-    p.add_argument("--json", default=None, help="write the record here")
-    add_prompt_args(p)
-    return p
-
-
-RESERVED = (GENERATE, LOOKUP, OURS_LOOKUP)  # the reference rows' names
+RESERVED = (GENERATE, LOOKUP, ASSISTED, OURS_LOOKUP)  # the reference rows' names
 
 
 def named(pairs: list[str], what: str) -> dict[str, str]:
@@ -238,7 +214,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def table(report: dict[str, Any], runs: dict[str, dict[str, Any]], row_run: dict[str, str]) -> list[dict[str, Any]]:
     """One batch size's rows for the table: the report's numbers with each row's run and its training cost."""
-    kinds = {GENERATE: "generate (greedy)", LOOKUP: "transformers' prompt lookup", OURS_LOOKUP: "prompt lookup (ours)"}
+    kinds = {GENERATE: "generate (greedy)", LOOKUP: "transformers' prompt lookup", OURS_LOOKUP: "prompt lookup (ours)",
+             ASSISTED: "transformers' assisted generation"}
     out = []
     for row, r in report.items():
         if "skipped" in r:
@@ -251,16 +228,6 @@ def table(report: dict[str, Any], runs: dict[str, dict[str, Any]], row_run: dict
                     "training_minutes": run.get("minutes"), "steps": run.get("steps"),
                     "parameters": run.get("parameters")})
     return out
-
-
-DEPRECATED = "bench-drafters is deprecated: use bench (the same options: bench --run NAME=CKPT[@PROPOSER] ...)"
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """The old command: one deprecation line, then :func:`run` (``bench --run``'s table)."""
-    args = build_parser().parse_args(argv)
-    print(DEPRECATED, file=sys.stderr)
-    return run(args, "bench-drafters")
 
 
 def run(args: argparse.Namespace, prog: str = "bench") -> dict[str, Any]:
@@ -334,7 +301,13 @@ def run(args: argparse.Namespace, prog: str = "bench") -> dict[str, Any]:
                       **training_record(paths[name], minutes.get(name))}
     max_new, options, runtime = setting  # the first run's: our prompt lookup runs its base
     model = first.model
-    methods = {**generate_methods(model, args), **methods, OURS_LOOKUP: our_lookup(runtime, args)}
+    draft = None
+    if getattr(args, "assistant", None):
+        try:
+            draft = load_assistant(args.assistant, first, prompts, args.device)
+        except (ValueError, OSError) as err:
+            sys.exit(f"{prog}: {str(err).strip().splitlines()[0]}")
+    methods = {**generate_methods(model, args, draft), **methods, OURS_LOOKUP: our_lookup(runtime, args)}
     result: dict[str, Any] = {
         "runs": runs, "base": first.hparams.get("pretrained"), "model_type": model.base.config.model_type,
         "generate_dtype": str(next(model.base.parameters()).dtype),
@@ -342,6 +315,7 @@ def run(args: argparse.Namespace, prog: str = "bench") -> dict[str, Any]:
         "inputs": len(prompts), "prompts_from": args.input or f"{args.data_root} ({args.split} split)",
         "max_new_tokens": max_new, "options": runtime_options(options, args), "tree_nodes": args.tree_nodes,
         "prompt_lookup_num_tokens": args.prompt_lookup_tokens, "max_matching_ngram_size": args.max_matching_ngram,
+        **({"assistant": assistant_record(draft, args.assistant)} if draft is not None else {}),
         "transformers_version": __import__("transformers").__version__, "methods": list(methods),
         "batch_sizes": {}, "tables": {}}
     print(f"device: {result['device_name']}; {len(prompts)} prompts, at most {max_new} new tokens; every row of ours "

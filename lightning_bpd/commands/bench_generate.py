@@ -1,8 +1,11 @@
-"""Our blockwise decoding of a Hugging Face heads checkpoint against the base's own ``generate``.
+"""Our blockwise decoding of a Hugging Face heads checkpoint against the base's own ``generate``: ``bench --ckpt CKPT
+--peers generate,...`` (:func:`run`). ``bench-generate`` is its old spelling
+(:func:`lightning_bpd.commands.old_benches.bench_generate`: one deprecation line that names the new command line, then
+the same bench).
 
-    python -m lightning_bpd bench-generate --ckpt runs/opus-heads/last.ckpt --input newstest.en \\
-        --batch-sizes 1 32 --inputs 100 --precision float32-packed --json results/hf_generate.json \\
-        [--peers ctranslate2]
+    python -m lightning_bpd bench --ckpt runs/opus-heads/last.ckpt --input newstest.en \\
+        --batch-sizes 1 32 --limit 100 --precision float32-packed --json results/hf_generate.json \\
+        --peers generate,prompt-lookup[,ctranslate2]
 
 Three ways to decode the same sentences with the same checkpoint (a run of
 :class:`~lightning_bpd.tasks.translation.hf_module.HFTranslationModule`, or a heads folder of ``save_heads``):
@@ -35,10 +38,10 @@ tokens, tokens per second, ms per output token, the number of sentences and of t
 is lossless for greedy up to rounding), and for every other method ``exact_speedup``: its seconds over ours
 (``exact``'s ``speedup_over`` lists them all).
 
-``--peers ctranslate2`` also converts the base (its directory, or the fine-tuned weights saved to a temporary one;
+``--peers ctranslate2[:QUANT]`` also converts the base (its directory, or the fine-tuned weights saved to a temporary one;
 a Marian whose ``<pad>`` is not the last id is converted from a copy with ``<pad>`` moved last, see
 :mod:`lightning_bpd.hf.pad_last`) with CTranslate2's ``TransformersConverter`` and times its greedy decoding (float32
-and int8 by default, ``--ct2-quantizations``) of the same sentences, each batch in one ``translate_batch`` call
+and int8 by default, else each QUANT named) of the same sentences, each batch in one ``translate_batch`` call
 (ragged, no forced lengths). A peer that cannot run (the ``ctranslate2`` package missing: ``pip install
 ctranslate2``; its conversion refused; an error while decoding) is one ``skipped`` line in the table and its reason
 in the record (``peers.failed`` and its rows), never the end of the bench.
@@ -55,66 +58,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_bpd.benchmarks.ctranslate2_hf import CT2_HINT, CT2Translator, cut, start_ct2
+from lightning_bpd.benchmarks.ctranslate2_hf import CT2Translator, cut, start_ct2
 from lightning_bpd.benchmarks.ctranslate2_peer import failure, quiet_transformers
 from lightning_bpd.benchmarks.ours import ours, runtime_options
 from lightning_bpd.benchmarks.tally import Tally, differing
-from lightning_bpd.checkpoints import load_error, load_model
-from lightning_bpd.commands.bench_generate_lm import add_lm_args, main_lm
-from lightning_bpd.commands.proposer_option import LOOKUP_NGRAM, LOOKUP_TOKENS
+from lightning_bpd.commands.bench_generate_lm import main_lm
 from lightning_bpd.decoding import Tree
 from lightning_bpd.decoding.proposers import PromptLookup
-from lightning_bpd.decoding.trees.budget import tree_nodes_arg
-from lightning_bpd.deprecated_options import deprecated_alias
 from lightning_bpd.evaluation import batched, budget_trees, load_inputs, timed
 from lightning_bpd.inference import build_runtime
-from lightning_bpd.inference.arguments import (
-    add_draft_vocab_args,
-    add_precision_arg,
-    add_timing_args,
-    options_from_args,
-)
+from lightning_bpd.inference.arguments import options_from_args
 from lightning_bpd.records import device_name, write_json
 
 GENERATE, LOOKUP, OURS = "hf_generate", "hf_prompt_lookup", "exact"
 OURS_LOOKUP = "prompt_lookup"  # ours: PromptLookup through the one loop, exact, any batch size
 METHODS = (GENERATE, LOOKUP, OURS)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lightning_bpd bench-generate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="checkpoint of a Hugging Face heads run (translation or language "
-                   "model), a save_heads folder, or a DFlash drafter's run (row dflash)")
-    p.add_argument("--base", default=None, help="the base (a DFlash drafter's target) directory, if it moved since the "
-                   "run (load_model's base=)")
-    p.add_argument("--input", default=None, help="source sentences, one per line (.gz allowed); a language model: "
-                   'JSON Lines, each {"prompt": "..."} (or --data-root)')
-    p.add_argument("--limit", type=int, default=100, dest="inputs",
-                   help="number of sentences (prompts) decoded per batch size")
-    deprecated_alias(p, "--inputs", "--limit")
-    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
-    p.add_argument("--warmup", type=int, default=2, help="untimed batches first")
-    p.add_argument("--k", type=int, default=None, help="heads used by our exact decoding (default: all); a DFlash "
-                   "checkpoint: the drafter's block size (default: its own)")
-    p.add_argument("--tree-nodes", type=tree_nodes_arg, nargs="+", default=[],
-                   help="also decode exact with the tree of N nodes per budget (rows exact+nodes<N>); auto (auto:M): "
-                        "the budget up to 64 (M) that pays on this machine, timed at the smallest batch size "
-                        "(row exact+nodes-auto)")
-    p.add_argument("--prompt-lookup-tokens", type=int, default=LOOKUP_TOKENS, help="generate's prompt_lookup_num_tokens")
-    p.add_argument("--max-matching-ngram", type=int, default=LOOKUP_NGRAM, help="generate's max_matching_ngram_size")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    add_precision_arg(p)
-    add_draft_vocab_args(p)
-    add_timing_args(p)
-    p.add_argument("--peers", nargs="*", default=[], choices=["ctranslate2", "llamacpp"],
-                   help=f"also time CTranslate2 greedy decoding of the converted seq2seq base ({CT2_HINT}), or "
-                        "llama.cpp's of a language model's base written as a float32 GGUF")
-    p.add_argument("--ct2-quantizations", nargs="+", default=["float32", "int8"],
-                   help="CTranslate2 conversions to time (float32 = none; int8, int8_float32, float16, ...)")
-    p.add_argument("--json", default=None, help="write the record here")
-    add_lm_args(p)
-    return p
 
 
 # ---- Hugging Face generate ------------------------------------------------------------------------------------
@@ -235,32 +193,29 @@ def check_hf(module, ckpt: str) -> None:
     from lightning_bpd.hf.base import HFSeq2SeqBlockwise
 
     if not isinstance(getattr(module, "model", None), HFSeq2SeqBlockwise):
-        raise TypeError(f"{ckpt}: not a Hugging Face heads checkpoint ({type(module).__name__}); this benchmark "
-                         "compares with transformers' generate: use python -m lightning_bpd bench for other checkpoints")
+        raise TypeError(f"{ckpt}: not a Hugging Face heads checkpoint ({type(module).__name__}); --peers generate "
+                         "compares with transformers' generate: bench --ckpt CKPT --criteria ... times other checkpoints")
 
 
-def main(argv: list[str] | None = None) -> dict:
-
-    args = build_parser().parse_args(argv)
-    if any(b < 1 for b in args.batch_sizes) or min(args.inputs, args.prompt_lookup_tokens, args.max_matching_ngram) < 1:
-        sys.exit("hf_generate: --batch-sizes, --inputs, --prompt-lookup-tokens and --max-matching-ngram must be >= 1")
+def run(args: argparse.Namespace, module: Any, prog: str = "bench") -> dict:
+    """``bench --ckpt`` against the base's ``generate`` on ``module`` (loaded from ``args.ckpt``): a language model's
+    (:func:`~lightning_bpd.commands.bench_generate_lm.main_lm`) or a seq2seq one's (see the module); ``args`` as
+    :func:`~lightning_bpd.commands.bench.generate_args` makes them; errors are one line, ``<prog>: ...``."""
+    if any(b < 1 for b in args.batch_sizes) or args.inputs < 1:
+        sys.exit(f"{prog}: --batch-sizes and --limit must be >= 1")
     if args.warmup < 0:
-        sys.exit("hf_generate: --warmup must be >= 0")
-    try:
-        module = load_model(args.ckpt, args.device, base=args.base)
-    except (ValueError, TypeError, FileNotFoundError) as err:
-        sys.exit(f"hf_generate: {load_error(err, args.base)}")
+        sys.exit(f"{prog}: --warmup must be >= 0")
     if hasattr(module, "encode_prompts"):  # a language model (heads or a drafter's run): prompts, llama.cpp
-        return main_lm(module, args)
+        return main_lm(module, args, prog)
     try:
         if args.input is None:
             raise ValueError("--input: give the source sentences, one per line")
-        if "llamacpp" in args.peers:
-            raise ValueError("--peers llamacpp benches language-modelling checkpoints; on a seq2seq base use --peers "
-                             "ctranslate2")
+        if "llamacpp" in args.peers or args.assistant:
+            raise ValueError(f"--peers {'llamacpp' if 'llamacpp' in args.peers else 'assisted'} benches "
+                             "language-modelling checkpoints; on a seq2seq base use --peers ctranslate2")
         check_hf(module, args.ckpt)
         if next(module.model.base.parameters()).dtype != torch.float32:
-            print(f"hf_generate: the base is {next(module.model.base.parameters()).dtype}: generate runs it so",
+            print(f"{prog}: the base is {next(module.model.base.parameters()).dtype}: generate runs it so",
                   file=sys.stderr)
         options = options_from_args(args, module)
         runtime = build_runtime(module.model, options)
@@ -271,10 +226,10 @@ def main(argv: list[str] | None = None) -> dict:
             raise ValueError(f"{args.input}: no sentences")
         choices: dict[str, Any] = {}  # --tree-nodes auto's choices
         trees = {f"{OURS}+{name}": tree
-                 for name, tree in budget_trees(module, runtime, inputs, args.tree_nodes, args.k, "hf_generate",
+                 for name, tree in budget_trees(module, runtime, inputs, args.tree_nodes, args.k, prog,
                                                 min(args.batch_sizes), choices).items()}
     except (ValueError, TypeError, FileNotFoundError) as err:
-        sys.exit(f"hf_generate: {str(err).strip().splitlines()[0]}")
+        sys.exit(f"{prog}: {str(err).strip().splitlines()[0]}")
     peers: list[CT2Translator] = []
     failed: dict[str, str] = {}
     result: dict[str, Any] = {
@@ -283,14 +238,14 @@ def main(argv: list[str] | None = None) -> dict:
         "device_name": device_name(module.device), "threads": torch.get_num_threads(), "inputs": len(inputs),
         "precision": runtime.precision, "options": runtime_options(options, args),
         "generate_dtype": str(next(module.model.base.parameters()).dtype),
-        "methods": [*METHODS, *trees, OURS_LOOKUP], "tree_nodes": args.tree_nodes, "tree_nodes_auto": choices, "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
-        "max_matching_ngram_size": args.max_matching_ngram, "max_new_tokens": "the module's max_decode_len of each batch",
+        "methods": [*METHODS, *trees, OURS_LOOKUP], "tree_nodes": args.tree_nodes, "tree_nodes_auto": choices,
+        "prompt_lookup_num_tokens": args.prompt_lookup_tokens, "max_matching_ngram_size": args.max_matching_ngram, "max_new_tokens": "the module's max_decode_len of each batch",
         "transformers_version": __import__("transformers").__version__, "batch_sizes": {}}
     if "ctranslate2" in args.peers:
         peers, result["peers"] = start_ct2(module, args.ct2_quantizations, args.device)
         failed = result["peers"]["failed"]  # grows if a peer fails while decoding
         for name, reason in failed.items():
-            print(f"hf_generate: CTranslate2 peer {name} skipped: {reason}", file=sys.stderr)
+            print(f"{prog}: CTranslate2 peer {name} skipped: {reason}", file=sys.stderr)
     print(f"device: {result['device_name']}; ours = exact blockwise decoding at precision {runtime.precision}; "
           "x ours = the method's seconds over ours; differ = sentences whose output differs from hf_generate's")
     print(f"{'batch':>5s} {'method':22s} {'s/input':>9s} {'tok/s':>8s} {'ms/tok':>7s} {'x ours':>7s} {'differ':>7s}")
@@ -307,7 +262,3 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         write_json(args.json, result)
     return result
-
-
-if __name__ == "__main__":
-    main()

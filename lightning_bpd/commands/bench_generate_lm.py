@@ -1,13 +1,15 @@
-"""``bench-generate`` on a language-modelling checkpoint (an ``LMModule`` run or heads folder): the base's own
-``generate`` and its peers against our exact blockwise decoding, on the same prompts, in one run.
+"""``bench --ckpt`` on a language-modelling checkpoint (an ``LMModule`` run, a heads folder or a drafter's run): the
+base's own ``generate`` and its peers against our exact blockwise decoding, on the same prompts, in one run (once
+``bench-generate``).
 
-    python -m lightning_bpd bench-generate --ckpt runs/code-lm/heads/last.ckpt \\
-        --data-root ../shared/data/code/python-stdlib/Lib --split test --inputs 64 --max-new-tokens 64 \\
-        --batch-sizes 1 32 --assistant runs/code-lm/draft-export --peers llamacpp --json results/lm_generate.json
+    python -m lightning_bpd bench --ckpt runs/code-lm/heads/last.ckpt \\
+        --data-root ../shared/data/code/python-stdlib/Lib --split test --limit 64 --max-new-tokens 64 \\
+        --batch-sizes 1 32 --peers generate,prompt-lookup,assisted:runs/code-lm/draft-export,llamacpp \\
+        --json results/lm_generate.json
 
 Methods (:mod:`lightning_bpd.benchmarks.lm_generate`): ``hf_generate`` (greedy, the checkpoint's own generation
 config; batch 1 and larger, left-padded ragged batches), ``hf_prompt_lookup`` (``prompt_lookup_num_tokens``, batch
-1), ``hf_assisted`` (``--assistant``: a local Hugging Face causal LM directory with the checkpoint's tokenizer, or an
+1), ``hf_assisted`` (``--peers assisted:DRAFT``: a local Hugging Face causal LM directory with the checkpoint's tokenizer, or an
 LM run's checkpoint whose base is the draft; ``assistant_model=``, batch 1), ``exact`` (ours, through the inference
 runtime with ``--precision``, ``--proposal-precision``, ``--draft-vocab``; ``exact+nodes<N>`` per ``--tree-nodes``),
 ``prompt_lookup`` (ours: :class:`~lightning_bpd.decoding.proposers.PromptLookup` with generate's n-gram size and token
@@ -17,7 +19,7 @@ runtime at ``--precision``, the drafter proposing (:class:`~lightning_bpd.decodi
 block size, default the drafter's), and the ``generate`` rows run the target
 and, with ``--peers llamacpp``, ``llamacpp_f32`` (:mod:`lightning_bpd.benchmarks.llamacpp_peer`: the base written as
 a float32 GGUF, greedy in llama.cpp with ``--llamacpp-threads`` threads, batch 1; the GGUF must tokenize every prompt
-as the checkpoint's tokenizer does, else the command stops with one line). With ``--llamacpp-bin DIR`` (a
+as the checkpoint's tokenizer does, else the command stops with one line). With ``--peers llamacpp:DIR`` (a
 ``build-llamacpp`` folder) the llama.cpp rows are its own binary instead (:mod:`lightning_bpd.benchmarks.llamacpp_bin_peer`):
 ``llamacpp_f32``, the target alone, and on a drafter's checkpoint the target + our drafter: ``llamacpp_dflash``
 (DFlash, ``--spec-type draft-dflash``) or ``llamacpp_eagle3`` (EAGLE-3, ``--spec-type draft-eagle3``), drafting
@@ -28,14 +30,14 @@ other (``llamacpp.dflash_vs_alone`` / ``llamacpp.eagle3_vs_alone`` in the record
 (or ``_eagle3``) with our drafter, compared with each other (``llamacpp.q4_1_dflash_vs_alone``; their text differs
 from generate's float32 as the weights do; ``llamacpp.rows`` names each row's GGUF)::
 
-    python -m lightning_bpd bench-generate --ckpt runs/code-lm/dflash/last.ckpt \\
+    python -m lightning_bpd bench --ckpt runs/code-lm/dflash/last.ckpt \\
         --data-root ../shared/data/code/python-stdlib/Lib --split test --limit 16 --max-new-tokens 64 \\
-        --batch-sizes 1 --peers llamacpp --llamacpp-bin ../llamacpp-build --llamacpp-threads 1
+        --batch-sizes 1 --peers generate,prompt-lookup,llamacpp:../llamacpp-build --llamacpp-threads 1
 
 Prompts: ``--input FILE.jsonl`` (``{"prompt": ...}`` per line) or ``--data-root DIR``: the LM data module's held-out
 prompts (line-aligned windows of the ``--split`` files, :meth:`~lightning_bpd.tasks.lm.LMDataModule.eval_prompts`),
 split as the run split them (suffixes, fractions and ``prompt_tokens`` read from a ``.ckpt``'s data settings; the
-flags override). The first ``--inputs`` prompts; each continued by at most ``--max-new-tokens`` (default: the
+flags override). The first ``--limit`` prompts; each continued by at most ``--max-new-tokens`` (default: the
 module's ``max_new_tokens``).
 
 Per batch size and method: seconds per prompt (median, interquartile range), tokens per second, ms per new token,
@@ -64,7 +66,7 @@ from lightning_bpd.benchmarks.lm_generate import (
     bench_methods,
     load_assistant,
 )
-from lightning_bpd.benchmarks.lm_prompts import add_prompt_args, lm_prompts, new_tokens
+from lightning_bpd.benchmarks.lm_prompts import lm_prompts, new_tokens
 from lightning_bpd.benchmarks.ours import ours, runtime_options
 from lightning_bpd.drafters.registry import kind, kind_of
 from lightning_bpd.records import device_name, write_json
@@ -85,19 +87,6 @@ def drafter_rows(module: Any, runtime: Any, args: argparse.Namespace) -> dict[st
     run's, and where the kind grows trees ``NAME+tree<N>`` per ``--tree-nodes`` N > 0); one-line ValueError where
     ``--k`` or ``--tree-nodes`` does not fit."""
     return kind_of(module).bench_rows(module, runtime, args.k, args.tree_nodes, f"the drafter of {args.ckpt}")
-
-
-def add_lm_args(p: argparse.ArgumentParser) -> None:
-    """The options that only a language-modelling checkpoint reads."""
-    g = add_prompt_args(p)
-    g.add_argument("--assistant", default=None, help="draft model of hf_assisted: a local Hugging Face causal LM "
-                   "directory with the same tokenizer (or an LM run's .ckpt)")
-    g.add_argument("--llamacpp-threads", type=int, default=None, help="llama.cpp's threads (default: torch's)")
-    g.add_argument("--gguf", default=None, help="keep the llama.cpp peer's GGUF here (default: a temporary file); with "
-                   "--llamacpp-bin a folder for target.gguf (and drafter.gguf)")
-    g.add_argument("--llamacpp-bin", default=None, help="--peers llamacpp runs this build-llamacpp folder's "
-                   "llama-speculative-simple (the target alone; with a DFlash or EAGLE-3 checkpoint also + our "
-                   "drafter) instead of llama-cpp-python")
 
 
 def assistant_record(draft: Any, path: str) -> dict[str, Any]:
@@ -172,10 +161,8 @@ def prepare(module: Any, args: argparse.Namespace) -> tuple[int, list[str], Any,
     from lightning_bpd.inference.arguments import options_from_args
 
     model = module.model
-    if args.llamacpp_bin and "llamacpp" not in args.peers:
-        raise ValueError("--llamacpp-bin names llama.cpp's binaries for --peers llamacpp: add --peers llamacpp")
     if "ctranslate2" in args.peers:
-        raise ValueError("--peers ctranslate2 benches seq2seq checkpoints; on a language model use --peers llamacpp")
+        raise ValueError("--peers ctranslate2 benches seq2seq checkpoints; on a language model use --peers llamacpp[:BIN]")
     max_new = new_tokens(module, args)
     prompts = lm_prompts(module, args, max_new)
     drafting = kind_of(module)
@@ -187,24 +174,25 @@ def prepare(module: Any, args: argparse.Namespace) -> tuple[int, list[str], Any,
     runtime = build_runtime(model, options)
     dflash = drafter_rows(module, runtime, args) if drafting is not None else None
     singles = [module.encode_prompts([p]) for p in prompts]
-    budgets = {} if dflash else budget_trees(module, runtime, singles, args.tree_nodes, args.k, "bench-generate")
+    budgets = {} if dflash else budget_trees(module, runtime, singles, args.tree_nodes, args.k, "bench")
     trees = {f"{OURS}+{name}": tree for name, tree in budgets.items()}
     draft = load_assistant(args.assistant, module, prompts, args.device) if args.assistant else None
     return max_new, prompts, options, runtime, trees, draft, dflash
 
 
-def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """``bench-generate`` on a language-modelling ``module`` (loaded by the command from ``args.ckpt``)."""
+def main_lm(module: Any, args: argparse.Namespace, prog: str = "bench") -> dict[str, Any]:
+    """``bench --ckpt CKPT --peers generate,...`` on a language-modelling ``module`` (loaded by the command from
+    ``args.ckpt``); errors are one line, ``<prog>: ...``."""
     from lightning_bpd.hf.causal import HFCausalBlockwise
 
     model = module.model
     if not isinstance(model, HFCausalBlockwise):
-        sys.exit(f"bench-generate: {args.ckpt}: a run of our own decoder-only base, which has no transformers generate "
+        sys.exit(f"{prog}: {args.ckpt}: a run of our own decoder-only base, which has no transformers generate "
                  "to compare with (this bench needs a Hugging Face base)")
     try:
         max_new, prompts, options, runtime, trees, draft, dflash = prepare(module, args)
     except (ValueError, TypeError, OSError) as err:
-        sys.exit(f"bench-generate: {str(err).strip().splitlines()[0]}")
+        sys.exit(f"{prog}: {str(err).strip().splitlines()[0]}")
     methods = lm_methods(model, runtime, args, trees, draft, dflash)
     mine = main_row(module)
     result: dict[str, Any] = {
@@ -230,7 +218,7 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
                     binaries, result["llamacpp"] = start_llamacpp_bin(module, prompts, args.llamacpp_bin, threads,
                                                                       args.gguf or tmp, block_size=args.k)
                 except (ValueError, RuntimeError, OSError) as err:
-                    sys.exit(f"bench-generate: llama.cpp peer refused: {str(err).strip().splitlines()[0]}")
+                    sys.exit(f"{prog}: llama.cpp peer refused: {str(err).strip().splitlines()[0]}")
                 methods.update(binaries)
             else:
                 from lightning_bpd.benchmarks.llamacpp_peer import LLAMACPP, start_llamacpp
@@ -238,15 +226,15 @@ def main_lm(module: Any, args: argparse.Namespace) -> dict[str, Any]:
                 peer, result["llamacpp"] = start_llamacpp(module, prompts, threads,
                                                           args.gguf or Path(tmp) / "model.gguf")
                 if peer is None:
-                    sys.exit(f"bench-generate: llama.cpp peer refused: {result['llamacpp']['skipped']}")
+                    sys.exit(f"{prog}: llama.cpp peer refused: {result['llamacpp']['skipped']}")
                 methods[LLAMACPP] = peer
             own = result["llamacpp"].get("own_gguf") or {}
             ggufs = ", ".join(dict.fromkeys(Path(p).name for p in result["llamacpp"].get("rows", {}).values()
                                             if not own.get("tokenization_differs") or p != own.get("gguf")))
-            print(f"bench-generate: llama.cpp tokenizes all {len(prompts)} prompts{f' with {ggufs}' if ggufs else ''} "
+            print(f"{prog}: llama.cpp tokenizes all {len(prompts)} prompts{f' with {ggufs}' if ggufs else ''} "
                   "as the checkpoint's tokenizer does", file=sys.stderr)
             if own.get("tokenization_differs"):
-                print(f"bench-generate: with {Path(own['gguf']).name} (its own pre-tokenizer) llama.cpp tokenizes "
+                print(f"{prog}: with {Path(own['gguf']).name} (its own pre-tokenizer) llama.cpp tokenizes "
                       f"{own['tokenization_differs']} of {len(prompts)} prompts otherwise than the checkpoint's "
                       "tokenizer (transformers' reading of that file): its rows are compared with each other only",
                       file=sys.stderr)

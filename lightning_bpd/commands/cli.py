@@ -63,10 +63,10 @@ COMMANDS = {
     "validate": "evaluate a checkpoint on the whole validation split (--ckpt_path)",
     "test": "evaluate a checkpoint on the test split (--ckpt_path)",
     "decode": "translate a file or stdin with a checkpoint, k and a criterion",
-    "bench": "time greedy against blockwise decoding of a checkpoint, or --run NAME=CKPT runs of one HF base against "
-             "its generate (table and JSON)",
-    "bench-generate": "time a Hugging Face heads checkpoint against its base's own generate (greedy, prompt lookup)",
-    "bench-drafters": "deprecated: bench --run NAME=CKPT ... (the same options)",
+    "bench": "time a checkpoint (--ckpt) or runs of one base (--run NAME=CKPT[@PROPOSER]) against greedy or the base's "
+             "generate and its peers (--peers generate,prompt-lookup,assisted,llamacpp,ctranslate2): table and JSON",
+    "bench-generate": "deprecated: bench --ckpt CKPT --peers generate,prompt-lookup,... (its options mapped)",
+    "bench-drafters": "deprecated: bench --run NAME=CKPT ... (its options mapped)",
     "distill": "beam-decode a training corpus with a teacher (sequence-level distillation), sharded, resumable",
     "store": "a frozen target's features over training data, once (16-bit, sharded, resumable): drafters train from it",
     "human-eval": "export side-by-side image pairs for raters (export) and score their answers (analyze)",
@@ -79,12 +79,12 @@ COMMANDS = {
     "results": "tables of the records in results/ (table), the README's cells from them (readme), add a record (add)",
 }
 
-# Commands that are plain functions: ``main(argv)`` of these modules.
+# Commands that are plain functions: ``main(argv)`` of these modules (``module:function``: that function).
 PLAIN_COMMANDS = {
     "decode": "lightning_bpd.commands.decode",
     "bench": "lightning_bpd.commands.bench",
-    "bench-generate": "lightning_bpd.commands.bench_generate",
-    "bench-drafters": "lightning_bpd.commands.bench_drafters",
+    "bench-generate": "lightning_bpd.commands.old_benches:bench_generate",  # deprecated spellings of bench
+    "bench-drafters": "lightning_bpd.commands.old_benches:bench_drafters",
     "distill": "lightning_bpd.commands.distill",
     "store": "lightning_bpd.commands.store",
     "human-eval": "lightning_bpd.commands.human_eval",
@@ -535,7 +535,8 @@ def main(argv: list[str] | None = None) -> BPDCLI | None:
         sys.exit(f"unknown command {command!r}\n\n{USAGE}")
     try:
         if command in PLAIN_COMMANDS:
-            importlib.import_module(PLAIN_COMMANDS[command]).main(rest)
+            module, _, function = PLAIN_COMMANDS[command].partition(":")
+            getattr(importlib.import_module(module), function or "main")(rest)
             return None
         return run_lightning([command, *rest])
     except argparse.ArgumentError as err:

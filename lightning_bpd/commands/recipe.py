@@ -9,8 +9,8 @@ a user could type), writing into its own folder ``<runs>/<recipe>/<stage>/``::
     stages:
       - name: base                        # letters, digits, _; the folder runs/<recipe>/base
         command: fit                      # fit | validate | test | decode | bench | distill | human-eval |
-                                          # make-base | export-base | export-heads | bench-generate |
-                                          # build-llamacpp | bench-drafters | fetch-gguf | store
+                                          # make-base | export-base | export-heads | build-llamacpp |
+                                          # fetch-gguf | store (bench-generate, bench-drafters: old spellings)
         config: multi30k_k8/base.yaml     # fit/validate/test: --config, relative to the recipe file
       - name: distill
         command: distill
@@ -387,19 +387,21 @@ def under(path: str, folder: str) -> bool:
 
 def stage_inputs(argv: list[str], stage: Stage, recipe: Recipe) -> list[tuple[str, str]]:
     """The paths in ``argv`` that lie in the folder of another stage of the recipe: ``(path, that stage)``. A value
-    ``PREFIX:PATH`` (``--draft-vocab 1000:PATH``, ``--proposer draft:PATH``) names its PATH."""
+    ``PREFIX:PATH`` (``--draft-vocab 1000:PATH``, ``--proposer draft:PATH``) names its PATH, and each item of a
+    comma-separated list does (``--peers generate,assisted:PATH,llamacpp:PATH``)."""
     found = []
     for arg in argv:
-        path = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+        value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
         if arg.startswith("-") and "=" not in arg:
             continue
-        prefix, colon, rest = path.partition(":")
-        if colon and rest and "/" not in prefix:
-            path = rest
-        for other in recipe.stages:
-            if other.name != stage.name and str(other.folder) != str(stage.folder) and under(path, str(other.folder)):
-                found.append((path, other.name))
-                break
+        for path in value.split(","):
+            prefix, colon, rest = path.partition(":")
+            if colon and rest and "/" not in prefix:
+                path = rest
+            for other in recipe.stages:
+                if other.name != stage.name and str(other.folder) != str(stage.folder) and under(path, str(other.folder)):
+                    found.append((path, other.name))
+                    break
     return found
 
 

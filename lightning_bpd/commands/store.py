@@ -77,7 +77,7 @@ def parse_layers(text: str, n_layers: int) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> None:
     from pytorch_lightning.utilities import rank_zero_only
 
-    from lightning_bpd.drafters.dflash.module import frozen_target
+    from lightning_bpd.drafters.common.target import frozen_target
     from lightning_bpd.tasks.lm.datamodule import HF_PREFIX, LMDataModule
     from lightning_bpd.tasks.lm.store_writer import StorePlan, choose_windows, token_digest, write_store
 

@@ -126,7 +126,7 @@ def test_llama_cpp_greedy_equals_generate_in_float32(llama_cpp_peer):
 
 def test_the_bench_runs_llama_cpp_on_the_same_prompts(tmp_path):
     pytest.importorskip("llama_cpp")
-    from lightning_bpd.commands.bench_generate import main as bench
+    from lightning_bpd.commands.bench import main as bench
     from lightning_bpd.tasks.lm import LMModule
     from lightning_bpd.tasks.translation.hf_module import save_heads
     from tests.tasks.lm.tiny_lm import write_checkpoint
@@ -135,7 +135,7 @@ def test_the_bench_runs_llama_cpp_on_the_same_prompts(tmp_path):
     save_heads(module, tmp_path / "heads")
     (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     result = bench(["--ckpt", str(tmp_path / "heads"), "--input", str(tmp_path / "p.jsonl"), "--batch-sizes", "1", "2",
-                    "--warmup", "0", "--device", "cpu", "--peers", "llamacpp", "--gguf", str(tmp_path / "m.gguf")])
+                    "--warmup", "0", "--device", "cpu", "--peers", "generate,llamacpp", "--gguf", str(tmp_path / "m.gguf")])
     one, two = result["batch_sizes"]["1"], result["batch_sizes"]["2"]
     assert one["llamacpp_f32"]["differs_from_hf_generate"] == 0 and one["llamacpp_f32"]["sentences"] == len(PROMPTS)
     assert "batch 1 only" in two["llamacpp_f32"]["skipped"] and "llamacpp_f32" in one["exact"]["speedup_over"]

@@ -1,5 +1,6 @@
-"""``python -m lightning_bpd bench-generate``: our exact decoding of a tiny Hugging Face heads checkpoint
-against the base's greedy ``generate`` and prompt-lookup ``generate`` (and CTranslate2, when installed)."""
+"""``python -m lightning_bpd bench --ckpt CKPT --peers generate,...`` (once ``bench-generate``, which still runs with one
+deprecation line): our exact decoding of a tiny Hugging Face heads checkpoint against the base's greedy ``generate``
+and prompt-lookup ``generate`` (and CTranslate2, when installed)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from lightning_bpd.benchmarks import ctranslate2_hf
+from lightning_bpd.commands.bench import main as bench
 from lightning_bpd.commands.bench_generate import GENERATE, LOOKUP, METHODS, OURS, OURS_LOOKUP, cut, hf_generate
-from lightning_bpd.commands.bench_generate import main as hf_bench
 from lightning_bpd.decoding import greedy_decode
 from lightning_bpd.kernels import int8
 from lightning_bpd.tasks.translation.hf_module import HFTranslationModule, save_heads
@@ -24,6 +25,11 @@ from tests.hf.tiny_checkpoint import sentence_pairs, write_checkpoint, write_pad
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 N = 7  # sentences: batches of 3 leave a ragged last one
+
+
+def hf_bench(argv: list[str]) -> dict:
+    """``bench`` against the base's ``generate`` (its rows and transformers' prompt lookup's always run)."""
+    return bench([*argv, "--peers", "generate"])
 
 
 def heads_folder(root, checkpoint):
@@ -47,13 +53,13 @@ def tiny(tmp_path_factory):
 def run(root, *extra: str) -> dict:
     out = root / "record.json"
     result = hf_bench(["--ckpt", str(root / "heads"), "--input", str(root / "src.en"), "--batch-sizes", "1", "3",
-                       "--inputs", str(N), "--warmup", "1", "--device", "cpu", "--json", str(out), *extra])
+                       "--limit", str(N), "--warmup", "1", "--device", "cpu", "--json", str(out), *extra])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     return result
 
 
 def test_the_record_has_the_three_methods_on_the_same_sentences(tiny, capsys):
-    result = run(tiny, "--prompt-lookup-tokens", "4")
+    result = run(tiny, "--peers", "prompt-lookup:2:4")
     assert result["methods"] == [*METHODS, OURS_LOOKUP] and result["inputs"] == N and result["precision"] == "float32"
     assert result["prompt_lookup_num_tokens"] == 4 and result["generate_dtype"] == "torch.float32"
     one, three = result["batch_sizes"]["1"], result["batch_sizes"]["3"]
@@ -95,7 +101,7 @@ def test_generate_outputs_are_cut_like_ours(tiny):
 @pytest.mark.skipif(not int8.available(), reason="needs torch's fbgemm/x86 quantized engine")
 def test_an_int8_runtime_is_compared_too(tiny):
     result = hf_bench(["--ckpt", str(tiny / "heads"), "--input", str(tiny / "src.en"), "--batch-sizes", "3",
-                       "--inputs", str(N), "--warmup", "0", "--device", "cpu", "--precision", "int8"])
+                       "--limit", str(N), "--warmup", "0", "--device", "cpu", "--precision", "int8"])
     mine = result["batch_sizes"]["3"][OURS]
     assert result["precision"] == "int8" and mine["sentences"] == N
     assert 0 <= mine["differs_from_hf_generate"] <= N  # int8 products against float32 generate: counted, not assumed
@@ -105,7 +111,7 @@ def test_a_draft_vocabulary_and_int8_proposals_keep_exact_decoding_exact(tiny):
     """The heads propose from the target side's most frequent tokens (counted with the checkpoint's tokenizer),
     in int8 where the CPU has it: the outputs stay generate's, and the record says what ran."""
     (tiny / "tgt.de").write_text("\n".join(de for _, de in sentence_pairs(40, seed=6)) + "\n")
-    extra = ["--draft-vocab", "20", "--draft-vocab-from", str(tiny / "tgt.de")]
+    extra = ["--draft-vocab", f"20:{tiny / 'tgt.de'}"]
     if int8.available():
         extra += ["--proposal-precision", "int8"]
     result = run(tiny, *extra)
@@ -119,7 +125,7 @@ def one_line_exit(capsys, argv) -> str:
     with pytest.raises(SystemExit) as err:
         hf_bench(argv)
     message = str(err.value)
-    assert message.startswith("hf_generate: ") and "\n" not in message
+    assert message.startswith("bench: ") and "\n" not in message
     return message
 
 
@@ -141,7 +147,7 @@ def test_bad_input_is_one_error_line(tiny, tmp_path, capsys):
                 "pytorch-lightning_version": pl.__version__, "tokenizer_proto": tok.to_bytes(),
                 "lightning_bpd_class": "lightning_bpd.tasks.translation.module.TranslationModule"}, tmp_path / "own.ckpt")
     message = one_line_exit(capsys, ["--ckpt", str(tmp_path / "own.ckpt"), *common])
-    assert "not a Hugging Face heads checkpoint" in message and "lightning_bpd bench" in message
+    assert "a run of our own base, which has no transformers generate" in message
 
 
 PEER_ROWS = ["ctranslate2_float32", "ctranslate2_int8"]
@@ -205,7 +211,7 @@ def test_a_peer_that_fails_while_decoding_is_dropped_with_its_reason(tiny, monke
 def test_ctranslate2_greedy_of_the_converted_base(tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
     root = heads_folder(tmp_path, write_pad_last_checkpoint(tmp_path / "marian"))
-    result = run(root, "--peers", "ctranslate2", "--ct2-quantizations", "float32")
+    result = run(root, "--peers", "ctranslate2:float32")
     assert result["peers"]["ctranslate2_version"] == ctranslate2.__version__
     assert result["peers"]["converted_from"] == "the base directory"
     for bs in ("1", "3"):
@@ -234,7 +240,7 @@ def test_ctranslate2_converts_a_base_whose_pad_is_not_last(tiny):
 def test_a_row_per_tree_budget_with_the_table_measured_on_the_inputs(tiny, capsys):
     result = run(tiny, "--tree-nodes", "0", "5", "auto:5", "--batch-sizes", "3")
     err = capsys.readouterr().err
-    assert "no rank agreement table: measured on the 7 inputs" in err and "hf_generate: tree-nodes auto: " in err
+    assert "no rank agreement table: measured on the 7 inputs" in err and "bench: tree-nodes auto: " in err
     report = result["batch_sizes"]["3"]
     trees = ["exact+nodes0", "exact+nodes5", "exact+nodes-auto:5"]
     assert result["methods"] == [*METHODS, *trees, OURS_LOOKUP] and result["tree_nodes"] == [0, 5, "auto:5"]
@@ -242,3 +248,19 @@ def test_a_row_per_tree_budget_with_the_table_measured_on_the_inputs(tiny, capsy
     for name in trees:
         assert report[name]["differs_from_hf_generate"] == 0 and report[name]["sentences"] == N
     assert report["exact+nodes0"]["mean_accepted_block_size"] == report[OURS]["mean_accepted_block_size"]
+
+
+def test_the_old_command_prints_one_deprecation_line_and_benches_the_same(tiny, capsys):
+    """``bench-generate`` with its own options (``--inputs``, ``--prompt-lookup-tokens``, ``--max-matching-ngram``):
+    one line naming the ``bench`` command line, then the same bench and record."""
+    from lightning_bpd.commands.old_benches import bench_generate
+
+    result = bench_generate(["--ckpt", str(tiny / "heads"), "--input", str(tiny / "src.en"), "--batch-sizes", "3",
+                             "--inputs", str(N), "--warmup", "0", "--device", "cpu", "--prompt-lookup-tokens", "4",
+                             "--max-matching-ngram", "3"])
+    err = [line for line in capsys.readouterr().err.splitlines() if "deprecated" in line]  # less transformers' bars
+    assert len(err) == 1 and err[0].startswith("bench-generate is deprecated: use bench --ckpt "), err
+    assert err[0].endswith("--peers generate,prompt-lookup:3:4") and "--limit 7" in err[0]
+    assert result["methods"] == [*METHODS, OURS_LOOKUP] and result["inputs"] == N
+    assert (result["prompt_lookup_num_tokens"], result["max_matching_ngram_size"]) == (4, 3)
+    assert result["batch_sizes"]["3"][OURS]["differs_from_hf_generate"] == 0

@@ -1,5 +1,5 @@
 """llama.cpp on a drafter run whose target is the user's own GGUF file (issue 59; lightning_bpd/benchmarks/
-llamacpp_bin_peer.py, llamacpp_files.py, commands/export_heads.py): ``bench-generate --peers llamacpp --llamacpp-bin``
+llamacpp_bin_peer.py, llamacpp_files.py, commands/export_heads.py): ``bench --peers llamacpp:BIN``
 adds the rows ``llamacpp_q8_0`` and ``llamacpp_q8_0_dflash`` on that file beside the float32 ones, checks its
 tokenization and records which GGUF each row used; ``export-heads --format llamacpp`` names that file as the target
 to serve. Stand-in binaries here; slow: the real ones of the build-llamacpp folder."""

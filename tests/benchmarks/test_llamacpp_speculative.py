@@ -1,7 +1,7 @@
 """llama.cpp's binaries as bench rows (lightning_bpd/benchmarks/llamacpp_speculative.py, llamacpp_bin_peer.py):
-the report and output parsing, the bytes llama.cpp prints of ids, and ``bench-generate --peers llamacpp
---llamacpp-bin`` on a DFlash and on an EAGLE-3 checkpoint with stand-in binaries (rows, timing by their clock, text
-comparisons with generate and between the two rows); slow: the real binaries of the build-llamacpp folder on a tiny
+the report and output parsing, the bytes llama.cpp prints of ids, and ``bench --peers llamacpp:BIN`` (once
+``bench-generate --llamacpp-bin``) on a DFlash and on an EAGLE-3 checkpoint with stand-in binaries (rows, timing by
+their clock, text comparisons with generate and between the two rows); slow: the real binaries of the build-llamacpp folder on a tiny
 DFlash run and a tiny EAGLE-3 run."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from lightning_bpd.benchmarks.llamacpp_speculative import (
     token_bytes,
 )
 from lightning_bpd.benchmarks.lm_generate import GENERATE
-from lightning_bpd.commands.bench_generate import main as bench
+from lightning_bpd.commands.bench import main as bench
 from tests.hf.test_dflash_export import save_ckpt, trained
 from tests.llamacpp_build import llamacpp_binaries
 from tests.tasks.lm.tiny_lm import EOS, PROMPTS, tokenizer
@@ -174,10 +174,10 @@ def stand_ins(folder: Path, module, prompts: list[str], n: int, corrupt: int) ->
 
 
 def bench_llamacpp(ckpt: Path, bin_dir: Path, n: int, *extra: str) -> dict:
-    """bench-generate on the run ``ckpt`` (its prompts.jsonl beside it) with llama.cpp's binaries of ``bin_dir``, one
-    thread, at most ``n`` new tokens."""
+    """``bench --peers llamacpp:BIN`` on the run ``ckpt`` (its prompts.jsonl beside it) with llama.cpp's binaries of
+    ``bin_dir``, one thread, at most ``n`` new tokens."""
     return bench(["--ckpt", str(ckpt), "--input", str(ckpt.parent / "prompts.jsonl"), "--warmup", "0", "--device",
-                  "cpu", "--max-new-tokens", str(n), "--peers", "llamacpp", "--llamacpp-bin", str(bin_dir),
+                  "cpu", "--max-new-tokens", str(n), "--peers", f"generate,prompt-lookup,llamacpp:{bin_dir}",
                   "--llamacpp-threads", "1", *extra])
 
 
@@ -250,13 +250,13 @@ def test_bench_generate_refusals_are_one_line(dflash_run, tmp_path):
     ckpt, _ = dflash_run
     base = ["--ckpt", str(ckpt), "--input", str(ckpt.parent / "prompts.jsonl"), "--batch-sizes", "1", "--device",
             "cpu", "--max-new-tokens", "4"]
-    for extra, want in ((["--llamacpp-bin", str(tmp_path)], "add --peers llamacpp"),
-                        (["--peers", "llamacpp", "--llamacpp-bin", str(tmp_path / "none")], "not a folder"),
-                        (["--peers", "llamacpp", "--llamacpp-bin", str(tmp_path)], "no llama-speculative-simple")):
+    for extra, want in ((["--llamacpp-threads", "1"], "add --peers llamacpp"),
+                        (["--peers", f"llamacpp:{tmp_path / 'none'}"], "not a folder"),
+                        (["--peers", f"llamacpp:{tmp_path}"], "no llama-speculative-simple")):
         with pytest.raises(SystemExit) as err:
             bench([*base, *extra])
         message = str(err.value.code)
-        assert want in message and "\n" not in message and message.startswith("bench-generate: "), message
+        assert want in message and "\n" not in message and message.startswith("bench: "), message
 
 
 # ---- slow: the real binaries -----------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``bench-generate`` on a language-modelling checkpoint (issue 46, item 7): generate greedy, prompt lookup, assisted
+"""``bench --ckpt CKPT --peers generate,...`` (once ``bench-generate``) on a language-modelling checkpoint (issue 46, item 7): generate greedy, prompt lookup, assisted
 generation with a draft model and ours on the same prompts, on a tiny random Llama; the one-line refusals."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import lightning_bpd
 from lightning_bpd.benchmarks.ctranslate2_hf import cut
 from lightning_bpd.benchmarks.lm_generate import ASSISTED, GENERATE, LOOKUP, OURS, load_assistant
 from lightning_bpd.benchmarks.lm_prompts import data_settings
-from lightning_bpd.commands.bench_generate import build_parser
-from lightning_bpd.commands.bench_generate import main as bench
+from lightning_bpd.commands.bench import PeerChoice, build_parser, generate_args
+from lightning_bpd.commands.bench import main as bench
 from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP, main_lm
 from lightning_bpd.commands.export_base import export_base
 from lightning_bpd.decoding import Exact, blockwise_decode
@@ -59,8 +59,8 @@ def run(root: Path, *extra: str) -> dict:
 
 
 def test_every_method_on_the_same_prompts_equals_generate(tiny, capsys):
-    result = run(tiny, "--input", str(tiny / "prompts.jsonl"), "--assistant", str(tiny / "draft"),
-                 "--prompt-lookup-tokens", "3")
+    result = run(tiny, "--input", str(tiny / "prompts.jsonl"), "--peers",
+                 f"generate,prompt-lookup:2:3,assisted:{tiny / 'draft'}")
     assert result["methods"] == [GENERATE, LOOKUP, ASSISTED, OURS, OURS_LOOKUP] and result["inputs"] == len(PROMPTS)
     assert result["max_new_tokens"] == N and result["assistant"]["layers"] == 2 and result["k"] == 3
     one, three = result["batch_sizes"]["1"], result["batch_sizes"]["3"]
@@ -86,8 +86,8 @@ def test_every_method_on_the_same_prompts_equals_generate(tiny, capsys):
 
 def test_prompts_from_the_held_out_split(tiny, tmp_path):
     data = write_corpus(tmp_path / "code")
-    result = run(tiny, "--data-root", str(data), "--split", "val", "--inputs", "4", "--prompt-tokens", "24",
-                 "--tree-nodes", "4", "--draft-vocab", "60", "--draft-vocab-from", str(data / "train" / "mod_0.py"))
+    result = run(tiny, "--data-root", str(data), "--split", "val", "--limit", "4", "--prompt-tokens", "24",
+                 "--tree-nodes", "4", "--draft-vocab", f"60:{data / 'train' / 'mod_0.py'}")
     held_out = LMDataModule(root=str(data), tokenizer_path=str(tiny / "llama"), prompt_tokens=24)
     assert result["inputs"] == min(4, len(held_out.eval_prompts("val", None)[0])) > 0
     assert result["methods"] == [GENERATE, LOOKUP, OURS, f"{OURS}+nodes4", OURS_LOOKUP] and result["options"]["draft_vocab"] == 60
@@ -128,7 +128,7 @@ def one_line_exit(argv: list[str]) -> str:
     with pytest.raises(SystemExit) as err:
         bench(argv)
     message = str(err.value)
-    assert message.startswith("bench-generate: ") and "\n" not in message
+    assert message.startswith("bench: ") and "\n" not in message
     return message
 
 
@@ -139,10 +139,10 @@ def test_bad_input_is_one_line(tiny, tmp_path, monkeypatch):
     tok = tokenizer(extra=3)
     tiny_llama(len(tok)).save_pretrained(other)
     tok.save_pretrained(other)
-    assert "its tokenizer is not the checkpoint's" in one_line_exit([*base, *prompts, "--assistant", str(other)])
+    assert "its tokenizer is not the checkpoint's" in one_line_exit([*base, *prompts, "--peers", f"assisted:{other}"])
     marian = write_marian(tmp_path / "marian")
-    assert "a seq2seq checkpoint (marian)" in one_line_exit([*base, *prompts, "--assistant", str(marian)])
-    assert "not a Hugging Face model directory" in one_line_exit([*base, *prompts, "--assistant", str(tmp_path)])
+    assert "a seq2seq checkpoint (marian)" in one_line_exit([*base, *prompts, "--peers", f"assisted:{marian}"])
+    assert "not a Hugging Face model directory" in one_line_exit([*base, *prompts, "--peers", f"assisted:{tmp_path}"])
     assert "--input FILE.jsonl" in one_line_exit(base)
     assert "--peers llamacpp" in one_line_exit([*base, *prompts, "--peers", "ctranslate2"])
     monkeypatch.setitem(__import__("sys").modules, "llama_cpp", None)  # as if not installed
@@ -156,6 +156,7 @@ def test_our_own_base_is_refused_in_one_line(tmp_path):
     own = LMModule(own={"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64, "tokenizer": str(tmp_path / "bpe")},
                    training=TrainingOptions(freeze_base=False))
     with pytest.raises(SystemExit) as err:
-        main_lm(own, build_parser().parse_args(["--ckpt", "own.ckpt", "--input", "unused.jsonl"]))
-    assert str(err.value).startswith("bench-generate: own.ckpt: a run of our own decoder-only base")
+        main_lm(own, generate_args(build_parser().parse_args(["--ckpt", "own.ckpt", "--input", "unused.jsonl"]),
+                                   PeerChoice()))
+    assert str(err.value).startswith("bench: own.ckpt: a run of our own decoder-only base")
     assert len(own.draft_vocab_ids(PROMPTS, 10)) == 10  # its draft vocabulary: no generation rules, its EOS

@@ -58,7 +58,7 @@ KIND = FakeKind(name="fakedraft", title="Fake", module_class_path=f"{__name__}.F
 def fake(checkpoint, tmp_path, monkeypatch) -> Path:
     """The fake kind registered, a run of it on the tiny Llama that ``load_model`` returns for ``fake.ckpt``, and
     ``prompts.jsonl``; ``tmp_path``."""
-    from lightning_bpd.commands import bench_generate, decode, export_heads
+    from lightning_bpd.commands import bench, decode, export_heads
     from lightning_bpd.tasks.lm import LMModule
     from tests.tasks.lm.tiny_dflash import PROMPTS
 
@@ -73,7 +73,7 @@ def fake(checkpoint, tmp_path, monkeypatch) -> Path:
         return module if Path(path).name == "fake.ckpt" else heads
 
     monkeypatch.setitem(registry.REGISTERED, "fakedraft", __name__)
-    for command in (decode, bench_generate, export_heads):
+    for command in (decode, bench, export_heads):
         monkeypatch.setattr(command, "load_model", load_model)
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     CALLS.clear()
@@ -103,10 +103,10 @@ def test_a_registered_kind_decodes_through_the_registry(fake, capsys):
 
 
 def test_a_registered_kind_is_a_row_of_the_bench(fake, capsys):
-    from lightning_bpd.commands.bench_generate import main
+    from lightning_bpd.commands.bench import main
 
     result = main(["--ckpt", str(fake / "fake.ckpt"), "--batch-sizes", "1", "--warmup", "0", "--device", "cpu",
-                   "--max-new-tokens", "8", "--input", str(fake / "prompts.jsonl"), "--prompt-lookup-tokens", "3"])
+                   "--max-new-tokens", "8", "--input", str(fake / "prompts.jsonl"), "--peers", "generate,prompt-lookup:2:3"])
     assert "fakedraft" in result["methods"] and result["head_type"] == "fakedraft"
     assert result["batch_sizes"]["1"]["fakedraft"]["differs_from_hf_generate"] == 0
     assert "ours = exact with the Fake drafter" in capsys.readouterr().out

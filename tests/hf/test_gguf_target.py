@@ -109,7 +109,7 @@ def test_a_missing_extra_names_it(tiny, cache, monkeypatch):
 
 
 def test_a_drafter_target_and_the_data_take_a_gguf(tiny, cache, tmp_path):
-    from lightning_bpd.drafters.dflash.module import frozen_target
+    from lightning_bpd.drafters.common.target import frozen_target
     from lightning_bpd.hf.causal import HFCausalBlockwise
     from lightning_bpd.tasks.lm import LMDataModule
 

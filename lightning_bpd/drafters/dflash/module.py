@@ -36,16 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning_bpd.drafters.common.target import frozen_target, is_own_base
 from lightning_bpd.drafters.common.trainer import DrafterModule, load_drafter_state, lr_factor
 from lightning_bpd.drafters.dflash.network import DFlashConfig, DFlashDrafter, default_target_layers
 from lightning_bpd.drafters.dflash.proposer import DFlash
-from lightning_bpd.hf.causal import load_causal
-from lightning_bpd.hf.gguf_target import is_gguf
-from lightning_bpd.hf.prompts import CausalLM, load_tokenizer
+from lightning_bpd.hf.prompts import CausalLM
 from lightning_bpd.nn.argmax import argmax
 from lightning_bpd.tasks.frozen_states import FrozenStates
 from lightning_bpd.tasks.lm.feature_store import open_store, store_batch, train_from_store
-from lightning_bpd.tasks.lm.module import LMModule
 
 
 def slot_weights(block_size: int, gamma: float) -> Tensor:
@@ -103,12 +101,6 @@ def drafter_shape(config: Any) -> dict[str, Any]:
     return out
 
 
-def is_own_base(model: Any) -> bool:
-    """Whether ``model`` (or the runtime of one) is our own decoder-only base
-    (:class:`~lightning_bpd.nn.causal_model.CausalTransformer`), not a Hugging Face causal LM."""
-    return bool(getattr(model, "decoder_only", False)) and getattr(model, "base", None) is None
-
-
 def target_shape(model: Any) -> dict[str, Any]:
     """:func:`drafter_shape` of the target ``model``: a Hugging Face causal LM's config, or our own base's (hidden
     size, heads, head_dim = d_model // heads, intermediate d_ff)."""
@@ -122,41 +114,6 @@ def target_shape(model: Any) -> dict[str, Any]:
 def embedding_weight(model: Any) -> Tensor:
     """The target's input embedding table (V, D): its dtype and device are the features'."""
     return model.tgt_embed.weight if is_own_base(model) else model.base.get_input_embeddings().weight
-
-
-def own_target(path: str) -> tuple[Any, Any]:
-    """The frozen base and tokenizer of a language-modelling run on our own decoder-only base (its .ckpt); one clear
-    line where the checkpoint is another kind."""
-    from lightning_bpd.checkpoints import load_model
-
-    try:
-        module = load_model(path)
-    except (ValueError, FileNotFoundError) as err:
-        raise ValueError(f"model.pretrained: {err}") from None
-    model = getattr(module, "model", None)
-    if not isinstance(module, LMModule) or not is_own_base(model):
-        raise ValueError(f"model.pretrained: {path} is a {type(module).__name__} checkpoint, not a language-modelling "
-                         "run on our own decoder-only base (give that run's .ckpt, or a Hugging Face causal LM folder)")
-    return model, module.tokenizer
-
-
-def frozen_target(pretrained: str | os.PathLike | None) -> tuple[str, Any, Any]:
-    """A drafter's target, frozen (eval mode, no gradients): ``pretrained`` a local Hugging Face causal LM directory
-    with its tokenizer, a ``.gguf`` file (read through its dequantized folder,
-    :func:`~lightning_bpd.hf.gguf_target.resolve_pretrained`), or the .ckpt of an LM run on our own decoder-only base
-    -> (its absolute path, the model, the tokenizer); one clear line for anything else."""
-    if pretrained is None or not (os.path.isdir(os.fspath(pretrained)) or os.path.isfile(os.fspath(pretrained))
-                                  or is_gguf(pretrained)):
-        raise ValueError(f"model.pretrained: {pretrained} is not a .ckpt of a run on our own decoder-only base and "
-                         "not a directory (a local Hugging Face causal LM checkpoint with its tokenizer) nor a .gguf "
-                         "file")
-    path = os.path.abspath(os.fspath(pretrained))
-    if os.path.isdir(path) or is_gguf(path):
-        target, tokenizer = load_causal(path, k=1, frozen=True), load_tokenizer(path)
-    else:
-        target, tokenizer = own_target(path)
-    target.eval().requires_grad_(False)
-    return path, target, tokenizer
 
 
 def default_mask_id(tokenizer: Any) -> int:
@@ -392,5 +349,6 @@ class DFlashModule(DrafterModule):
 
 
 __all__ = ["DFlashModule", "block_acceptance", "check_drafter_fits", "default_mask_id", "dflash_proposer",
-           "drafter_for", "drafter_shape", "embedding_weight", "frozen_target", "is_own_base", "load_drafter", "lr_factor", "sample_anchors", "slot_weights"]
+           "drafter_for", "drafter_shape", "embedding_weight", "frozen_target", "is_own_base", "load_drafter",
+           "lr_factor", "sample_anchors", "slot_weights"]
 

@@ -42,14 +42,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning_bpd.drafters.common.target import frozen_target, is_own_base
 from lightning_bpd.drafters.common.trainer import DrafterModule, load_drafter_state
 from lightning_bpd.drafters.dflash.module import (
     anchor_seed,
     block_acceptance,
     drafter_for,
     embedding_weight,
-    frozen_target,
-    is_own_base,
     target_shape,
 )
 from lightning_bpd.drafters.eagle3.network import Eagle3Config, Eagle3Drafter, default_eagle3_layers, vocab_mapping

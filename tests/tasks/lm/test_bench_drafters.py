@@ -17,9 +17,8 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 from lightning_bpd.benchmarks.lm_generate import GENERATE, LOOKUP
 from lightning_bpd.callbacks.training_clock import STATE_KEY
 from lightning_bpd.commands.bench import main as bench
-from lightning_bpd.commands.bench_drafters import DEPRECATED
-from lightning_bpd.commands.bench_drafters import main as bench_drafters
 from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP
+from lightning_bpd.commands.old_benches import DEPRECATED, bench_drafters
 from lightning_bpd.tasks.lm.module import LMModule
 from lightning_bpd.tasks.translation.hf_module import save_heads
 from tests.tasks.lm.test_eagle3_commands import fit_eagle3
@@ -107,11 +106,14 @@ def test_a_run_proposes_as_its_proposer_spelling_says_and_the_old_command_still_
     capsys.readouterr()
     with pytest.raises(SystemExit, match="a DFlash checkpoint's drafter proposes blocks"):
         bench(["--run", f"d={runs / 'dflash.ckpt'}@dynamic:5", *argv[6:]])
-    with pytest.raises(SystemExit, match="^bench: --peers llamacpp with --run: not yet in the table"):
+    with pytest.raises(SystemExit, match="^bench: --peers llamacpp with --run: not in the table of runs"):
         bench([*argv, "--peers", "llamacpp"])
+    capsys.readouterr()
     old = bench_drafters([*args_of(runs, "chained"), "--batch-sizes", "1", "--warmup", "0"])
-    assert old["methods"] == [GENERATE, LOOKUP, "chained", OURS_LOOKUP]
-    assert capsys.readouterr().err.splitlines().count(DEPRECATED) == 1
+    assert old["methods"] == [GENERATE, LOOKUP, "chained", OURS_LOOKUP] and old["prompt_lookup_num_tokens"] == 3
+    assert old["inputs"] == len(PROMPTS) and list(old["batch_sizes"]) == ["1"]
+    err = [line for line in capsys.readouterr().err.splitlines() if "deprecated" in line]  # less transformers' bars
+    assert len(err) == 1 and err[0].startswith(DEPRECATED) and "--peers generate,prompt-lookup:2:3" in err[0], err
 
 
 def test_runs_of_another_base_bad_pairs_and_unknown_names_are_one_line(runs, checkpoint, tmp_path):
@@ -122,26 +124,26 @@ def test_runs_of_another_base_bad_pairs_and_unknown_names_are_one_line(runs, che
     weights[key] = weights[key] + 1e-3
     safetensors_torch.save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
     save_heads(LMModule(str(other), k=3, max_new_tokens=N).eval(), tmp_path / "moved")
-    base = args_of(runs, "chained")
+    base = new_args(runs, "chained")
     with pytest.raises(SystemExit, match=rf"--run moved=.*: its base is not run chained's \(other weights \({key}\)\)"):
-        bench_drafters([*base, "--run", f"moved={tmp_path / 'moved'}"])
+        bench([*base, "--run", f"moved={tmp_path / 'moved'}"])
     with pytest.raises(SystemExit, match="--run takes NAME=VALUE, got 'chained'"):
-        bench_drafters([*base, "--run", "chained"])
+        bench([*base, "--run", "chained"])
     with pytest.raises(SystemExit, match="--run: the name 'chained' is given twice"):
-        bench_drafters([*base, "--run", f"chained={runs / 'medusa'}"])
+        bench([*base, "--run", f"chained={runs / 'medusa'}"])
     with pytest.raises(SystemExit, match="--minutes names no --run: medusa"):
-        bench_drafters([*base, "--minutes", "medusa=3"])
+        bench([*base, "--minutes", "medusa=3"])
     with pytest.raises(SystemExit, match="--run: the name 'hf_generate' is taken by a row of the table"):
-        bench_drafters([*base, "--run", f"hf_generate={runs / 'medusa'}"])
+        bench([*base, "--run", f"hf_generate={runs / 'medusa'}"])
     with pytest.raises(SystemExit, match="--run: the name 'a\\+b' is taken by a row"):
-        bench_drafters([*base, "--run", f"a+b={runs / 'medusa'}"])
+        bench([*base, "--run", f"a+b={runs / 'medusa'}"])
     with pytest.raises(SystemExit, match="--batch-sizes and --limit take integers >= 1"):
-        bench_drafters([*base, "--batch-sizes", "0"])
+        bench([*base, "--batch-sizes", "0"])
     with pytest.raises(SystemExit, match="--run eagle3=.*--tree-nodes auto picks a tree of the heads"):
-        bench_drafters([*args_of(runs, "eagle3"), "--tree-nodes", "auto"])
+        bench([*new_args(runs, "eagle3"), "--tree-nodes", "auto"])
     with pytest.raises(SystemExit, match="--k chained=two: not an integer"):
-        bench_drafters([*base, "--k", "chained=two"])
+        bench([*base, "--k", "chained=two"])
     with pytest.raises(SystemExit, match=r"--run chained=.*--k must lie in \[1, 3\].*got 9"):
-        bench_drafters([*base, "--k", "chained=9"])
+        bench([*base, "--k", "chained=9"])
     with pytest.raises(SystemExit, match=r"--run gone=.*no checkpoint at"):
-        bench_drafters([*base, "--run", f"gone={tmp_path / 'gone.ckpt'}"])
+        bench([*base, "--run", f"gone={tmp_path / 'gone.ckpt'}"])

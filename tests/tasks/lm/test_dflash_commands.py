@@ -18,7 +18,7 @@ pytest.importorskip("safetensors")
 import lightning_bpd
 from lightning_bpd.benchmarks.lm_generate import GENERATE, LOOKUP
 from lightning_bpd.callbacks.decode_eval import build_methods, run_decode_eval
-from lightning_bpd.commands.bench_generate import main as bench
+from lightning_bpd.commands.bench import main as bench
 from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP
 from lightning_bpd.commands.decode import main as decode_main
 from lightning_bpd.decoding import greedy_decode
@@ -124,7 +124,7 @@ def test_a_drafter_of_another_target_is_refused(fitted):
 def bench_run(root: Path, *extra: str) -> dict:
     out = root / "record.json"
     result = bench(["--ckpt", str(root / "dflash.ckpt"), "--batch-sizes", "1", "3", "--warmup", "1", "--device", "cpu",
-                    "--max-new-tokens", str(N), "--json", str(out), "--prompt-lookup-tokens", "3", *extra])
+                    "--max-new-tokens", str(N), "--json", str(out), "--peers", "generate,prompt-lookup:2:3", *extra])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     return result
 
@@ -147,9 +147,9 @@ def test_bench_generate_on_a_dflash_checkpoint_every_row_equals_generate(fitted,
 
 
 def test_bench_generate_on_a_dflash_checkpoint_bad_input_is_one_line(fitted, capsys):
-    with pytest.raises(SystemExit, match=r"^bench-generate: --tree-nodes: a DFlash checkpoint's target has no heads"):
+    with pytest.raises(SystemExit, match=r"^bench: --tree-nodes: a DFlash checkpoint's target has no heads"):
         bench_run(fitted, "--input", str(fitted / "prompts.jsonl"), "--tree-nodes", "4")
-    with pytest.raises(SystemExit, match=r"^bench-generate: DFlash block_size must be an integer in \[2, 4\]"):
+    with pytest.raises(SystemExit, match=r"^bench: DFlash block_size must be an integer in \[2, 4\]"):
         bench_run(fitted, "--input", str(fitted / "prompts.jsonl"), "--k", "9")
 
 

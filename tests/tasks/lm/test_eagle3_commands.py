@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from lightning_bpd.benchmarks.lm_generate import GENERATE, LOOKUP
-from lightning_bpd.commands.bench_generate import main as bench
+from lightning_bpd.commands.bench import main as bench
 from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP
 from lightning_bpd.drafters.eagle3.module import Eagle3Module
 from tests.tasks.lm.test_dflash_commands import greedy_texts, run_decode
@@ -69,7 +69,7 @@ def test_decode_an_eagle3_checkpoint_continues_as_greedy_with_chains_and_trees(f
 def test_bench_generate_on_an_eagle3_checkpoint_every_row_equals_generate(fitted, capsys):
     out = fitted / "record.json"
     result = bench(["--ckpt", str(fitted / "eagle3.ckpt"), "--batch-sizes", "1", "3", "--warmup", "1", "--device",
-                    "cpu", "--max-new-tokens", str(N), "--json", str(out), "--prompt-lookup-tokens", "3",
+                    "cpu", "--max-new-tokens", str(N), "--json", str(out), "--peers", "generate,prompt-lookup:2:3",
                     "--input", str(fitted / "prompts.jsonl"), "--tree-nodes", "0", "6"])
     tree = f"{EAGLE3}+tree6"
     assert result["methods"] == [GENERATE, LOOKUP, EAGLE3, tree, OURS_LOOKUP]
