@@ -8,7 +8,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 
-from lightning_bpd.drafters.registry import canonical_class
+from lightning_bpd.class_paths import current
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", base: str | Path | None = None) -> pl.LightningModule:
@@ -42,7 +42,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", base: str |
     class_path = ckpt.get("lightning_bpd_class") if isinstance(ckpt, dict) else None
     if class_path is None:
         raise ValueError(f"{path} was not written by lightning_bpd (no 'lightning_bpd_class' entry)")
-    module_name, _, name = canonical_class(class_path).rpartition(".")  # a drafter kind's older path: today's
+    module_name, _, name = current(class_path).rpartition(".")  # a drafter kind's older path: today's
     cls = getattr(importlib.import_module(module_name), name)
     hparams = ckpt.get("hyper_parameters", {})
     init_args = cls.init_args_of_checkpoint(hparams)  # this layout, or the flat one of older checkpoints

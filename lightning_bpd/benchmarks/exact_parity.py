@@ -21,10 +21,11 @@ import torch
 
 from lightning_bpd.decoding import Exact, blockwise_decode, greedy_decode
 from lightning_bpd.decoding.protocol import DecodeResult
-from lightning_bpd.evaluation import batched, load_inputs
+from lightning_bpd.evaluation import batched
 from lightning_bpd.inference import InferenceOptions, build_runtime
 from lightning_bpd.inference.precision import PRECISIONS
 from lightning_bpd.records import write_json
+from lightning_bpd.tasks.inputs import load_inputs
 
 
 def differing_tokens(a: DecodeResult, b: DecodeResult) -> list[int]:

@@ -10,7 +10,7 @@ target calls; its text is compared with generate's (the bench's ``differs_from_h
 with the alone row's (:func:`agreement`).
 
 A run whose target is a ``.gguf`` file (the user's own quantized GGUF, e.g. ``SmolLM2-135M-Instruct.Q4_1.gguf``) gets
-two rows more on that very file, named by its weights' type (:func:`~lightning_bpd.benchmarks.llamacpp_files.gguf_type`):
+two rows more on that very file, named by its weights' type (:func:`~lightning_bpd.drafters.common.llamacpp.gguf_type`):
 ``llamacpp_q4_1``, llama.cpp alone, and ``llamacpp_q4_1_dflash`` (or ``_eagle3``) with our drafter; the prompts must
 tokenize alike there too. Their text differs from generate's (float32) as the weights do: what counts there is the
 drafted row against the alone row on the same file (``q4_1_dflash_vs_alone`` in the record). The record's ``rows``
@@ -113,7 +113,7 @@ def own_rows(gguf: Path, drafted: str | None) -> tuple[str, str | None]:
     """The rows of llama.cpp on the run's own target GGUF ``gguf``: alone (``llamacpp_<type>``, e.g.
     ``llamacpp_q4_1``) and, with the drafted row ``drafted`` of the float32 target, with our drafter
     (``llamacpp_q4_1_dflash``)."""
-    from lightning_bpd.benchmarks.llamacpp_files import gguf_type
+    from lightning_bpd.drafters.common.llamacpp import gguf_type
 
     alone = f"llamacpp_{gguf_type(gguf)}"
     if alone == ALONE:
@@ -137,7 +137,7 @@ def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path,
     the same on that file: ``llamacpp_<type>`` and ``llamacpp_<type>_dflash`` or ``_eagle3``), their GGUFs written
     in ``folder``, and the record; ValueError (one line) when the binaries are missing, the checkpoint cannot be
     written or llama.cpp tokenizes a prompt otherwise."""
-    from lightning_bpd.benchmarks.llamacpp_files import (
+    from lightning_bpd.drafters.common.llamacpp import (
         DRAFTER_GGUF,
         TARGET_GGUF,
         gguf_type,
@@ -153,7 +153,7 @@ def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path,
     if drafted:
         write_llamacpp(module, folder, float32_target=True)
     else:
-        from lightning_bpd.benchmarks.gguf_llama import write_llama_gguf
+        from lightning_bpd.hf.gguf_llama import write_llama_gguf
 
         name = Path(str(module.hparams.get("pretrained")))
         write_llama_gguf(model.base, tokenizer, folder / TARGET_GGUF, name=name.stem if own else name.name)

@@ -2,7 +2,7 @@
 --peers llamacpp`` on a language-modelling checkpoint).
 
 The base, exactly as the module decodes it (a fine-tuned base included), is written as a float32 GGUF
-(:func:`~lightning_bpd.benchmarks.gguf_llama.write_llama_gguf`) and loaded by ``llama-cpp-python``'s ``Llama`` with a
+(:func:`~lightning_bpd.hf.gguf_llama.write_llama_gguf`) and loaded by ``llama-cpp-python``'s ``Llama`` with a
 float32 KV cache and ``threads`` threads for both the prompt and the steps. Each row is decoded on its own from the
 Hugging Face tokenizer's ids (tokens, not text: no second tokenization), after ``reset()`` (no reuse of an earlier
 prompt's cache), with llama.cpp's greedy sampler (``temp=0``), and stopped at the checkpoint's EOS ids or at the cap.
@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import Tensor
 
-from lightning_bpd.benchmarks.gguf_llama import tokenization_mismatches, write_llama_gguf
+from lightning_bpd.hf.gguf_llama import tokenization_mismatches, write_llama_gguf
 
 __all__ = ["LLAMACPP", "LLAMACPP_HINT", "LlamaCppGreedy", "llamacpp_available", "start_llamacpp"]
 

@@ -51,7 +51,6 @@ from lightning_bpd.decoding import blockwise_decode, decode, greedy_decode
 from lightning_bpd.deprecated_options import deprecated_alias
 from lightning_bpd.drafters.common.kind import article
 from lightning_bpd.drafters.registry import kind_of, kinds
-from lightning_bpd.evaluation import load_inputs
 from lightning_bpd.inference import Runtime, build_runtime
 from lightning_bpd.inference.arguments import (
     add_draft_vocab_args,
@@ -61,6 +60,7 @@ from lightning_bpd.inference.arguments import (
     options_from_args,
 )
 from lightning_bpd.records import write_json
+from lightning_bpd.tasks.inputs import load_inputs
 
 TIMED = ("encode", "decode_step", "logits_first", "argmax_first", "logits_heads", "draft_tokens", "chain_drafts",
          "chain_draft", "chain_step", "encode_features", "decode_step_features", "decode_tree_features", "embed_tokens")

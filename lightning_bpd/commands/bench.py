@@ -62,7 +62,7 @@ from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_m
 from lightning_bpd.decoding.trees.budget import tree_nodes_arg
 from lightning_bpd.decoding.trees.tree import DynamicTree, Tree, parse_tree
 from lightning_bpd.deprecated_options import deprecated_alias
-from lightning_bpd.evaluation import batched, budget_trees, load_inputs, run_batch
+from lightning_bpd.evaluation import batched, budget_trees, run_batch
 from lightning_bpd.inference import InferenceOptions, Runtime, build_runtime
 from lightning_bpd.inference.arguments import (
     add_draft_vocab_args,
@@ -73,6 +73,7 @@ from lightning_bpd.inference.arguments import (
 )
 from lightning_bpd.inference.memory import measured_build
 from lightning_bpd.records import device_name, write_json
+from lightning_bpd.tasks.inputs import load_inputs
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -65,10 +65,11 @@ from lightning_bpd.benchmarks.tally import Tally, differing
 from lightning_bpd.commands.bench_generate_lm import main_lm
 from lightning_bpd.decoding import Tree
 from lightning_bpd.decoding.proposers import PromptLookup
-from lightning_bpd.evaluation import batched, budget_trees, load_inputs, timed
+from lightning_bpd.evaluation import batched, budget_trees, timed
 from lightning_bpd.inference import build_runtime
 from lightning_bpd.inference.arguments import options_from_args
 from lightning_bpd.records import device_name, write_json
+from lightning_bpd.tasks.inputs import load_inputs
 
 GENERATE, LOOKUP, OURS = "hf_generate", "hf_prompt_lookup", "exact"
 OURS_LOOKUP = "prompt_lookup"  # ours: PromptLookup through the one loop, exact, any batch size

@@ -42,8 +42,8 @@ from pytorch_lightning.loggers import WandbLogger
 from lightning_bpd.callbacks.decode_eval import DecodeEval
 from lightning_bpd.callbacks.progress_lines import ProgressLines
 from lightning_bpd.callbacks.training_clock import TrainingClock
+from lightning_bpd.class_paths import current
 from lightning_bpd.config_bases import add_config_arguments
-from lightning_bpd.drafters.registry import canonical_class
 from lightning_bpd.nn.config import IMAGE_KEYS, MODEL_KEYS
 from lightning_bpd.nn.warm_start import CheckpointMismatchError
 from lightning_bpd.tasks.training_options import TRAINING_KEYS
@@ -327,7 +327,7 @@ class BPDCLI(LightningCLI):
         class_path = ckpt.get("lightning_bpd_class") or hparams.get("_class_path")
         if not hparams or class_path is None:
             return
-        class_path = canonical_class(class_path)  # a drafter kind's older path: today's
+        class_path = current(class_path)  # a drafter kind's older path: today's
         cls = import_object(class_path)
         if import_object(self.config[subcommand].model.class_path) is cls:
             class_path = self.config[subcommand].model.class_path  # as the config names it (the same class)

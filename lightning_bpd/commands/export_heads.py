@@ -31,7 +31,7 @@ already saved; ``--format`` picks what is written to ``--out``:
     the z-lab export (:mod:`lightning_bpd.drafters.dflash.gguf`; the same keys, tensors and values, checked against the
     converter of llama-cpp-python 0.3.36's llama.cpp in ``tests/benchmarks/test_gguf_dflash.py``, slow), and
     ``<out>/target.gguf``, the target as a float32 GGUF with its tokenizer
-    (:func:`~lightning_bpd.benchmarks.gguf_llama.write_llama_gguf`; a Llama target)::
+    (:func:`~lightning_bpd.hf.gguf_llama.write_llama_gguf`; a Llama target)::
 
         llama-server -m <out>/target.gguf -md <out>/drafter.gguf --spec-type draft-dflash \\
             --spec-draft-n-max B-1 --spec-draft-p-min 0

@@ -23,36 +23,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding.target import Target, target_of
+from lightning_bpd.decoding.target import Cache, Context, Target, target_of
 from lightning_bpd.nn.argmax import argmax
 
 if TYPE_CHECKING:
     from lightning_bpd.decoding.generation_rules import GenerationRules
-
-
-class Context(Protocol):
-    """Per-source state computed once (encoder output, cross-attention K/V)."""
-
-    def select(self, rows: Tensor) -> Context: ...
-
-
-class Cache(Protocol):
-    """Decoder KV cache with a length per row (see :class:`~lightning_bpd.nn.kv_cache.KVCache`)."""
-
-    lengths: Tensor
-
-    def crop(self, lengths: Tensor, bounds: tuple[int, int] | None = None, check: bool = True) -> None: ...
-
-    def select(self, rows: Tensor) -> None: ...
-
-    def keep_path(self, nodes: Tensor, kept: Tensor, width: int, bounds: tuple[int, int] | None = None) -> None:
-        """Tree decoding only: the last ``width`` positions of each row were a tree's nodes; keep row b's accepted
-        path ``nodes[b, :kept[b]]`` (B, m) at consecutive positions after its prefix and drop the rest."""
-        ...
-
-    def make_static(self) -> None:
-        """Fixed shapes from now on (:class:`~lightning_bpd.decoding.static.StaticDecoder`)."""
-        ...
 
 
 class Source(Protocol):

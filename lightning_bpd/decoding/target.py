@@ -22,15 +22,37 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from torch import Tensor
 
 from lightning_bpd.nn.argmax import argmax
 
-if TYPE_CHECKING:
-    from lightning_bpd.decoding.generation_rules import GenerationRules
-    from lightning_bpd.decoding.protocol import Cache, Context
+
+class Context(Protocol):
+    """Per-source state computed once (encoder output, cross-attention K/V)."""
+
+    def select(self, rows: Tensor) -> Context: ...
+
+
+class Cache(Protocol):
+    """Decoder KV cache with a length per row (see :class:`~lightning_bpd.nn.kv_cache.KVCache`)."""
+
+    lengths: Tensor
+
+    def crop(self, lengths: Tensor, bounds: tuple[int, int] | None = None, check: bool = True) -> None: ...
+
+    def select(self, rows: Tensor) -> None: ...
+
+    def keep_path(self, nodes: Tensor, kept: Tensor, width: int, bounds: tuple[int, int] | None = None) -> None:
+        """Tree decoding only: the last ``width`` positions of each row were a tree's nodes; keep row b's accepted
+        path ``nodes[b, :kept[b]]`` (B, m) at consecutive positions after its prefix and drop the rest."""
+        ...
+
+    def make_static(self) -> None:
+        """Fixed shapes from now on (:class:`~lightning_bpd.decoding.static.StaticDecoder`)."""
+        ...
+
 
 Layers = tuple[int, ...]  # target layer ids whose hidden states a pass also returns
 TreeShape = tuple[Tensor, Tensor]  # a tree's depths (N,) or (b, N) and ancestor mask (N, N) or (b, N, N) bool
@@ -59,7 +81,7 @@ class TargetRules:
     match banned words; None: the start token, -1 before it) and ``room(src (B, S))`` -> B host ints (the inputs
     each row may feed after its start token; None: no bound)."""
 
-    generation: GenerationRules | None = None
+    generation: Any = None  # a GenerationRules (generation_rules.py imports this module: not named here)
     history: Callable[[Tensor, int], Tensor] | None = None
     room: Callable[[Tensor], list[int]] | None = None
 
@@ -95,7 +117,7 @@ class Features:
 
 class Target(Protocol):
     """The target of the one loop: it prefills, verifies a path or a tree (with the hidden states of named layers
-    when asked), keeps a cache (:class:`~lightning_bpd.decoding.protocol.Cache`: crop, keep a tree's path) and
+    when asked), keeps a cache (:class:`Cache`: crop, keep a tree's path) and
     projects p_1. Eight members; :func:`target_of` offers them over any base."""
 
     spec: TargetSpec

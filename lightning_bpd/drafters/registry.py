@@ -38,22 +38,3 @@ def kind_of(module: Any) -> DrafterKind | None:
     a translation or super-resolution run)."""
     name = getattr(type(module), "drafter_kind", None)
     return kind(name) if isinstance(name, str) and name in REGISTERED else None
-
-
-def canonical_class(class_path: str) -> str:
-    """``class_path`` as a checkpoint of today names it: a kind's module class written under an older path (before
-    kinds were folders: ``lightning_bpd.tasks.lm.dflash_module.DFlashModule``) maps to its class path now."""
-    for name in REGISTERED:
-        k = kind(name)
-        if class_path in k.legacy_class_paths:
-            return k.module_class_path
-    return class_path
-
-
-def legacy_class(class_path: str) -> type | None:
-    """The module class that an older class path names, or None where it names none."""
-    now = canonical_class(class_path)
-    if now == class_path:
-        return None
-    module_name, _, name = now.rpartition(".")
-    return getattr(importlib.import_module(module_name), name)

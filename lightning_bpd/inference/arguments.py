@@ -78,7 +78,7 @@ def options_from_args(args: argparse.Namespace, module: Any = None) -> Inference
     runtime: ``--precision``, the timing options and the draft vocabulary of ``--draft-vocab N --draft-vocab-from
     TEXT`` counted with ``module``'s tokenizer (raises ValueError on a bad name or a draft vocabulary without
     them)."""
-    from lightning_bpd.evaluation import draft_vocab_ids
+    from lightning_bpd.tasks.inputs import draft_vocab_ids
 
     return InferenceOptions(
         precision=getattr(args, "precision", None),

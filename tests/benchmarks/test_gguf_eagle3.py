@@ -20,13 +20,13 @@ import torch
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("transformers")
 
-from lightning_bpd.benchmarks.gguf_llama import interleave_rotary
 from lightning_bpd.commands.cli import main
 from lightning_bpd.drafters.common.gguf import GRANITE_VOCAB
 from lightning_bpd.drafters.eagle3.gguf import gguf_tensor_name, write_eagle3_gguf
 from lightning_bpd.drafters.eagle3.module import Eagle3Module
 from lightning_bpd.drafters.eagle3.network import Eagle3Drafter
 from lightning_bpd.drafters.eagle3.speculators import write_speculators
+from lightning_bpd.hf.gguf_llama import interleave_rotary
 from tests.benchmarks.test_gguf_dflash import converted, fields, same_tensors
 from tests.hf.test_dflash_export import save_ckpt
 from tests.llamacpp_build import llamacpp_source

@@ -1,4 +1,4 @@
-"""A tiny Llama written as a float32 GGUF (``lightning_bpd.benchmarks.gguf_llama``): the rotary interleave, the file
+"""A tiny Llama written as a float32 GGUF (``lightning_bpd.hf.gguf_llama``): the rotary interleave, the file
 read back, and, where llama-cpp-python is installed, llama.cpp's tokens and greedy decoding equal to Hugging Face's."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 from lightning_bpd.benchmarks.ctranslate2_hf import cut
-from lightning_bpd.benchmarks.gguf_llama import check_llama, gguf_vocabulary, interleave_rotary, write_llama_gguf
+from lightning_bpd.hf.gguf_llama import check_llama, gguf_vocabulary, interleave_rotary, write_llama_gguf
 from tests.tasks.lm.tiny_lm import EOS, PAD, scrambled, source_file, tiny_llama, tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -16,12 +16,12 @@ pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
 
-from lightning_bpd.benchmarks.gguf_llama import write_llama_gguf
 from lightning_bpd.benchmarks.llamacpp_bin_peer import start_llamacpp_bin
-from lightning_bpd.benchmarks.llamacpp_files import gguf_type
 from lightning_bpd.benchmarks.llamacpp_speculative import ALONE, DFLASH
 from lightning_bpd.benchmarks.lm_generate import GENERATE
 from lightning_bpd.commands.cli import main
+from lightning_bpd.drafters.common.llamacpp import gguf_type
+from lightning_bpd.hf.gguf_llama import write_llama_gguf
 from tests.benchmarks.test_llamacpp_speculative import bench_llamacpp, saved_run, stand_ins
 from tests.hf.test_dflash_export import trained
 from tests.llamacpp_build import llamacpp_binaries

@@ -7,20 +7,20 @@ import pytest
 import torch
 
 from lightning_bpd import load_model
+from lightning_bpd.class_paths import MOVED, current
 from lightning_bpd.drafters import registry
-from lightning_bpd.drafters.registry import canonical_class, kind, kind_of, kinds
+from lightning_bpd.drafters.registry import kind, kind_of, kinds
 
 pytest.importorskip("transformers")
 
 
-def test_every_registered_kind_names_its_module_and_its_old_paths():
+def test_every_registered_kind_names_its_module_and_the_moved_ones_their_old_paths():
     for k in kinds():
         assert k.name in registry.REGISTERED and kind(k.name) is k
         cls = k.module_class()
         assert cls.drafter_kind == k.name and f"{cls.__module__}.{cls.__qualname__}" == k.module_class_path
-        for old in k.legacy_class_paths:
-            assert canonical_class(old) == k.module_class_path
-    assert canonical_class("lightning_bpd.tasks.lm.module.LMModule") == "lightning_bpd.tasks.lm.module.LMModule"
+    assert {current(old) for old in MOVED} == {kind(n).module_class_path for n in ("dflash", "eagle3")}
+    assert current("lightning_bpd.tasks.lm.module.LMModule") == "lightning_bpd.tasks.lm.module.LMModule"
 
 
 def test_an_unknown_kind_is_one_line_naming_the_registered_ones():

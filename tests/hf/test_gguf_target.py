@@ -17,9 +17,9 @@ pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
 
-from lightning_bpd.benchmarks.gguf_llama import write_llama_gguf
 from lightning_bpd.commands import fetch_gguf
 from lightning_bpd.commands.cli import main
+from lightning_bpd.hf.gguf_llama import write_llama_gguf
 from lightning_bpd.hf.gguf_target import cache_root, resolve_pretrained
 from tests.tasks.lm.tiny_lm import PROMPTS, tiny_llama, tokenizer
 

@@ -2,7 +2,7 @@
 :mod:`~lightning_bpd.drafters.dflash.gguf`, EAGLE-3: :mod:`~lightning_bpd.drafters.eagle3.gguf`), written here with
 the ``gguf`` package: the text model's keys of the drafter's layer config, the target's tokenizer (as the converter
 copies it from ``--target-model-dir``: llama.cpp's ``gpt2`` tokenizer with the ``gpt-2`` pre-tokenizer, which our
-byte-level BPE tokenizers are, see :mod:`~lightning_bpd.benchmarks.gguf_llama`) and the file itself.
+byte-level BPE tokenizers are, see :mod:`~lightning_bpd.hf.gguf_llama`) and the file itself.
 
 A drafter of a Llama target (every EAGLE-3 one: the converter's ``LlamaModel``; a DFlash one whose target is a Llama:
 its ``DFlashModel.set_vocab`` calls the target's ``LlamaModel.set_vocab``) gets that ``set_vocab``'s extras too
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_bpd.benchmarks.gguf_llama import gguf_vocabulary
+from lightning_bpd.hf.gguf_llama import gguf_vocabulary
 
 __all__ = ["CODELLAMA_VOCAB", "GRANITE_VOCAB", "LLAMA_ARCHITECTURES", "add_layer_keys", "add_llama_vocab",
            "add_target_vocab"]

@@ -54,8 +54,8 @@ def article(title: str) -> str:
 @dataclass(frozen=True)
 class DrafterKind:
     """``name``: the registry's key and the proposer's spelling (``--proposer dflash``); ``title``: how tables and
-    messages name it; ``module_class_path``: its Lightning training module; ``legacy_class_paths``: where checkpoints
-    written before this layout found it; ``speculators_type``: speculators' ``speculators_model_type`` of its export;
+    messages name it; ``module_class_path``: its Lightning training module (checkpoints written before kinds were
+    folders name older paths: :mod:`lightning_bpd.class_paths`); ``speculators_type``: speculators' ``speculators_model_type`` of its export;
     ``llamacpp_spec_type``: llama.cpp's ``--spec-type`` (None: llama.cpp does not run it); ``formats``: its
     ``export-heads --format`` values; ``trees``: whether its drafter grows trees (``dynamic:N[:D[:W]]``,
     ``tree:PATHS``, the benches' ``NAME+tree<N>`` rows); ``proposes``: what its drafter proposes, for messages.
@@ -66,7 +66,6 @@ class DrafterKind:
     name: str
     title: str
     module_class_path: str
-    legacy_class_paths: tuple[str, ...] = ()
     speculators_type: str | None = None
     llamacpp_spec_type: str | None = None
     formats: tuple[str, ...] = ()

@@ -16,7 +16,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from lightning_bpd.drafters.registry import canonical_class
+from lightning_bpd.class_paths import current
 from lightning_bpd.tasks.lm.module import LMModule
 
 
@@ -44,7 +44,7 @@ def load_drafter_state(path: str | os.PathLike, class_path: str, config_key: str
     except Exception as err:  # noqa: BLE001 (a corrupt or foreign file: say so once)
         raise ValueError(f"{path} is not a readable PyTorch checkpoint ({type(err).__name__})") from None
     kind = ckpt.get("lightning_bpd_class") if isinstance(ckpt, dict) else None
-    if (canonical_class(kind) if isinstance(kind, str) else kind) != class_path or config_key not in ckpt:
+    if (current(kind) if isinstance(kind, str) else kind) != class_path or config_key not in ckpt:
         raise ValueError(f"{path} is not {what} checkpoint ({str(kind or 'not lightning_bpd').rpartition('.')[2]}): "
                          f"{hint}")
     drafter = build(ckpt[config_key])

@@ -68,13 +68,13 @@ def write_dflash_gguf(source: Any, path: str | os.PathLike, target: str | os.Pat
     alike."""
     import gguf
 
-    from lightning_bpd.benchmarks.gguf_llama import write_gguf
     from lightning_bpd.drafters.common.gguf import (
         LLAMA_ARCHITECTURES,
         add_layer_keys,
         add_llama_vocab,
         add_target_vocab,
     )
+    from lightning_bpd.hf.gguf_llama import write_gguf
     from lightning_bpd.hf.prompts import load_tokenizer
 
     drafter, target_dir, facts = drafter_target(source, target)

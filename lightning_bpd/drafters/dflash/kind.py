@@ -44,7 +44,7 @@ class DFlashKind(DrafterKind):
                ) -> Path:
         """``speculators`` (vLLM), ``dflash-zlab`` (llama.cpp's converter) or ``llamacpp`` (drafter.gguf and
         target.gguf); the record ``export_heads.json`` beside, a warning where vLLM may refuse the last layer."""
-        from lightning_bpd.benchmarks.llamacpp_files import llamacpp_serving, write_llamacpp
+        from lightning_bpd.drafters.common.llamacpp import llamacpp_serving, write_llamacpp
         from lightning_bpd.drafters.dflash.speculators import write_speculators, write_zlab
 
         if layout not in self.formats:
@@ -75,7 +75,6 @@ KIND = DFlashKind(
     name="dflash",
     title="DFlash",
     module_class_path="lightning_bpd.drafters.dflash.module.DFlashModule",
-    legacy_class_paths=("lightning_bpd.tasks.lm.dflash_module.DFlashModule", "lightning_bpd.tasks.lm.DFlashModule"),
     speculators_type="dflash",
     llamacpp_spec_type="draft-dflash",
     formats=("speculators", "dflash-zlab", "llamacpp"),

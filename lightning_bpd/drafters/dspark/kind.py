@@ -47,7 +47,7 @@ class DSparkKind(DrafterKind):
                ) -> Path:
         """``speculators`` (vLLM; llama.cpp's converter reads it too) or ``llamacpp`` (drafter.gguf and target.gguf);
         the record ``export_heads.json`` beside."""
-        from lightning_bpd.benchmarks.llamacpp_files import llamacpp_serving, write_llamacpp
+        from lightning_bpd.drafters.common.llamacpp import llamacpp_serving, write_llamacpp
         from lightning_bpd.drafters.dspark.speculators import write_speculators
 
         if layout not in self.formats:

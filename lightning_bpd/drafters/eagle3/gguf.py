@@ -20,7 +20,7 @@ EAGLE-3 by ``draft_vocab_size`` and a 1-layer ``transformer_layer_config``; ``sr
   ``ffn_norm``, ``attn_k``, ``attn_output``, ``attn_q``, ``attn_v``, ``output`` (``lm_head``, over the draft
   vocabulary), ``output_norm``; float32; then, with a draft vocabulary, ``d2t`` as int64 ABSOLUTE target ids
   (offset + index; ``t2d`` is dropped). ``attn_q`` / ``attn_k`` rows are interleaved per head as for every Llama
-  (llama.cpp ropes EAGLE-3 adjacent pairs: :func:`~lightning_bpd.benchmarks.gguf_llama.interleave_rotary`).
+  (llama.cpp ropes EAGLE-3 adjacent pairs: :func:`~lightning_bpd.hf.gguf_llama.interleave_rotary`).
 
 The converter's ``LlamaModel.set_vocab`` special cases of a 32,016-token (CodeLlama) or 49,152-token (Granite's small
 models; SmolLM2) vocabulary are written as it writes them (:func:`~lightning_bpd.drafters.common.gguf.add_llama_vocab`:
@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_bpd.benchmarks.gguf_llama import LAYER_NAMES, interleave_rotary
 from lightning_bpd.drafters.eagle3.network import Eagle3Drafter
+from lightning_bpd.hf.gguf_llama import LAYER_NAMES, interleave_rotary
 
 __all__ = ["ARCH", "eagle3_tensors", "gguf_tensor_name", "write_eagle3_gguf"]
 
@@ -100,9 +100,9 @@ def write_eagle3_gguf(drafter: Eagle3Drafter, path: str | os.PathLike, target: s
     would not read alike."""
     import gguf
 
-    from lightning_bpd.benchmarks.gguf_llama import write_gguf
     from lightning_bpd.drafters.common.gguf import add_layer_keys, add_llama_vocab
     from lightning_bpd.drafters.eagle3.speculators import speculators_config
+    from lightning_bpd.hf.gguf_llama import write_gguf
     from lightning_bpd.hf.prompts import load_tokenizer
 
     if not isinstance(drafter, Eagle3Drafter):

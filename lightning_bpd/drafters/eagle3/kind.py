@@ -73,7 +73,7 @@ class Eagle3Kind(DrafterKind):
         """speculators' ``eagle3`` layout or llama.cpp's GGUFs (``llamacpp``), the serving notes on stderr;
         ValueError (one line) for a target that is no Hugging Face directory nor .gguf file or (``llamacpp``) a
         drafter llama.cpp cannot run."""
-        from lightning_bpd.benchmarks.llamacpp_files import llamacpp_serving, target_gguf, write_llamacpp
+        from lightning_bpd.drafters.common.llamacpp import llamacpp_serving, target_gguf, write_llamacpp
         from lightning_bpd.drafters.eagle3.speculators import serving_notes, write_speculators
         from lightning_bpd.hf.gguf_target import resolve_pretrained
 
@@ -114,7 +114,6 @@ KIND = Eagle3Kind(
     name="eagle3",
     title="EAGLE-3",
     module_class_path="lightning_bpd.drafters.eagle3.module.Eagle3Module",
-    legacy_class_paths=("lightning_bpd.tasks.lm.eagle3_module.Eagle3Module", "lightning_bpd.tasks.lm.Eagle3Module"),
     speculators_type="eagle3",
     llamacpp_spec_type="draft-eagle3",
     formats=("speculators", "llamacpp"),

@@ -26,7 +26,6 @@ from pytorch_lightning.utilities import rank_zero_only
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lightning_bpd.drafters.dflash.module import target_shape
 from lightning_bpd.nn.argmax import argmax
 from lightning_bpd.tasks.lm.feature_store import (
     DTYPES,
@@ -36,6 +35,13 @@ from lightning_bpd.tasks.lm.feature_store import (
     target_fingerprint,
     tokenizer_fingerprint,
 )
+
+
+def hidden_size(model: Any) -> int:
+    """The width of the target's hidden states: a Hugging Face causal LM's ``hidden_size``, our own base's
+    ``d_model``."""
+    base = getattr(model, "base", None)
+    return int(base.config.hidden_size if base is not None else model.config.d_model)
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,7 @@ def write_atomic(obj: Any, path: Path) -> None:
 
 
 def store_meta(plan: StorePlan, model: Any, tokenizer: Any, pretrained: str, data: dict[str, Any]) -> dict[str, Any]:
-    hidden = int(target_shape(model)["hidden_size"])
+    hidden = hidden_size(model)
     return {"format": FORMAT,
             "target": {"path": pretrained, "fingerprint": target_fingerprint(model), "n_layers": int(model.n_layers),
                        "vocab_size": int(model.vocab_size), "hidden_size": hidden},
@@ -226,7 +232,7 @@ def write_store(model: Any, tokenizer: Any, pretrained: str, windows: Any, data:
     trainer_args = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
                     "enable_model_summary": False, "use_distributed_sampler": True, **(trainer_args or {})}
     model.eval().requires_grad_(False)
-    hidden = int(target_shape(model)["hidden_size"])
+    hidden = hidden_size(model)
     meta = store_meta(plan, model, tokenizer, pretrained, data)
     missing = prepare_folder(out, meta)
     trainer = pl.Trainer(**trainer_args) if missing else None

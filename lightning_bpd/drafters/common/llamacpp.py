@@ -3,7 +3,7 @@
 :meth:`~lightning_bpd.drafters.common.kind.DrafterKind.write_gguf`, e.g. DFlash:
 :func:`~lightning_bpd.drafters.dflash.gguf.write_dflash_gguf`, EAGLE-3:
 :func:`~lightning_bpd.drafters.eagle3.gguf.write_eagle3_gguf`), and ``target.gguf``, the target as a float32 GGUF
-with its tokenizer (:func:`~lightning_bpd.benchmarks.gguf_llama.write_llama_gguf`).
+with its tokenizer (:func:`~lightning_bpd.hf.gguf_llama.write_llama_gguf`).
 
 A run whose target is a ``.gguf`` file (``model.pretrained=model.Q4_1.gguf``, read through its dequantized folder:
 :func:`~lightning_bpd.hf.gguf_target.resolve_pretrained`) is served with that file itself as the target
@@ -17,8 +17,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from lightning_bpd.benchmarks.gguf_llama import write_llama_gguf
 from lightning_bpd.drafters.registry import kind_of
+from lightning_bpd.hf.gguf_llama import write_llama_gguf
 
 __all__ = ["DRAFTER_GGUF", "TARGET_GGUF", "gguf_type", "llamacpp_serving", "target_gguf", "write_llamacpp"]
 
