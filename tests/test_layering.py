@@ -6,6 +6,7 @@ layer. Read from the sources (no imports run)."""
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -100,6 +101,7 @@ def type_checking_only(tree: ast.AST) -> set[int]:
     return skipped
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
     """Module -> the ``lightning_bpd`` modules it imports anywhere (in functions too; TYPE_CHECKING blocks not):
     ``from a.b import c`` counts as a.b.c where that is a module, else as a.b."""

@@ -98,8 +98,9 @@ def test_decode_writes_one_line_per_prompt_in_order(heads, monkeypatch, capsys):
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"completion": t} for t in expected]
 
 
-def test_bench_refuses_an_lm_checkpoint_in_one_line(heads):
-    with pytest.raises(SystemExit, match="language-modelling checkpoint is not benchmarked yet") as err:
+def test_bench_of_an_lm_checkpoint_without_prompts_is_one_line(heads):
+    """bench times an LM checkpoint against its base's generate (what bench-generate did): it needs prompts."""
+    with pytest.raises(SystemExit, match=r"bench: give one of --input FILE.jsonl .* and --data-root DIR") as err:
         main(["bench", "--ckpt", str(heads), "--device", "cpu"])
     one_line(err)
 
