@@ -15,6 +15,10 @@ two rows more on that very file, named by its weights' type (:func:`~lightning_b
 tokenize alike there too. Their text differs from generate's (float32) as the weights do: what counts there is the
 drafted row against the alone row on the same file (``q4_1_dflash_vs_alone`` in the record). The record's ``rows``
 names the GGUF each row ran on, ``pairs`` the (alone, drafted) rows compared.
+
+``bench --run`` (several runs of one base, :func:`start_llamacpp_runs`) runs the base alone once, on the runs' own GGUF
+where their target is one (``llamacpp_q4_1``), else on ``target.gguf`` (``llamacpp_f32``), and each run's drafter on
+that same target: ``llamacpp_q4_1+NAME`` / ``llamacpp_f32+NAME``.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ from lightning_bpd.benchmarks.llamacpp_speculative import (
 from lightning_bpd.benchmarks.lm_generate import SelfTimed
 from lightning_bpd.drafters.registry import kind_of
 
-__all__ = ["LlamaCppBinary", "agreement", "drafted_row", "start_llamacpp_bin"]
+__all__ = ["LlamaCppBinary", "agreement", "agreement_line", "drafted_row", "pair_key", "start_llamacpp_bin",
+           "start_llamacpp_runs"]
 
 SPEC, TOKENIZE = "llama-speculative-simple", "llama-tokenize"
 
@@ -129,6 +134,61 @@ def check_tokenization(binary: Path, gguf: Path, tokenizer: Any, prompts: Sequen
                          f"the checkpoint's tokenizer (first: prompt {wrong[0]}, {prompts[wrong[0]][:40]!r})")
 
 
+def write_target(module: Any, folder: Path) -> Path:
+    """``folder/target.gguf``: the base of the run ``module`` as a float32 GGUF with its tokenizer."""
+    from lightning_bpd.drafters.common.llamacpp import TARGET_GGUF, target_gguf
+    from lightning_bpd.hf.gguf_llama import write_llama_gguf
+
+    name = Path(str(module.hparams.get("pretrained")))
+    return write_llama_gguf(module.model.base, module.tokenizer, folder / TARGET_GGUF,
+                            name=name.stem if target_gguf(module) is not None else name.name)
+
+
+def binary_methods(module: Any, prompts: Sequence[str], rows: Sequence[tuple[str, SpeculativeSimple]]
+                   ) -> dict[str, LlamaCppBinary]:
+    """Each ``(row, runner)`` as a bench method decoding ``prompts`` of the run ``module`` (its tokenizer and ids)."""
+    model, tokenizer = module.model, module.tokenizer
+    texts = {tuple(t for t in module.encode_prompts([p])[0].tolist() if t != model.pad_id): p for p in prompts}
+    eos = model.generation_rules.eos_ids or [model.eos_id]
+    return {row: LlamaCppBinary(runner, tokenizer, texts, model.pad_id, eos) for row, runner in rows}
+
+
+def binary_info(found: dict[str, Path], bin_dir: str | Path, threads: int, n_ctx: int, folder: Path,
+                prompts: Sequence[str]) -> dict[str, Any]:
+    """The record's settings of llama.cpp's binaries, shared by both benches."""
+    stamp = read_stamp(bin_dir) or {}
+    return {"binary": str(found[SPEC]), "llama_cpp_python_source": stamp.get("version"), "threads": threads,
+            "n_ctx": n_ctx, "weights": "float32", "kv_cache": "float32", "folder": str(folder),
+            "tokenization_checked_prompts": len(prompts), "tokenization_differs": 0,
+            "alone": f"{SPEC} with {' '.join(NEVER_DRAFTS)} (never drafts; 0 drafted checked)",
+            "timing": "llama-speculative-simple's own clock: encoded (prefill) + decoded (the loop); loading excluded",
+            "outputs_compared_as": "text (the binary prints text): generate's rows decoded to bytes, EOS left out"}
+
+
+def own_gguf_info(own: Path, alone: str, drafted: Any, prompts: Sequence[str], differs: list[int]) -> dict[str, Any]:
+    """The record of llama.cpp's rows on the run's own GGUF ``own`` (``drafted``: its drafted row or rows)."""
+    from lightning_bpd.drafters.common.llamacpp import gguf_type
+
+    return {"gguf": str(own), "weights": gguf_type(own), "alone": alone, "drafted": drafted, "kv_cache": "float32",
+            "tokenization_checked_prompts": len(prompts), "tokenization_differs": len(differs),
+            "tokenization_differing_prompts": differs,
+            "compared_as": "the drafted row against the alone row on this file (its text differs from the float32 "
+                           "generate's as its weights do)"}
+
+
+def agreement_line(agreed: dict[str, Any], alone: str) -> str:
+    """What a bench prints of :func:`agreement`."""
+    return (f"llama.cpp + our drafter on {Path(agreed['gguf']).name}: {agreed[f'differs_from_{alone}']} of "
+            f"{agreed['prompts']} rows differ from llama.cpp alone on it; {agreed['accepted']} of "
+            f"{agreed['drafted']} drafted tokens accepted, {agreed['tokens_per_target_call']:.2f} tokens per target "
+            "call")
+
+
+def pair_key(drafted: str) -> str:
+    """The record's key of a drafted row's :func:`agreement` (``dflash_vs_alone``, ``f32+a_vs_alone``)."""
+    return f"{drafted.removeprefix('llamacpp_')}_vs_alone"
+
+
 def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path, threads: int,
                        folder: str | Path, block_size: int | None = None
                        ) -> tuple[dict[str, LlamaCppBinary], dict[str, Any]]:
@@ -137,13 +197,7 @@ def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path,
     the same on that file: ``llamacpp_<type>`` and ``llamacpp_<type>_dflash`` or ``_eagle3``), their GGUFs written
     in ``folder``, and the record; ValueError (one line) when the binaries are missing, the checkpoint cannot be
     written or llama.cpp tokenizes a prompt otherwise."""
-    from lightning_bpd.drafters.common.llamacpp import (
-        DRAFTER_GGUF,
-        TARGET_GGUF,
-        gguf_type,
-        target_gguf,
-        write_llamacpp,
-    )
+    from lightning_bpd.drafters.common.llamacpp import DRAFTER_GGUF, TARGET_GGUF, target_gguf, write_llamacpp
 
     found = binaries(bin_dir, (SPEC, TOKENIZE))
     model, tokenizer = module.model, module.tokenizer
@@ -153,10 +207,7 @@ def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path,
     if drafted:
         write_llamacpp(module, folder, float32_target=True)
     else:
-        from lightning_bpd.hf.gguf_llama import write_llama_gguf
-
-        name = Path(str(module.hparams.get("pretrained")))
-        write_llama_gguf(model.base, tokenizer, folder / TARGET_GGUF, name=name.stem if own else name.name)
+        write_target(module, folder)
     rows = [(ALONE, folder / TARGET_GGUF, False)]  # (row, target GGUF, with our drafter)
     if drafted:
         rows.append((drafted[0], folder / TARGET_GGUF, True))
@@ -167,33 +218,69 @@ def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path,
     # the user's own GGUF is compared with itself (drafted against alone): a prompt llama.cpp tokenizes otherwise
     # there (its own pre-tokenizer against transformers' reading of the file) is counted, not refused
     own_differs = tokenization_check(found[TOKENIZE], own, tokenizer, prompts) if own is not None else []
-    texts = {tuple(t for t in module.encode_prompts([p])[0].tolist() if t != model.pad_id): p for p in prompts}
     n_ctx = model.n_positions or 2048
-    eos = model.generation_rules.eos_ids or [model.eos_id]
     block = (block_size or drafted[1]) if drafted else None
     spec_type = drafted[2] if drafted else spec_types()[0]  # alone: never read
-    methods = {}
-    for row, target, with_drafter in rows:
-        runner = SpeculativeSimple(found[SPEC], target, threads, n_ctx, folder / DRAFTER_GGUF if with_drafter else None,
-                                   block if with_drafter else None, spec_type)
-        methods[row] = LlamaCppBinary(runner, tokenizer, texts, model.pad_id, eos)
-    stamp = read_stamp(bin_dir) or {}
+    methods = binary_methods(module, prompts, [
+        (row, SpeculativeSimple(found[SPEC], target, threads, n_ctx, folder / DRAFTER_GGUF if with_drafter else None,
+                                block if with_drafter else None, spec_type)) for row, target, with_drafter in rows])
     info: dict[str, Any] = {
-        "binary": str(found[SPEC]), "llama_cpp_python_source": stamp.get("version"), "threads": threads,
-        "n_ctx": n_ctx, "weights": "float32", "kv_cache": "float32", "folder": str(folder),
-        "tokenization_checked_prompts": len(prompts), "tokenization_differs": 0,
-        "alone": f"{SPEC} with {' '.join(NEVER_DRAFTS)} (never drafts; 0 drafted checked)",
-        "timing": "llama-speculative-simple's own clock: encoded (prefill) + decoded (the loop); loading excluded",
-        "outputs_compared_as": "text (the binary prints text): generate's rows decoded to bytes, EOS left out",
+        **binary_info(found, bin_dir, threads, n_ctx, folder, prompts),
         "rows": {row: str(target) for row, target, _ in rows},
         "pairs": ([[ALONE, drafted[0]]] if drafted else []) + ([[alone_own, drafted_own]] if own and drafted else [])}
     if drafted:
         info["drafter"] = {"row": drafted[0], "gguf": str(folder / DRAFTER_GGUF), "spec_type": spec_type,
                            "block_size": block, "spec_draft_n_max": block - 1}
     if own is not None:
-        info["own_gguf"] = {"gguf": str(own), "weights": gguf_type(own), "alone": alone_own, "drafted": drafted_own,
-                            "kv_cache": "float32", "tokenization_checked_prompts": len(prompts),
-                            "tokenization_differs": len(own_differs), "tokenization_differing_prompts": own_differs,
-                            "compared_as": "the drafted row against the alone row on this file (its text differs "
-                                           "from the float32 generate's as its weights do)"}
+        info["own_gguf"] = own_gguf_info(own, alone_own, drafted_own, prompts, own_differs)
     return methods, info
+
+
+def start_llamacpp_runs(runs: dict[str, Any], prompts: Sequence[str], bin_dir: str | Path, threads: int,
+                        folder: str | Path, blocks: dict[str, int] | None = None
+                        ) -> tuple[dict[str, LlamaCppBinary], dict[str, Any]]:
+    """``bench --run``'s llama.cpp rows of the runs ``runs`` (name -> module, all on one base): the base alone once,
+    on the first run's own GGUF where its target is a .gguf file (``llamacpp_<type>``, e.g. ``llamacpp_q4_1``), else on
+    its float32 ``target.gguf`` (``llamacpp_f32``), and, for each run whose kind llama.cpp runs (its
+    ``llamacpp_spec_type``), that target with the run's drafter (``folder/NAME/drafter.gguf``), drafting ``blocks[NAME]
+    - 1`` tokens per step (default: the drafter's block): ``<alone>+NAME``. The methods and the record (``rows``:
+    each row's GGUF, ``pairs``: (alone, drafted) rows, ``drafters``: each drafted row's run, drafter and block,
+    ``no_drafter``: why a run has none); ValueError (one line) when the binaries are missing, a GGUF cannot be
+    written or llama.cpp tokenizes a prompt of the float32 target otherwise."""
+    from lightning_bpd.drafters.common.llamacpp import DRAFTER_GGUF, TARGET_GGUF, target_gguf, write_llamacpp
+
+    found = binaries(bin_dir, (SPEC, TOKENIZE))
+    first = next(iter(runs.values()))
+    folder = Path(folder)
+    own = target_gguf(first)
+    if own is None:
+        alone, target, differs = ALONE, write_target(first, folder), []
+        check_tokenization(found[TOKENIZE], target, first.tokenizer, prompts)  # compared with generate
+    else:  # compared with each other: a prompt tokenized otherwise there is counted (see start_llamacpp_bin)
+        alone, target = own_rows(own, None)[0], own
+        differs = tokenization_check(found[TOKENIZE], own, first.tokenizer, prompts)
+    n_ctx = first.model.n_positions or 2048
+    rows = [(alone, SpeculativeSimple(found[SPEC], target, threads, n_ctx))]
+    drafters: dict[str, Any] = {}
+    no_drafter: dict[str, str] = {}
+    for name, module in runs.items():
+        kind = kind_of(module)
+        if kind is None or kind.llamacpp_spec_type is None:
+            no_drafter[name] = ("heads: llama.cpp runs drafters only" if kind is None
+                                else f"llama.cpp does not run {kind.title} drafters (no --spec-type for them)")
+            continue
+        write_llamacpp(module, folder / name, float32_target=False)
+        block = (blocks or {}).get(name) or kind.default_k(module)
+        drafter, row = folder / name / DRAFTER_GGUF, f"{alone}+{name}"
+        rows.append((row, SpeculativeSimple(found[SPEC], target, threads, n_ctx, drafter, block,
+                                            kind.llamacpp_spec_type)))
+        drafters[row] = {"run": name, "gguf": str(drafter), "spec_type": kind.llamacpp_spec_type,
+                         "block_size": block, "spec_draft_n_max": block - 1}
+    info: dict[str, Any] = {**binary_info(found, bin_dir, threads, n_ctx, folder, prompts),
+                            "rows": {row: str(target) for row, _ in rows}, "pairs": [[alone, row] for row in drafters],
+                            "drafters": drafters, "no_drafter": no_drafter}
+    if own is not None:
+        info["own_gguf"] = own_gguf_info(own, alone, list(drafters), prompts, differs)
+    else:
+        info["target"] = str(folder / TARGET_GGUF)
+    return binary_methods(first, prompts, rows), info

@@ -37,7 +37,9 @@ NAME=CKPT[@PROPOSER]`` (repeated; what ``bench-drafters`` did, which still runs 
 row exact and counted against the base's own ``generate``, transformers' prompt lookup (``--peers
 generate,prompt-lookup[:NGRAM:TOKENS]``, default 2:10; ``assisted:DRAFT`` adds assisted generation) and ours, each
 run with its training cost (:mod:`lightning_bpd.commands.bench_drafters`); ``--k NAME=K`` a run's block,
-``--tree-nodes`` its tree rows::
+``--tree-nodes`` its tree rows; ``llamacpp[:BIN]`` llama.cpp on the base alone once and, with BIN, with each run's
+drafter that llama.cpp runs (``llamacpp_f32+NAME``; ``--llamacpp-threads``, ``--gguf``); ``ctranslate2`` is for
+seq2seq bases. ``--ckpt`` on a causal base records the same table (``runs``, ``tables``), its checkpoint the one run::
 
     python -m lightning_bpd bench --run heads=runs/code-lm/frozen/last.ckpt --run dflash=runs/code-lm/dflash/last.ckpt \\
         --run e3=runs/code-lm/eagle3/last.ckpt@dynamic:16 --data-root ../shared/data/code/python-stdlib/Lib \\
@@ -140,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = add_prompt_args(p)
     g.add_argument("--llamacpp-threads", type=int, default=None, help="--peers llamacpp: its threads (default: torch's)")
     g.add_argument("--gguf", default=None, help="--peers llamacpp: keep its GGUF here (default: a temporary file); with "
-                   "llamacpp:BIN a folder for target.gguf (and drafter.gguf)")
+                   "llamacpp:BIN a folder for target.gguf (and drafter.gguf; with --run NAME/drafter.gguf)")
     return p
 
 
@@ -241,13 +243,14 @@ def runs_args(args: argparse.Namespace, peers: PeerChoice) -> argparse.Namespace
     ValueError (one line) for what that table does not take."""
     if args.ckpt is not None:
         raise ValueError("--ckpt and --run: give the runs as --run NAME=CKPT (one base, any number of runs)")
-    for name in peers.names:
-        if name in ("llamacpp", "ctranslate2"):
-            raise ValueError(f"--peers {name} with --run: not in the table of runs; time it against one run with "
-                             f"bench --ckpt CKPT --peers {name}")
-    for option in ("images", "draft", "trees", "criteria", "base", "llamacpp_threads", "gguf"):
+    if "ctranslate2" in peers.names:
+        raise ValueError("--peers ctranslate2 with --run: CTranslate2 peers are for seq2seq bases (bench --ckpt CKPT "
+                         "--peers ctranslate2); a causal base's peer is llamacpp[:BIN]")
+    for option in ("images", "draft", "trees", "criteria", "base"):
         if getattr(args, option):
             raise ValueError(f"--{option.replace('_', '-')} benches a --ckpt, not --run's table")
+    if (args.llamacpp_threads is not None or args.gguf) and "llamacpp" not in peers.names:
+        raise ValueError("--llamacpp-threads and --gguf set llama.cpp's peer: add --peers llamacpp[:BIN]")
     ks = args.k or []
     named = [k for k in ks if isinstance(k, str)]
     plain = [k for k in ks if not isinstance(k, str)]
@@ -259,6 +262,7 @@ def runs_args(args: argparse.Namespace, peers: PeerChoice) -> argparse.Namespace
     out = copy.copy(args)
     out.run_k, out.tree_nodes = named, args.tree_nodes or []
     out.prompt_lookup_tokens, out.max_matching_ngram, out.assistant = peers.tokens, peers.ngram, peers.assistant
+    out.llamacpp = (peers.llamacpp_bin or "") if "llamacpp" in peers.names else None  # "": llama-cpp-python
     return out
 
 

@@ -22,6 +22,13 @@ TrainingClock`: the training loop's wall clock less its validations, so at most 
 Lightning's ``Timer``, validations included; ``--minutes NAME=M`` for a run saved without either), steps, and the
 proposer's own parameters (the heads or the drafter; the base's are not counted).
 
+``--peers llamacpp:BIN`` adds llama.cpp's own binaries (:func:`~lightning_bpd.benchmarks.llamacpp_bin_peer.
+start_llamacpp_runs`): the base alone once (``llamacpp_f32`` on a float32 ``target.gguf``, or ``llamacpp_<type>``,
+e.g. ``llamacpp_q4_1``, on the runs' own ``.gguf`` target) and, for each run whose drafter kind llama.cpp runs, that
+target with the run's drafter, ``llamacpp_f32+NAME`` (heads runs have none), timed by llama.cpp's clock at batch 1, its
+text compared with generate's and with llama.cpp alone's (the table's last column, ``llamacpp.f32+NAME_vs_alone``);
+``--peers llamacpp`` without BIN: llama-cpp-python, the base alone.
+
 Every run must hold the same base (configuration and every weight), the same tokenizer and the same prompts (its
 data split settings), else the command stops with one line that says which run differs: a table of proposers is a
 comparison on one model.
@@ -34,20 +41,27 @@ import copy
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from tempfile import TemporaryDirectory
 from typing import Any
 
 import torch
 
 from lightning_bpd.benchmarks.lm_generate import ASSISTED, GENERATE, LOOKUP, bench_methods, load_assistant
 from lightning_bpd.benchmarks.ours import ours, runtime_options
-from lightning_bpd.callbacks.training_clock import training_seconds
 from lightning_bpd.commands.bench_generate_lm import (
-    OURS_LOOKUP,
     assistant_record,
     generate_methods,
+    llamacpp_pairs,
     main_row,
     our_lookup,
     prepare,
+)
+from lightning_bpd.commands.bench_table import (
+    OURS_LOOKUP,
+    llamacpp_titles,
+    markdown,
+    run_record,
+    table,
 )
 from lightning_bpd.drafters.registry import kind_of
 from lightning_bpd.records import device_name, write_json
@@ -86,38 +100,6 @@ def base_difference(ours_: Any, theirs: Any) -> str | None:
         if not torch.equal(value, other[key]):
             return f"other weights ({key})"
     return None
-
-
-def proposer_parameters(module: Any) -> int:
-    """The parameters that the run trained for proposing: the module's trainable ones, less its base's (each tensor
-    once; an EAGLE-3 drafter's frozen copy of the target's embeddings is not counted)."""
-    base = {id(p) for p in module.model.base.parameters()}
-    seen: dict[int, int] = {}
-    for p in module.parameters():
-        if id(p) not in base and p.requires_grad:
-            seen[id(p)] = p.numel()
-    return sum(seen.values())
-
-
-def proposer_title(module: Any) -> str:
-    """What proposes in a run: ``chained heads``, ``medusa heads``, ``paper heads``, or a drafter kind's title
-    (``DFlash``, ``EAGLE-3``, ...)."""
-    found = kind_of(module)
-    return found.title if found is not None else f"{module.model.head_type} heads"
-
-
-def training_record(path: str, minutes: str | None) -> dict[str, Any]:
-    """A run's training cost: minutes (``--minutes``, else its checkpoint's clock), steps (None: a heads folder)."""
-    saved = {} if Path(path).is_dir() else torch.load(path, map_location="cpu", weights_only=False)
-    seconds = training_seconds(saved)  # a heads folder (save_heads) keeps no clock
-    record: dict[str, Any] = {"steps": saved.get("global_step")}
-    if minutes is not None:
-        record.update(minutes=float(minutes), minutes_from="--minutes")
-    elif seconds is not None:
-        record.update(minutes=seconds / 60, minutes_from="the checkpoint's training clock")
-    else:
-        record.update(minutes=None, minutes_from="unknown (no training clock in the checkpoint; give --minutes)")
-    return record
 
 
 def split_run(value: str) -> tuple[str, str | None]:
@@ -191,45 +173,6 @@ def run_rows(name: str, module: Any, args: argparse.Namespace, k: int | None = N
     return rows, prompts, (max_new, options, runtime)
 
 
-MINUTES_NOTE = ("training minutes: the training loop's wall clock less its validations (loss and decode evaluation), "
-                "as the checkpoint's TrainingClock counts them; a checkpoint without one: its Timer's (max_time), "
-                "validations included; or --minutes")
-
-
-def markdown(rows: list[dict[str, Any]]) -> str:
-    """The table as Markdown, one row per method, under a line that says what its training minutes count."""
-    lines = [MINUTES_NOTE, "",
-             "| row | proposer | tokens per call | x generate | differ | training minutes | steps | parameters |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
-
-    def cell(value: Any, digits: int = 2) -> str:
-        return "" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-    for r in rows:
-        lines.append(f"| {r['row']} | {r['proposer']} | {cell(r.get('tokens_per_call'))} | "
-                     f"{cell(r['speedup_over_hf_generate'])} | {cell(r.get('differs_from_hf_generate'))} | "
-                     f"{cell(r.get('training_minutes'), 1)} | {cell(r.get('steps'))} | {cell(r.get('parameters'))} |")
-    return "\n".join(lines)
-
-
-def table(report: dict[str, Any], runs: dict[str, dict[str, Any]], row_run: dict[str, str]) -> list[dict[str, Any]]:
-    """One batch size's rows for the table: the report's numbers with each row's run and its training cost."""
-    kinds = {GENERATE: "generate (greedy)", LOOKUP: "transformers' prompt lookup", OURS_LOOKUP: "prompt lookup (ours)",
-             ASSISTED: "transformers' assisted generation"}
-    out = []
-    for row, r in report.items():
-        if "skipped" in r:
-            continue
-        run = runs.get(row_run.get(row, ""), {})
-        out.append({"row": row, "proposer": kinds.get(row) or run.get("proposer"),
-                    "tokens_per_call": r.get("mean_accepted_block_size"),
-                    "speedup_over_hf_generate": r["speedup_over_hf_generate"],
-                    "differs_from_hf_generate": r.get("differs_from_hf_generate"),
-                    "training_minutes": run.get("minutes"), "steps": run.get("steps"),
-                    "parameters": run.get("parameters")})
-    return out
-
-
 def run(args: argparse.Namespace, prog: str = "bench") -> dict[str, Any]:
     """The one table of ``args.run`` (``NAME=CKPT[@PROPOSER]`` each) on one base (see the module); errors are one
     line, ``<prog>: ...``."""
@@ -244,6 +187,10 @@ def run(args: argparse.Namespace, prog: str = "bench") -> dict[str, Any]:
             paths[name], spelling = split_run(value)
             if spelling is not None:
                 spellings[name] = spelling
+        taken = [name for name in paths if name.startswith("llamacpp_")]
+        if taken and getattr(args, "llamacpp", None) is not None:
+            raise ValueError(f"--run: the name {taken[0]!r} is taken by llama.cpp's rows (llamacpp_<weights>, "
+                             "llamacpp_<weights>+NAME): choose another")
         for option, given in (("--minutes", minutes), ("--k", ks)):
             unknown = sorted(set(given) - set(paths))
             if unknown:
@@ -295,10 +242,8 @@ def run(args: argparse.Namespace, prog: str = "bench") -> dict[str, Any]:
         methods.update(rows)
         ours_rows += list(rows)
         row_run.update({row: name for row in rows})
-        runs[name] = {"ckpt": paths[name], "proposer": proposer_title(module),
-                      **({"spelling": spellings[name]} if name in spellings else {}), "k": int(ks[name]) if name in ks else None,
-                      "parameters": proposer_parameters(module),
-                      **training_record(paths[name], minutes.get(name))}
+        runs[name] = run_record(paths[name], module, int(ks[name]) if name in ks else None, minutes.get(name),
+                                spellings.get(name))
     max_new, options, runtime = setting  # the first run's: our prompt lookup runs its base
     model = first.model
     draft = None
@@ -320,13 +265,54 @@ def run(args: argparse.Namespace, prog: str = "bench") -> dict[str, Any]:
         "batch_sizes": {}, "tables": {}}
     print(f"device: {result['device_name']}; {len(prompts)} prompts, at most {max_new} new tokens; every row of ours "
           "exact; x gen = generate's seconds over the row's", flush=True)
-    for bs in args.batch_sizes:
-        batches = [first.encode_prompts(prompts[i : i + bs]) for i in range(0, len(prompts), bs)]
-        report = bench_methods(methods, batches, max_new, args.warmup, [*ours_rows, OURS_LOOKUP])
-        result["batch_sizes"][str(bs)] = report
-        rows = table(report, runs, row_run)
-        result["tables"][str(bs)] = rows
-        print(f"\nbatch size {bs}\n" + markdown(rows), flush=True)
+    with TemporaryDirectory(prefix="lightning_bpd_gguf_") as tmp:
+        binaries: dict[str, Any] = {}
+        if getattr(args, "llamacpp", None) is not None:
+            binaries = llamacpp_rows(modules, prompts, args, tmp, {name: int(k) for name, k in ks.items()}, result,
+                                     prog)
+            methods.update(binaries)
+            row_run.update({row: d["run"] for row, d in result["llamacpp"].get("drafters", {}).items()})
+            result["methods"] = list(methods)
+        titles = llamacpp_titles(result.get("llamacpp"), runs, row_run)
+        for bs in args.batch_sizes:
+            batches = [first.encode_prompts(prompts[i : i + bs]) for i in range(0, len(prompts), bs)]
+            report = bench_methods(methods, batches, max_new, args.warmup, [*ours_rows, OURS_LOOKUP],
+                                   peers=[name for name in methods if name.startswith("llamacpp")])
+            result["batch_sizes"][str(bs)] = report
+            alone = llamacpp_pairs(result.get("llamacpp"), binaries, report)
+            rows = table(report, runs, row_run, titles, alone)
+            result["tables"][str(bs)] = rows
+            print(f"\nbatch size {bs}\n" + markdown(rows), flush=True)
     if args.json:
         write_json(args.json, result)
     return result
+
+
+def llamacpp_rows(modules: dict[str, Any], prompts: list[str], args: argparse.Namespace, tmp: str,
+                  ks: dict[str, int], result: dict[str, Any], prog: str) -> dict[str, Any]:
+    """``--peers llamacpp[:BIN]``'s rows of the runs ``modules`` (their record in ``result["llamacpp"]``): with BIN,
+    llama.cpp's binaries alone and with each drafter llama.cpp runs
+    (:func:`~lightning_bpd.benchmarks.llamacpp_bin_peer.start_llamacpp_runs`), else llama-cpp-python alone; a refusal
+    is one line."""
+    threads = args.llamacpp_threads or torch.get_num_threads()
+    first = next(iter(modules.values()))
+    if args.llamacpp:
+        from lightning_bpd.benchmarks.llamacpp_bin_peer import start_llamacpp_runs
+
+        try:
+            methods, result["llamacpp"] = start_llamacpp_runs(modules, prompts, args.llamacpp, threads,
+                                                              args.gguf or tmp, ks)
+        except (ValueError, RuntimeError, OSError) as err:
+            sys.exit(f"{prog}: llama.cpp peer refused: {str(err).strip().splitlines()[0]}")
+        for name, why in result["llamacpp"]["no_drafter"].items():
+            print(f"{prog}: run {name}: no llama.cpp row with its drafter ({why})", file=sys.stderr)
+        return methods
+    from lightning_bpd.benchmarks.llamacpp_peer import LLAMACPP, start_llamacpp
+
+    peer, result["llamacpp"] = start_llamacpp(first, prompts, threads, Path(args.gguf or tmp) / "model.gguf")
+    if peer is None:
+        sys.exit(f"{prog}: llama.cpp peer refused: {result['llamacpp']['skipped']}")
+    if any(kind_of(module) is not None for module in modules.values()):
+        print(f"{prog}: llama-cpp-python runs the base alone; llama.cpp with a run's drafter needs its binaries: "
+              "--peers llamacpp:BIN (a build-llamacpp folder)", file=sys.stderr)
+    return {LLAMACPP: peer}

@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-from lightning_bpd.benchmarks.llamacpp_bin_peer import agreement
+from lightning_bpd.benchmarks.llamacpp_bin_peer import agreement, agreement_line, pair_key
 from lightning_bpd.benchmarks.lm_generate import (
     ASSISTED,
     GENERATE,
@@ -68,10 +68,9 @@ from lightning_bpd.benchmarks.lm_generate import (
 )
 from lightning_bpd.benchmarks.lm_prompts import lm_prompts, new_tokens
 from lightning_bpd.benchmarks.ours import ours, runtime_options
+from lightning_bpd.commands.bench_table import OURS_LOOKUP, llamacpp_titles, run_record, table
 from lightning_bpd.drafters.registry import kind, kind_of
 from lightning_bpd.records import device_name, write_json
-
-OURS_LOOKUP = "prompt_lookup"  # our prompt lookup (PromptLookup through the one loop), exact, any batch size
 
 
 def main_row(module: Any) -> str:
@@ -180,6 +179,21 @@ def prepare(module: Any, args: argparse.Namespace) -> tuple[int, list[str], Any,
     return max_new, prompts, options, runtime, trees, draft, dflash
 
 
+def llamacpp_pairs(info: dict[str, Any] | None, binaries: dict[str, Any], report: dict[str, Any]) -> dict[str, int]:
+    """llama.cpp's drafted rows against its alone rows (``info["pairs"]``, e.g. ``llamacpp_f32`` and
+    ``llamacpp_dflash``) where both ran in ``report`` (batch 1): each :func:`~lightning_bpd.benchmarks.
+    llamacpp_bin_peer.agreement` recorded in ``info`` (``dflash_vs_alone``) and printed; the drafted rows' counts of
+    rows whose text differs from alone's."""
+    differs: dict[str, int] = {}
+    for alone, drafted in (info or {}).get("pairs", []):
+        if any("skipped" in report.get(row, {"skipped": ""}) for row in (alone, drafted)):
+            continue
+        agreed = info[pair_key(drafted)] = agreement(binaries[alone], binaries[drafted], alone)
+        differs[drafted] = agreed[f"differs_from_{alone}"]
+        print(agreement_line(agreed, alone), flush=True)
+    return differs
+
+
 def main_lm(module: Any, args: argparse.Namespace, prog: str = "bench") -> dict[str, Any]:
     """``bench --ckpt CKPT --peers generate,...`` on a language-modelling ``module`` (loaded by the command from
     ``args.ckpt``); errors are one line, ``<prog>: ...``."""
@@ -239,20 +253,21 @@ def main_lm(module: Any, args: argparse.Namespace, prog: str = "bench") -> dict[
                       "tokenizer (transformers' reading of that file): its rows are compared with each other only",
                       file=sys.stderr)
         result["methods"] = list(methods)
+        # the one table's record, as bench --run writes it: this checkpoint is its one run, named by its main row
+        ours_rows = [*(dflash or [mine]), *trees]
+        row_run = {row: mine for row in [*ours_rows, *(pair[1] for pair in result.get("llamacpp", {}).get("pairs", []))]}
+        result["runs"] = {mine: run_record(args.ckpt, module, args.k)}
+        result["tables"] = {}
+        titles = llamacpp_titles(result.get("llamacpp"), result["runs"], row_run)
         print_header(result, runtime.precision)
         for bs in args.batch_sizes:
             batches = [module.encode_prompts(prompts[i : i + bs]) for i in range(0, len(prompts), bs)]
-            report = bench_methods(methods, batches, max_new, args.warmup, [*(dflash or [mine]), *trees, OURS_LOOKUP],
+            report = bench_methods(methods, batches, max_new, args.warmup, [*ours_rows, OURS_LOOKUP],
                                    peers=[name for name in methods if name.startswith("llamacpp")])
             result["batch_sizes"][str(bs)] = report
             print_rows(bs, report, mine)
-        for alone, drafted in result.get("llamacpp", {}).get("pairs", []):  # e.g. llamacpp_f32, llamacpp_dflash
-            agreed = agreement(binaries[alone], binaries[drafted], alone)
-            result["llamacpp"][f"{drafted.removeprefix('llamacpp_')}_vs_alone"] = agreed
-            print(f"llama.cpp + our drafter on {Path(agreed['gguf']).name}: {agreed[f'differs_from_{alone}']} of "
-                  f"{agreed['prompts']} rows differ from llama.cpp alone on it; {agreed['accepted']} of "
-                  f"{agreed['drafted']} drafted tokens accepted, {agreed['tokens_per_target_call']:.2f} tokens per "
-                  "target call", flush=True)
+            alone = llamacpp_pairs(result.get("llamacpp"), binaries, report)
+            result["tables"][str(bs)] = table(report, result["runs"], row_run, titles, alone)
     if args.json:
         write_json(args.json, result)
     return result

@@ -109,6 +109,26 @@ def test_llama_cpp_rows_on_the_runs_own_gguf(gguf_run, tmp_path, capsys):
     assert f"tokenizes all 3 prompts with target.gguf, {target.name} as" in captured.err
 
 
+def test_bench_runs_rows_of_llama_cpp_on_the_runs_own_gguf(gguf_run, tmp_path, capsys):
+    from tests.benchmarks.test_llamacpp_speculative import bench_runs
+
+    ckpt, module, target = gguf_run
+    n = 6
+    fake = logged_stand_ins(tmp_path / "bin", module, n, corrupt=1)
+    result = bench_runs({"a": ckpt}, ckpt.parent / "prompts.jsonl", f"generate,llamacpp:{fake}", n, "--batch-sizes",
+                        "1", "--llamacpp-threads", "1", "--gguf", str(tmp_path / "gguf"))
+    drafted = f"{Q8}+a"
+    assert result["methods"][-2:] == [Q8, drafted] and ALONE not in result["methods"]
+    record = result["llamacpp"]
+    assert record["rows"] == {Q8: str(target), drafted: str(target)} and record["pairs"] == [[Q8, drafted]]
+    assert record["own_gguf"]["weights"] == "q8_0" and record["own_gguf"]["drafted"] == [drafted]
+    assert not (tmp_path / "gguf" / "target.gguf").exists() and (tmp_path / "gguf" / "a" / "drafter.gguf").is_file()
+    assert set((fake / "tokenized.log").read_text().split()) == {str(target)}
+    rows = {r["row"]: r for r in result["tables"]["1"]}
+    assert rows[drafted]["differs_from_llamacpp_alone"] == 1 and rows[Q8]["proposer"] == f"llama.cpp alone ({target.name})"
+    assert record["q8_0+a_vs_alone"]["differs_from_llamacpp_q8_0"] == 1
+
+
 def test_the_own_gguf_runs_with_its_file_and_its_tokenization_is_counted(gguf_run, tmp_path):
     _, module, target = gguf_run
     fake = logged_stand_ins(tmp_path / "bin", module, 4, corrupt=0)

@@ -216,6 +216,76 @@ def test_bench_generate_rows_of_llama_cpp_binaries(dflash_run, tmp_path, capsys)
     assert record["drafter"]["spec_draft_n_max"] == module.drafter.config.block_size - 1
     assert (tmp_path / "gguf" / "drafter.gguf").is_file() and (tmp_path / "gguf" / "target.gguf").is_file()
     assert "1 of 3 rows differ from llama.cpp alone" in capsys.readouterr().out
+    # the one table's record (bench --run's), this checkpoint its one run
+    assert result["runs"]["dflash"]["proposer"] == "DFlash" and result["runs"]["dflash"]["parameters"] > 0
+    rows = {r["row"]: r for r in result["tables"]["1"]}
+    assert rows[DFLASH]["differs_from_llamacpp_alone"] == 1 and rows[DFLASH]["proposer"] == "llama.cpp + DFlash "\
+        "(target.gguf)"
+    assert rows[ALONE]["proposer"] == "llama.cpp alone (target.gguf)" and rows["dflash"]["proposer"] == "DFlash"
+    assert rows[DFLASH]["parameters"] == rows["dflash"]["parameters"] and ALONE not in result["tables"]["2"]
+
+
+def bench_runs(runs: dict[str, Path], prompts: Path, peers: str, n: int, *extra: str) -> dict:
+    """``bench --run NAME=CKPT ...`` of ``runs`` on the prompts ``prompts`` with ``--peers peers``, one thread, at most
+    ``n`` new tokens."""
+    pairs = [x for name, path in runs.items() for x in ("--run", f"{name}={path}")]
+    return bench([*pairs, "--input", str(prompts), "--warmup", "0", "--device", "cpu", "--max-new-tokens", str(n),
+                  "--peers", peers, *extra])
+
+
+@pytest.fixture(scope="module")
+def heads_run(dflash_run) -> Path:
+    """Heads on the DFlash run's base, saved beside it."""
+    from lightning_bpd.tasks.lm.module import LMModule
+    from lightning_bpd.tasks.translation.hf_module import save_heads
+
+    ckpt, _ = dflash_run
+    return save_heads(LMModule(str(ckpt.parent / "llama"), k=3, max_new_tokens=8).eval(), ckpt.parent / "heads")
+
+
+def test_bench_runs_rows_of_llama_cpp_alone_and_with_each_runs_drafter(dflash_run, heads_run, tmp_path, capsys):
+    ckpt, module = dflash_run
+    n = 6
+    fake = stand_ins(tmp_path / "bin", module, PROMPTS, n, corrupt=1)
+    result = bench_runs({"a": ckpt, "h": heads_run}, ckpt.parent / "prompts.jsonl",
+                        f"generate,prompt-lookup,llamacpp:{fake}", n, "--batch-sizes", "1", "2", "--k", "a=3",
+                        "--llamacpp-threads", "1", "--gguf", str(tmp_path / "gguf"))
+    drafted = f"{ALONE}+a"
+    assert result["methods"][-2:] == [ALONE, drafted] and not any(m.startswith(f"{ALONE}+h") for m in result["methods"])
+    one = result["batch_sizes"]["1"]
+    assert one[ALONE]["differs_from_hf_generate"] == 0 and one[drafted]["differing_rows"] == [1]
+    assert one[ALONE]["timed_by"] == "its own clock" and one[drafted]["mean_accepted_block_size"] > 1.0
+    assert one[drafted]["seconds"] == pytest.approx(0.06 * len(PROMPTS))
+    assert "batch 1 only" in result["batch_sizes"]["2"][drafted]["skipped"]
+    record = result["llamacpp"]
+    target, drafter = tmp_path / "gguf" / "target.gguf", tmp_path / "gguf" / "a" / "drafter.gguf"
+    assert record["rows"] == {ALONE: str(target), drafted: str(target)} and record["pairs"] == [[ALONE, drafted]]
+    assert record["drafters"][drafted] == {"run": "a", "gguf": str(drafter), "spec_type": "draft-dflash",
+                                           "block_size": 3, "spec_draft_n_max": 2}
+    assert "h" in record["no_drafter"] and drafter.is_file() and record["f32+a_vs_alone"]["differs_from_llamacpp_f32"] == 1
+    rows = {r["row"]: r for r in result["tables"]["1"]}
+    assert rows[drafted]["differs_from_llamacpp_alone"] == 1 and rows[drafted]["proposer"] == "llama.cpp + DFlash "\
+        "(target.gguf)"
+    assert rows[drafted]["parameters"] == rows["a"]["parameters"] and rows[ALONE]["parameters"] is None
+    assert "differs_from_llamacpp_alone" not in rows[ALONE] and ALONE not in {r["row"] for r in result["tables"]["2"]}
+    captured = capsys.readouterr()
+    assert "| llamacpp_f32+a | llama.cpp + DFlash (target.gguf) |" in captured.out
+    assert "1 of 3 rows differ from llama.cpp alone" in captured.out
+    assert "run h: no llama.cpp row with its drafter (heads" in captured.err
+
+
+def test_bench_runs_llama_cpp_refusals_are_one_line(dflash_run, heads_run, tmp_path):
+    ckpt, _ = dflash_run
+    runs, prompts = {"a": ckpt, "h": heads_run}, ckpt.parent / "prompts.jsonl"
+    for peers, extra, want in (
+            ("generate,ctranslate2", (), "CTranslate2 peers are for seq2seq bases"),
+            ("generate", ("--gguf", str(tmp_path)), "add --peers llamacpp"),
+            (f"llamacpp:{tmp_path / 'none'}", (), "llama.cpp peer refused: "),
+            (f"llamacpp:{tmp_path}", ("--run", f"llamacpp_f32={heads_run}"), "taken by llama.cpp's rows")):
+        with pytest.raises(SystemExit) as err:
+            bench_runs(runs, prompts, peers, 4, "--batch-sizes", "1", *extra)
+        message = str(err.value.code)
+        assert want in message and "\n" not in message and message.startswith("bench: "), message
 
 
 @pytest.fixture(scope="module")
@@ -285,3 +355,14 @@ def test_llama_cpp_with_our_eagle3_drafter_decodes_as_llama_cpp_alone(eagle3_run
     agreed = result["llamacpp"]["eagle3_vs_alone"]
     assert agreed["differs_from_llamacpp_f32"] == 0 and agreed["drafted"] > 0 and agreed["accepted"] > 0
     assert one[EAGLE3]["mean_accepted_block_size"] > 1.0 and one[EAGLE3]["tokens"] == one[GENERATE]["tokens"]
+
+
+@pytest.mark.slow
+def test_bench_runs_llama_cpp_with_a_runs_drafter_decodes_as_alone(dflash_run, heads_run):
+    build = llamacpp_binaries()
+    ckpt, _ = dflash_run
+    result = bench_runs({"a": ckpt, "h": heads_run}, ckpt.parent / "prompts.jsonl", f"generate,llamacpp:{build}", 12,
+                        "--batch-sizes", "1", "--llamacpp-threads", "1")
+    rows = {r["row"]: r for r in result["tables"]["1"]}
+    assert rows[ALONE]["differs_from_hf_generate"] == 0 and rows[f"{ALONE}+a"]["differs_from_llamacpp_alone"] == 0
+    assert result["llamacpp"]["f32+a_vs_alone"]["drafted"] > 0 and not any(row.startswith(f"{ALONE}+h") for row in rows)

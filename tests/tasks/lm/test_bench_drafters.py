@@ -106,8 +106,8 @@ def test_a_run_proposes_as_its_proposer_spelling_says_and_the_old_command_still_
     capsys.readouterr()
     with pytest.raises(SystemExit, match="a DFlash checkpoint's drafter proposes blocks"):
         bench(["--run", f"d={runs / 'dflash.ckpt'}@dynamic:5", *argv[6:]])
-    with pytest.raises(SystemExit, match="^bench: --peers llamacpp with --run: not in the table of runs"):
-        bench([*argv, "--peers", "llamacpp"])
+    with pytest.raises(SystemExit, match="^bench: --peers ctranslate2 with --run: CTranslate2 peers are for seq2seq"):
+        bench([*argv, "--peers", "ctranslate2"])
     capsys.readouterr()
     old = bench_drafters([*args_of(runs, "chained"), "--batch-sizes", "1", "--warmup", "0"])
     assert old["methods"] == [GENERATE, LOOKUP, "chained", OURS_LOOKUP] and old["prompt_lookup_num_tokens"] == 3
