@@ -60,12 +60,12 @@ LAYERS = {
 # the network (nn), the proposer (decoding), the exports (hf; GGUF writers with the benchmarks' GGUF code), the
 # Lightning module and what the registry reads (tasks). The package files of the folders import nothing.
 DRAFTER_FILES = {
-    "network": 1, "layers": 1, "cache": 1,
+    "network": 1, "layers": 1, "cache": 1, "config": 1,
     "proposer": 2, "proposing": 2, "tree": 2,
     "speculators": 4,
     "gguf": 5, "llamacpp": 5, "module": 5, "trainer": 5, "target": 5, "kind": 5, "registry": 5,
 }
-TORCH_ONLY = {"network", "layers", "cache", "proposer", "proposing", "tree"}
+TORCH_ONLY = {"network", "layers", "cache", "config", "proposer", "proposing", "tree"}
 
 # The one import allowed to run up a layer: the commands' option parsing (``options_from_args``, the one road from
 # a command to a runtime's options) counts ``--draft-vocab N:TEXT``'s text with the task module's tokenizer through

@@ -24,13 +24,13 @@ Module names match the speculators / z-lab weights, so a state_dict exports with
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from lightning_bpd.drafters.common.cache import DrafterCache
+from lightning_bpd.drafters.common.config import DrafterConfig
 from lightning_bpd.drafters.common.layers import RMSNorm, SwiGLU, rope
 
 
@@ -46,7 +46,7 @@ def default_target_layers(n_target_layers: int, n_draft_layers: int) -> list[int
 
 
 @dataclass
-class DFlashConfig:
+class DFlashConfig(DrafterConfig):
     """Shapes of a DFlash drafter. ``hidden_size`` must equal the target's hidden size (``fc`` maps ``A*H -> H``,
     ``A = len(target_layer_ids)``)."""
 
@@ -92,21 +92,6 @@ class DFlashConfig:
             raise ValueError(f"DFlashConfig needs rms_norm_eps > 0 and rope_theta > 0, "
                              f"got {self.rms_norm_eps}, {self.rope_theta}")
         return self
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict (``target_layer_ids`` as a list)."""
-        out = asdict(self)
-        out["target_layer_ids"] = list(self.target_layer_ids)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DFlashConfig:
-        """Inverse of :meth:`to_dict`; unknown keys are a ValueError; the result is validated."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"DFlashConfig.from_dict: unknown keys {unknown}")
-        return cls(**data).validate()
 
 
 class DFlashAttention(nn.Module):

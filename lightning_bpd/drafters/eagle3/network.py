@@ -27,7 +27,7 @@ Two ways to run it:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_bpd.drafters.common.cache import DrafterCache
+from lightning_bpd.drafters.common.config import DrafterConfig
 from lightning_bpd.drafters.common.layers import RMSNorm, SwiGLU, rope
 
 FAMILIES = ("llama", "qwen3")  # the decoder layer's family = transformer_layer_config.model_type
@@ -50,7 +51,7 @@ def default_eagle3_layers(n_target_layers: int) -> list[int]:
 
 
 @dataclass
-class Eagle3Config:
+class Eagle3Config(DrafterConfig):
     """Shapes of an EAGLE-3 drafter. ``hidden_size`` is the target's (``fc``: ``A*H -> H``); ``vocab_size`` the
     target's (``embed_tokens``, ``t2d``); ``draft_vocab_size`` <= it (``lm_head``, ``d2t``)."""
 
@@ -110,20 +111,6 @@ class Eagle3Config:
             raise ValueError(f"Eagle3Config needs rms_norm_eps > 0 and rope_theta > 0, "
                              f"got {self.rms_norm_eps}, {self.rope_theta}")
         return self
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict (``target_layer_ids`` as a list)."""
-        out = asdict(self)
-        out["target_layer_ids"] = list(self.target_layer_ids)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Eagle3Config:
-        """Inverse of :meth:`to_dict`; unknown keys are a ValueError; the result is validated."""
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"Eagle3Config.from_dict: unknown keys {unknown}")
-        return cls(**data).validate()
 
     @classmethod
     def from_target(cls, config: Any, draft_vocab_size: int | None = None,
