@@ -44,8 +44,13 @@ def test_with_a_narrow_prior_each_head_proposes_the_input_under_its_own_pixel(he
             assert torch.equal(top[..., i], want), (centres, i)
 
 
-@pytest.mark.parametrize("output", ["categorical", "gaussian"])
-@pytest.mark.parametrize("head_type", ["paper", "chained", "chained_attn"])
+@pytest.mark.parametrize(("head_type", "output"), [
+    ('paper', 'categorical'),
+    pytest.param('paper', 'gaussian', marks=pytest.mark.slow),
+    pytest.param('chained', 'categorical', marks=pytest.mark.slow),
+    ('chained', 'gaussian'),
+    ('chained_attn', 'categorical'),
+    pytest.param('chained_attn', 'gaussian', marks=pytest.mark.slow)])  # the rest of the product: -m slow
 def test_own_centres_decode_exactly_like_the_reference_and_greedy(head_type, output):
     """The cached decoder with own centres equals the uncached reference (tokens and block sizes), and
     exact acceptance reproduces greedy decoding (float64)."""

@@ -57,8 +57,11 @@ def test_heads_read_out_through_their_own_layer_and_p1_through_the_priors():
                                    rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("kind", ["own", "residual"])
-@pytest.mark.parametrize("head_type", ["chained", "chained_attn"])
+@pytest.mark.parametrize(("head_type", "kind"), [
+    ('chained', 'own'),
+    pytest.param('chained', 'residual', marks=pytest.mark.slow),
+    pytest.param('chained_attn', 'own', marks=pytest.mark.slow),
+    ('chained_attn', 'residual')])  # the rest of the product: -m slow
 def test_decoding_with_an_own_head_prior_is_the_reference_and_greedy(head_type, kind):
     """Exact blockwise decoding equals the uncached reference and greedy; eps=2 equals the reference; the whole
     scripted chain proposes what the links one by one propose (it takes the heads' layer, not the prior's)."""

@@ -75,8 +75,11 @@ def test_fill_sets_only_the_pending_neighbours_a_head_token_is():
         reader.features(carried, 3, torch.zeros(1, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("output", ["categorical", "gaussian"])
-@pytest.mark.parametrize("head_type", ["chained", "chained_attn"])
+@pytest.mark.parametrize(("head_type", "output"), [
+    ('chained', 'categorical'),
+    pytest.param('chained', 'gaussian', marks=pytest.mark.slow),
+    pytest.param('chained_attn', 'categorical', marks=pytest.mark.slow),
+    ('chained_attn', 'gaussian')])  # the rest of the product: -m slow
 def test_neighbour_heads_decode_like_the_reference_and_greedy(head_type, output):
     """Cached blockwise decoding (neighbours from the cache's decoded tokens and the chain's proposals)
     equals the uncached reference (tokens and block sizes) and, exact, greedy decoding."""
