@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_bpd.commands import bench, decode, distill, make_base
+from lightning_bpd.commands import bench, bench_peers, decode, distill, make_base
 from lightning_bpd.commands.proposer_option import ProposerChoice, proposer_arg
 from lightning_bpd.decoding import Tree
 from lightning_bpd.decoding.trees.tree import DynamicTree
@@ -58,7 +58,7 @@ def test_bench_generate_and_bench_drafters_map_their_options_onto_bench(capsys):
     assert argv == ["--ckpt", "c", "--limit", "9", "--k", "3", "--peers",
                     "generate,prompt-lookup:2:4,assisted:d,llamacpp:b,ctranslate2:int8,ctranslate2:float16"]
     args = bench.build_parser().parse_args(argv)
-    peers = bench.peer_choice(args.peers)
+    peers = bench_peers.peer_choice(args.peers)
     assert (peers.ngram, peers.tokens, peers.assistant, peers.llamacpp_bin) == (2, 4, "d", "b")
     assert peers.quantizations == ("int8", "float16") and args.inputs == 9 and args.k == [3]
     assert new_argv(["--ckpt", "c"]) == ["--ckpt", "c", "--peers", "generate,prompt-lookup"]
@@ -72,9 +72,9 @@ def test_bench_generate_and_bench_drafters_map_their_options_onto_bench(capsys):
     assert capsys.readouterr().err == ""
     for bad in ("llama", "generate:x", "assisted", "prompt-lookup:2", "prompt-lookup:0:3"):
         with pytest.raises(ValueError, match=r"^--peers "):
-            bench.peer_item(bad)
+            bench_peers.peer_item(bad)
     with pytest.raises(ValueError, match="given twice"):
-        bench.peer_choice(["assisted:a,assisted:b"])
+        bench_peers.peer_choice(["assisted:a,assisted:b"])
 
 
 def test_old_spellings_are_hidden_from_help():

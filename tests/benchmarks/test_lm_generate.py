@@ -16,9 +16,10 @@ import lightning_bpd
 from lightning_bpd.benchmarks.ctranslate2_hf import cut
 from lightning_bpd.benchmarks.lm_generate import ASSISTED, GENERATE, LOOKUP, OURS, load_assistant
 from lightning_bpd.benchmarks.lm_prompts import data_settings
-from lightning_bpd.commands.bench import PeerChoice, build_parser, generate_args
+from lightning_bpd.commands.bench import build_parser, generate_args
 from lightning_bpd.commands.bench import main as bench
 from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP, main_lm
+from lightning_bpd.commands.bench_peers import PeerChoice
 from lightning_bpd.commands.export_base import export_base
 from lightning_bpd.decoding import Exact, blockwise_decode
 from lightning_bpd.tasks.lm import LMDataModule, LMModule
