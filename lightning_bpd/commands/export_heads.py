@@ -19,7 +19,7 @@ already saved; ``--format`` picks what is written to ``--out``:
             '{"method": "dflash", "model": "<out>", "num_speculative_tokens": B-1}'
 
     (``B`` = the run's ``model.block_size``; ``vllm serve <out>`` alone also names the target, its
-    ``speculators_config.verifier``). Checked here (``tests/hf/test_dflash_export.py``, slow): speculators 0.9.0's
+    ``speculators_config.verifier``). Checked here (``tests/drafters/dflash/test_speculators.py``, slow): speculators 0.9.0's
     own ``DFlashDraftModel.from_pretrained`` loads the export on the CPU and computes the drafter's hidden states
     and logits. Unverified (no GPU, no vLLM): vLLM's loading and serving of it, and whether vLLM captures a target
     layer that is the target's LAST (``aux_hidden_state_layer_ids`` = ``target_layer_ids`` + 1 = the number of
@@ -29,7 +29,7 @@ already saved; ``--format`` picks what is written to ``--out``:
     need its pre-tokenizer check bypassed, see ``--format llamacpp``);
   - ``llamacpp``: what llama.cpp serves directly: ``<out>/drafter.gguf``, the GGUF llama.cpp's converter makes of
     the z-lab export (:mod:`lightning_bpd.drafters.dflash.gguf`; the same keys, tensors and values, checked against the
-    converter of llama-cpp-python 0.3.36's llama.cpp in ``tests/benchmarks/test_gguf_dflash.py``, slow), and
+    converter of llama-cpp-python 0.3.36's llama.cpp in ``tests/drafters/dflash/test_gguf.py``, slow), and
     ``<out>/target.gguf``, the target as a float32 GGUF with its tokenizer
     (:func:`~lightning_bpd.hf.gguf_llama.write_llama_gguf`; a Llama target)::
 
@@ -58,7 +58,7 @@ already saved; ``--format`` picks what is written to ``--out``:
 
   ``llamacpp`` takes an EAGLE-3 run too: ``<out>/drafter.gguf``, the GGUF llama.cpp's converter makes of the
   speculators export (:mod:`lightning_bpd.drafters.eagle3.gguf`: architecture ``eagle3``, byte for byte the
-  converter's file but for ``general.name``, checked in ``tests/benchmarks/test_gguf_eagle3.py``, slow), and
+  converter's file but for ``general.name``, checked in ``tests/drafters/eagle3/test_gguf.py``, slow), and
   ``<out>/target.gguf``; a drafter llama.cpp cannot run (a qwen3 layer, ``fc_norm``, not 3 target layers) is
   refused::
 

@@ -23,7 +23,7 @@ from lightning_bpd.commands.cli import main
 from lightning_bpd.drafters.common.llamacpp import gguf_type
 from lightning_bpd.hf.gguf_llama import write_llama_gguf
 from tests.benchmarks.test_llamacpp_speculative import bench_llamacpp, saved_run, stand_ins
-from tests.hf.test_dflash_export import trained
+from tests.drafters.dflash.test_speculators import trained
 from tests.llamacpp_build import llamacpp_binaries
 from tests.tasks.lm.tiny_lm import PROMPTS, tiny_llama, tokenizer
 

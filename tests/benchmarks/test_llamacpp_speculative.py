@@ -31,7 +31,7 @@ from lightning_bpd.benchmarks.llamacpp_speculative import (
 )
 from lightning_bpd.benchmarks.lm_generate import GENERATE
 from lightning_bpd.commands.bench import main as bench
-from tests.hf.test_dflash_export import save_ckpt, trained
+from tests.drafters.dflash.test_speculators import save_ckpt, trained
 from tests.llamacpp_build import llamacpp_binaries
 from tests.tasks.lm.tiny_lm import EOS, PROMPTS, tokenizer
 
@@ -292,7 +292,7 @@ def test_bench_runs_llama_cpp_refusals_are_one_line(dflash_run, heads_run, tmp_p
 def eagle3_run(tmp_path_factory) -> tuple[Path, object]:
     """A tiny EAGLE-3 run (chains of 4) on a 4-layer target (llama.cpp's eagle3 fuses exactly 3 layers), fitted to the
     target's own continuations."""
-    from tests.tasks.lm.test_eagle3_commands import fit_eagle3
+    from tests.drafters.eagle3.test_commands import fit_eagle3
     from tests.tasks.lm.tiny_lm import write_checkpoint
 
     root = tmp_path_factory.mktemp("eagle3")

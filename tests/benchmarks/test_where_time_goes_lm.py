@@ -80,7 +80,7 @@ def test_bad_input_is_one_line(lm, tmp_path):
 def test_a_dflash_checkpoint_is_timed_by_part(tmp_path):
     """The drafter's parts (draft, extend, the drafts' LM head, the block's embeddings) and the verify pass with
     features: one of each per iteration after the first call, the parts adding up."""
-    from tests.tasks.lm.tiny_dflash import PROMPTS, write_dflash
+    from tests.drafters.dflash.tiny import PROMPTS, write_dflash
 
     target = write_checkpoint(tmp_path / "llama")
     ckpt = write_dflash(tmp_path / "dflash.ckpt", target, steps=5)
@@ -102,8 +102,8 @@ def test_an_eagle3_checkpoint_is_timed_by_part_with_chains_and_trees(tmp_path):
     """EAGLE-3 chains of 3: per iteration one verify pass with features and two calls of the drafter's layer (the
     accepted positions with token 1, then the chain's second draft); its trees of 4 nodes, 2 deep: one tree verify
     pass per iteration and one drafter call per depth."""
-    from tests.tasks.lm.test_eagle3_commands import fit_eagle3
-    from tests.tasks.lm.tiny_dflash import PROMPTS, save_dflash
+    from tests.drafters.dflash.tiny import PROMPTS, save_dflash
+    from tests.drafters.eagle3.test_commands import fit_eagle3
 
     target = write_checkpoint(tmp_path / "llama")
     ckpt = save_dflash(fit_eagle3(target, steps=5), tmp_path / "eagle3.ckpt")

@@ -60,7 +60,7 @@ def fake(checkpoint, tmp_path, monkeypatch) -> Path:
     ``prompts.jsonl``; ``tmp_path``."""
     from lightning_bpd.commands import bench, decode, export_heads
     from lightning_bpd.tasks.lm import LMModule
-    from tests.tasks.lm.tiny_dflash import PROMPTS
+    from tests.drafters.dflash.tiny import PROMPTS
 
     class FakeRun(LMModule):
         drafter_kind = "fakedraft"

@@ -46,7 +46,7 @@ def test_older_config_class_paths_still_resolve():
 
 def test_a_checkpoint_written_under_the_old_class_path_loads_and_decodes(checkpoint, tmp_path):
     from lightning_bpd.drafters.dflash.module import DFlashModule, load_drafter
-    from tests.tasks.lm.tiny_dflash import save_dflash
+    from tests.drafters.dflash.tiny import save_dflash
 
     torch.manual_seed(0)
     path = save_dflash(DFlashModule(str(checkpoint), block_size=4, anchors=4, max_new_tokens=4), tmp_path / "a.ckpt")

@@ -4,7 +4,7 @@ here with the ``gguf`` package, float32.
 
 Followed: llama.cpp as vendored by llama-cpp-python 0.3.36 (``conversion/qwen.py`` ``DFlashModel``, a ``Qwen3Model``;
 ``src/models/dflash.cpp``; ``common/speculative.cpp``), and checked against its converter
-(``tests/benchmarks/test_gguf_dflash.py``, slow):
+(``tests/drafters/dflash/test_gguf.py``, slow):
 
 * architecture ``dflash``; the Qwen3 keys of the z-lab config under it (layers, context = the target's positions,
   hidden and MLP sizes, heads, RoPE base, RMS epsilon, head dims), ``dflash.block_size`` and ``dflash.target_layers``

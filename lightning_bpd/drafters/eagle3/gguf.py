@@ -4,7 +4,7 @@ export (:func:`~lightning_bpd.drafters.eagle3.speculators.write_speculators`), w
 
 Followed: llama.cpp as vendored by llama-cpp-python 0.3.36 (``conversion/llama.py`` ``LlamaModel``, which detects
 EAGLE-3 by ``draft_vocab_size`` and a 1-layer ``transformer_layer_config``; ``src/models/eagle3.cpp``;
-``common/speculative.cpp``), and checked against its converter (``tests/benchmarks/test_gguf_eagle3.py``, slow):
+``common/speculative.cpp``), and checked against its converter (``tests/drafters/eagle3/test_gguf.py``, slow):
 
 * architecture ``eagle3``; first its own keys, from the speculators ``config.json``
   (:func:`~lightning_bpd.drafters.eagle3.speculators.speculators_config`): ``eagle3.target_layers`` = its

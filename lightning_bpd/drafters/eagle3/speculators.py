@@ -3,7 +3,7 @@ layout, and read back.
 
 :func:`write_speculators` writes ``config.json`` + ``model.safetensors`` as speculators 0.9.0's
 ``Eagle3DraftModel.save_pretrained`` does (checked against what it writes, and loaded by its own class in
-``tests/hf/test_eagle3_export.py``):
+``tests/drafters/eagle3/test_speculators.py``):
 
 * ``architectures`` ``["Eagle3DraftModel"]``, ``speculators_model_type`` "eagle3", ``speculators_version``,
   ``speculators_config`` (algorithm "eagle3", one greedy proposal method, the verifier's path and architectures);

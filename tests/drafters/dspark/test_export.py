@@ -128,7 +128,7 @@ torch.save({"hidden": hidden, "logits": logits, "conf": conf, "anchors": anchors
 
 @pytest.mark.slow
 def test_speculators_dspark_model_computes_our_drafts(checkpoint, tmp_path):
-    from tests.hf.test_dflash_export import speculators_python
+    from tests.drafters.dflash.test_speculators import speculators_python
 
     python = speculators_python()
     module = trained(checkpoint)

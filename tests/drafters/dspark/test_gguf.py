@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 from lightning_bpd.commands.cli import main
 from lightning_bpd.drafters.dspark.gguf import dspark_tensor_name, write_dspark_gguf
 from lightning_bpd.drafters.dspark.speculators import write_speculators
-from tests.benchmarks.test_gguf_dflash import KEYS, LAYER_ORDER, converted, fields, same_tensors
+from tests.drafters.dflash.test_gguf import KEYS, LAYER_ORDER, converted, fields, same_tensors
 from tests.drafters.dspark.test_export import trained
 from tests.drafters.dspark.tiny import save_module
 

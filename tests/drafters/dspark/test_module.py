@@ -121,7 +121,7 @@ def test_a_saved_run_loads_back_and_decodes_as_greedy(checkpoint, tmp_path):
     alone = load_drafter(path)
     assert alone.config == module.drafter.config
     with pytest.raises(ValueError, match="is not a DSpark drafter checkpoint"):
-        from tests.tasks.lm.tiny_dflash import fit_drafter, save_dflash
+        from tests.drafters.dflash.tiny import fit_drafter, save_dflash
 
         load_drafter(save_dflash(fit_drafter(checkpoint, steps=1), tmp_path / "dflash.ckpt"))
     src = loaded.encode_prompts(["def f_1(x, y):\n", "    return", "for items in range(3):\n"])
@@ -140,7 +140,7 @@ def test_fit_with_the_config_writes_a_dspark_run(checkpoint, tmp_path):
     import json
 
     from lightning_bpd.commands.cli import CONF_DIR, main
-    from tests.tasks.lm.test_dflash_module import FAST
+    from tests.drafters.dflash.test_module import FAST
     from tests.tasks.lm.tiny_lm import write_corpus
 
     run = tmp_path / "run"

@@ -32,7 +32,7 @@ def fit_dspark(target: Path, steps: int = 60, block_size: int = 4, **kwargs):
     """A DSparkModule on ``target`` trained ``steps`` AdamW steps on the target's own greedy continuations of the
     DFlash fixture's prompts; eval mode."""
     from lightning_bpd.drafters.dspark.module import DSparkModule
-    from tests.tasks.lm.tiny_dflash import PROMPTS, own_sequences
+    from tests.drafters.dflash.tiny import PROMPTS, own_sequences
 
     torch.manual_seed(0)
     module = DSparkModule(str(target), block_size=block_size, anchors=16, max_new_tokens=12, markov_rank=16,

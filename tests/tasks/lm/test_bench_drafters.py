@@ -21,8 +21,8 @@ from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP
 from lightning_bpd.commands.old_benches import DEPRECATED, bench_drafters
 from lightning_bpd.tasks.lm.module import LMModule
 from lightning_bpd.tasks.translation.hf_module import save_heads
-from tests.tasks.lm.test_eagle3_commands import fit_eagle3
-from tests.tasks.lm.tiny_dflash import PROMPTS, fit_drafter, save_dflash
+from tests.drafters.dflash.tiny import PROMPTS, fit_drafter, save_dflash
+from tests.drafters.eagle3.test_commands import fit_eagle3
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 N = 10

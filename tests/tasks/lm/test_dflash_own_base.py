@@ -16,8 +16,8 @@ from lightning_bpd.decoding import Exact, decode, greedy_decode
 from lightning_bpd.drafters.dflash.module import DFlashModule
 from lightning_bpd.nn.causal_model import CausalTransformer
 from lightning_bpd.tasks.lm import LMModule
+from tests.drafters.dflash.tiny import save_dflash
 from tests.tasks.lm.test_lm_own_base import TINY, TRAIN
-from tests.tasks.lm.tiny_dflash import save_dflash
 from tests.tasks.lm.tiny_lm import tokenizer as tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

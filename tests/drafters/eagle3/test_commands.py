@@ -17,8 +17,8 @@ from lightning_bpd.benchmarks.lm_generate import GENERATE, LOOKUP
 from lightning_bpd.commands.bench import main as bench
 from lightning_bpd.commands.bench_generate_lm import OURS_LOOKUP
 from lightning_bpd.drafters.eagle3.module import Eagle3Module
-from tests.tasks.lm.test_dflash_commands import greedy_texts, run_decode
-from tests.tasks.lm.tiny_dflash import PROMPTS, own_sequences, save_dflash
+from tests.drafters.dflash.test_commands import greedy_texts, run_decode
+from tests.drafters.dflash.tiny import PROMPTS, own_sequences, save_dflash
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 EAGLE3 = "eagle3"  # the row of an EAGLE-3 run (the row of a drafter kind is its registry name)

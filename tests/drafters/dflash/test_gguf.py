@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 from lightning_bpd.commands.cli import main
 from lightning_bpd.drafters.dflash.gguf import gguf_tensor_name, write_dflash_gguf
 from lightning_bpd.drafters.dflash.speculators import write_zlab
-from tests.hf.test_dflash_export import save_ckpt, trained
+from tests.drafters.dflash.test_speculators import save_ckpt, trained
 from tests.llamacpp_build import llamacpp_source
 from tests.tasks.lm.tiny_lm import BOS, EOS, PAD
 

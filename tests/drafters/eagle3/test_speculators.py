@@ -1,6 +1,6 @@
 """EAGLE-3 drafter export (lightning_bpd/drafters/eagle3/speculators.py): speculators' eagle3 config.json and safetensors, the
 read-back is bitwise the drafter, bad input is one line; slow: speculators' own Eagle3DraftModel (in the separate
-virtual environment of tests/hf/test_dflash_export.py) loads the export and computes our logits at every step of the
+virtual environment of tests/drafters/dflash/test_speculators.py) loads the export and computes our logits at every step of the
 training-time test."""
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ SLOW_VARIANTS = {"plain": {}, "residual-output-fc": {"draft_vocab": None, "norm_
 
 @pytest.mark.slow
 def test_speculators_eagle3_model_computes_our_logits(target, tmp_path):
-    from tests.hf.test_dflash_export import speculators_python
+    from tests.drafters.dflash.test_speculators import speculators_python
 
     python = speculators_python()
     steps, t = 3, 12

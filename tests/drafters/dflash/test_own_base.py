@@ -12,7 +12,7 @@ from lightning_bpd.decoding import Exact, decode, greedy_decode_reference
 from lightning_bpd.drafters.dflash.network import DFlashConfig, DFlashDrafter
 from lightning_bpd.drafters.dflash.proposer import DFlash
 from lightning_bpd.inference import InferenceOptions, build_runtime
-from tests.hf.test_dflash_proposer import Recorded
+from tests.drafters.dflash.test_proposer import Recorded
 from tests.models import assert_close_to_rounding
 from tests.nn import test_causal_model as causal
 

@@ -27,7 +27,7 @@ from lightning_bpd.drafters.dflash.network import DFlashDrafter
 from lightning_bpd.drafters.dflash.proposer import DFlash
 from lightning_bpd.tasks.lm import LMModule
 from lightning_bpd.tasks.translation.hf_module import save_heads
-from tests.tasks.lm.tiny_dflash import PROMPTS, write_dflash
+from tests.drafters.dflash.tiny import PROMPTS, write_dflash
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DFLASH = "dflash"  # the row of a DFlash run (the row of a drafter kind is its registry name)

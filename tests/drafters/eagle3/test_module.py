@@ -326,7 +326,7 @@ def test_export_heads_writes_the_speculators_layout(fitted, checkpoint, tmp_path
 
 def test_the_drafter_of_another_kind_of_checkpoint_is_one_line(fitted, checkpoint, tmp_path):
     from lightning_bpd.drafters.dflash.module import DFlashModule, load_drafter
-    from tests.tasks.lm.tiny_dflash import save_dflash
+    from tests.drafters.dflash.tiny import save_dflash
 
     dflash = save_dflash(DFlashModule(str(checkpoint), block_size=4), tmp_path / "dflash.ckpt")
     with pytest.raises(ValueError, match=r"dflash.ckpt is not an EAGLE-3 drafter checkpoint \(DFlashModule\): give "
@@ -354,8 +354,8 @@ def test_a_sequence_not_longer_than_the_ttt_steps_is_one_error_line(checkpoint, 
 def test_a_drafter_trains_on_our_own_base(tmp_path):
     from lightning_bpd.nn.causal_model import CausalTransformer
     from lightning_bpd.tasks.lm import LMModule
+    from tests.drafters.dflash.tiny import save_dflash
     from tests.tasks.lm.test_lm_own_base import TINY, TRAIN
-    from tests.tasks.lm.tiny_dflash import save_dflash
     from tests.tasks.lm.tiny_lm import tokenizer as tiny_tokenizer
 
     tiny_tokenizer().save_pretrained(tmp_path / "bpe")
@@ -382,7 +382,7 @@ def test_a_drafter_trains_on_our_own_base(tmp_path):
 
 def test_training_raises_the_expected_accepted_length(checkpoint, tmp_path):
     from lightning_bpd.tasks.lm import LMDataModule
-    from tests.tasks.lm.test_dflash_module import repetitive_corpus
+    from tests.drafters.dflash.test_module import repetitive_corpus
 
     torch.manual_seed(0)
     module = Eagle3Module(str(checkpoint), target_layer_ids=LAYERS, ttt_steps=3)

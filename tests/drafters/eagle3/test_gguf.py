@@ -27,8 +27,8 @@ from lightning_bpd.drafters.eagle3.module import Eagle3Module
 from lightning_bpd.drafters.eagle3.network import Eagle3Drafter
 from lightning_bpd.drafters.eagle3.speculators import write_speculators
 from lightning_bpd.hf.gguf_llama import interleave_rotary
-from tests.benchmarks.test_gguf_dflash import converted, fields, same_tensors
-from tests.hf.test_dflash_export import save_ckpt
+from tests.drafters.dflash.test_gguf import converted, fields, same_tensors
+from tests.drafters.dflash.test_speculators import save_ckpt
 from tests.llamacpp_build import llamacpp_source
 from tests.tasks.lm.tiny_lm import BOS, EOS, PAD
 
@@ -262,7 +262,7 @@ def test_llamacpp_converter_makes_our_dflash_gguf_of_a_49152_token_target(granit
     same special case: ours is its file but for the name."""
     from lightning_bpd.drafters.dflash.gguf import write_dflash_gguf
     from lightning_bpd.drafters.dflash.speculators import write_zlab
-    from tests.hf.test_dflash_export import trained
+    from tests.drafters.dflash.test_speculators import trained
 
     llamacpp_source()
     target = granite_target(False)
