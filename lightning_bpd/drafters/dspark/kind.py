@@ -3,17 +3,16 @@ and up to K drafts), its exports (speculators' ``dspark`` layout, llama.cpp's GG
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_bpd.drafters.common.kind import DrafterKind, Spelling
+from lightning_bpd.drafters.common.kind import Spelling
+from lightning_bpd.drafters.dflash.kind import DFlashKind
 
 
 @dataclass(frozen=True)
-class DSparkKind(DrafterKind):
+class DSparkKind(DFlashKind):
     def default_k(self, module: Any) -> int:
         """Token 1 and the drafter's K drafts (anchor-first: every slot drafts)."""
         return int(module.drafter.config.block_size) + 1
@@ -43,31 +42,19 @@ class DSparkKind(DrafterKind):
 
         write_dspark_gguf(module, path, target if own_gguf else None, name=f"{name}-dspark")
 
-    def export(self, module: Any, ckpt: str | Path, out: str | Path, layout: str, float32_target: bool = False
-               ) -> Path:
-        """``speculators`` (vLLM; llama.cpp's converter reads it too) or ``llamacpp`` (drafter.gguf and target.gguf);
-        the record ``export_heads.json`` beside."""
-        from lightning_bpd.drafters.common.llamacpp import llamacpp_serving, write_llamacpp
+    formats_help = "speculators (vLLM) or llamacpp (llama.cpp)"
+
+    def writers(self) -> dict[str, Any]:
         from lightning_bpd.drafters.dspark.speculators import write_speculators
 
-        if layout not in self.formats:
-            raise ValueError(f"{ckpt}: a DSpark drafter run: use --format speculators (vLLM) or llamacpp (llama.cpp), "
-                             f"not {layout}")
-        config, target = module.drafter.config, module.hparams.pretrained
-        serve = {}
-        if layout == "llamacpp":
-            folder = write_llamacpp(module, out, float32_target or None)
-            serve = llamacpp_serving(module, folder, self.llamacpp_spec_type, config.block_size + 1)  # n-max K
-        else:
-            folder = write_speculators(module, out)
-        (folder / "export_heads.json").write_text(json.dumps(
-            {"ckpt": str(Path(ckpt).resolve()), "target": target, "format": layout, "block_size": config.block_size,
-             "target_layer_ids": list(config.target_layer_ids), "mask_token_id": config.mask_token_id,
-             "markov_rank": config.markov_rank, "confidence_head": config.enable_confidence_head, **serve},
-            indent=2) + "\n")
-        print(f"export-heads: the DSpark drafter of {ckpt} ({config.num_layers} layers, block {config.block_size}, "
-              f"Markov rank {config.markov_rank}, target {target}) in {folder} ({layout})", file=sys.stderr)
-        return folder
+        return {"speculators": write_speculators}  # llama.cpp's converter reads it too
+
+    def record(self, config: Any) -> dict[str, Any]:
+        return {**super().record(config), "markov_rank": config.markov_rank,
+                "confidence_head": config.enable_confidence_head}
+
+    def described(self, config: Any) -> str:
+        return f"{super().described(config)}, Markov rank {config.markov_rank}"
 
 
 KIND = DSparkKind(
