@@ -4,7 +4,9 @@ free."""
 from __future__ import annotations
 
 from dataclasses import asdict, fields
-from typing import Any, Self
+from typing import Any, TypeVar
+
+C = TypeVar("C", bound="DrafterConfig")  # typing.Self needs Python 3.11; the package runs on 3.10
 
 
 class DrafterConfig:
@@ -17,7 +19,7 @@ class DrafterConfig:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Self:
+    def from_dict(cls: type[C], data: dict[str, Any]) -> C:  # noqa: PYI019 (typing.Self: Python >= 3.11)
         """Inverse of :meth:`to_dict`; unknown keys are a ValueError; the result is validated."""
         known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(data) - known)
