@@ -102,6 +102,27 @@ def base_difference(ours_: Any, theirs: Any) -> str | None:
     return None
 
 
+def base_only(path: str, spelling: str | None) -> bool:
+    """Whether ``--run NAME=PATH@PROPOSER`` names a bare base (a ``.gguf`` file, or a Hugging Face folder without
+    ``heads.json``) for a proposer that reads only the base (``prompt-lookup``, ``retrieval:FILE``)."""
+    from lightning_bpd.commands.proposer_option import BASE_ONLY
+    from lightning_bpd.hf.gguf_target import is_gguf
+
+    if spelling is None or spelling.partition(":")[0].strip() not in BASE_ONLY:
+        return False
+    folder = Path(path)
+    return is_gguf(path) or (folder.is_dir() and (folder / "config.json").is_file()
+                             and not (folder / "heads.json").is_file())
+
+
+def base_run(path: str, device: str) -> Any:
+    """A bare base as a run for a proposer that reads only the base: the LM module of it with two untrained heads
+    (the smallest frozen-base module; its heads never propose)."""
+    from lightning_bpd.tasks.lm import LMModule
+
+    return LMModule(path, k=2).eval().to(device)
+
+
 def split_run(value: str) -> tuple[str, str | None]:
     """``CKPT[@PROPOSER]`` (a ``--run`` value less ``NAME=``) as the checkpoint and the proposer's spelling (None:
     the run's own: its heads, or its drafter)."""
@@ -115,16 +136,16 @@ def spelled_row(name: str, module: Any, spelling: str, runtime: Any, trees: dict
     base; ValueError (one line) for another."""
     from lightning_bpd.commands.proposer_option import proposer_arg
 
-    drafting = kind_of(module)
-    if drafting is not None:
-        return ours(runtime, None, proposer=drafting.proposer(module.drafter, runtime, spelling, k,
-                                                              f"the drafter of run {name}"))
     try:
         choice = proposer_arg(spelling)
     except argparse.ArgumentTypeError as err:
         raise ValueError(str(err)) from None
-    if choice.kind == "prompt-lookup":
-        return ours(runtime, None, **choice.method_kwargs())
+    if choice.on_base:  # prompt lookup, retrieval: on the run's base, its heads or drafter unused
+        return ours(runtime, None, **choice.method_kwargs(getattr(module, "tokenizer", None)))
+    drafting = kind_of(module)
+    if drafting is not None:
+        return ours(runtime, None, proposer=drafting.proposer(module.drafter, runtime, spelling, k,
+                                                              f"the drafter of run {name}"))
     if choice.kind == "tree" and choice.auto is None:
         tree = choice.tree(module.rank_agreement, k or module.model.k) if choice.nodes is None else next(
             iter(trees.values()), None)
@@ -132,7 +153,7 @@ def spelled_row(name: str, module: Any, spelling: str, runtime: Any, trees: dict
     if choice.kind == "heads":
         return ours(runtime, None)
     raise ValueError(f"--run {name}=...@{spelling}: a run's proposer is heads, tree:N, tree:PATHS, dynamic:N, "
-                     "prompt-lookup[:N:T] or its drafter kind's spellings")
+                     "prompt-lookup[:N:T], retrieval:FILE[:NODES[:DEPTH]] or its drafter kind's spellings")
 
 
 def run_rows(name: str, module: Any, args: argparse.Namespace, k: int | None = None, spelling: str | None = None
@@ -207,7 +228,8 @@ def run(args: argparse.Namespace, prog: str = "bench") -> dict[str, Any]:
     modules: dict[str, Any] = {}
     for name, path in paths.items():
         try:
-            modules[name] = load_model(path, args.device)
+            modules[name] = base_run(path, args.device) if base_only(path, spellings.get(name)) else \
+                load_model(path, args.device)
         except (ValueError, OSError, KeyError, RuntimeError, TypeError) as err:
             sys.exit(f"{prog}: --run {name}={path}: {load_error(err)}")
     first_name, first = next(iter(modules.items()))

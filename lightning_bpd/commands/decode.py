@@ -118,6 +118,8 @@ def drafter_choice(module: Any, runtime: Any, args: argparse.Namespace) -> Any:
     its block (default the run's); ``--proposer NAME:CKPT`` puts the drafter of CKPT (a run of kind NAME) on the
     checkpoint's target. One-line ValueError where there is no drafter or it does not fit the target."""
     choice, own = args.proposer, kind_of(module)
+    if choice.on_base:  # prompt lookup, retrieval: the run's base proposes, its heads or drafter unused
+        return None
     named = kind(choice.kind) if choice.kind in REGISTERED else None
     if own is None and named is None:
         return None
@@ -168,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 tree = proposer.tree(module.rank_agreement, args.k or module.model.k)
             method = make_method(proposer.criterion(args.criterion), parse_criterion, runtime, args.k, draft,
-                                 seed=seed, tree=tree, **proposer.method_kwargs())
+                                 seed=seed, tree=tree,
+                                 **proposer.method_kwargs(getattr(module, "tokenizer", None)))
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"decode: {err}")
     from lightning_bpd.tasks.lm.jsonl import as_lines, complete

@@ -8,6 +8,9 @@
 * ``draft:CKPT``: a draft model (same vocabulary) proposes; the criterion becomes ``draft:<criterion>``;
 * ``prompt-lookup[:NGRAM:TOKENS]``: n-grams of the prompt propose (up to NGRAM long, TOKENS tokens; default 2 and
   10, transformers' own and the benches');
+* ``retrieval:FILE[:NODES[:DEPTH]]``: a tree of continuations (NODES nodes, DEPTH deep; default 8 and 6) found in
+  the datastore FILE (``python -m lightning_bpd datastore``) and in the row's own history (REST with prompt lookup);
+  exact acceptance, any run of the base (its heads or drafter unused);
 * ``NAME`` / ``NAME:CKPT``, NAME a registered drafter kind (``dflash``, ``eagle3``, ...,
   :mod:`lightning_bpd.drafters.registry`): its drafter proposes from the target's features (exact and the other
   deterministic rules): the checkpoint's own (a drafter's run, where it is the default), or the one of CKPT on a
@@ -29,17 +32,20 @@ from lightning_bpd.drafters.registry import REGISTERED
 # prompt lookup's one default, everywhere (decode, the benches' rows of ours and of generate): transformers' own
 # (max_matching_ngram_size 2, prompt_lookup_num_tokens 10)
 LOOKUP_NGRAM, LOOKUP_TOKENS = 2, 10
+RETRIEVAL_NODES, RETRIEVAL_DEPTH = 8, 6  # retrieval's default tree: 9 inputs a verify pass at most
+BASE_ONLY = ("prompt-lookup", "retrieval")  # proposers that read only the base: any run of it takes them
 
 PROPOSER_HELP = ("what proposes the candidates: heads (default), tree:N (the tree of N nodes from the heads' rank "
                  "agreement table; 0 = the single path), tree:auto[:M] (the budget up to 64 (M) that pays here, timed), "
                  "tree:PATHS (Medusa-format paths such as '0;1;0,0;0,1', or path:D), dynamic:N[:D[:W]] (EAGLE-2's "
                  "dynamic tree of N nodes, D deep (default k-1), W wide (default 4); exact), draft:CKPT (a draft model "
                  "of the same vocabulary; the criterion becomes draft:<criterion>), prompt-lookup[:NGRAM:TOKENS] "
-                 "(n-grams of the prompt; default 2:10, as transformers'), or a drafter kind's name, NAME[:CKPT] (dflash, eagle3, ...: the "
+                 "(n-grams of the prompt; default 2:10, as transformers'), retrieval:FILE[:NODES[:DEPTH]] (a tree of continuations "
+                 "from the datastore FILE and the row's history; default 8 nodes, 6 deep; exact), or a drafter kind's name, NAME[:CKPT] (dflash, eagle3, ...: the "
                  "checkpoint's own drafter, the default on a drafter's checkpoint, or CKPT's on a causal LM of the same "
                  "target; deterministic rules)")
-KINDS = ("heads, tree:N, tree:auto[:M], tree:PATHS, dynamic:N[:D[:W]], draft:CKPT, prompt-lookup[:NGRAM:TOKENS] or "
-         "a drafter kind's NAME[:CKPT] (" + ", ".join(REGISTERED) + ")")
+KINDS = ("heads, tree:N, tree:auto[:M], tree:PATHS, dynamic:N[:D[:W]], draft:CKPT, prompt-lookup[:NGRAM:TOKENS], "
+         "retrieval:FILE[:NODES[:DEPTH]] or a drafter kind's NAME[:CKPT] (" + ", ".join(REGISTERED) + ")")
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,12 @@ class ProposerChoice:
     ckpt: str | None = None  # draft:CKPT, NAME:CKPT (a drafter kind)
     ngram: int = LOOKUP_NGRAM  # prompt-lookup
     tokens: int = LOOKUP_TOKENS
+    tree_size: tuple[int, int] = (RETRIEVAL_NODES, RETRIEVAL_DEPTH)  # retrieval's NODES and DEPTH
+
+    @property
+    def on_base(self) -> bool:
+        """Whether it reads only the base (prompt lookup, retrieval): any run of the base takes it."""
+        return self.kind in BASE_ONLY
 
     def criterion(self, spec: str) -> str:
         """The criterion ``make_method`` reads: a draft proposer's rule is ``draft:<rule>``."""
@@ -81,9 +93,16 @@ class ProposerChoice:
             return parse_tree(":".join(map(str, ("dynamic", nodes, depth if depth else k - 1, *width))))
         return None
 
-    def method_kwargs(self) -> dict[str, Any]:
+    def method_kwargs(self, tokenizer: Any = None) -> dict[str, Any]:
         """The keywords of ``make_method`` this proposer adds beside ``tree`` and ``draft``: ``proposer=`` for prompt
-        lookup (:mod:`lightning_bpd.decoding.proposers`), none for the others."""
+        lookup and retrieval (:mod:`lightning_bpd.decoding.proposers`; a datastore made by another tokenizer than
+        ``tokenizer``, the checkpoint's, is refused in one line), none for the others."""
+        if self.kind == "retrieval":
+            from lightning_bpd.decoding.proposers.retrieval import Retrieval
+            from lightning_bpd.tasks.lm.datastore import load_datastore
+
+            nodes, depth = self.tree_size
+            return {"proposer": Retrieval(load_datastore(self.ckpt, tokenizer), nodes=nodes, depth=depth)}
         if self.kind != "prompt-lookup":
             return {}
         from lightning_bpd.decoding.proposers import PromptLookup  # the decoding loop's proposers
@@ -125,6 +144,8 @@ def proposer_arg(text: str) -> ProposerChoice:
             return ProposerChoice(text, "draft", ckpt=rest)
         if kind in REGISTERED:  # a drafter kind (lightning_bpd.drafters.registry): NAME or NAME:CKPT
             return ProposerChoice(text, kind, ckpt=rest or None)
+        if kind == "retrieval" and rest:
+            return retrieval_choice(text, rest)
         if kind == "prompt-lookup":
             if not rest:
                 return ProposerChoice(text, "prompt-lookup")
@@ -136,6 +157,19 @@ def proposer_arg(text: str) -> ProposerChoice:
     except (ValueError, argparse.ArgumentTypeError) as err:
         raise argparse.ArgumentTypeError(f"--proposer {text!r}: {err}") from None
     raise argparse.ArgumentTypeError(f"--proposer {text!r}: write {KINDS}")
+
+
+def retrieval_choice(text: str, rest: str) -> ProposerChoice:
+    """``retrieval:FILE[:NODES[:DEPTH]]`` (``rest``: what follows ``retrieval:``): trailing integers are the tree's
+    size, the rest the datastore's path."""
+    parts = rest.split(":")
+    numbers: list[int] = []
+    while len(parts) > 1 and len(numbers) < 2 and parts[-1].strip().lstrip("-").isdigit():
+        numbers.insert(0, int(parts.pop()))
+    if any(n < 1 for n in numbers):
+        raise ValueError("retrieval's NODES and DEPTH must be >= 1")
+    nodes, depth = (*numbers, RETRIEVAL_NODES, RETRIEVAL_DEPTH)[0], (*numbers[1:], RETRIEVAL_DEPTH)[0]
+    return ProposerChoice(text, "retrieval", ckpt=":".join(parts), tree_size=(nodes, depth))
 
 
 def old_tree(text: str) -> str:
