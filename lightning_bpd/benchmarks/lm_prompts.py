@@ -28,9 +28,12 @@ def add_prompt_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
 
 
 def data_settings(ckpt: str | Path) -> dict[str, Any]:
-    """The data split settings a ``.ckpt`` was trained with (its ``datamodule_hyper_parameters``), else {}."""
+    """The data split settings a ``.ckpt`` was trained with (its ``datamodule_hyper_parameters``), else {} (a heads
+    folder, a bare base: a ``.gguf`` file or a Hugging Face folder)."""
+    from lightning_bpd.hf.gguf_target import is_gguf
+
     path = Path(ckpt)
-    if not path.is_file():
+    if not path.is_file() or is_gguf(path):
         return {}
     saved = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     hparams = saved.get("datamodule_hyper_parameters") or {}

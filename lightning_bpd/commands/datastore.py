@@ -1,7 +1,7 @@
 """``python -m lightning_bpd datastore``: a retrieval datastore, a target's training text as its own tokenizer reads
 it (:mod:`lightning_bpd.tasks.lm.datastore`), for the retrieval proposer (``--proposer retrieval:FILE``): no training,
 4 bytes a token on disk. ``--greedy N`` adds the target's own greedy continuations of N prompts of the split (line-aligned
-windows, as the held-out prompts are cut), decoded in batches by our runtime (``--precision``, default float32-packed):
+windows, as the held-out prompts are cut, spread evenly over the split), decoded in batches by our runtime (``--precision``, default float32-packed):
 the text its greedy decoding will write, the self-distilled datastore.
 
     python -m lightning_bpd datastore --pretrained model.gguf --data-root ../shared/data/code/python-stdlib/Lib \\
@@ -101,9 +101,11 @@ def greedy_part(pretrained: str, data: object, args: argparse.Namespace) -> list
     from lightning_bpd.tasks.lm import LMModule
     from lightning_bpd.tasks.lm.datastore import greedy_tokens
 
-    prompts, _ = data.eval_prompts(args.split, args.greedy)  # type: ignore[attr-defined]
-    if not prompts:
+    windows, _ = data.eval_prompts(args.split, None)  # type: ignore[attr-defined]
+    if not windows:
         raise ValueError(f"--greedy {args.greedy}: the {args.split} split has no prompt windows")
+    count = min(args.greedy, len(windows))
+    prompts = [windows[i * len(windows) // count] for i in range(count)]  # spread evenly over the split's files
     # k=2: the smallest frozen-base module (its heads are not used; greedy reads p_1 only)
     module = LMModule(pretrained, k=2, max_new_tokens=args.max_new_tokens).eval().to(args.device)
     runtime = build_runtime(module.model, InferenceOptions(precision=args.precision))

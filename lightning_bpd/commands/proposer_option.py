@@ -99,10 +99,10 @@ class ProposerChoice:
         ``tokenizer``, the checkpoint's, is refused in one line), none for the others."""
         if self.kind == "retrieval":
             from lightning_bpd.decoding.proposers.retrieval import Retrieval
-            from lightning_bpd.tasks.lm.datastore import load_datastore
+            from lightning_bpd.tasks.lm.datastore import load_datastores
 
-            nodes, depth = self.tree_size
-            return {"proposer": Retrieval(load_datastore(self.ckpt, tokenizer), nodes=nodes, depth=depth)}
+            (text, greedy), (nodes, depth) = load_datastores(self.ckpt, tokenizer), self.tree_size
+            return {"proposer": Retrieval(text, nodes=nodes, depth=depth, greedy=greedy)}
         if self.kind != "prompt-lookup":
             return {}
         from lightning_bpd.decoding.proposers import PromptLookup  # the decoding loop's proposers

@@ -13,6 +13,7 @@ from lightning_bpd.decoding.proposers.retrieval import (
     history_continuations,
     ngram_keys,
     row_trees,
+    tail_key,
 )
 
 
@@ -21,18 +22,21 @@ def test_keys_of_equal_ngrams_are_equal_and_of_others_differ():
     keys = ngram_keys(tokens, 3)
     assert keys.shape == (7,)
     assert keys[0] == keys[6] and len(set(keys.tolist())) == 6  # "3 4 5" twice, the rest once each
+    big = torch.tensor([49151, 40000, 3, 49000] * 5)  # wraps past 64 bits: the host key does as the tensor's
+    assert [tail_key(big.tolist()[: 4 + i], 4 + (i % 13)) for i in range(4)] == [
+        int(ngram_keys(big[: 4 + i], 4 + (i % 13))[-1]) for i in range(4)]
 
 
 def test_the_longest_order_that_matches_gives_what_followed_each_occurrence():
     #                       0  1  2  3  4  5  6  7  8  9 10 11
     store = Datastore.of(torch.tensor([1, 2, 3, 9, 1, 2, 3, 8, 7, 2, 3, 5]), orders=(1, 2, 3))
-    n, found = store.continuations(torch.tensor([6, 1, 2, 3]), depth=2, cap=10)
+    n, found = store.continuations([6, 1, 2, 3], depth=2, cap=10)
     assert n == 3 and found.tolist() == [[9, 1], [8, 7]]  # "1 2 3" at 0 and 4, in the stream's order
-    n, found = store.continuations(torch.tensor([0, 2, 3]), depth=3, cap=10)
+    n, found = store.continuations([0, 2, 3], depth=3, cap=10)
     assert n == 2 and found.tolist() == [[9, 1, 2], [8, 7, 2], [5, -1, -1]]  # -1 past the stream's end
-    n, found = store.continuations(torch.tensor([0, 2, 3]), depth=1, cap=2)
+    n, found = store.continuations([0, 2, 3], depth=1, cap=2)
     assert n == 2 and len(found) == 2  # at most cap, spread over the matches
-    n, found = store.continuations(torch.tensor([42]), depth=2, cap=10)
+    n, found = store.continuations([42], depth=2, cap=10)
     assert n == 0 and found.shape == (0, 2)
 
 
@@ -73,3 +77,13 @@ def test_a_retrieval_proposer_refuses_bad_options():
         Retrieval(store, history_weight=-1.0)
     assert Retrieval(store, nodes=8, depth=6).width == 7 and Retrieval(store, nodes=8, depth=6).extra_slots == 2
     assert Retrieval(store, nodes=3, depth=6).width == 4 and Retrieval(store, nodes=3, depth=6).extra_slots == 0
+
+
+def test_the_greedy_datastore_is_searched_on_its_own_with_its_own_weight():
+    text = Datastore.of(torch.tensor([1, 2, 3, 9, 8] * 20), orders=(1, 2, 3))  # many occurrences: 9 follows "1 2 3"
+    greedy = Datastore.of(torch.tensor([5, 1, 2, 3, 7, 6]), orders=(1, 2, 3))  # once: the model writes 7 after it
+    history = [4, 1, 2, 3]
+    assert Retrieval(text, nodes=2, depth=2, history_weight=0.0).trie(history) == [(9,), (9, 8)]
+    both = Retrieval(text, nodes=3, depth=2, history_weight=0.0, greedy=greedy, greedy_weight=0.5)
+    assert both.trie(history) == [(9,), (7,), (9, 8)]  # 7 weighs half the text's 20 occurrences together
+    assert Retrieval(text, nodes=1, depth=2, history_weight=0.0, greedy=greedy, greedy_weight=2.0).trie(history) == [(7,)]

@@ -10,8 +10,13 @@ iteration a row's history (its prompt, what it committed, then greedy's next tok
 - the **history** itself is searched for its last n tokens (n from ``history_ngram`` down to 1), and the last
   ``history_matches`` earlier occurrences give what followed them (prompt lookup, every match instead of one).
 
+- a second datastore, ``greedy`` (the target's own greedy continuations of prompts like the user's, made by
+  ``datastore --greedy N``), is searched the same way on its own, so that its few tokens are not outnumbered by the
+  text's: the self-distilled part, what the model itself writes after such text.
+
 Each continuation (up to ``depth`` tokens) carries a weight: the datastore's together weigh 1 + n (n: the order that
-matched), each of the history's ``history_weight`` x (1 + n). A node of the trie of continuations scores the weight of
+matched), the greedy datastore's together ``greedy_weight`` x (1 + n), each of the history's ``history_weight`` x
+(1 + n). A node of the trie of continuations scores the weight of
 the continuations through it, so it never outscores its parent; the ``nodes`` best (ties to the shallower, then to
 the first seen) form the row's tree under greedy's token ``first`` (its root), one tree per row
 (:class:`~lightning_bpd.decoding.trees.rows.RowTrees`), and the loop verifies it in one pass of the target. The pass is
@@ -24,6 +29,7 @@ datastore and the tries live on the host: each iteration reads the live rows' hi
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import torch
@@ -50,6 +56,14 @@ def ngram_keys(tokens: Tensor, n: int) -> Tensor:
     for j in range(n):
         keys = keys * MULTIPLIER + t[j : j + count]
     return keys
+
+
+def tail_key(tokens: list[int], n: int) -> int:
+    """:func:`ngram_keys` of the last n of ``tokens`` as a host int, by the same arithmetic (int64, wrapping)."""
+    key = 0
+    for t in tokens[len(tokens) - n :]:
+        key = (key * MULTIPLIER + t) & 0xFFFF_FFFF_FFFF_FFFF
+    return key - (1 << 64) if key >= 1 << 63 else key
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,19 +95,18 @@ class Datastore:
     def __len__(self) -> int:
         return self.tokens.numel()
 
-    def continuations(self, history: Tensor, depth: int, cap: int) -> tuple[int, Tensor]:
-        """The longest order n whose n-gram ends ``history`` (h,) and occurs in the stream, and up to ``cap`` of the
+    def continuations(self, history: list[int], depth: int, cap: int) -> tuple[int, Tensor]:
+        """The longest order n whose n-gram ends ``history`` and occurs in the stream, and up to ``cap`` of the
         continuations that followed it (m, depth), -1 past the stream's end (occurrences evenly spaced over the sorted
         index, in the stream's order among equal keys); (0, an empty (0, depth)) where no order matches."""
-        history = history.to("cpu", torch.long)
         length = self.tokens.numel()
         step = torch.arange(depth)
         for n in reversed(self.orders):
-            if n > history.numel() or n not in self.keys:
+            if n > len(history) or n not in self.keys:
                 continue
-            tail = history[-n:]
+            tail = torch.tensor(history[len(history) - n :])
             keys = self.keys[n]
-            key = ngram_keys(tail, n)  # (1,)
+            key = torch.tensor([tail_key(history, n)])  # (1,)
             lo, hi = int(torch.searchsorted(keys, key)), int(torch.searchsorted(keys, key, right=True))
             if hi == lo:
                 continue
@@ -131,15 +144,15 @@ def best_nodes(weighted: list[tuple[list[int], float]], nodes: int, depth: int) 
                 break
             key = tuple(tokens[:d])
             score[key] = score.get(key, 0.0) + weight
-    seen = {key: i for i, key in enumerate(score)}
-    chosen = sorted(score, key=lambda k: (-score[k], len(k)))[:nodes]  # stable: the first seen among ties
-    return sorted(chosen, key=lambda k: (len(k), seen[k]))
+    ranked = heapq.nsmallest(nodes, ((-w, len(k), i, k) for i, (k, w) in enumerate(score.items())))  # ties: first seen
+    return [k for *_, k in sorted(ranked, key=lambda r: (r[1], r[2]))]
 
 
 @dataclass(frozen=True)
 class Retrieval(Proposer):
-    """Trees of ``nodes`` nodes (at most ``depth`` deep) from the ``datastore``'s continuations and the row's own
-    history's (see the module); exact acceptance only, on a target with a tree verify pass."""
+    """Trees of ``nodes`` nodes (at most ``depth`` deep) from the continuations in the ``datastore``, the ``greedy``
+    datastore (None: none) and the row's own history (see the module); exact acceptance only, on a target with a tree
+    verify pass."""
 
     datastore: Datastore
     nodes: int = 8
@@ -148,6 +161,8 @@ class Retrieval(Proposer):
     history_ngram: int = 4
     history_matches: int = 8
     history_weight: float = 0.5
+    greedy: Datastore | None = None
+    greedy_weight: float = 0.5
 
     deterministic_only = True
 
@@ -156,8 +171,9 @@ class Retrieval(Proposer):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Retrieval {name} must be an integer >= 1, got {value!r}")
-        if not self.history_weight >= 0:
-            raise ValueError(f"Retrieval history_weight must be >= 0, got {self.history_weight!r}")
+        for name in ("history_weight", "greedy_weight"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"Retrieval {name} must be >= 0, got {getattr(self, name)!r}")
 
     @property
     def width(self) -> int:  # type: ignore[override]
@@ -185,9 +201,10 @@ class Retrieval(Proposer):
         weighted: list[tuple[list[int], float]] = []
         n, found = history_continuations(history, self.history_ngram, self.history_matches, self.depth)
         weighted += [(tokens, self.history_weight * (1 + n)) for tokens in found]
-        n, stored = self.datastore.continuations(torch.tensor(history), self.depth, self.cap)
-        if len(stored):
-            weighted += [(tokens, (1 + n) / len(stored)) for tokens in stored.tolist()]
+        for store, mass in ((self.datastore, 1.0), (self.greedy, self.greedy_weight)):
+            if store is not None:
+                n, stored = store.continuations(history, self.depth, self.cap)
+                weighted += [(tokens, mass * (1 + n) / len(stored)) for tokens in stored.tolist()]
         return best_nodes(weighted, self.nodes, self.depth)
 
 

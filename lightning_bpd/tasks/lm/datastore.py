@@ -75,9 +75,25 @@ def read_record(path: str | os.PathLike) -> dict[str, Any]:
     return record
 
 
+def load_datastores(path: str | os.PathLike, tokenizer: Any = None,
+                    orders: tuple[int, ...] = ORDERS) -> tuple[Datastore, Datastore | None]:
+    """The datastore file at ``path`` as the retrieval proposer reads it: its text and its greedy continuations (None
+    where it holds none), each indexed for ``orders``; with ``tokenizer`` (the target's), ValueError (one line) where
+    another tokenizer made it."""
+    record = checked_record(path, tokenizer)
+    tokens, text = record["tokens"], int(record["data"].get("text_tokens", record["tokens"].numel()))
+    greedy = Datastore.of(tokens[text:], orders) if text < tokens.numel() else None
+    return Datastore.of(tokens[:text], orders), greedy
+
+
 def load_datastore(path: str | os.PathLike, tokenizer: Any = None, orders: tuple[int, ...] = ORDERS) -> Datastore:
-    """The datastore at ``path``, indexed for ``orders``; with ``tokenizer`` (the target's), ValueError (one line)
-    where another tokenizer made it."""
+    """The datastore at ``path`` as one stream (its text and greedy continuations), indexed for ``orders``; with
+    ``tokenizer`` (the target's), ValueError (one line) where another tokenizer made it."""
+    return Datastore.of(checked_record(path, tokenizer)["tokens"], orders)
+
+
+def checked_record(path: str | os.PathLike, tokenizer: Any = None) -> dict[str, Any]:
+    """:func:`read_record`, checked against ``tokenizer`` where one is given."""
     record = read_record(path)
     if tokenizer is not None:
         from lightning_bpd.tasks.lm.feature_store import tokenizer_fingerprint
@@ -86,4 +102,4 @@ def load_datastore(path: str | os.PathLike, tokenizer: Any = None, orders: tuple
         if made != tokenizer_fingerprint(tokenizer):
             raise ValueError(f"{os.fspath(path)}: a datastore of another tokenizer ({made}); make one with this "
                              "target's: python -m lightning_bpd datastore --pretrained MODEL ...")
-    return Datastore.of(record["tokens"], orders)
+    return record

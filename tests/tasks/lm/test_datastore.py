@@ -20,7 +20,7 @@ from lightning_bpd.commands.decode import main as decode_main
 from lightning_bpd.commands.proposer_option import proposer_arg
 from lightning_bpd.decoding import greedy_decode
 from lightning_bpd.tasks.lm import LMModule
-from lightning_bpd.tasks.lm.datastore import FORMAT, load_datastore, read_record
+from lightning_bpd.tasks.lm.datastore import FORMAT, load_datastore, load_datastores, read_record
 from lightning_bpd.tasks.translation.hf_module import save_heads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -129,8 +129,11 @@ def test_greedy_adds_the_targets_own_continuations_after_their_prompts(built, ch
     assert data["greedy"] == 8 and data["text_tokens"] == plain["tokens"].numel()
     assert record["tokens"].numel() == data["text_tokens"] + data["greedy_tokens"]
     assert torch.equal(record["tokens"][: data["text_tokens"]], plain["tokens"])
+    text, greedy = load_datastores(built / "greedy.pt")
+    assert len(text) == data["text_tokens"] and len(greedy) == data["greedy_tokens"]
+    assert load_datastores(built / "store.pt")[1] is None
     module = lightning_bpd.load_model(built / "heads")
-    prompt = json.loads((built / "prompts.jsonl").read_text().splitlines()[0])["prompt"]
+    prompt = json.loads((built / "prompts.jsonl").read_text().splitlines()[0])["prompt"]  # window 0: always drawn
     src = module.encode_prompts([prompt])
     want = src[0].tolist() + greedy_decode(module.model, src, N).sequences()[0]
     got = record["tokens"][data["text_tokens"] :].tolist()
