@@ -12,7 +12,8 @@ one pass (``tree:N``: the tree of N nodes built from the heads' rank agreement t
 tree, 0 = the single path; ``tree:auto`` the budget that pays on this machine, a few iterations timed on the first
 batch, the choice to stderr; ``tree:0;1;0,0`` paths of head ranks; ``dynamic:N`` EAGLE-2's dynamic tree); a separate
 draft model (``draft:CKPT``: any rule, ``draft:exact``, ``draft:sample_t1``); n-grams of the prompt
-(``prompt-lookup``); or a DFlash drafter (``dflash``, ``dflash:CKPT``). A DFlash drafter's checkpoint (a fit with
+(``prompt-lookup``); trees of continuations from a datastore of the target's text (``retrieval:FILE``, made by
+``python -m lightning_bpd datastore``; on any checkpoint of the base, its heads or drafter unused); or a DFlash drafter (``dflash``, ``dflash:CKPT``). A DFlash drafter's checkpoint (a fit with
 ``conf/lm/dflash.yaml``) continues prompts with its target, the drafter proposing (its default; ``--k`` the block
 size, ``--criterion`` the deterministic rules; ``--base DIR`` where the target's directory moved);
 ``--proposer dflash:CKPT`` puts that drafter on a causal LM checkpoint of the same target shapes (the heads' base

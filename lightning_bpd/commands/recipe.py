@@ -10,7 +10,7 @@ a user could type), writing into its own folder ``<runs>/<recipe>/<stage>/``::
       - name: base                        # letters, digits, _; the folder runs/<recipe>/base
         command: fit                      # fit | validate | test | decode | bench | distill | human-eval |
                                           # make-base | export-base | export-heads | build-llamacpp |
-                                          # fetch-gguf | store (bench-generate, bench-drafters: old spellings)
+                                          # fetch-gguf | store | datastore (bench-generate, bench-drafters: old spellings)
         config: multi30k_k8/base.yaml     # fit/validate/test: --config, relative to the recipe file
       - name: distill
         command: distill
@@ -70,7 +70,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RECIPES_DIR = REPO_ROOT / "conf" / "recipes"
 DEFAULT_FIT_CONFIG = REPO_ROOT / "conf" / "translation" / "default.yaml"  # what fit uses without --config
 STAGE_COMMANDS = ("fit", "validate", "test", "decode", "bench", "bench-generate", "distill", "human-eval", "make-base",
-                  "export-base", "export-heads", "build-llamacpp", "bench-drafters", "fetch-gguf", "store")
+                  "export-base", "export-heads", "build-llamacpp", "bench-drafters", "fetch-gguf", "store", "datastore")
 LIGHTNING_COMMANDS = ("fit", "validate", "test")
 RESERVED = ("runs", "recipe", "out")
 DONE_FILE, RUNNING_FILE, LOG_FILE, ATTEMPTS_FILE = "stage_done.json", "stage_running.json", "stage.log", \

@@ -5,6 +5,8 @@
 - :class:`DynamicHeadTree`: a tree grown per row from the heads' confidence (EAGLE-2);
 - :class:`DraftModel`: a separate draft model;
 - :class:`PromptLookup`: tokens copied from the row's own prompt and output;
+- :class:`Retrieval`: a tree per row of continuations from a datastore of the target's text and greedy output and from
+  the row's own history (REST);
 - :class:`DFlash`: a DFlash block drafter, a whole block per pass from the target's features;
 - :class:`Eagle3`: an EAGLE-3 drafter, a chain of drafts from the target's features and its own states;
 - :class:`Eagle3Tree`: an EAGLE-3 drafter growing a dynamic tree per row (EAGLE-2's expand and rerank);
@@ -18,6 +20,7 @@ from lightning_bpd.decoding.proposers.draft import DraftModel
 from lightning_bpd.decoding.proposers.dynamic_tree import DynamicHeadTree
 from lightning_bpd.decoding.proposers.heads import Heads
 from lightning_bpd.decoding.proposers.prompt_lookup import PromptLookup
+from lightning_bpd.decoding.proposers.retrieval import Datastore, Retrieval
 from lightning_bpd.decoding.proposers.tree import HeadTree
 
-__all__ = ["DraftModel", "DynamicHeadTree", "HeadTree", "Heads", "PromptLookup", "Proposer"]
+__all__ = ["Datastore", "DraftModel", "DynamicHeadTree", "HeadTree", "Heads", "PromptLookup", "Proposer", "Retrieval"]

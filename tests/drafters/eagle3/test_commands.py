@@ -60,8 +60,10 @@ def test_decode_an_eagle3_checkpoint_continues_as_greedy_with_chains_and_trees(f
     assert got == want and static >= block - 0.5
     got, two = run_decode(fitted, capsys, "--k", "2", ckpt="eagle3.ckpt")
     assert got == want and 1.0 < two <= 2.0
+    got, _ = run_decode(fitted, capsys, "--proposer", "prompt-lookup", ckpt="eagle3.ckpt")  # on the run's base
+    assert got == want
     with pytest.raises(SystemExit, match="an EAGLE-3 checkpoint's drafter proposes chains"):
-        run_decode(fitted, capsys, "--proposer", "prompt-lookup", ckpt="eagle3.ckpt")
+        run_decode(fitted, capsys, "--proposer", "tree:4", ckpt="eagle3.ckpt")
     with pytest.raises(SystemExit, match="is an EAGLE-3 drafter's run"):
         run_decode(fitted, capsys, "--proposer", "dflash", ckpt="eagle3.ckpt")
 
