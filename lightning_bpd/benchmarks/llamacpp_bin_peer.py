@@ -266,8 +266,9 @@ def start_llamacpp_runs(runs: dict[str, Any], prompts: Sequence[str], bin_dir: s
     for name, module in runs.items():
         kind = kind_of(module)
         if kind is None or kind.llamacpp_spec_type is None:
-            no_drafter[name] = ("heads: llama.cpp runs drafters only" if kind is None
-                                else f"llama.cpp does not run {kind.title} drafters (no --spec-type for them)")
+            no_drafter[name] = ("heads, or a proposer of the base alone: llama.cpp runs drafters only"
+                                if kind is None else
+                                f"llama.cpp does not run {kind.title} drafters (no --spec-type for them)")
             continue
         write_llamacpp(module, folder / name, float32_target=False)
         block = (blocks or {}).get(name) or kind.default_k(module)
