@@ -69,6 +69,14 @@ class Proposer:
         ``features``: the verify pass's, of the live rows."""
 
 
+def check_counts(proposer: object, names: tuple[str, ...]) -> None:
+    """ValueError, in one line, where one of the options ``names`` of ``proposer`` is not an integer >= 1."""
+    for name in names:
+        value = getattr(proposer, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{type(proposer).__name__} {name} must be an integer >= 1, got {value!r}")
+
+
 def opening_token(state: DecodeState, features: Features) -> Tensor:
     """Token 1 of a deterministic proposal (b,): the verdict's ``first``, or at the first proposal the rule's own from
     p_1 at ``features.last`` (b, D) under the generation rules."""

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from lightning_bpd.decoding.acceptance import Block, Criterion
 from lightning_bpd.decoding.candidates import Path
-from lightning_bpd.decoding.proposers.base import Proposer, opening_token
+from lightning_bpd.decoding.proposers.base import Proposer, check_counts, opening_token
 from lightning_bpd.decoding.protocol import BlockwiseModel, valid_first
 from lightning_bpd.decoding.state import DecodeState, Features
 
@@ -37,10 +37,7 @@ class PromptLookup(Proposer):
     deterministic_only = True
 
     def __post_init__(self) -> None:
-        for name in ("max_ngram", "num_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"PromptLookup {name} must be an integer >= 1, got {value!r}")
+        check_counts(self, ("max_ngram", "num_tokens"))
         if self.match not in ("last", "first"):
             raise ValueError(f"PromptLookup match must be 'last' or 'first', got {self.match!r}")
 
@@ -61,11 +58,12 @@ class PromptLookup(Proposer):
 
 
 @dataclass
-class PromptLookupRun(Proposer):
-    """One decode of :class:`PromptLookup`: ``prompts`` (B, S) each row's prompt tokens first (-1 after), ``lengths``
-    (B,) their count, for every original row (the live ones are ``book.live``)."""
+class HistoryRun(Proposer):
+    """One decode of a proposer that reads the rows' histories (``spec``: prompt lookup, retrieval): ``prompts``
+    (B, S) each row's prompt tokens first (-1 after), ``lengths`` (B,) their count, for every original row (the live
+    ones are ``book.live``); its width and extra slots are the spec's."""
 
-    spec: PromptLookup
+    spec: Proposer
     prompts: Tensor
     lengths: Tensor
 
@@ -73,12 +71,28 @@ class PromptLookupRun(Proposer):
     def width(self) -> int:  # type: ignore[override]
         return self.spec.width
 
-    def propose(self, state: DecodeState, features: Features) -> Path:
-        book, spec = state.book, self.spec
-        first = opening_token(state, features)  # (b,)
+    @property
+    def extra_slots(self) -> int:  # type: ignore[override]
+        return self.spec.extra_slots
+
+    def histories(self, state: DecodeState, first: Tensor) -> tuple[Tensor, Tensor]:
+        """The live rows' histories (b, L), -1 past their lengths (b,): prompt, committed tokens, then ``first``."""
+        book = state.book
         live = book.live
-        history, lengths = joined(self.prompts[live], self.lengths[live], book.tokens[live], book.committed(),
-                                  max(book.live_lengths), first)
+        return joined(self.prompts[live], self.lengths[live], book.tokens[live], book.committed(),
+                      max(book.live_lengths), first)
+
+
+@dataclass
+class PromptLookupRun(HistoryRun):
+    """One decode of :class:`PromptLookup`."""
+
+    spec: PromptLookup
+
+    def propose(self, state: DecodeState, features: Features) -> Path:
+        spec = self.spec
+        first = opening_token(state, features)  # (b,)
+        history, lengths = self.histories(state, first)
         found, count = lookup(history, lengths, spec.max_ngram, spec.num_tokens, spec.match == "last")
         width = min(state.width - 1, int(count.max()))  # host read: the pass's width
         found = torch.where(torch.arange(width, device=first.device) < count[:, None], found[:, :width],

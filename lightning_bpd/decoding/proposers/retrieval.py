@@ -37,8 +37,8 @@ from torch import Tensor
 
 from lightning_bpd.decoding.acceptance import Criterion, Exact
 from lightning_bpd.decoding.candidates import RowTree
-from lightning_bpd.decoding.proposers.base import Proposer, opening_token
-from lightning_bpd.decoding.proposers.prompt_lookup import joined, left_aligned
+from lightning_bpd.decoding.proposers.base import Proposer, check_counts, opening_token
+from lightning_bpd.decoding.proposers.prompt_lookup import HistoryRun, left_aligned
 from lightning_bpd.decoding.protocol import BlockwiseModel
 from lightning_bpd.decoding.state import DecodeState, Features
 from lightning_bpd.decoding.target import target_of
@@ -167,10 +167,7 @@ class Retrieval(Proposer):
     deterministic_only = True
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "depth", "cap", "history_ngram", "history_matches"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Retrieval {name} must be an integer >= 1, got {value!r}")
+        check_counts(self, ("nodes", "depth", "cap", "history_ngram", "history_matches"))
         for name in ("history_weight", "greedy_weight"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"Retrieval {name} must be >= 0, got {getattr(self, name)!r}")
@@ -209,28 +206,15 @@ class Retrieval(Proposer):
 
 
 @dataclass
-class RetrievalRun(Proposer):
-    """One decode of :class:`Retrieval`: ``prompts`` (B, S) each row's prompt tokens first (-1 after), ``lengths``
-    (B,) their count, for every original row (the live ones are ``book.live``)."""
+class RetrievalRun(HistoryRun):
+    """One decode of :class:`Retrieval`."""
 
     spec: Retrieval
-    prompts: Tensor
-    lengths: Tensor
-
-    @property
-    def width(self) -> int:  # type: ignore[override]
-        return self.spec.width
-
-    @property
-    def extra_slots(self) -> int:  # type: ignore[override]
-        return self.spec.extra_slots
 
     def propose(self, state: DecodeState, features: Features) -> RowTree:
-        book, spec = state.book, self.spec
+        spec = self.spec
         first = opening_token(state, features)  # (b,)
-        live = book.live
-        history, lengths = joined(self.prompts[live], self.lengths[live], book.tokens[live], book.committed(),
-                                  max(book.live_lengths), first)  # (b, L), (b,)
+        history, lengths = self.histories(state, first)  # (b, L), (b,)
         rows = [row[:n] for row, n in zip(history.tolist(), lengths.tolist())]  # the host read of the iteration
         deepest = max(0, min(spec.depth, state.width - 1))  # the room: a row's context may end sooner
         tries = [[p for p in spec.trie(row) if len(p) <= deepest] if deepest else [] for row in rows]
