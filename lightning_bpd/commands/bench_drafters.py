@@ -105,10 +105,10 @@ def base_difference(ours_: Any, theirs: Any) -> str | None:
 def base_only(path: str, spelling: str | None) -> bool:
     """Whether ``--run NAME=PATH@PROPOSER`` names a bare base (a ``.gguf`` file, or a Hugging Face folder without
     ``heads.json``) for a proposer that reads only the base (``prompt-lookup``, ``retrieval:FILE``)."""
-    from lightning_bpd.commands.proposer_option import BASE_ONLY
+    from lightning_bpd.commands.proposer_option import base_only_kind
     from lightning_bpd.hf.gguf_target import is_gguf
 
-    if spelling is None or spelling.partition(":")[0].strip() not in BASE_ONLY:
+    if base_only_kind(spelling) is None:
         return False
     folder = Path(path)
     return is_gguf(path) or (folder.is_dir() and (folder / "config.json").is_file()

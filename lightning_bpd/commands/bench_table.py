@@ -13,7 +13,7 @@ import torch
 
 from lightning_bpd.benchmarks.lm_generate import ASSISTED, GENERATE, LOOKUP
 from lightning_bpd.callbacks.training_clock import training_seconds
-from lightning_bpd.commands.proposer_option import BASE_ONLY
+from lightning_bpd.commands.proposer_option import base_only_kind
 from lightning_bpd.drafters.registry import kind_of
 
 OURS_LOOKUP = "prompt_lookup"  # our prompt lookup (PromptLookup through the one loop), exact, any batch size
@@ -62,8 +62,8 @@ def run_record(path: str, module: Any, k: int | None = None, minutes: str | None
     """The record's entry of one run: its checkpoint, proposer (``spelling``: its ``@PROPOSER``), block ``k`` (None:
     the run's own), the proposer's parameters and its training cost (:func:`training_record`). A proposer that reads
     only the base (``@prompt-lookup``, ``@retrieval:FILE``) is named so, with no parameters and no training."""
-    base_only = spelling.partition(":")[0].strip() if spelling else ""
-    if base_only in BASE_ONLY:
+    base_only = base_only_kind(spelling)
+    if base_only is not None:
         title = "retrieval" if base_only == "retrieval" else "prompt lookup (ours)"
         return {"ckpt": path, "proposer": title, "spelling": spelling, "k": k, "parameters": 0, "steps": None,
                 "minutes": 0.0, "minutes_from": "no training (the proposer reads the base and its text only)"}

@@ -66,10 +66,9 @@ def run(args: argparse.Namespace) -> None:
 
     if not os.path.isdir(args.data_root):
         raise ValueError(f"--data-root {args.data_root}: not a folder (give the data folder the fits read)")
-    for name in ("greedy", "prompt_tokens", "max_new_tokens", "batch_size"):
-        if getattr(args, name) < (0 if name == "greedy" else 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name == 'greedy' else 1}, got "
-                             f"{getattr(args, name)}")
+    for name, least in (("greedy", 0), ("prompt_tokens", 1), ("max_new_tokens", 1), ("batch_size", 1)):
+        if getattr(args, name) < least:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
     if os.path.isdir(args.out):
         raise ValueError(f"--out {args.out}: a folder, not a file (give the datastore file's path)")
     start = time.perf_counter()

@@ -110,6 +110,12 @@ class ProposerChoice:
         return {"proposer": PromptLookup(max_ngram=self.ngram, num_tokens=self.tokens)}
 
 
+def base_only_kind(spelling: str | None) -> str | None:
+    """The kind of a ``--proposer`` spelling that reads only the base (``prompt-lookup``, ``retrieval``), else None."""
+    head = (spelling or "").partition(":")[0].strip()
+    return head if head in BASE_ONLY else None
+
+
 def positive(text: str, what: str) -> int:
     value = int(text)
     if value < 1:

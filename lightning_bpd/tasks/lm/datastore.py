@@ -86,12 +86,6 @@ def load_datastores(path: str | os.PathLike, tokenizer: Any = None,
     return Datastore.of(tokens[:text], orders), greedy
 
 
-def load_datastore(path: str | os.PathLike, tokenizer: Any = None, orders: tuple[int, ...] = ORDERS) -> Datastore:
-    """The datastore at ``path`` as one stream (its text and greedy continuations), indexed for ``orders``; with
-    ``tokenizer`` (the target's), ValueError (one line) where another tokenizer made it."""
-    return Datastore.of(checked_record(path, tokenizer)["tokens"], orders)
-
-
 def checked_record(path: str | os.PathLike, tokenizer: Any = None) -> dict[str, Any]:
     """:func:`read_record`, checked against ``tokenizer`` where one is given."""
     record = read_record(path)

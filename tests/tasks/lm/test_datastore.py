@@ -20,7 +20,7 @@ from lightning_bpd.commands.decode import main as decode_main
 from lightning_bpd.commands.proposer_option import proposer_arg
 from lightning_bpd.decoding import greedy_decode
 from lightning_bpd.tasks.lm import LMModule
-from lightning_bpd.tasks.lm.datastore import FORMAT, load_datastore, load_datastores, read_record
+from lightning_bpd.tasks.lm.datastore import FORMAT, load_datastores, read_record
 from lightning_bpd.tasks.translation.hf_module import save_heads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -60,8 +60,8 @@ def test_the_datastore_holds_the_split_as_the_tokenizer_reads_it(built, checkpoi
     record = read_record(built / "store.pt")
     assert record["format"] == FORMAT and record["tokens"].dtype == torch.int32
     assert record["data"]["split"] == "train" and record["tokenizer"]["size"] > 0
-    store = load_datastore(built / "store.pt")
-    assert len(store) == record["tokens"].numel() > 6 * 24
+    store, greedy = load_datastores(built / "store.pt")
+    assert len(store) == record["tokens"].numel() > 6 * 24 and greedy is None
 
 
 def run_decode(root: Path, capsys, *extra: str) -> tuple[list[str], float]:
