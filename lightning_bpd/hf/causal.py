@@ -407,7 +407,7 @@ class HFCausalBlockwise(CausalHeads, OptionalCapabilities, nn.Module):
                               allowed_keys(q_pos, k_pos, vis, w)], dim=2) for t, w in self.windows.items()}
         fed = self.fed_positions(q_pos)  # (B, T)
         if self.runs_lean():  # the same ops, fewer calls
-            h = self.lean_trunk()(tokens, fed, self.masks(seen), cache, slots, stop, self.products.linear, layers)
+            h = self.lean_trunk()(tokens, fed, self.masks(seen), cache, slots, stop, self.products, layers)
         elif layers:
             h = self.run_features(tokens, fed, seen, PromptStepCache(cache, slots, stop), layers)
         else:

@@ -22,7 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_bpd.hf.lean_causal_int8 import fused_groups, int8_layers, scriptable
 from lightning_bpd.nn.kv_cache import KVCache
+from lightning_bpd.nn.products import Products
 
 Affine = tuple[Tensor, Tensor | None]  # weight (out, in), bias
 RMS = tuple[Tensor, float]  # RMSNorm weight, eps
@@ -132,8 +134,17 @@ class LeanCausal:
         self.trunk = trunk
         self.layers = [lean_layer(layer, types[i]) for i, layer in enumerate(trunk.layers)]
         attn = trunk.layers[0].self_attn
-        self.head_dim, self.groups, self.scaling = attn.head_dim, attn.num_key_value_groups, float(attn.scaling)
+        self.head_dim, self.groups_per_kv, self.scaling = attn.head_dim, attn.num_key_value_groups, float(attn.scaling)
         self.sdpa = implementation == "sdpa"
+        first = self.layers[0]
+        self.q_width, self.kv_width, self.ffn = first.q[0].shape[0], first.k[0].shape[0], first.gate[0].shape[0]
+        self.scripted = scriptable(config)  # int8 runtimes run the layers in TorchScript, products fused
+        self.groups = fused_groups(self.layers)  # (weight, bias) pairs of each fused product
+        none = torch.zeros(0)
+        self.norms = [t for w in self.layers for t in (w.input_norm[0], w.post_norm[0], *(
+            (none, none) if w.q_norm is None or w.k_norm is None else (w.q_norm[0], w.k_norm[0])))]
+        self.eps = [e for w in self.layers for e in (w.input_norm[1], w.post_norm[1], *(
+            (0.0, 0.0) if w.q_norm is None or w.k_norm is None else (w.q_norm[1], w.k_norm[1])))]
 
     def lists(self, trunk: nn.Module) -> bool:
         """Whether these are ``trunk``'s own tensors (its first and last layers' first and last weights)."""
@@ -142,24 +153,41 @@ class LeanCausal:
                 and self.layers[-1].down[0] is last.mlp.down_proj.weight)
 
     def __call__(self, tokens: Tensor, positions: Tensor, masks: dict[str, Tensor], cache: KVCache, slots: Tensor,
-                 stop: int, linear: Linear, layers: tuple[int, ...] = ()) -> Any:
+                 stop: int, products: Products, layers: tuple[int, ...] = ()) -> Any:
         """Inputs (B, T) at ``positions`` (B, T) -> the final-norm hidden states (B, T, D), writing each layer's keys
         and values at the cache ``slots`` (B, T) and reading its prompt region and slots 0..stop-1 under
         ``masks[layer type]`` (B, 1, T, P + stop) as :func:`~lightning_bpd.hf.step_cache.as_mask` makes them.
-        ``linear``: the runtime's products. With ``layers``: (hidden, the outputs of those decoder layers
-        (B, T, len(layers) * D), as transformers' ``hidden_states[i + 1]``: the last layer's after the final norm)."""
+        ``products``: the runtime's (int8 ones run the layers as :func:`~lightning_bpd.hf.lean_causal_int8.int8_layers`).
+        With ``layers``: (hidden, the outputs of those decoder layers (B, T, len(layers) * D), as transformers'
+        ``hidden_states[i + 1]``: the last layer's after the final norm)."""
         x = self.trunk.embed_tokens(tokens)  # (B, T, D)
         cos, sin = self.trunk.rotary_emb(x, position_ids=positions)  # (B, T, Dh) each
+        fused = products.lean_int8_fused(x, self.groups) if self.scripted else ([], [])
         outputs: dict[int, Tensor] = {}
-        for i, w in enumerate(self.layers):
-            x = self.layer(x, i, w, cos, sin, masks[w.layer_type], cache, slots, stop, linear)
-            if i in layers:
-                outputs[i] = x
+        if fused[0]:
+            x, kept = self.int8_layers(x, cos, sin, masks, cache, slots, stop, fused, layers)
+            outputs = dict(zip(sorted(set(layers)), kept))
+        else:
+            for i, w in enumerate(self.layers):
+                x = self.layer(x, i, w, cos, sin, masks[w.layer_type], cache, slots, stop, products.linear)
+                if i in layers:
+                    outputs[i] = x
         h = self.trunk.norm(x)
         if not layers:
             return h
         last = len(self.layers) - 1
         return h, torch.cat([h if i == last else outputs[i] for i in layers], dim=-1)
+
+    def int8_layers(self, x: Tensor, cos: Tensor, sin: Tensor, masks: dict[str, Tensor], cache: KVCache,
+                    slots: Tensor, stop: int, fused: tuple[list, list[Tensor]], layers: tuple[int, ...]) -> Any:
+        """The layers through :func:`~lightning_bpd.hf.lean_causal_int8.int8_layers` with ``fused`` products (the
+        runtime's :meth:`~lightning_bpd.nn.products.Products.lean_int8_fused` of :attr:`groups`) -> (x, the outputs of
+        ``layers`` in layer order)."""
+        start, rows, places = cache.write_place(slots)
+        return int8_layers(x, cos, sin, [masks[w.layer_type] for w in self.layers], cache.k, cache.v, start, rows,
+                           places, cache.prefix + stop, self.norms, self.eps, fused[0], fused[1], self.q_width,
+                           self.kv_width, self.ffn, self.head_dim, self.groups_per_kv, self.scaling, self.sdpa,
+                           sorted(set(layers)))
 
     def layer(self, x: Tensor, i: int, w: LlamaLayer, cos: Tensor, sin: Tensor, mask: Tensor, cache: KVCache,
               slots: Tensor, stop: int, linear: Linear) -> Tensor:
@@ -174,7 +202,7 @@ class LeanCausal:
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         cache.write(i, slots, k, v)
         keys, values = cache.view_with_prefix(i, stop)  # (B, P + S', Hkv, Dh)
-        a = attend(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask, self.groups, self.scaling,
+        a = attend(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask, self.groups_per_kv, self.scaling,
                    self.sdpa)
         x = x + linear(a, *w.o)
         h = rms_norm(x, w.post_norm)

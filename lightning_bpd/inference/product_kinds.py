@@ -165,11 +165,22 @@ class CopiedProducts(WideAttention):
         return self.multiply(x, weight, bias)
 
 
+def stacked_bias(pairs: list[tuple[Tensor, Tensor | None]]) -> Tensor | None:
+    """The biases of (weight, bias) pairs stacked as their weights' rows are (zeros for a pair without), or None."""
+    if all(b is None for _, b in pairs):
+        return None
+    return torch.cat([w.new_zeros(w.shape[0]) if b is None else b.detach() for w, b in pairs])
+
+
 class Int8Products(CopiedProducts):
     """int8 products per weight row and activation row (float32 activations on CPU); float64 attention."""
 
     name = precision = "int8"
     needs = "torch's fbgemm/x86 quantized engine (CPU)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fused: dict[tuple[int, int, int], tuple[Tensor, Tensor, list, list[Tensor]]] = {}
 
     def available(self) -> bool:
         return int8_ops.available()
@@ -182,6 +193,20 @@ class Int8Products(CopiedProducts):
 
     def lean_int8_weights(self, x: Tensor, weights: list[Tensor]) -> list:
         return [self.copy_of(weights[j], weights[j + 1]).packed for j in range(0, len(weights), 2)]  # type: ignore[attr-defined]
+
+    def lean_int8_fused(self, x: Tensor, groups: list[list[tuple[Tensor, Tensor | None]]]) -> tuple[list, list[Tensor]]:
+        """Made on first use for one list of groups (a runtime's snapshot, whose weights do not change) and kept
+        while its first and last weights are the ones listed; bitwise the separate products (per-row scales)."""
+        if not self.active(x):
+            return [], []
+        first, last = groups[0][0][0], groups[-1][-1][0]
+        kept = self.fused.get((id(first), id(last), len(groups)))
+        if kept is not None and kept[0] is first and kept[1] is last:
+            return kept[2], kept[3]
+        made = [int8_ops.RowInt8(torch.cat([w for w, _ in group]), stacked_bias(group)) for group in groups]
+        packed, biases = [m.packed for m in made], [m.bias for m in made]
+        self.fused = {(id(first), id(last), len(groups)): (first, last, packed, biases)}  # one trunk a runtime
+        return packed, biases
 
 
 class PackedProducts(CopiedProducts):

@@ -140,15 +140,23 @@ class KVCache:
 
     def write(self, layer: int, positions: Tensor, k: Tensor, v: Tensor) -> None:
         """Store new keys/values ``(B, T, H, Dh)`` of ``layer`` at ``positions`` (B, T)."""
-        if self.ring is None and not self.static and self.bounds is not None and self.bounds[0] == self.bounds[1]:
-            start = self.prefix + self.bounds[0]  # every row holds this many positions: the new ones are one slice
+        start, rows, slots = self.write_place(positions)
+        if start >= 0:
             self.k[layer, :, start : start + k.shape[1]] = k
             self.v[layer, :, start : start + k.shape[1]] = v
             return
-        rows = torch.arange(positions.shape[0], device=positions.device)[:, None]  # (B, 1)
-        slots = positions % self.ring if self.ring else positions + self.prefix
         self.k[layer, rows, slots] = k
         self.v[layer, rows, slots] = v
+
+    def write_place(self, positions: Tensor) -> tuple[int, Tensor, Tensor]:
+        """Where :meth:`write` puts the keys of ``positions`` (B, T) in the buffers (L, B, S, H, Dh): (the first slot,
+        when every row holds as many positions and the new ones are one slice, else -1; the rows (B, 1) and slots
+        (B, T) to index otherwise)."""
+        if self.ring is None and not self.static and self.bounds is not None and self.bounds[0] == self.bounds[1]:
+            empty = positions.new_zeros(0)
+            return self.prefix + self.bounds[0], empty, empty
+        rows = torch.arange(positions.shape[0], device=positions.device)[:, None]  # (B, 1)
+        return -1, rows, positions % self.ring if self.ring else positions + self.prefix
 
     def slot_positions(self, newest: Tensor) -> Tensor:
         """Ring mode: the absolute position (B, R) held by each slot when ``newest`` (B,) is the

@@ -132,3 +132,36 @@ def test_a_runtime_of_a_runtime_lists_its_own_weights():
     h = second.decode_step(torch.full((src.shape[0], 1), 3), context, second.new_cache(src.shape[0], 3))
     assert h.dtype == torch.float64
     assert second.model.lean_trunk().layers[0].q[0] is second.model.trunk.layers[0].self_attn.q_proj.weight
+
+
+@pytest.mark.parametrize("family", LEAN)
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_int8_layers_fused_in_torchscript_are_bitwise_the_separate_products(family, attention):
+    """An int8 runtime runs the layers through ``int8_layers`` (q/k/v and gate/up as one product each): the hidden
+    states, the features of chosen layers and the tree passes are bitwise the lean Python layers' and the
+    modules'."""
+    from lightning_bpd.kernels import int8
+
+    if not int8.available():
+        pytest.skip("kernel not available")
+    model = HFCausalBlockwise(tiny_lm(family, dtype=torch.float32, attention=attention,
+                                      **WINDOWED.get(family, {})), k=3)
+    runtimes = [build_runtime(model, InferenceOptions(precision="int8", lean_steps=on)) for on in (True, True, False)]
+    runtimes[1].model.lean_trunk().scripted = False  # the lean layers in Python, one product each
+    src = prompts(side="left")
+    tgt = torch.randint(3, VOCAB, (src.shape[0], 13), generator=torch.Generator().manual_seed(5))
+    tree = Tree.from_paths([(0,), (0, 0), (0, 1), (1,)])
+    depths, ancestors = tree.table("depths"), tree.ancestors()
+    out = []
+    for runtime in runtimes:
+        got = steps(runtime, src, tgt, [1, 4, 1, 3])
+        with torch.no_grad():
+            context = runtime.encode(src)
+            cache = runtime.new_cache(src.shape[0], 8, extra_slots=len(depths))
+            got += runtime.model.decode_step_features(tgt[:, :2], context, cache, [0, 1])
+            got += runtime.model.decode_step_features(tgt[:, 2:4], context, cache, [1, 0])
+            got.append(runtime.decode_tree(tgt[:, 4 : 4 + len(depths)], depths, ancestors, context, cache))
+        out.append(got)
+    assert runtimes[0].model.products.fused and not runtimes[1].model.products.fused  # the fused path ran
+    for fused, python, modules in zip(*out, strict=True):
+        assert torch.equal(fused, python) and torch.equal(fused, modules)
