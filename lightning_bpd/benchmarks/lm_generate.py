@@ -157,11 +157,12 @@ def one_row_refusal(method: Callable, src: Tensor, max_new: int) -> str | None:
 
 
 def bench_methods(methods: dict[str, Callable], batches: Sequence[Tensor], max_new: int, warmup: int,
-                  ours: Sequence[str], peers: Sequence[str] = ()) -> dict[str, Any]:
+                  ours: Sequence[str], peers: Sequence[str] = (), own_greedy: str | None = None) -> dict[str, Any]:
     """Every method (name -> method; :data:`GENERATE` first) on every batch, alternating, after ``warmup`` untimed
     batches: the report of each (``ours``: the names of our decoders; ``peers``: llama.cpp's, which run at batch 1
     only and whose failure is a ``skipped`` row rather than an error; a :class:`SelfTimed` result is tallied with
-    its own seconds and target calls)."""
+    its own seconds and target calls; ``own_greedy``: the row of our runtime's greedy decoding, which every other
+    row of ours is compared with as well: ``differs_from_own_greedy``)."""
     methods, skipped, batch_size, self_timed = dict(methods), {}, batches[0].shape[0], set()
     for name in ONE_ROW:
         if name in methods and batch_size > 1:
@@ -195,6 +196,11 @@ def bench_methods(methods: dict[str, Callable], batches: Sequence[Tensor], max_n
             else:
                 tallies[name].add(out, seconds)
     report = summarize(tallies, ours)
+    if own_greedy in tallies:
+        for name in ours:
+            if name in tallies and name != own_greedy:
+                report[name]["differs_from_own_greedy"] = len(differing(tallies[name].outputs,
+                                                                        tallies[own_greedy].outputs))
     for name in self_timed & set(tallies):
         tally = tallies[name]
         report[name].update(mean_accepted_block_size=tally.tokens / max(1, tally.iterations),

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_bpd.decoding import Exact, Tree, blockwise_decode, decode
+from lightning_bpd.decoding import Exact, Tree, blockwise_decode, decode, greedy_decode
 from lightning_bpd.decoding.proposers import Proposer
 from lightning_bpd.inference.arguments import draft_vocab_of
 
@@ -25,6 +25,18 @@ def ours(runtime, k: int | None, tree: Tree | None = None, proposer: Proposer | 
                 result = decode(runtime, src, Exact(), proposer, max_len)
             else:
                 result = blockwise_decode(runtime, src, Exact(), max_len, k=k, tree=tree)
+        return result.sequences(), int(result.iterations.sum()), int(result.model_calls)
+
+    return run
+
+
+def our_greedy(runtime):
+    """Our runtime's own greedy decoding as a method of the same form as :func:`ours` (one token a call): the
+    reference of our rows at a precision whose greedy is not ``generate``'s (int8, bfloat16)."""
+
+    def run(src: Tensor, max_len: int) -> tuple[list[list[int]], int, int]:
+        with torch.no_grad():
+            result = greedy_decode(runtime, src, max_len)
         return result.sequences(), int(result.iterations.sum()), int(result.model_calls)
 
     return run

@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", action="append", default=None, metavar="NAME=CKPT[@PROPOSER]",
                    help="a run of a Hugging Face causal base to bench under NAME (repeat; all on one base): heads or a "
                         "drafter kind's checkpoint, proposing as its own (heads, its drafter) or as PROPOSER (tree:N, "
-                        "dynamic:N, prompt-lookup[:N:T], ...); one table against the base's generate (--peers)")
+                        "dynamic:N, prompt-lookup[:N:T], ...; greedy: our runtime's greedy, which every row of ours is "
+                        "then also compared with); one table against the base's generate (--peers)")
     p.add_argument("--minutes", action="append", default=[], metavar="NAME=M",
                    help="--run NAME's training minutes, where its checkpoint keeps no training clock")
     p.add_argument("--input", default=None, help="translation: source sentences, one per line (.gz allowed)")

@@ -11,7 +11,9 @@ assisted:DRAFT``: and assisted generation) and ours (``bench-drafters`` is the o
         --batch-sizes 1 --tree-nodes 0 16 --precision float32-packed --json results/lm/code_lm_drafters.json
 
 Rows: ``hf_generate``, ``hf_prompt_lookup`` (``hf_assisted`` with ``--peers assisted:DRAFT``, batch 1) and
-``prompt_lookup`` (ours: n-grams of the prompt, exact, any batch);
+``prompt_lookup`` (ours: n-grams of the prompt, exact, any batch); ``--run NAME=BASE@greedy``: our runtime's own greedy
+(one token a call), against which every other row of ours is also counted (``differs_from_own_greedy``: the
+reference at a precision whose greedy is not ``generate``'s, such as ``--precision int8``);
 per run ``NAME`` (the heads' single path, the DFlash block, the EAGLE-3 chain; ``--k NAME=K`` its block, default the
 run's) and, per ``--tree-nodes`` N > 0,
 ``NAME+nodes<N>`` (heads: the tree of N nodes from the run's rank agreement table) or ``NAME+tree<N>`` (EAGLE-3: a
@@ -47,7 +49,7 @@ from typing import Any
 import torch
 
 from lightning_bpd.benchmarks.lm_generate import ASSISTED, GENERATE, LOOKUP, bench_methods, load_assistant
-from lightning_bpd.benchmarks.ours import ours, runtime_options
+from lightning_bpd.benchmarks.ours import our_greedy, ours, runtime_options
 from lightning_bpd.commands.bench_generate_lm import (
     assistant_record,
     generate_methods,
@@ -57,6 +59,7 @@ from lightning_bpd.commands.bench_generate_lm import (
     prepare,
 )
 from lightning_bpd.commands.bench_table import (
+    GREEDY,
     OURS_LOOKUP,
     llamacpp_titles,
     markdown,
@@ -104,11 +107,11 @@ def base_difference(ours_: Any, theirs: Any) -> str | None:
 
 def base_only(path: str, spelling: str | None) -> bool:
     """Whether ``--run NAME=PATH@PROPOSER`` names a bare base (a ``.gguf`` file, or a Hugging Face folder without
-    ``heads.json``) for a proposer that reads only the base (``prompt-lookup``, ``retrieval:FILE``)."""
+    ``heads.json``) for a proposer that reads only the base (``prompt-lookup``, ``retrieval:FILE``) or ``greedy``."""
     from lightning_bpd.commands.proposer_option import base_only_kind
     from lightning_bpd.hf.gguf_target import is_gguf
 
-    if base_only_kind(spelling) is None:
+    if base_only_kind(spelling) is None and spelling != GREEDY:
         return False
     folder = Path(path)
     return is_gguf(path) or (folder.is_dir() and (folder / "config.json").is_file()
@@ -132,10 +135,12 @@ def split_run(value: str) -> tuple[str, str | None]:
 
 def spelled_row(name: str, module: Any, spelling: str, runtime: Any, trees: dict[str, Any], k: int | None) -> Callable:
     """Run ``name``'s row under ``--run NAME=CKPT@PROPOSER``: a drafter's spelling (its kind's, e.g. ``dynamic:16``),
-    the heads' ``tree:N`` / ``dynamic:N`` (built by ``prepare``, in ``trees``) or ``prompt-lookup[:N:T]`` on the run's
-    base; ValueError (one line) for another."""
+    the heads' ``tree:N`` / ``dynamic:N`` (built by ``prepare``, in ``trees``), ``prompt-lookup[:N:T]`` or
+    ``retrieval:FILE`` on the run's base, or ``greedy`` (our runtime's greedy); ValueError (one line) for another."""
     from lightning_bpd.commands.proposer_option import proposer_arg
 
+    if spelling == GREEDY:  # our runtime's greedy: one token a call, the rows' reference at its precision
+        return our_greedy(runtime)
     try:
         choice = proposer_arg(spelling)
     except argparse.ArgumentTypeError as err:
@@ -153,7 +158,7 @@ def spelled_row(name: str, module: Any, spelling: str, runtime: Any, trees: dict
     if choice.kind == "heads":
         return ours(runtime, None)
     raise ValueError(f"--run {name}=...@{spelling}: a run's proposer is heads, tree:N, tree:PATHS, dynamic:N, "
-                     "prompt-lookup[:N:T], retrieval:FILE[:NODES[:DEPTH]] or its drafter kind's spellings")
+                     "prompt-lookup[:N:T], retrieval:FILE[:NODES[:DEPTH]], greedy or its drafter kind's spellings")
 
 
 def run_rows(name: str, module: Any, args: argparse.Namespace, k: int | None = None, spelling: str | None = None
@@ -165,7 +170,7 @@ def run_rows(name: str, module: Any, args: argparse.Namespace, k: int | None = N
         from lightning_bpd.commands.proposer_option import proposer_arg
 
         try:
-            choice = proposer_arg(spelling) if kind_of(module) is None else None
+            choice = proposer_arg(spelling) if kind_of(module) is None and spelling != GREEDY else None
         except argparse.ArgumentTypeError as err:
             raise ValueError(str(err)) from None
         mine = copy.copy(args)
@@ -299,7 +304,8 @@ def run(args: argparse.Namespace, prog: str = "bench") -> dict[str, Any]:
         for bs in args.batch_sizes:
             batches = [first.encode_prompts(prompts[i : i + bs]) for i in range(0, len(prompts), bs)]
             report = bench_methods(methods, batches, max_new, args.warmup, [*ours_rows, OURS_LOOKUP],
-                                   peers=[name for name in methods if name.startswith("llamacpp")])
+                                   peers=[name for name in methods if name.startswith("llamacpp")],
+                                   own_greedy=next((n for n, s in spellings.items() if s == GREEDY), None))
             result["batch_sizes"][str(bs)] = report
             alone = llamacpp_pairs(result.get("llamacpp"), binaries, report)
             rows = table(report, runs, row_run, titles, alone)

@@ -17,6 +17,7 @@ from lightning_bpd.commands.proposer_option import base_only_kind
 from lightning_bpd.drafters.registry import kind_of
 
 OURS_LOOKUP = "prompt_lookup"  # our prompt lookup (PromptLookup through the one loop), exact, any batch size
+GREEDY = "greedy"  # --run NAME=BASE@greedy: our runtime's own greedy decoding, the reference of a precision's rows
 KINDS = {GENERATE: "generate (greedy)", LOOKUP: "transformers' prompt lookup", OURS_LOOKUP: "prompt lookup (ours)",
          ASSISTED: "transformers' assisted generation"}
 MINUTES_NOTE = ("training minutes: the training loop's wall clock less its validations (loss and decode evaluation), "
@@ -62,9 +63,9 @@ def run_record(path: str, module: Any, k: int | None = None, minutes: str | None
     """The record's entry of one run: its checkpoint, proposer (``spelling``: its ``@PROPOSER``), block ``k`` (None:
     the run's own), the proposer's parameters and its training cost (:func:`training_record`). A proposer that reads
     only the base (``@prompt-lookup``, ``@retrieval:FILE``) is named so, with no parameters and no training."""
-    base_only = base_only_kind(spelling)
+    base_only = GREEDY if spelling == GREEDY else base_only_kind(spelling)
     if base_only is not None:
-        title = "retrieval" if base_only == "retrieval" else "prompt lookup (ours)"
+        title = {"retrieval": "retrieval", GREEDY: "greedy (ours)"}.get(base_only, "prompt lookup (ours)")
         return {"ckpt": path, "proposer": title, "spelling": spelling, "k": k, "parameters": 0, "steps": None,
                 "minutes": 0.0, "minutes_from": "no training (the proposer reads the base and its text only)"}
     return {"ckpt": path, "proposer": proposer_title(module), **({"spelling": spelling} if spelling else {}), "k": k,
@@ -102,6 +103,8 @@ def table(report: dict[str, Any], runs: dict[str, dict[str, Any]], row_run: dict
                  "parameters": run.get("parameters")}
         if "timed_by" in r:
             entry["timed_by"] = r["timed_by"]
+        if "differs_from_own_greedy" in r:
+            entry["differs_from_own_greedy"] = r["differs_from_own_greedy"]
         if row in alone_differs:
             entry["differs_from_llamacpp_alone"] = alone_differs[row]
         out.append(entry)
@@ -112,10 +115,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     """The table as Markdown, one row per method, under a line that says what its training minutes count (a column
     of rows that differ from llama.cpp alone where a llama.cpp row has a drafter)."""
     alone = any("differs_from_llamacpp_alone" in r for r in rows)
+    greedy = any("differs_from_own_greedy" in r for r in rows)
     lines = [MINUTES_NOTE, "",
              "| row | proposer | tokens per call | x generate | differ | training minutes | steps | parameters |"
-             + (" differ from llama.cpp alone |" if alone else ""),
-             "|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if alone else "")]
+             + (" differ from llama.cpp alone |" if alone else "") + (" differ from our greedy |" if greedy else ""),
+             "|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if alone else "") + ("---:|" if greedy else "")]
 
     def cell(value: Any, digits: int = 2) -> str:
         return "" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
@@ -124,5 +128,6 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['row']} | {r['proposer']} | {cell(r.get('tokens_per_call'))} | "
                      f"{cell(r['speedup_over_hf_generate'])} | {cell(r.get('differs_from_hf_generate'))} | "
                      f"{cell(r.get('training_minutes'), 1)} | {cell(r.get('steps'))} | {cell(r.get('parameters'))} |"
-                     + (f" {cell(r.get('differs_from_llamacpp_alone'))} |" if alone else ""))
+                     + (f" {cell(r.get('differs_from_llamacpp_alone'))} |" if alone else "")
+                     + (f" {cell(r.get('differs_from_own_greedy'))} |" if greedy else ""))
     return "\n".join(lines)

@@ -95,6 +95,24 @@ def test_bench_has_a_retrieval_row_equal_to_generate(built, checkpoint):
     assert result["runs"]["r"]["proposer"] == "retrieval" and result["runs"]["r"]["parameters"] == 0
 
 
+def test_bench_at_int8_compares_every_row_with_our_own_greedy(built, checkpoint):
+    """``--run NAME=BASE@greedy``: our runtime's greedy at ``--precision``, the reference of an int8 table (whose rows
+    cannot be generate's float32 text): every row of ours is counted against it too."""
+    from lightning_bpd.kernels import int8
+
+    if not int8.available():
+        pytest.skip("no int8 kernel")
+    result = bench(["--run", f"g={checkpoint}@greedy", "--run", f"r={checkpoint}@retrieval:{built / 'greedy.pt'}:6:4",
+                    "--input", str(built / "prompts.jsonl"), "--max-new-tokens", str(N), "--warmup", "0",
+                    "--batch-sizes", "1", "2", "--device", "cpu", "--precision", "int8", "--peers", "generate"])
+    for bs in ("1", "2"):
+        rows = {r["row"]: r for r in result["tables"][bs]}
+        assert rows["g"]["tokens_per_call"] == 1.0 and rows["g"]["proposer"] == "greedy (ours)"
+        assert rows["r"]["differs_from_own_greedy"] == 0 and rows["prompt_lookup"]["differs_from_own_greedy"] == 0
+        assert "differs_from_own_greedy" not in rows["g"] and "differs_from_own_greedy" not in rows["hf_generate"]
+    assert result["runs"]["g"]["parameters"] == 0 and result["options"]["precision"] == "int8"
+
+
 def test_the_spelling_reads_the_tree_size_after_the_path():
     choice = proposer_arg("retrieval:runs/a:b.pt:12:8")
     assert (choice.kind, choice.ckpt, choice.tree_size) == ("retrieval", "runs/a:b.pt", (12, 8))
