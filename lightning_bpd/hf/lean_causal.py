@@ -83,15 +83,23 @@ def repeat_kv(x: Tensor, groups: int) -> Tensor:
     return x[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, groups: int, scaling: float, sdpa: bool) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, groups: int, scaling: float, sdpa: bool,
+           wide: bool = False, softmax_dtype: torch.dtype = torch.float32) -> Tensor:
     """Queries (B, H, T, Dh) over keys and values (B, Hkv, S, Dh) under ``mask`` (B, 1, T, S) -> (B, T, H * Dh), as
     transformers' ``sdpa_attention_forward`` (one query: packed onto the key heads) or ``eager_attention_forward``
-    computes it."""
+    computes it; ``wide``: in float64, rounded back to q's dtype (the runtime's products widen attention: int8,
+    float32-packed, the invariant kinds), so that a query's output does not depend on how many queries and masked
+    keys come with it, and the verify pass rounds as the greedy step does (eager's softmax then in float64 too, where
+    it is ``softmax_dtype`` otherwise)."""
+    if wide:
+        mask = mask.double() if mask.is_floating_point() else mask
+        return attend(q.double(), k.double(), v.double(), mask, groups, scaling, sdpa,
+                      softmax_dtype=torch.float64).to(q.dtype)
     b, heads, t, dh = q.shape
     if not sdpa:
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)
         scores = torch.matmul(q, k.transpose(2, 3)) * scaling + mask
-        out = torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+        out = torch.matmul(F.softmax(scores, dim=-1, dtype=softmax_dtype).to(q.dtype), v)
         return out.transpose(1, 2).reshape(b, t, -1)
     if groups > 1 and t == 1:
         q = q.reshape(b, heads // groups, groups, dh)  # the mask (B, 1, 1, S) is every head's
@@ -163,13 +171,14 @@ class LeanCausal:
         x = self.trunk.embed_tokens(tokens)  # (B, T, D)
         cos, sin = self.trunk.rotary_emb(x, position_ids=positions)  # (B, T, Dh) each
         fused = products.lean_int8_fused(x, self.groups) if self.scripted else ([], [])
+        wide = products.widens_attention(x)
         outputs: dict[int, Tensor] = {}
         if fused[0]:
-            x, kept = self.int8_layers(x, cos, sin, masks, cache, slots, stop, fused, layers)
+            x, kept = self.int8_layers(x, cos, sin, masks, cache, slots, stop, fused, layers, wide)
             outputs = dict(zip(sorted(set(layers)), kept))
         else:
             for i, w in enumerate(self.layers):
-                x = self.layer(x, i, w, cos, sin, masks[w.layer_type], cache, slots, stop, products.linear)
+                x = self.layer(x, i, w, cos, sin, masks[w.layer_type], cache, slots, stop, products.linear, wide)
                 if i in layers:
                     outputs[i] = x
         h = self.trunk.norm(x)
@@ -179,19 +188,20 @@ class LeanCausal:
         return h, torch.cat([h if i == last else outputs[i] for i in layers], dim=-1)
 
     def int8_layers(self, x: Tensor, cos: Tensor, sin: Tensor, masks: dict[str, Tensor], cache: KVCache,
-                    slots: Tensor, stop: int, fused: tuple[list, list[Tensor]], layers: tuple[int, ...]) -> Any:
+                    slots: Tensor, stop: int, fused: tuple[list, list[Tensor]], layers: tuple[int, ...],
+                    wide: bool) -> Any:
         """The layers through :func:`~lightning_bpd.hf.lean_causal_int8.int8_layers` with ``fused`` products (the
         runtime's :meth:`~lightning_bpd.nn.products.Products.lean_int8_fused` of :attr:`groups`) -> (x, the outputs of
         ``layers`` in layer order)."""
         start, rows, places = cache.write_place(slots)
         return int8_layers(x, cos, sin, [masks[w.layer_type] for w in self.layers], cache.k, cache.v, start, rows,
                            places, cache.prefix + stop, self.norms, self.eps, fused[0], fused[1], self.q_width,
-                           self.kv_width, self.ffn, self.head_dim, self.groups_per_kv, self.scaling, self.sdpa,
+                           self.kv_width, self.ffn, self.head_dim, self.groups_per_kv, self.scaling, self.sdpa, wide,
                            sorted(set(layers)))
 
     def layer(self, x: Tensor, i: int, w: LlamaLayer, cos: Tensor, sin: Tensor, mask: Tensor, cache: KVCache,
-              slots: Tensor, stop: int, linear: Linear) -> Tensor:
-        """Decoder layer ``i`` (its tensors ``w``) on x (B, T, D)."""
+              slots: Tensor, stop: int, linear: Linear, wide: bool = False) -> Tensor:
+        """Decoder layer ``i`` (its tensors ``w``) on x (B, T, D); ``wide``: attention in float64 (:func:`attend`)."""
         b, t = x.shape[0], x.shape[1]
         h = rms_norm(x, w.input_norm)
         q = linear(h, *w.q).view(b, t, -1, self.head_dim)  # (B, T, H, Dh)
@@ -203,7 +213,7 @@ class LeanCausal:
         cache.write(i, slots, k, v)
         keys, values = cache.view_with_prefix(i, stop)  # (B, P + S', Hkv, Dh)
         a = attend(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask, self.groups_per_kv, self.scaling,
-                   self.sdpa)
+                   self.sdpa, wide)
         x = x + linear(a, *w.o)
         h = rms_norm(x, w.post_norm)
         return x + linear(w.activation(linear(h, *w.gate)) * linear(h, *w.up), *w.down)

@@ -72,13 +72,16 @@ def _repeat_kv(x: Tensor, groups: int) -> Tensor:
     return x[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, groups: int, scaling: float, sdpa: bool) -> Tensor:
-    """:func:`~lightning_bpd.hf.lean_causal.attend`'s ops: q (B, H, T, Dh), k, v (B, Hkv, S, Dh) -> (B, T, H * Dh)."""
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, groups: int, scaling: float, sdpa: bool,
+            wide: bool) -> Tensor:
+    """:func:`~lightning_bpd.hf.lean_causal.attend`'s ops: q (B, H, T, Dh), k, v (B, Hkv, S, Dh) -> (B, T, H * Dh)
+    (in the dtype they come in: the caller widens them)."""
     b, heads, t, dh = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
     if not sdpa:
         k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
         scores = torch.matmul(q, k.transpose(2, 3)) * scaling + mask
-        out = torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+        softmax_dtype = torch.float64 if wide else torch.float32
+        out = torch.matmul(F.softmax(scores, dim=-1, dtype=softmax_dtype).to(q.dtype), v)
         return out.transpose(1, 2).reshape(b, t, -1)
     if groups > 1 and t == 1:
         q = q.reshape(b, heads // groups, groups, dh)
@@ -91,7 +94,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, groups: int, scaling:
 def int8_layers(x: Tensor, cos: Tensor, sin: Tensor, masks: list[Tensor], k_cache: Tensor, v_cache: Tensor,
                 start: int, rows: Tensor, slots: Tensor, stop: int, norms: list[Tensor], eps: list[float],
                 packed: list[torch.classes.quantized.LinearPackedParamsBase], biases: list[Tensor], q_width: int,
-                kv_width: int, ffn: int, head_dim: int, groups: int, scaling: float, sdpa: bool,
+                kv_width: int, ffn: int, head_dim: int, groups: int, scaling: float, sdpa: bool, wide: bool,
                 keep: list[int]) -> tuple[Tensor, list[Tensor]]:
     """The decoder layers on x (B, T, D) -> (the last layer's output (B, T, D), the outputs of layers ``keep``).
 
@@ -99,7 +102,7 @@ def int8_layers(x: Tensor, cos: Tensor, sin: Tensor, masks: list[Tensor], k_cach
     as :func:`~lightning_bpd.hf.step_cache.as_mask` makes them. Keys and values go into ``k_cache`` / ``v_cache``
     (L, B, P + S, Hkv, Dh) at slots ``start`` .. ``start + T - 1`` of every row when ``start >= 0``, else at
     ``slots`` (B, T) of rows ``rows`` (B, 1) (:meth:`~lightning_bpd.nn.kv_cache.KVCache.write_place`); attention
-    reads slots 0 .. ``stop`` - 1 (the prefix counted). ``norms``: per layer input, post-attention, q and k norm
+    reads slots 0 .. ``stop`` - 1 (the prefix counted), in float64 with ``wide``. ``norms``: per layer input, post-attention, q and k norm
     weights (the last two empty without per-head norms), ``eps`` theirs; ``packed`` / ``biases``: per layer
     :class:`FusedInt8`'s four products."""
     b, t = x.shape[0], x.shape[1]
@@ -121,7 +124,12 @@ def int8_layers(x: Tensor, cos: Tensor, sin: Tensor, masks: list[Tensor], k_cach
             k_cache[i][rows, slots] = k
             v_cache[i][rows, slots] = v
         keys, values = k_cache[i, :, :stop], v_cache[i, :, :stop]  # (B, P + S', Hkv, Dh)
-        a = _attend(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), masks[i], groups, scaling, sdpa)
+        q, keys, values = q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
+        if wide:  # in float64, rounded back: a query's output whatever comes with it (lean_causal.attend)
+            mask = masks[i].double() if masks[i].is_floating_point() else masks[i]
+            a = _attend(q.double(), keys.double(), values.double(), mask, groups, scaling, sdpa, True).to(x.dtype)
+        else:
+            a = _attend(q, keys, values, masks[i], groups, scaling, sdpa, False)
         x = x + int8.row_int8(a, p[1], c[1])
         gate_up = int8.row_int8(_rms(x, n[1], e[1]), p[2], c[2])  # (B, T, 2 ffn)
         x = x + int8.row_int8(F.silu(gate_up[:, :, :ffn]) * gate_up[:, :, ffn:], p[3], c[3])

@@ -106,14 +106,16 @@ def test_a_lean_runtime_decodes_like_generate(family, dtype):
 
 
 @pytest.mark.parametrize("precision", ["float32-packed", "int8", "float32-invariant", "bfloat16"])
-def test_lean_steps_are_bitwise_the_modules_in_every_precision(precision):
-    """The lean step multiplies through the runtime's products as the modules' ProductLinear layers do."""
+def test_lean_steps_are_bitwise_the_modules_in_every_precision(precision, monkeypatch):
+    """The lean step multiplies through the runtime's products as the modules' ProductLinear layers do (its
+    attention taken as the modules take it: not widened, as it is for these products, where the modules cannot)."""
     from lightning_bpd.kernels import int8, onednn
 
     if (precision == "int8" and not int8.available()) or (precision == "float32-packed" and not onednn.available()):
         pytest.skip("kernel not available")
     model = HFCausalBlockwise(tiny_lm("qwen2", dtype=torch.float32), k=3)
     lean, reference = (build_runtime(model, InferenceOptions(precision=precision, lean_steps=on)) for on in (True, False))
+    monkeypatch.setattr(lean.model.products, "widens_attention", lambda x: False)
     assert lean.model.lean and not reference.model.lean
     src = prompts()
     tgt = torch.randint(3, VOCAB, (src.shape[0], 13), generator=torch.Generator().manual_seed(5))
@@ -138,8 +140,8 @@ def test_a_runtime_of_a_runtime_lists_its_own_weights():
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_int8_layers_fused_in_torchscript_are_bitwise_the_separate_products(family, attention):
     """An int8 runtime runs the layers through ``int8_layers`` (q/k/v and gate/up as one product each): the hidden
-    states, the features of chosen layers and the tree passes are bitwise the lean Python layers' and the
-    modules'."""
+    states, the features of chosen layers and the tree passes are bitwise the lean Python layers' (attention in
+    float64 in both), and with attention not widened, the modules'."""
     from lightning_bpd.kernels import int8
 
     if not int8.available():
@@ -163,5 +165,34 @@ def test_int8_layers_fused_in_torchscript_are_bitwise_the_separate_products(fami
             got.append(runtime.decode_tree(tgt[:, 4 : 4 + len(depths)], depths, ancestors, context, cache))
         out.append(got)
     assert runtimes[0].model.products.fused and not runtimes[1].model.products.fused  # the fused path ran
-    for fused, python, modules in zip(*out, strict=True):
-        assert torch.equal(fused, python) and torch.equal(fused, modules)
+    for fused, python in zip(out[0], out[1], strict=True):
+        assert torch.equal(fused, python)
+    narrow = build_runtime(model, InferenceOptions(precision="int8"))  # attention as the modules take it
+    narrow.model.products.widens_attention = lambda x: False
+    assert all(torch.equal(a, b) for a, b in zip(steps(narrow, src, tgt, [1, 4, 1, 3]), out[2], strict=False))
+
+
+@pytest.mark.parametrize("precision", ["int8", "float32-packed", "float32-invariant"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_query_comes_out_of_a_pass_as_out_of_a_step(precision, attention):
+    """Products that widen attention (int8, float32-packed, the invariant kinds) take the lean step's attention in
+    float64: the first input of a T-input pass comes out bitwise as the same input alone (whatever masked keys and
+    other queries come with it), so exact decoding reproduces this precision's own greedy."""
+    from lightning_bpd.kernels import int8, onednn
+
+    if (precision == "int8" and not int8.available()) or (precision == "float32-packed" and not onednn.available()):
+        pytest.skip("kernel not available")
+    base = tiny_lm("llama", dtype=torch.float32, attention=attention, max_position_embeddings=256)
+    runtime = build_runtime(HFCausalBlockwise(base, k=3), InferenceOptions(precision=precision))
+    assert runtime.model.lean
+    src = torch.randint(3, VOCAB, (2, 150), generator=torch.Generator().manual_seed(3))
+    tokens = torch.randint(3, VOCAB, (2, 17), generator=torch.Generator().manual_seed(4))
+    context = runtime.encode(src)
+    cache = runtime.new_cache(2, 40)
+    runtime.decode_step(tokens[:, :1], context, cache)
+    keep = cache.lengths.clone()
+    first = []
+    for width in (1, 2, 9, 16):
+        first.append(runtime.decode_step(tokens[:, 1 : 1 + width], context, cache)[:, 0])
+        cache.crop(keep.clone())
+    assert all(torch.equal(first[0], other) for other in first[1:])
