@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_bpd.hf.lean_causal_int8 import fused_groups, int8_layers, scriptable
+from lightning_bpd.hf.lean_causal_fused import fused_groups, fused_layers, scriptable
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.products import Products
 
@@ -165,16 +165,17 @@ class LeanCausal:
         """Inputs (B, T) at ``positions`` (B, T) -> the final-norm hidden states (B, T, D), writing each layer's keys
         and values at the cache ``slots`` (B, T) and reading its prompt region and slots 0..stop-1 under
         ``masks[layer type]`` (B, 1, T, P + stop) as :func:`~lightning_bpd.hf.step_cache.as_mask` makes them.
-        ``products``: the runtime's (int8 ones run the layers as :func:`~lightning_bpd.hf.lean_causal_int8.int8_layers`).
+        ``products``: the runtime's (int8 and float32-packed ones run the layers as
+        :func:`~lightning_bpd.hf.lean_causal_fused.fused_layers`, their products fused).
         With ``layers``: (hidden, the outputs of those decoder layers (B, T, len(layers) * D), as transformers'
         ``hidden_states[i + 1]``: the last layer's after the final norm)."""
         x = self.trunk.embed_tokens(tokens)  # (B, T, D)
         cos, sin = self.trunk.rotary_emb(x, position_ids=positions)  # (B, T, Dh) each
-        fused = products.lean_int8_fused(x, self.groups) if self.scripted else ([], [])
+        fused = products.lean_fused(x, self.groups) if self.scripted else ([], [], [])
         wide = products.widens_attention(x)
         outputs: dict[int, Tensor] = {}
-        if fused[0]:
-            x, kept = self.int8_layers(x, cos, sin, masks, cache, slots, stop, fused, layers, wide)
+        if fused[0] or fused[1]:
+            x, kept = self.fused_layers(x, cos, sin, masks, cache, slots, stop, fused, layers, wide)
             outputs = dict(zip(sorted(set(layers)), kept))
         else:
             for i, w in enumerate(self.layers):
@@ -187,17 +188,17 @@ class LeanCausal:
         last = len(self.layers) - 1
         return h, torch.cat([h if i == last else outputs[i] for i in layers], dim=-1)
 
-    def int8_layers(self, x: Tensor, cos: Tensor, sin: Tensor, masks: dict[str, Tensor], cache: KVCache,
-                    slots: Tensor, stop: int, fused: tuple[list, list[Tensor]], layers: tuple[int, ...],
-                    wide: bool) -> Any:
-        """The layers through :func:`~lightning_bpd.hf.lean_causal_int8.int8_layers` with ``fused`` products (the
-        runtime's :meth:`~lightning_bpd.nn.products.Products.lean_int8_fused` of :attr:`groups`) -> (x, the outputs of
+    def fused_layers(self, x: Tensor, cos: Tensor, sin: Tensor, masks: dict[str, Tensor], cache: KVCache,
+                     slots: Tensor, stop: int, fused: tuple[list, list, list], layers: tuple[int, ...],
+                     wide: bool) -> Any:
+        """The layers through :func:`~lightning_bpd.hf.lean_causal_fused.fused_layers` with ``fused`` products (the
+        runtime's :meth:`~lightning_bpd.nn.products.Products.lean_fused` of :attr:`groups`) -> (x, the outputs of
         ``layers`` in layer order)."""
         start, rows, places = cache.write_place(slots)
-        return int8_layers(x, cos, sin, [masks[w.layer_type] for w in self.layers], cache.k, cache.v, start, rows,
-                           places, cache.prefix + stop, self.norms, self.eps, fused[0], fused[1], self.q_width,
-                           self.kv_width, self.ffn, self.head_dim, self.groups_per_kv, self.scaling, self.sdpa, wide,
-                           sorted(set(layers)))
+        return fused_layers(x, cos, sin, [masks[w.layer_type] for w in self.layers], cache.k, cache.v, start, rows,
+                            places, cache.prefix + stop, self.norms, self.eps, *fused, self.q_width, self.kv_width,
+                            self.ffn, self.head_dim, self.groups_per_kv, self.scaling, self.sdpa, wide,
+                            sorted(set(layers)))
 
     def layer(self, x: Tensor, i: int, w: LlamaLayer, cos: Tensor, sin: Tensor, mask: Tensor, cache: KVCache,
               slots: Tensor, stop: int, linear: Linear, wide: bool = False) -> Tensor:

@@ -84,6 +84,7 @@ class CopiedProducts(WideAttention):
     needs = "a CPU build of torch"  # what a subclass's kernel needs, for the error when it is missing
 
     def __init__(self) -> None:
+        self.fused: dict[tuple[int, int, int], tuple[Tensor, Tensor, tuple[list, list, list]]] = {}  # lean_fused's
         self.copies: dict[int, tuple[Tensor, Tensor | None, object]] = {}  # id(weight) -> (weight, bias, copy)
         self.made: dict[int, tuple[Tensor, Tensor | None, object]] = {}  # the same for others, made when first met
         self.prepared: dict[int, Tensor] = {}  # id -> every prepared weight and bias (whose views are kept by place)
@@ -94,6 +95,23 @@ class CopiedProducts(WideAttention):
 
     def copy(self, weight: Tensor, bias: Tensor | None) -> object:
         raise NotImplementedError
+
+    def fuse(self, groups: list[list[tuple[Tensor, Tensor | None]]]) -> tuple[list, list, list]:
+        """:meth:`lean_fused`'s copies of ``groups``, made now."""
+        raise NotImplementedError
+
+    def lean_fused(self, x: Tensor, groups: list[list[tuple[Tensor, Tensor | None]]]) -> tuple[list, list, list]:
+        """Made on first use for one list of groups (a runtime's snapshot, whose weights do not change) and kept
+        while its first and last weights are the ones listed (one trunk a runtime)."""
+        if not self.active(x):
+            return [], [], []
+        first, last = groups[0][0][0], groups[-1][-1][0]
+        key = (id(first), id(last), len(groups))
+        kept = self.fused.get(key)
+        if kept is None or kept[0] is not first or kept[1] is not last:
+            kept = (first, last, self.fuse(groups))
+            self.fused = {key: kept}
+        return kept[2]
 
     def multiply(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         raise NotImplementedError
@@ -178,9 +196,6 @@ class Int8Products(CopiedProducts):
     name = precision = "int8"
     needs = "torch's fbgemm/x86 quantized engine (CPU)"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.fused: dict[tuple[int, int, int], tuple[Tensor, Tensor, list, list[Tensor]]] = {}
 
     def available(self) -> bool:
         return int8_ops.available()
@@ -194,19 +209,11 @@ class Int8Products(CopiedProducts):
     def lean_int8_weights(self, x: Tensor, weights: list[Tensor]) -> list:
         return [self.copy_of(weights[j], weights[j + 1]).packed for j in range(0, len(weights), 2)]  # type: ignore[attr-defined]
 
-    def lean_int8_fused(self, x: Tensor, groups: list[list[tuple[Tensor, Tensor | None]]]) -> tuple[list, list[Tensor]]:
-        """Made on first use for one list of groups (a runtime's snapshot, whose weights do not change) and kept
-        while its first and last weights are the ones listed; bitwise the separate products (per-row scales)."""
-        if not self.active(x):
-            return [], []
-        first, last = groups[0][0][0], groups[-1][-1][0]
-        kept = self.fused.get((id(first), id(last), len(groups)))
-        if kept is not None and kept[0] is first and kept[1] is last:
-            return kept[2], kept[3]
+    def fuse(self, groups: list[list[tuple[Tensor, Tensor | None]]]) -> tuple[list, list, list]:
+        """Per group a :class:`~lightning_bpd.kernels.int8.RowInt8` of the stacked rows: bitwise the separate
+        products (per-row scales)."""
         made = [int8_ops.RowInt8(torch.cat([w for w, _ in group]), stacked_bias(group)) for group in groups]
-        packed, biases = [m.packed for m in made], [m.bias for m in made]
-        self.fused = {(id(first), id(last), len(groups)): (first, last, packed, biases)}  # one trunk a runtime
-        return packed, biases
+        return [m.packed for m in made], [], [m.bias for m in made]
 
 
 class PackedProducts(CopiedProducts):
@@ -230,3 +237,8 @@ class PackedProducts(CopiedProducts):
         if not self.active(x):
             return []
         return [self.copy_of(weights[j], weights[j + 1]) for j in range(0, len(weights), 2)]  # type: ignore[misc]
+
+    def fuse(self, groups: list[list[tuple[Tensor, Tensor | None]]]) -> tuple[list, list, list]:
+        """Per group the stacked rows packed for oneDNN (each output column reduced as alone)."""
+        return [], [onednn.pack(torch.cat([w.detach() for w, _ in group])) for group in groups], [
+            stacked_bias(group) for group in groups]

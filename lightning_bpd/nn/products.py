@@ -61,10 +61,11 @@ class Products:
         products of ``x`` are not int8."""
         return []
 
-    def lean_int8_fused(self, x: Tensor, groups: list[list[tuple[Tensor, Tensor | None]]]) -> tuple[list, list[Tensor]]:
-        """For a lean step that fuses the products of one input: per group of (weight, bias) pairs, the packed int8
-        weight of their stacked rows and their stacked biases, or ([], []) when products of ``x`` are not int8."""
-        return [], []
+    def lean_fused(self, x: Tensor, groups: list[list[tuple[Tensor, Tensor | None]]]) -> tuple[list, list, list]:
+        """For a lean step that fuses the products of one input: per group of (weight, bias) pairs, a copy of their
+        stacked rows as this kind multiplies it, as (int8 packed weights, oneDNN-packed weights, stacked biases),
+        one of the first two empty; or ([], [], []) when products of ``x`` are not taken from such copies."""
+        return [], [], []
 
     def lean_wide_weights(self, x: Tensor, weights: list[Tensor]) -> list[Tensor]:
         """For the lean step: float64 copies of ``weights`` when products of ``x`` are taken in float64, else []."""

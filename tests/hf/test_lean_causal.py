@@ -138,17 +138,18 @@ def test_a_runtime_of_a_runtime_lists_its_own_weights():
 
 @pytest.mark.parametrize("family", LEAN)
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_int8_layers_fused_in_torchscript_are_bitwise_the_separate_products(family, attention):
-    """An int8 runtime runs the layers through ``int8_layers`` (q/k/v and gate/up as one product each): the hidden
-    states, the features of chosen layers and the tree passes are bitwise the lean Python layers' (attention in
-    float64 in both), and with attention not widened, the modules'."""
-    from lightning_bpd.kernels import int8
+@pytest.mark.parametrize("precision", ["int8", "float32-packed"])
+def test_layers_fused_in_torchscript_are_bitwise_the_separate_products(family, attention, precision):
+    """int8 and float32-packed runtimes run the layers through ``fused_layers`` (q/k/v and gate/up as one product
+    each): the hidden states, the features of chosen layers and the tree passes are bitwise the lean Python layers'
+    (attention in float64 in both), and with attention not widened, the modules'."""
+    from lightning_bpd.kernels import int8, onednn
 
-    if not int8.available():
+    if not (int8.available() and onednn.available()):
         pytest.skip("kernel not available")
     model = HFCausalBlockwise(tiny_lm(family, dtype=torch.float32, attention=attention,
                                       **WINDOWED.get(family, {})), k=3)
-    runtimes = [build_runtime(model, InferenceOptions(precision="int8", lean_steps=on)) for on in (True, True, False)]
+    runtimes = [build_runtime(model, InferenceOptions(precision=precision, lean_steps=on)) for on in (True, True, False)]
     runtimes[1].model.lean_trunk().scripted = False  # the lean layers in Python, one product each
     src = prompts(side="left")
     tgt = torch.randint(3, VOCAB, (src.shape[0], 13), generator=torch.Generator().manual_seed(5))
@@ -167,7 +168,7 @@ def test_int8_layers_fused_in_torchscript_are_bitwise_the_separate_products(fami
     assert runtimes[0].model.products.fused and not runtimes[1].model.products.fused  # the fused path ran
     for fused, python in zip(out[0], out[1], strict=True):
         assert torch.equal(fused, python)
-    narrow = build_runtime(model, InferenceOptions(precision="int8"))  # attention as the modules take it
+    narrow = build_runtime(model, InferenceOptions(precision=precision))  # attention as the modules take it
     narrow.model.products.widens_attention = lambda x: False
     assert all(torch.equal(a, b) for a, b in zip(steps(narrow, src, tgt, [1, 4, 1, 3]), out[2], strict=False))
 
@@ -196,3 +197,13 @@ def test_a_query_comes_out_of_a_pass_as_out_of_a_step(precision, attention):
         first.append(runtime.decode_step(tokens[:, 1 : 1 + width], context, cache)[:, 0])
         cache.crop(keep.clone())
     assert all(torch.equal(first[0], other) for other in first[1:])
+
+
+def test_the_fused_layers_compile():
+    """``fused_layers`` is TorchScript where the int8 kernel is (``script`` falls back to Python silently)."""
+    from lightning_bpd.hf.lean_causal_fused import fused_layers
+    from lightning_bpd.kernels import int8
+
+    if not int8.available():
+        pytest.skip("kernel not available")
+    assert isinstance(fused_layers, torch.jit.ScriptFunction)

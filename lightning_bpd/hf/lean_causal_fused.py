@@ -1,40 +1,31 @@
 """The Llama-family layers of :class:`~lightning_bpd.hf.lean_causal.LeanCausal` as one TorchScript function for the
-int8 runtime, with the products that read one input fused: q, k and v as one product, gate and up as another.
+runtimes whose products are copies made once (int8, float32-packed), with the products that read one input fused:
+q, k and v as one product, gate and up as another.
 
 At batch 1 on a CPU the int8 step of SmolLM2-135M spent about a third of its time outside any kernel: 211 products,
 each a Python call through the runtime's products and :func:`~lightning_bpd.kernels.int8.row_int8`'s six small ops,
 and the layer's own Python around them. Here the layer loop runs in TorchScript's interpreter, and a layer makes 4
-int8 products instead of 7.
+products instead of 7 (on an AMD EPYC core, 1 thread, SmolLM2's shape: an int8 step 29.5 -> 15.1 ms).
 
-Fusing is bitwise the separate products. :func:`~lightning_bpd.kernels.int8.row_int8` scales each input row by its
-own max |x| and quantizes it on one fixed grid, so q, k and v (and gate and up) quantize their common input to
+Fusing is bitwise the separate products, which the tests check against the lean Python layers
+(``tests/hf/test_lean_causal.py``). In int8 :func:`~lightning_bpd.kernels.int8.row_int8` scales each input row by
+its own max |x| and quantizes it on one fixed grid, so q, k and v (and gate and up) quantize their common input to
 the same integers; their weights are quantized per output row, so stacking their rows changes no row's integers;
-the int32 accumulation is exact and each output column is scaled back by its own row's scales. The tests check
-every hidden state against the modules' (``tests/hf/test_lean_causal.py``). Torch only.
+the int32 accumulation is exact and each output column is scaled back by its own row's scales. oneDNN's packed
+float32 product reduces each output column over the input in blocks that do not depend on the number of columns
+(:mod:`~lightning_bpd.kernels.onednn`). Torch only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_bpd.kernels import int8
+from lightning_bpd.kernels import int8, onednn
 from lightning_bpd.nn.lean_step import script
-
-
-@dataclass(frozen=True)
-class FusedInt8:
-    """A runtime's fused int8 copies of a trunk's products: per layer qkv, o, gate-up, down (packed weights and
-    their biases, 4 per layer), and the widths that split them (q, k, v outputs; the MLP's width)."""
-
-    packed: list
-    biases: list[Tensor]
-    q_width: int
-    kv_width: int
-    ffn: int
 
 
 def fused_groups(layers: list) -> list[list[tuple[Tensor, Tensor | None]]]:
@@ -47,7 +38,7 @@ def fused_groups(layers: list) -> list[list[tuple[Tensor, Tensor | None]]]:
 
 
 def scriptable(config: object) -> bool:
-    """Whether :func:`int8_layers` computes the layers of a trunk of this config: SiLU-gated MLPs (``hidden_act``
+    """Whether :func:`fused_layers` computes the layers of a trunk of this config: SiLU-gated MLPs (``hidden_act``
     "silu" or its other name "swish", transformers' ``SiLUActivation``: ``F.silu``)."""
     return getattr(config, "hidden_act", None) in ("silu", "swish")
 
@@ -91,11 +82,22 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, groups: int, scaling:
     return out.reshape(b, -1, t, dh).transpose(1, 2).reshape(b, t, -1)
 
 
-def int8_layers(x: Tensor, cos: Tensor, sin: Tensor, masks: list[Tensor], k_cache: Tensor, v_cache: Tensor,
-                start: int, rows: Tensor, slots: Tensor, stop: int, norms: list[Tensor], eps: list[float],
-                packed: list[torch.classes.quantized.LinearPackedParamsBase], biases: list[Tensor], q_width: int,
-                kv_width: int, ffn: int, head_dim: int, groups: int, scaling: float, sdpa: bool, wide: bool,
-                keep: list[int]) -> tuple[Tensor, list[Tensor]]:
+def _product(x: Tensor, j: int, packed: list[torch.classes.quantized.LinearPackedParamsBase],
+             mkldnn: list[Tensor], biases: list[Optional[Tensor]]) -> Tensor:  # noqa: UP045 (TorchScript)
+    """Fused product ``j``: int8 (:func:`~lightning_bpd.kernels.int8.row_int8`) when ``packed`` holds the weights,
+    else oneDNN's packed float32 (:func:`~lightning_bpd.kernels.onednn.product`)."""
+    bias = biases[j]
+    if len(packed) > 0:
+        assert bias is not None
+        return int8.row_int8(x, packed[j], bias)
+    return onednn.product(x, mkldnn[j], bias)
+
+
+def fused_layers(x: Tensor, cos: Tensor, sin: Tensor, masks: list[Tensor], k_cache: Tensor, v_cache: Tensor,
+                 start: int, rows: Tensor, slots: Tensor, stop: int, norms: list[Tensor], eps: list[float],
+                 packed: list[torch.classes.quantized.LinearPackedParamsBase], mkldnn: list[Tensor],
+                 biases: list[Optional[Tensor]], q_width: int, kv_width: int, ffn: int, head_dim: int,  # noqa: UP045
+                 groups: int, scaling: float, sdpa: bool, wide: bool, keep: list[int]) -> tuple[Tensor, list[Tensor]]:
     """The decoder layers on x (B, T, D) -> (the last layer's output (B, T, D), the outputs of layers ``keep``).
 
     ``cos``, ``sin`` (B, T, Dh): the rotary embedding of the inputs' positions; ``masks``: per layer (B, 1, T, P + S')
@@ -103,14 +105,16 @@ def int8_layers(x: Tensor, cos: Tensor, sin: Tensor, masks: list[Tensor], k_cach
     (L, B, P + S, Hkv, Dh) at slots ``start`` .. ``start + T - 1`` of every row when ``start >= 0``, else at
     ``slots`` (B, T) of rows ``rows`` (B, 1) (:meth:`~lightning_bpd.nn.kv_cache.KVCache.write_place`); attention
     reads slots 0 .. ``stop`` - 1 (the prefix counted), in float64 with ``wide``. ``norms``: per layer input, post-attention, q and k norm
-    weights (the last two empty without per-head norms), ``eps`` theirs; ``packed`` / ``biases``: per layer
-    :class:`FusedInt8`'s four products."""
+    weights (the last two empty without per-head norms), ``eps`` theirs; ``packed``, ``mkldnn``, ``biases``: per
+    layer the four products of :meth:`~lightning_bpd.nn.products.Products.lean_fused` (int8 ``packed`` or
+    oneDNN-packed ``mkldnn`` weights, the other list empty; int8's biases are tensors)."""
     b, t = x.shape[0], x.shape[1]
     cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # (B, T, 1, Dh)
     kept: list[Tensor] = []
     for i in range(len(masks)):
-        n, e, p, c = norms[4 * i : 4 * i + 4], eps[4 * i : 4 * i + 4], packed[4 * i : 4 * i + 4], biases[4 * i : 4 * i + 4]
-        qkv = int8.row_int8(_rms(x, n[0], e[0]), p[0], c[0])  # (B, T, q + 2 kv)
+        n, e = norms[4 * i : 4 * i + 4], eps[4 * i : 4 * i + 4]
+        p, m, c = packed[4 * i : 4 * i + 4], mkldnn[4 * i : 4 * i + 4], biases[4 * i : 4 * i + 4]
+        qkv = _product(_rms(x, n[0], e[0]), 0, p, m, c)  # (B, T, q + 2 kv)
         q = qkv[:, :, :q_width].view(b, t, -1, head_dim)  # (B, T, H, Dh)
         k = qkv[:, :, q_width : q_width + kv_width].view(b, t, -1, head_dim)  # (B, T, Hkv, Dh)
         v = qkv[:, :, q_width + kv_width :].view(b, t, -1, head_dim)
@@ -130,12 +134,12 @@ def int8_layers(x: Tensor, cos: Tensor, sin: Tensor, masks: list[Tensor], k_cach
             a = _attend(q.double(), keys.double(), values.double(), mask, groups, scaling, sdpa, True).to(x.dtype)
         else:
             a = _attend(q, keys, values, masks[i], groups, scaling, sdpa, False)
-        x = x + int8.row_int8(a, p[1], c[1])
-        gate_up = int8.row_int8(_rms(x, n[1], e[1]), p[2], c[2])  # (B, T, 2 ffn)
-        x = x + int8.row_int8(F.silu(gate_up[:, :, :ffn]) * gate_up[:, :, ffn:], p[3], c[3])
+        x = x + _product(a, 1, p, m, c)
+        gate_up = _product(_rms(x, n[1], e[1]), 2, p, m, c)  # (B, T, 2 ffn)
+        x = x + _product(F.silu(gate_up[:, :, :ffn]) * gate_up[:, :, ffn:], 3, p, m, c)
         if i in keep:
             kept.append(x)
     return x, kept
 
 
-int8_layers = script(int8_layers) if int8.available() else int8_layers
+fused_layers = script(fused_layers) if int8.available() else fused_layers
