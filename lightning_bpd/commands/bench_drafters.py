@@ -158,7 +158,7 @@ def spelled_row(name: str, module: Any, spelling: str, runtime: Any, trees: dict
     if choice.kind == "heads":
         return ours(runtime, None)
     raise ValueError(f"--run {name}=...@{spelling}: a run's proposer is heads, tree:N, tree:PATHS, dynamic:N, "
-                     "prompt-lookup[:N:T], retrieval:FILE[:NODES[:DEPTH]], greedy or its drafter kind's spellings")
+                     "prompt-lookup[:N:T], retrieval:FILE[:NODES[:DEPTH[:INPUTS]]], greedy or its drafter kind's spellings")
 
 
 def run_rows(name: str, module: Any, args: argparse.Namespace, k: int | None = None, spelling: str | None = None

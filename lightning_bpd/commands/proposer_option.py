@@ -8,7 +8,8 @@
 * ``draft:CKPT``: a draft model (same vocabulary) proposes; the criterion becomes ``draft:<criterion>``;
 * ``prompt-lookup[:NGRAM:TOKENS]``: n-grams of the prompt propose (up to NGRAM long, TOKENS tokens; default 2 and
   10, transformers' own and the benches');
-* ``retrieval:FILE[:NODES[:DEPTH]]``: a tree of continuations (NODES nodes, DEPTH deep; default 8 and 6) found in
+* ``retrieval:FILE[:NODES[:DEPTH[:INPUTS]]]``: a tree of continuations (NODES nodes, DEPTH deep; default 8 and 6;
+  INPUTS > 0 caps a verify pass's inputs over the batch) found in
   the datastore FILE (``python -m lightning_bpd datastore``) and in the row's own history (REST with prompt lookup);
   exact acceptance, any run of the base (its heads or drafter unused);
 * ``NAME`` / ``NAME:CKPT``, NAME a registered drafter kind (``dflash``, ``eagle3``, ...,
@@ -40,12 +41,12 @@ PROPOSER_HELP = ("what proposes the candidates: heads (default), tree:N (the tre
                  "tree:PATHS (Medusa-format paths such as '0;1;0,0;0,1', or path:D), dynamic:N[:D[:W]] (EAGLE-2's "
                  "dynamic tree of N nodes, D deep (default k-1), W wide (default 4); exact), draft:CKPT (a draft model "
                  "of the same vocabulary; the criterion becomes draft:<criterion>), prompt-lookup[:NGRAM:TOKENS] "
-                 "(n-grams of the prompt; default 2:10, as transformers'), retrieval:FILE[:NODES[:DEPTH]] (a tree of continuations "
+                 "(n-grams of the prompt; default 2:10, as transformers'), retrieval:FILE[:NODES[:DEPTH[:INPUTS]]] (a tree of continuations "
                  "from the datastore FILE and the row's history; default 8 nodes, 6 deep; exact), or a drafter kind's name, NAME[:CKPT] (dflash, eagle3, ...: the "
                  "checkpoint's own drafter, the default on a drafter's checkpoint, or CKPT's on a causal LM of the same "
                  "target; deterministic rules)")
 KINDS = ("heads, tree:N, tree:auto[:M], tree:PATHS, dynamic:N[:D[:W]], draft:CKPT, prompt-lookup[:NGRAM:TOKENS], "
-         "retrieval:FILE[:NODES[:DEPTH]] or a drafter kind's NAME[:CKPT] (" + ", ".join(REGISTERED) + ")")
+         "retrieval:FILE[:NODES[:DEPTH[:INPUTS]]] or a drafter kind's NAME[:CKPT] (" + ", ".join(REGISTERED) + ")")
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class ProposerChoice:
     ckpt: str | None = None  # draft:CKPT, NAME:CKPT (a drafter kind)
     ngram: int = LOOKUP_NGRAM  # prompt-lookup
     tokens: int = LOOKUP_TOKENS
-    tree_size: tuple[int, int] = (RETRIEVAL_NODES, RETRIEVAL_DEPTH)  # retrieval's NODES and DEPTH
+    tree_size: tuple[int, int, int] = (RETRIEVAL_NODES, RETRIEVAL_DEPTH, 0)  # retrieval's NODES, DEPTH, INPUTS
 
     @property
     def on_base(self) -> bool:
@@ -101,8 +102,8 @@ class ProposerChoice:
             from lightning_bpd.decoding.proposers.retrieval import Retrieval
             from lightning_bpd.tasks.lm.datastore import load_datastores
 
-            (text, greedy), (nodes, depth) = load_datastores(self.ckpt, tokenizer), self.tree_size
-            return {"proposer": Retrieval(text, nodes=nodes, depth=depth, greedy=greedy)}
+            (text, greedy), (nodes, depth, inputs) = load_datastores(self.ckpt, tokenizer), self.tree_size
+            return {"proposer": Retrieval(text, nodes=nodes, depth=depth, greedy=greedy, inputs=inputs)}
         if self.kind != "prompt-lookup":
             return {}
         from lightning_bpd.decoding.proposers import PromptLookup  # the decoding loop's proposers
@@ -166,16 +167,17 @@ def proposer_arg(text: str) -> ProposerChoice:
 
 
 def retrieval_choice(text: str, rest: str) -> ProposerChoice:
-    """``retrieval:FILE[:NODES[:DEPTH]]`` (``rest``: what follows ``retrieval:``): trailing integers are the tree's
-    size, the rest the datastore's path."""
+    """``retrieval:FILE[:NODES[:DEPTH[:INPUTS]]]`` (``rest``: what follows ``retrieval:``): trailing integers are the
+    tree's size and the cap on a verify pass's inputs over the batch (0: none), the rest the datastore's path."""
     parts = rest.split(":")
     numbers: list[int] = []
-    while len(parts) > 1 and len(numbers) < 2 and parts[-1].strip().lstrip("-").isdigit():
+    while len(parts) > 1 and len(numbers) < 3 and parts[-1].strip().lstrip("-").isdigit():
         numbers.insert(0, int(parts.pop()))
-    if any(n < 1 for n in numbers):
-        raise ValueError("retrieval's NODES and DEPTH must be >= 1")
-    nodes, depth = (*numbers, RETRIEVAL_NODES, RETRIEVAL_DEPTH)[0], (*numbers[1:], RETRIEVAL_DEPTH)[0]
-    return ProposerChoice(text, "retrieval", ckpt=":".join(parts), tree_size=(nodes, depth))
+    if any(n < 1 for n in numbers[:2]) or any(n < 0 for n in numbers[2:]):
+        raise ValueError("retrieval's NODES and DEPTH must be >= 1, INPUTS >= 0")
+    nodes, depth, inputs = (*numbers, RETRIEVAL_NODES, RETRIEVAL_DEPTH, 0)[0], (*numbers[1:], RETRIEVAL_DEPTH)[0], (
+        *numbers[2:], 0)[0]
+    return ProposerChoice(text, "retrieval", ckpt=":".join(parts), tree_size=(nodes, depth, inputs))
 
 
 def old_tree(text: str) -> str:

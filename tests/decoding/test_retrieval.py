@@ -87,3 +87,16 @@ def test_the_greedy_datastore_is_searched_on_its_own_with_its_own_weight():
     both = Retrieval(text, nodes=3, depth=2, history_weight=0.0, greedy=greedy, greedy_weight=0.5)
     assert both.trie(history) == [(9,), (7,), (9, 8)]  # 7 weighs half the text's 20 occurrences together
     assert Retrieval(text, nodes=1, depth=2, history_weight=0.0, greedy=greedy, greedy_weight=2.0).trie(history) == [(7,)]
+
+
+def test_a_cap_on_the_pass_inputs_shrinks_each_row_s_tree_with_the_batch():
+    store = Datastore.of(torch.arange(50) % 7)
+    capped = Retrieval(store, nodes=8, inputs=16)
+    assert [capped.nodes_for(b) for b in (1, 2, 3, 8, 9, 16)] == [8, 7, 4, 1, 0, 0]
+    assert Retrieval(store, nodes=8).nodes_for(64) == 8  # no cap
+    history = [0, 1, 2, 3, 4, 5, 6, 0, 1, 2]
+    small, full = capped.trie(history, 3), capped.trie(history)
+    assert len(small) == 3 and set(small) <= set(full)  # the best three of the eight
+    assert all(p[:-1] in small or len(p) == 1 for p in small)  # a tree: every node's parent is in it
+    with pytest.raises(ValueError, match="inputs must be >= 0"):
+        Retrieval(store, inputs=-1)

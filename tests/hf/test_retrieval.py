@@ -34,6 +34,8 @@ def test_retrieval_equals_generate_on_a_ragged_batch(family, side, stream):
     store = Datastore.of(torch.tensor(tokens), orders=(1, 2, 3, 4))
     got = decode(model, src, Exact(), Retrieval(store, nodes=6, depth=4), max_len=max_len)
     assert got.sequences() == want
+    capped = decode(model, src, Exact(), Retrieval(store, nodes=6, depth=4, inputs=12), max_len=max_len)
+    assert capped.sequences() == want  # 8 rows: no tree (a greedy step); fewer as rows finish: 1 node, 2, ...
     if stream == "own":
         assert max(max(sizes) for sizes in got.block_sizes) > 2, "the model's own continuations get accepted"
 

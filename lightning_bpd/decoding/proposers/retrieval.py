@@ -152,7 +152,9 @@ def best_nodes(weighted: list[tuple[list[int], float]], nodes: int, depth: int) 
 class Retrieval(Proposer):
     """Trees of ``nodes`` nodes (at most ``depth`` deep) from the continuations in the ``datastore``, the ``greedy``
     datastore (None: none) and the row's own history (see the module); exact acceptance only, on a target with a tree
-    verify pass."""
+    verify pass. ``inputs`` > 0 caps a verify pass's inputs over the live rows: with b rows each tree keeps its
+    best ``min(nodes, inputs // b - 1)`` nodes (none: a greedy step), so a large batch does not verify b large
+    trees in one pass (0: every row its ``nodes``)."""
 
     datastore: Datastore
     nodes: int = 8
@@ -163,6 +165,7 @@ class Retrieval(Proposer):
     history_weight: float = 0.5
     greedy: Datastore | None = None
     greedy_weight: float = 0.5
+    inputs: int = 0
 
     deterministic_only = True
 
@@ -171,6 +174,12 @@ class Retrieval(Proposer):
         for name in ("history_weight", "greedy_weight"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"Retrieval {name} must be >= 0, got {getattr(self, name)!r}")
+        if self.inputs < 0:
+            raise ValueError(f"Retrieval inputs must be >= 0 (0: no cap), got {self.inputs!r}")
+
+    def nodes_for(self, rows: int) -> int:
+        """A tree's nodes when ``rows`` rows share a verify pass (``inputs``' cap)."""
+        return self.nodes if not self.inputs else max(0, min(self.nodes, self.inputs // rows - 1))
 
     @property
     def width(self) -> int:  # type: ignore[override]
@@ -193,8 +202,9 @@ class Retrieval(Proposer):
         """This decode's state: every row's prompt left-aligned once (the rows' histories start with it)."""
         return RetrievalRun(self, *left_aligned(state.src, state.target.pad_id))
 
-    def trie(self, history: list[int]) -> list[tuple[int, ...]]:
-        """The tree's nodes after ``history`` (its last token the root's), as paths of tokens below the root."""
+    def trie(self, history: list[int], nodes: int | None = None) -> list[tuple[int, ...]]:
+        """The tree's nodes after ``history`` (its last token the root's), as paths of tokens below the root: its
+        best ``nodes`` (default :attr:`nodes`)."""
         weighted: list[tuple[list[int], float]] = []
         n, found = history_continuations(history, self.history_ngram, self.history_matches, self.depth)
         weighted += [(tokens, self.history_weight * (1 + n)) for tokens in found]
@@ -202,7 +212,7 @@ class Retrieval(Proposer):
             if store is not None:
                 n, stored = store.continuations(history, self.depth, self.cap)
                 weighted += [(tokens, mass * (1 + n) / len(stored)) for tokens in stored.tolist()]
-        return best_nodes(weighted, self.nodes, self.depth)
+        return best_nodes(weighted, self.nodes if nodes is None else nodes, self.depth)
 
 
 @dataclass
@@ -217,7 +227,8 @@ class RetrievalRun(HistoryRun):
         history, lengths = self.histories(state, first)  # (b, L), (b,)
         rows = [row[:n] for row, n in zip(history.tolist(), lengths.tolist())]  # the host read of the iteration
         deepest = max(0, min(spec.depth, state.width - 1))  # the room: a row's context may end sooner
-        tries = [[p for p in spec.trie(row) if len(p) <= deepest] if deepest else [] for row in rows]
+        nodes = spec.nodes_for(len(rows))
+        tries = [[p for p in spec.trie(row, nodes) if len(p) <= deepest] if deepest and nodes else [] for row in rows]
         return RowTree(row_trees(tries, first))
 
 

@@ -115,8 +115,11 @@ def test_bench_at_int8_compares_every_row_with_our_own_greedy(built, checkpoint)
 
 def test_the_spelling_reads_the_tree_size_after_the_path():
     choice = proposer_arg("retrieval:runs/a:b.pt:12:8")
-    assert (choice.kind, choice.ckpt, choice.tree_size) == ("retrieval", "runs/a:b.pt", (12, 8))
-    assert proposer_arg("retrieval:s.pt:4").tree_size == (4, 6) and proposer_arg("retrieval:s.pt").tree_size == (8, 6)
+    assert (choice.kind, choice.ckpt, choice.tree_size) == ("retrieval", "runs/a:b.pt", (12, 8, 0))
+    assert proposer_arg("retrieval:s.pt:4").tree_size == (4, 6, 0) and proposer_arg("retrieval:s.pt").tree_size == (8, 6, 0)
+    assert proposer_arg("retrieval:s.pt:8:6:16").tree_size == (8, 6, 16)
+    with pytest.raises(Exception, match="INPUTS >= 0"):
+        proposer_arg("retrieval:s.pt:8:6:-1")
 
 
 def test_bad_input_is_one_line(built, checkpoint, tmp_path, capsys):
