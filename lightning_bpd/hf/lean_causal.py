@@ -19,10 +19,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_bpd.hf.lean_causal_fused import fused_groups, fused_layers, scriptable
+from lightning_bpd.hf.lean_causal_fused import (
+    attend,
+    fused_groups,
+    fused_layers,
+    rms_weighted,
+    rotate_heads,
+    scriptable,
+)
 from lightning_bpd.nn.kv_cache import KVCache
 from lightning_bpd.nn.products import Products
 
@@ -61,52 +67,13 @@ def rms(norm: nn.Module | None) -> RMS | None:
 
 
 def rms_norm(x: Tensor, n: RMS) -> Tensor:
-    """transformers' Llama RMSNorm: in float32, back to x's dtype, then the weight."""
-    dtype = x.dtype
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + n[1])
-    return n[0] * h.to(dtype)
+    """transformers' Llama RMSNorm (:func:`~lightning_bpd.hf.lean_causal_fused.rms_weighted`) with ``n`` (weight, eps)."""
+    return rms_weighted(x, n[0], n[1])
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotary embedding of x (B, T, H, Dh) at cos, sin (B, T, Dh): ``apply_rotary_pos_emb``'s arithmetic."""
-    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
-    half = x.shape[-1] // 2
-    return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
-
-
-def repeat_kv(x: Tensor, groups: int) -> Tensor:
-    """(B, Hkv, S, Dh) -> (B, Hkv * groups, S, Dh), each key head repeated for its query heads."""
-    if groups == 1:
-        return x
-    b, h, s, d = x.shape
-    return x[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
-
-
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, groups: int, scaling: float, sdpa: bool,
-           wide: bool = False, softmax_dtype: torch.dtype = torch.float32) -> Tensor:
-    """Queries (B, H, T, Dh) over keys and values (B, Hkv, S, Dh) under ``mask`` (B, 1, T, S) -> (B, T, H * Dh), as
-    transformers' ``sdpa_attention_forward`` (one query: packed onto the key heads) or ``eager_attention_forward``
-    computes it; ``wide``: in float64, rounded back to q's dtype (the runtime's products widen attention: int8,
-    float32-packed, the invariant kinds), so that a query's output does not depend on how many queries and masked
-    keys come with it, and the verify pass rounds as the greedy step does (eager's softmax then in float64 too, where
-    it is ``softmax_dtype`` otherwise)."""
-    if wide:
-        mask = mask.double() if mask.is_floating_point() else mask
-        return attend(q.double(), k.double(), v.double(), mask, groups, scaling, sdpa,
-                      softmax_dtype=torch.float64).to(q.dtype)
-    b, heads, t, dh = q.shape
-    if not sdpa:
-        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-        scores = torch.matmul(q, k.transpose(2, 3)) * scaling + mask
-        out = torch.matmul(F.softmax(scores, dim=-1, dtype=softmax_dtype).to(q.dtype), v)
-        return out.transpose(1, 2).reshape(b, t, -1)
-    if groups > 1 and t == 1:
-        q = q.reshape(b, heads // groups, groups, dh)  # the mask (B, 1, 1, S) is every head's
-    elif groups > 1:
-        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
-    return out.reshape(b, -1, t, dh).transpose(1, 2).reshape(b, t, -1)
+    return rotate_heads(x, cos.unsqueeze(2), sin.unsqueeze(2))
 
 
 def lean_family(base: nn.Module) -> bool:

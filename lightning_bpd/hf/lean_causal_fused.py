@@ -1,6 +1,8 @@
 """The Llama-family layers of :class:`~lightning_bpd.hf.lean_causal.LeanCausal` as one TorchScript function for the
 runtimes whose products are copies made once (int8, float32-packed), with the products that read one input fused:
-q, k and v as one product, gate and up as another.
+q, k and v as one product, gate and up as another; and the arithmetic it shares with the Python lean layers
+(:func:`rms_weighted`, :func:`rotate_heads`, :func:`attend`: transformers' ops, attention widened to float64 where
+the products ask for it).
 
 At batch 1 on a CPU the int8 step of SmolLM2-135M spent about a third of its time outside any kernel: 211 products,
 each a Python call through the runtime's products and :func:`~lightning_bpd.kernels.int8.row_int8`'s six small ops,
@@ -43,43 +45,56 @@ def scriptable(config: object) -> bool:
     return getattr(config, "hidden_act", None) in ("silu", "swish")
 
 
-def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """:func:`~lightning_bpd.hf.lean_causal.rms_norm`'s ops."""
+def rms_weighted(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """transformers' Llama RMSNorm: in float32, back to x's dtype, then the weight."""
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """:func:`~lightning_bpd.hf.lean_causal.rotate`'s ops (cos, sin already (B, T, 1, Dh))."""
+def rotate_heads(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding of x (B, T, H, Dh) at cos, sin (B, T, 1, Dh): ``apply_rotary_pos_emb``'s arithmetic."""
     half = x.shape[-1] // 2
     return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
 
-def _repeat_kv(x: Tensor, groups: int) -> Tensor:
+def repeat_kv(x: Tensor, groups: int) -> Tensor:
+    """(B, Hkv, S, Dh) -> (B, Hkv * groups, S, Dh), each key head repeated for its query heads."""
     if groups == 1:
         return x
     b, h, s, d = x.shape[0], x.shape[1], x.shape[2], x.shape[3]
     return x[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, groups: int, scaling: float, sdpa: bool,
-            wide: bool) -> Tensor:
-    """:func:`~lightning_bpd.hf.lean_causal.attend`'s ops: q (B, H, T, Dh), k, v (B, Hkv, S, Dh) -> (B, T, H * Dh)
-    (in the dtype they come in: the caller widens them)."""
+def attend_as(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, groups: int, scaling: float, sdpa: bool,
+              softmax64: bool) -> Tensor:
+    """Queries (B, H, T, Dh) over keys and values (B, Hkv, S, Dh) under ``mask`` (B, 1, T, S) -> (B, T, H * Dh), as
+    transformers' ``sdpa_attention_forward`` (one query: packed onto the key heads) or ``eager_attention_forward``
+    (its softmax in float32, or float64 with ``softmax64``) computes it, in the dtype they come in."""
     b, heads, t, dh = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
     if not sdpa:
-        k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
         scores = torch.matmul(q, k.transpose(2, 3)) * scaling + mask
-        softmax_dtype = torch.float64 if wide else torch.float32
+        softmax_dtype = torch.float64 if softmax64 else torch.float32
         out = torch.matmul(F.softmax(scores, dim=-1, dtype=softmax_dtype).to(q.dtype), v)
         return out.transpose(1, 2).reshape(b, t, -1)
     if groups > 1 and t == 1:
-        q = q.reshape(b, heads // groups, groups, dh)
+        q = q.reshape(b, heads // groups, groups, dh)  # the mask (B, 1, 1, S) is every head's
     elif groups > 1:
-        k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
     return out.reshape(b, -1, t, dh).transpose(1, 2).reshape(b, t, -1)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, groups: int, scaling: float, sdpa: bool,
+           wide: bool = False) -> Tensor:
+    """:func:`attend_as` in q's dtype, or with ``wide`` in float64 (eager's softmax too) rounded back to it (the
+    runtime's products widen attention: int8, float32-packed, the invariant kinds), so that a query's output does not
+    depend on how many queries and masked keys come with it, and the verify pass rounds as the greedy step does."""
+    if wide:
+        m = mask.double() if mask.is_floating_point() else mask
+        return attend_as(q.double(), k.double(), v.double(), m, groups, scaling, sdpa, True).to(q.dtype)
+    return attend_as(q, k, v, mask, groups, scaling, sdpa, False)
 
 
 def _product(x: Tensor, j: int, packed: list[torch.classes.quantized.LinearPackedParamsBase],
@@ -114,13 +129,13 @@ def fused_layers(x: Tensor, cos: Tensor, sin: Tensor, masks: list[Tensor], k_cac
     for i in range(len(masks)):
         n, e = norms[4 * i : 4 * i + 4], eps[4 * i : 4 * i + 4]
         p, m, c = packed[4 * i : 4 * i + 4], mkldnn[4 * i : 4 * i + 4], biases[4 * i : 4 * i + 4]
-        qkv = _product(_rms(x, n[0], e[0]), 0, p, m, c)  # (B, T, q + 2 kv)
+        qkv = _product(rms_weighted(x, n[0], e[0]), 0, p, m, c)  # (B, T, q + 2 kv)
         q = qkv[:, :, :q_width].view(b, t, -1, head_dim)  # (B, T, H, Dh)
         k = qkv[:, :, q_width : q_width + kv_width].view(b, t, -1, head_dim)  # (B, T, Hkv, Dh)
         v = qkv[:, :, q_width + kv_width :].view(b, t, -1, head_dim)
         if n[2].numel() > 0:
-            q, k = _rms(q, n[2], e[2]), _rms(k, n[3], e[3])
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            q, k = rms_weighted(q, n[2], e[2]), rms_weighted(k, n[3], e[3])
+        q, k = rotate_heads(q, cos, sin), rotate_heads(k, cos, sin)
         if start >= 0:
             k_cache[i, :, start : start + t] = k
             v_cache[i, :, start : start + t] = v
@@ -128,14 +143,10 @@ def fused_layers(x: Tensor, cos: Tensor, sin: Tensor, masks: list[Tensor], k_cac
             k_cache[i][rows, slots] = k
             v_cache[i][rows, slots] = v
         keys, values = k_cache[i, :, :stop], v_cache[i, :, :stop]  # (B, P + S', Hkv, Dh)
-        q, keys, values = q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
-        if wide:  # in float64, rounded back: a query's output whatever comes with it (lean_causal.attend)
-            mask = masks[i].double() if masks[i].is_floating_point() else masks[i]
-            a = _attend(q.double(), keys.double(), values.double(), mask, groups, scaling, sdpa, True).to(x.dtype)
-        else:
-            a = _attend(q, keys, values, masks[i], groups, scaling, sdpa, False)
+        a = attend(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), masks[i], groups, scaling, sdpa,
+                   wide)
         x = x + _product(a, 1, p, m, c)
-        gate_up = _product(_rms(x, n[1], e[1]), 2, p, m, c)  # (B, T, 2 ffn)
+        gate_up = _product(rms_weighted(x, n[1], e[1]), 2, p, m, c)  # (B, T, 2 ffn)
         x = x + _product(F.silu(gate_up[:, :, :ffn]) * gate_up[:, :, ffn:], 3, p, m, c)
         if i in keep:
             kept.append(x)
