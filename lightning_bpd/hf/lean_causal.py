@@ -113,7 +113,7 @@ class LeanCausal:
         self.sdpa = implementation == "sdpa"
         first = self.layers[0]
         self.q_width, self.kv_width, self.ffn = first.q[0].shape[0], first.k[0].shape[0], first.gate[0].shape[0]
-        self.scripted = scriptable(config)  # int8 runtimes run the layers in TorchScript, products fused
+        self.scripted = scriptable(config)  # int8 and float32-packed runtimes: the layers in TorchScript, products fused
         self.groups = fused_groups(self.layers)  # (weight, bias) pairs of each fused product
         none = torch.zeros(0)
         self.norms = [t for w in self.layers for t in (w.input_norm[0], w.post_norm[0], *(
@@ -142,8 +142,9 @@ class LeanCausal:
         wide = products.widens_attention(x)
         outputs: dict[int, Tensor] = {}
         if fused[0] or fused[1]:
-            x, kept = self.fused_layers(x, cos, sin, masks, cache, slots, stop, fused, layers, wide)
-            outputs = dict(zip(sorted(set(layers)), kept))
+            keep = sorted(set(layers))
+            x, kept = self.fused_layers(x, cos, sin, masks, cache, slots, stop, fused, keep, wide)
+            outputs = dict(zip(keep, kept))
         else:
             for i, w in enumerate(self.layers):
                 x = self.layer(x, i, w, cos, sin, masks[w.layer_type], cache, slots, stop, products.linear, wide)
@@ -156,16 +157,15 @@ class LeanCausal:
         return h, torch.cat([h if i == last else outputs[i] for i in layers], dim=-1)
 
     def fused_layers(self, x: Tensor, cos: Tensor, sin: Tensor, masks: dict[str, Tensor], cache: KVCache,
-                     slots: Tensor, stop: int, fused: tuple[list, list, list], layers: tuple[int, ...],
+                     slots: Tensor, stop: int, fused: tuple[list, list, list], keep: list[int],
                      wide: bool) -> Any:
         """The layers through :func:`~lightning_bpd.hf.lean_causal_fused.fused_layers` with ``fused`` products (the
         runtime's :meth:`~lightning_bpd.nn.products.Products.lean_fused` of :attr:`groups`) -> (x, the outputs of
-        ``layers`` in layer order)."""
+        the layers ``keep``, in order)."""
         start, rows, places = cache.write_place(slots)
         return fused_layers(x, cos, sin, [masks[w.layer_type] for w in self.layers], cache.k, cache.v, start, rows,
                             places, cache.prefix + stop, self.norms, self.eps, *fused, self.q_width, self.kv_width,
-                            self.ffn, self.head_dim, self.groups_per_kv, self.scaling, self.sdpa, wide,
-                            sorted(set(layers)))
+                            self.ffn, self.head_dim, self.groups_per_kv, self.scaling, self.sdpa, wide, keep)
 
     def layer(self, x: Tensor, i: int, w: LlamaLayer, cos: Tensor, sin: Tensor, mask: Tensor, cache: KVCache,
               slots: Tensor, stop: int, linear: Linear, wide: bool = False) -> Tensor:

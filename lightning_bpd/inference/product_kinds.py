@@ -84,7 +84,7 @@ class CopiedProducts(WideAttention):
     needs = "a CPU build of torch"  # what a subclass's kernel needs, for the error when it is missing
 
     def __init__(self) -> None:
-        self.fused: dict[tuple[int, int, int], tuple[Tensor, Tensor, tuple[list, list, list]]] = {}  # lean_fused's
+        self.fused: tuple[Tensor, Tensor, tuple[list, list, list]] | None = None  # lean_fused's (first, last, copies)
         self.copies: dict[int, tuple[Tensor, Tensor | None, object]] = {}  # id(weight) -> (weight, bias, copy)
         self.made: dict[int, tuple[Tensor, Tensor | None, object]] = {}  # the same for others, made when first met
         self.prepared: dict[int, Tensor] = {}  # id -> every prepared weight and bias (whose views are kept by place)
@@ -106,12 +106,9 @@ class CopiedProducts(WideAttention):
         if not self.active(x):
             return [], [], []
         first, last = groups[0][0][0], groups[-1][-1][0]
-        key = (id(first), id(last), len(groups))
-        kept = self.fused.get(key)
-        if kept is None or kept[0] is not first or kept[1] is not last:
-            kept = (first, last, self.fuse(groups))
-            self.fused = {key: kept}
-        return kept[2]
+        if self.fused is None or self.fused[0] is not first or self.fused[1] is not last:
+            self.fused = (first, last, self.fuse(groups))
+        return self.fused[2]
 
     def multiply(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         raise NotImplementedError
@@ -195,7 +192,6 @@ class Int8Products(CopiedProducts):
 
     name = precision = "int8"
     needs = "torch's fbgemm/x86 quantized engine (CPU)"
-
 
     def available(self) -> bool:
         return int8_ops.available()
