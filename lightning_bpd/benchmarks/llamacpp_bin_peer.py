@@ -18,7 +18,13 @@ names the GGUF each row ran on, ``pairs`` the (alone, drafted) rows compared.
 
 ``bench --run`` (several runs of one base, :func:`start_llamacpp_runs`) runs the base alone once, on the runs' own GGUF
 where their target is one (``llamacpp_q4_1``), else on ``target.gguf`` (``llamacpp_f32``), and each run's drafter on
-that same target: ``llamacpp_q4_1+NAME`` / ``llamacpp_f32+NAME``.
+that same target: ``llamacpp_q4_1+NAME`` / ``llamacpp_f32+NAME``; a retrieval run (``NAME=BASE@retrieval:FILE``) gets
+``llama-lookup`` drafting chains from its datastore exported as llama.cpp's lookup cache
+(:mod:`lightning_bpd.benchmarks.llamacpp_lookup`).
+
+Where the build holds ``llama-bench``, the record's ``pass_cost`` says what a pass of n tokens costs llama.cpp on each
+GGUF against a 1-token step (:mod:`lightning_bpd.benchmarks.llamacpp_pass_cost`): the tokens per call its drafted
+rows must average to break even.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from typing import Any
 
 from torch import Tensor
 
-from lightning_bpd.benchmarks.llamacpp_build import binaries, read_stamp
+from lightning_bpd.benchmarks.llamacpp_build import BuildError, binaries, read_stamp
+from lightning_bpd.benchmarks.llamacpp_lookup import LOOKUP, Lookup
+from lightning_bpd.benchmarks.llamacpp_pass_cost import BENCH, pass_costs, pass_record
 from lightning_bpd.benchmarks.llamacpp_speculative import (
     ALONE,
     NEVER_DRAFTS,
@@ -184,6 +192,37 @@ def agreement_line(agreed: dict[str, Any], alone: str) -> str:
             "call")
 
 
+def pass_cost_info(bin_dir: str | Path, ggufs: Sequence[str | Path], threads: int, block: int,
+                   module: Any, prompts: Sequence[str], repetitions: int = 3) -> dict[str, Any]:
+    """The record's ``pass_cost``: on each GGUF of ``ggufs``, a pass of 1 to ``block`` tokens after a median
+    prompt's tokens (:func:`~lightning_bpd.benchmarks.llamacpp_pass_cost.pass_costs`); why not, where the build has
+    no ``llama-bench``."""
+    try:
+        binary = binaries(bin_dir, (BENCH,))[BENCH]
+    except BuildError as err:
+        return {"skipped": str(err)}
+    lengths = sorted(len(module.tokenizer(p)["input_ids"]) for p in prompts)
+    depth = lengths[len(lengths) // 2] if lengths else 0
+    sizes = list(range(1, max(2, block) + 1))
+    return {Path(gguf).name: pass_record(pass_costs(binary, gguf, threads, sizes, depth, repetitions), depth, threads,
+                                         repetitions) for gguf in dict.fromkeys(str(g) for g in ggufs)}
+
+
+def lookup_row(bin_dir: str | Path, module: Any, target: Path, threads: int, n_ctx: int, datastore: str,
+               depth: int, folder: Path, exported: dict[str, Any] | None = None) -> tuple[Lookup, dict[str, Any]]:
+    """``llama-lookup`` on ``target`` drafting chains of up to ``depth`` tokens from the retrieval datastore file
+    ``datastore`` (exported as ``folder/lookup-cache.bin``, unless ``exported`` is that export's record already), and
+    its record."""
+    from lightning_bpd.tasks.lm.lookup_cache import export_lookup_cache
+
+    binary = binaries(bin_dir, (LOOKUP,))[LOOKUP]
+    if exported is None:
+        exported = export_lookup_cache(datastore, folder / "lookup-cache.bin", tokenizer=module.tokenizer)
+    return Lookup(binary, target, threads, n_ctx, exported["lookup_cache"], depth), {
+        **exported, "binary": str(binary), "spec_draft_n_max": depth,
+        "proposer": "lookup cache of the retrieval datastore"}
+
+
 def pair_key(drafted: str) -> str:
     """The record's key of a drafted row's :func:`agreement` (``dflash_vs_alone``, ``f32+a_vs_alone``)."""
     return f"{drafted.removeprefix('llamacpp_')}_vs_alone"
@@ -231,57 +270,85 @@ def start_llamacpp_bin(module: Any, prompts: Sequence[str], bin_dir: str | Path,
     if drafted:
         info["drafter"] = {"row": drafted[0], "gguf": str(folder / DRAFTER_GGUF), "spec_type": spec_type,
                            "block_size": block, "spec_draft_n_max": block - 1}
+        info["pass_cost"] = pass_cost_info(bin_dir, [t for _, t, with_drafter in rows if with_drafter], threads,
+                                           block, module, prompts)
     if own is not None:
         info["own_gguf"] = own_gguf_info(own, alone_own, drafted_own, prompts, own_differs)
     return methods, info
 
 
 def start_llamacpp_runs(runs: dict[str, Any], prompts: Sequence[str], bin_dir: str | Path, threads: int,
-                        folder: str | Path, blocks: dict[str, int] | None = None
+                        folder: str | Path, blocks: dict[str, int] | None = None,
+                        datastores: dict[str, tuple[str, int]] | None = None, float32: bool = False
                         ) -> tuple[dict[str, LlamaCppBinary], dict[str, Any]]:
     """``bench --run``'s llama.cpp rows of the runs ``runs`` (name -> module, all on one base): the base alone once,
-    on the first run's own GGUF where its target is a .gguf file (``llamacpp_<type>``, e.g. ``llamacpp_q4_1``), else on
-    its float32 ``target.gguf`` (``llamacpp_f32``), and, for each run whose kind llama.cpp runs (its
-    ``llamacpp_spec_type``), that target with the run's drafter (``folder/NAME/drafter.gguf``), drafting ``blocks[NAME]
-    - 1`` tokens per step (default: the drafter's block): ``<alone>+NAME``. The methods and the record (``rows``:
-    each row's GGUF, ``pairs``: (alone, drafted) rows, ``drafters``: each drafted row's run, drafter and block,
-    ``no_drafter``: why a run has none); ValueError (one line) when the binaries are missing, a GGUF cannot be
-    written or llama.cpp tokenizes a prompt of the float32 target otherwise."""
+    on the first run's own GGUF where its target is a .gguf file (``llamacpp_<type>``, e.g. ``llamacpp_q4_1``; with
+    ``float32``, on its float32 ``target.gguf`` as well), else on its float32 ``target.gguf`` (``llamacpp_f32``), and,
+    on each such target, for each run whose kind llama.cpp runs (its ``llamacpp_spec_type``), the run's drafter
+    (``folder/NAME/drafter.gguf``), drafting ``blocks[NAME] - 1`` tokens per step (default: the drafter's block):
+    ``<alone>+NAME``; each retrieval run of ``datastores`` (name -> its datastore file and tree depth) gets
+    ``llama-lookup`` drafting chains of up to that depth from the datastore's lookup cache (:func:`lookup_row`):
+    ``<alone>+NAME`` too. The methods and the record (``rows``: each row's GGUF, ``pairs``: (alone, drafted) rows,
+    ``drafters``: each drafted row's run, drafter and block, ``no_drafter``: why a run has none, ``pass_cost``: a pass
+    of n tokens on each target); ValueError (one line) when the binaries are missing, a GGUF cannot be written or
+    llama.cpp tokenizes a prompt of the float32 target otherwise."""
     from lightning_bpd.drafters.common.llamacpp import DRAFTER_GGUF, TARGET_GGUF, target_gguf, write_llamacpp
 
     found = binaries(bin_dir, (SPEC, TOKENIZE))
     first = next(iter(runs.values()))
     folder = Path(folder)
     own = target_gguf(first)
-    if own is None:
-        alone, target, differs = ALONE, write_target(first, folder), []
-        check_tokenization(found[TOKENIZE], target, first.tokenizer, prompts)  # compared with generate
-    else:  # compared with each other: a prompt tokenized otherwise there is counted (see start_llamacpp_bin)
-        alone, target = own_rows(own, None)[0], own
+    targets: list[tuple[str, Path]] = []  # (the alone row, its GGUF)
+    differs: list[int] = []
+    if own is not None:  # compared with each other: a prompt tokenized otherwise there is counted (see start_llamacpp_bin)
+        targets.append((own_rows(own, None)[0], own))
         differs = tokenization_check(found[TOKENIZE], own, first.tokenizer, prompts)
+    if own is None or float32:
+        targets.append((ALONE, write_target(first, folder)))
+        check_tokenization(found[TOKENIZE], folder / TARGET_GGUF, first.tokenizer, prompts)  # compared with generate
     n_ctx = first.model.n_positions or 2048
-    rows = [(alone, SpeculativeSimple(found[SPEC], target, threads, n_ctx))]
+    rows: list[tuple[str, SpeculativeSimple]] = []
     drafters: dict[str, Any] = {}
     no_drafter: dict[str, str] = {}
-    for name, module in runs.items():
-        kind = kind_of(module)
-        if kind is None or kind.llamacpp_spec_type is None:
-            no_drafter[name] = ("heads, or a proposer of the base alone: llama.cpp runs drafters only"
-                                if kind is None else
-                                f"llama.cpp does not run {kind.title} drafters (no --spec-type for them)")
-            continue
-        write_llamacpp(module, folder / name, float32_target=False)
-        block = (blocks or {}).get(name) or kind.default_k(module)
-        drafter, row = folder / name / DRAFTER_GGUF, f"{alone}+{name}"
-        rows.append((row, SpeculativeSimple(found[SPEC], target, threads, n_ctx, drafter, block,
-                                            kind.llamacpp_spec_type)))
-        drafters[row] = {"run": name, "gguf": str(drafter), "spec_type": kind.llamacpp_spec_type,
-                         "block_size": block, "spec_draft_n_max": block - 1}
+    pairs: list[list[str]] = []
+    exported: dict[str, dict[str, Any]] = {}  # a run's lookup cache, written once for every target
+    for alone, target in targets:
+        rows.append((alone, SpeculativeSimple(found[SPEC], target, threads, n_ctx)))
+        for name, module in runs.items():
+            kind, row = kind_of(module), f"{alone}+{name}"
+            if name in (datastores or {}):
+                datastore, depth = datastores[name]  # type: ignore[index]
+                runner, drafters[row] = lookup_row(bin_dir, module, target, threads, n_ctx, datastore, depth,
+                                                   folder / name, exported.get(name))
+                exported[name] = drafters[row]
+                drafters[row] = {**drafters[row], "run": name}
+            elif kind is None or kind.llamacpp_spec_type is None:
+                no_drafter[name] = ("heads, or a proposer of the base alone: llama.cpp runs drafters and retrieval "
+                                    "datastores only" if kind is None else
+                                    f"llama.cpp does not run {kind.title} drafters (no --spec-type for them)")
+                continue
+            else:
+                drafter = folder / name / DRAFTER_GGUF
+                if name not in exported:  # once for every target
+                    write_llamacpp(module, folder / name, float32_target=False)
+                    exported[name] = {}
+                block = (blocks or {}).get(name) or kind.default_k(module)
+                runner = SpeculativeSimple(found[SPEC], target, threads, n_ctx, drafter, block,
+                                           kind.llamacpp_spec_type)
+                drafters[row] = {"run": name, "gguf": str(drafter), "spec_type": kind.llamacpp_spec_type,
+                                 "block_size": block, "spec_draft_n_max": block - 1}
+            rows.append((row, runner))
+            pairs.append([alone, row])
+    runners = dict(rows)
     info: dict[str, Any] = {**binary_info(found, bin_dir, threads, n_ctx, folder, prompts),
-                            "rows": {row: str(target) for row, _ in rows}, "pairs": [[alone, row] for row in drafters],
+                            "rows": {row: str(runner.target) for row, runner in rows}, "pairs": pairs,
                             "drafters": drafters, "no_drafter": no_drafter}
+    if drafters:
+        block = max(d["spec_draft_n_max"] for d in drafters.values()) + 1
+        info["pass_cost"] = pass_cost_info(bin_dir, [target for _, target in targets], threads, block, first, prompts)
     if own is not None:
-        info["own_gguf"] = own_gguf_info(own, alone, list(drafters), prompts, differs)
-    else:
+        info["own_gguf"] = own_gguf_info(own, targets[0][0], [r for a, r in pairs if a == targets[0][0]], prompts,
+                                         differs)
+    if own is None or float32:
         info["target"] = str(folder / TARGET_GGUF)
-    return binary_methods(first, prompts, rows), info
+    return binary_methods(first, prompts, list(runners.items())), info

@@ -29,7 +29,8 @@ __all__ = ["CMAKE_FLAGS", "LLAMA_CPP_PYTHON", "STAMP", "TARGETS", "BuildError", 
            "source_dir"]
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python release whose vendored llama.cpp is built
-TARGETS = ("llama-speculative-simple", "llama-tokenize")  # the DFlash runs and the alone runs; the tokenization check
+TARGETS = ("llama-speculative-simple", "llama-tokenize", "llama-lookup", "llama-bench")  # the drafted and alone runs;
+# the tokenization check; drafting from a retrieval datastore's lookup cache; a pass's cost
 STAMP = "build_llamacpp.json"
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_OPENSSL=OFF",
                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TOOLS=ON",

@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--llamacpp-threads", type=int, default=None, help="--peers llamacpp: its threads (default: torch's)")
     g.add_argument("--gguf", default=None, help="--peers llamacpp: keep its GGUF here (default: a temporary file); with "
                    "llamacpp:BIN a folder for target.gguf (and drafter.gguf; with --run NAME/drafter.gguf)")
+    g.add_argument("--llamacpp-float32", action="store_true",
+                   help="--run on a .gguf target with --peers llamacpp:BIN: llama.cpp's rows on the float32 "
+                        "target.gguf written from it too (alone and drafted), beside those on the .gguf itself")
     return p
 
 
@@ -159,6 +162,8 @@ def runs_args(args: argparse.Namespace, peers: PeerChoice) -> argparse.Namespace
             raise ValueError(f"--{option.replace('_', '-')} benches a --ckpt, not --run's table")
     if (args.llamacpp_threads is not None or args.gguf) and "llamacpp" not in peers.names:
         raise ValueError("--llamacpp-threads and --gguf set llama.cpp's peer: add --peers llamacpp[:BIN]")
+    if args.llamacpp_float32 and not peers.llamacpp_bin:
+        raise ValueError("--llamacpp-float32 sets llama.cpp's binaries' rows: add --peers llamacpp:BIN")
     ks = args.k or []
     named = [k for k in ks if isinstance(k, str)]
     plain = [k for k in ks if not isinstance(k, str)]
@@ -188,6 +193,8 @@ def generate_args(args: argparse.Namespace, peers: PeerChoice) -> argparse.Names
         raise ValueError("--k against generate: one K (heads used, or a drafter's block)")
     if (args.llamacpp_threads is not None or args.gguf) and "llamacpp" not in peers.names:
         raise ValueError("--llamacpp-threads and --gguf set llama.cpp's peer: add --peers llamacpp[:BIN]")
+    if args.llamacpp_float32:
+        raise ValueError("--llamacpp-float32 is --run's (a --ckpt on a .gguf target already gets both)")
     out = copy.copy(args)
     out.k = args.k[0] if args.k else None
     out.tree_nodes = args.tree_nodes or []
@@ -340,7 +347,7 @@ def main(argv: list[str] | None = None) -> dict:
     if peers.quantizations:
         sys.exit("bench: --peers ctranslate2:QUANT picks the conversions of a Hugging Face base; our own base's peer "
                  "times float32 and int8 (--peers ctranslate2)")
-    for option in ("minutes", "llamacpp_threads", "gguf"):
+    for option in ("minutes", "llamacpp_threads", "gguf", "llamacpp_float32"):
         if getattr(args, option):
             sys.exit(f"bench: --{option.replace('_', '-')} does not apply to {args.ckpt} (a run of our own base)")
     args.peers = list(peers.names)

@@ -27,9 +27,11 @@ proposer's own parameters (the heads or the drafter; the base's are not counted)
 ``--peers llamacpp:BIN`` adds llama.cpp's own binaries (:func:`~lightning_bpd.benchmarks.llamacpp_bin_peer.
 start_llamacpp_runs`): the base alone once (``llamacpp_f32`` on a float32 ``target.gguf``, or ``llamacpp_<type>``,
 e.g. ``llamacpp_q4_1``, on the runs' own ``.gguf`` target) and, for each run whose drafter kind llama.cpp runs, that
-target with the run's drafter, ``llamacpp_f32+NAME`` (heads runs have none), timed by llama.cpp's clock at batch 1, its
-text compared with generate's and with llama.cpp alone's (the table's last column, ``llamacpp.f32+NAME_vs_alone``);
-``--peers llamacpp`` without BIN: llama-cpp-python, the base alone.
+target with the run's drafter, ``llamacpp_f32+NAME`` (heads runs have none; a retrieval run: ``llama-lookup`` drafting
+from its datastore as llama.cpp's lookup cache), timed by llama.cpp's clock at batch 1, its text compared with
+generate's and with llama.cpp alone's (the table's last column, ``llamacpp.f32+NAME_vs_alone``); the record's
+``llamacpp.pass_cost``: what a pass of n tokens costs llama.cpp there (``llama-bench``); ``--peers llamacpp`` without
+BIN: llama-cpp-python, the base alone.
 
 Every run must hold the same base (configuration and every weight), the same tokenizer and the same prompts (its
 data split settings), else the command stops with one line that says which run differs: a table of proposers is a
@@ -296,7 +298,7 @@ def run(args: argparse.Namespace, prog: str = "bench") -> dict[str, Any]:
         binaries: dict[str, Any] = {}
         if getattr(args, "llamacpp", None) is not None:
             binaries = llamacpp_rows(modules, prompts, args, tmp, {name: int(k) for name, k in ks.items()}, result,
-                                     prog)
+                                     prog, spellings)
             methods.update(binaries)
             row_run.update({row: d["run"] for row, d in result["llamacpp"].get("drafters", {}).items()})
             result["methods"] = list(methods)
@@ -317,19 +319,27 @@ def run(args: argparse.Namespace, prog: str = "bench") -> dict[str, Any]:
 
 
 def llamacpp_rows(modules: dict[str, Any], prompts: list[str], args: argparse.Namespace, tmp: str,
-                  ks: dict[str, int], result: dict[str, Any], prog: str) -> dict[str, Any]:
+                  ks: dict[str, int], result: dict[str, Any], prog: str,
+                  spellings: dict[str, str] | None = None) -> dict[str, Any]:
     """``--peers llamacpp[:BIN]``'s rows of the runs ``modules`` (their record in ``result["llamacpp"]``): with BIN,
-    llama.cpp's binaries alone and with each drafter llama.cpp runs
-    (:func:`~lightning_bpd.benchmarks.llamacpp_bin_peer.start_llamacpp_runs`), else llama-cpp-python alone; a refusal
-    is one line."""
+    llama.cpp's binaries alone, with each drafter llama.cpp runs and with each retrieval run's datastore (``spellings``:
+    a run's ``@PROPOSER``) (:func:`~lightning_bpd.benchmarks.llamacpp_bin_peer.start_llamacpp_runs`), else
+    llama-cpp-python alone; a refusal is one line."""
     threads = args.llamacpp_threads or torch.get_num_threads()
     first = next(iter(modules.values()))
     if args.llamacpp:
         from lightning_bpd.benchmarks.llamacpp_bin_peer import start_llamacpp_runs
+        from lightning_bpd.commands.proposer_option import proposer_arg
 
+        datastores = {}
+        for name, spelling in (spellings or {}).items():
+            if spelling.startswith("retrieval:"):
+                choice = proposer_arg(spelling)
+                datastores[name] = (str(choice.ckpt), choice.tree_size[1])  # the file, the tree's depth
         try:
             methods, result["llamacpp"] = start_llamacpp_runs(modules, prompts, args.llamacpp, threads,
-                                                              args.gguf or tmp, ks)
+                                                              args.gguf or tmp, ks, datastores,
+                                                              getattr(args, "llamacpp_float32", False))
         except (ValueError, RuntimeError, OSError) as err:
             sys.exit(f"{prog}: llama.cpp peer refused: {str(err).strip().splitlines()[0]}")
         for name, why in result["llamacpp"]["no_drafter"].items():

@@ -80,7 +80,9 @@ def llamacpp_titles(info: dict[str, Any] | None, runs: dict[str, dict[str, Any]]
         return {}
     rows = info.get("rows") or {"llamacpp_f32": info.get("gguf", "")}  # llama-cpp-python's one row
     drafted = {pair[1] for pair in info.get("pairs", [])}
-    return {row: (f"llama.cpp + {runs.get(row_run.get(row, ''), {}).get('proposer', 'our drafter')}" if row in drafted
+    named = {row: d["proposer"] for row, d in info.get("drafters", {}).items() if "proposer" in d}  # llama-lookup's
+    return {row: (f"llama.cpp + {named.get(row) or runs.get(row_run.get(row, ''), {}).get('proposer', 'our drafter')}"
+                  if row in drafted
                   else "llama.cpp alone") + f" ({Path(gguf).name})" for row, gguf in rows.items()}
 
 

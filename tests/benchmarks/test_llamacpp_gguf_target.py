@@ -129,6 +129,31 @@ def test_bench_runs_rows_of_llama_cpp_on_the_runs_own_gguf(gguf_run, tmp_path, c
     assert record["q8_0+a_vs_alone"]["differs_from_llamacpp_q8_0"] == 1
 
 
+def test_bench_runs_rows_on_the_float32_target_too_when_asked(gguf_run, tmp_path, capsys):
+    """``--llamacpp-float32``: the rows on the run's own GGUF and on the float32 target.gguf written from it, each
+    drafted row paired with the alone row of its own GGUF, the drafter written once."""
+    from tests.benchmarks.test_llamacpp_speculative import bench_runs
+
+    ckpt, module, target = gguf_run
+    n = 6
+    fake = logged_stand_ins(tmp_path / "bin", module, n, corrupt=1)
+    result = bench_runs({"a": ckpt}, ckpt.parent / "prompts.jsonl", f"generate,llamacpp:{fake}", n, "--batch-sizes",
+                        "1", "--llamacpp-threads", "1", "--gguf", str(tmp_path / "gguf"), "--llamacpp-float32")
+    f32 = tmp_path / "gguf" / "target.gguf"
+    assert result["methods"][-4:] == [Q8, f"{Q8}+a", ALONE, f"{ALONE}+a"]
+    record = result["llamacpp"]
+    assert record["rows"] == {Q8: str(target), f"{Q8}+a": str(target), ALONE: str(f32), f"{ALONE}+a": str(f32)}
+    assert record["pairs"] == [[Q8, f"{Q8}+a"], [ALONE, f"{ALONE}+a"]] and record["own_gguf"]["drafted"] == [f"{Q8}+a"]
+    assert record["target"] == str(f32) and set((fake / "tokenized.log").read_text().split()) == {str(target), str(f32)}
+    one = result["batch_sizes"]["1"]
+    assert one[ALONE]["differs_from_hf_generate"] == 0 and one[f"{ALONE}+a"]["differing_rows"] == [1]
+    assert record["f32+a_vs_alone"]["differs_from_llamacpp_f32"] == 1
+    assert "skipped" in record["pass_cost"]  # the stand-ins have no llama-bench
+    with pytest.raises(SystemExit, match="^bench: --llamacpp-float32 sets llama.cpp's binaries' rows: add --peers "
+                                         "llamacpp:BIN"):
+        bench_runs({"a": ckpt}, ckpt.parent / "prompts.jsonl", "generate", n, "--llamacpp-float32")
+
+
 def test_the_own_gguf_runs_with_its_file_and_its_tokenization_is_counted(gguf_run, tmp_path):
     _, module, target = gguf_run
     fake = logged_stand_ins(tmp_path / "bin", module, 4, corrupt=0)
