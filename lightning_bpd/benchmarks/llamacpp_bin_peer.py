@@ -311,7 +311,8 @@ def start_llamacpp_runs(runs: dict[str, Any], prompts: Sequence[str], bin_dir: s
     drafters: dict[str, Any] = {}
     no_drafter: dict[str, str] = {}
     pairs: list[list[str]] = []
-    exported: dict[str, dict[str, Any]] = {}  # a run's lookup cache, written once for every target
+    exported: dict[str, dict[str, Any]] = {}  # a retrieval run's lookup cache, written once for every target
+    written: set[str] = set()  # the runs whose drafter.gguf is written (once for every target)
     for alone, target in targets:
         rows.append((alone, SpeculativeSimple(found[SPEC], target, threads, n_ctx)))
         for name, module in runs.items():
@@ -329,9 +330,9 @@ def start_llamacpp_runs(runs: dict[str, Any], prompts: Sequence[str], bin_dir: s
                 continue
             else:
                 drafter = folder / name / DRAFTER_GGUF
-                if name not in exported:  # once for every target
+                if name not in written:
                     write_llamacpp(module, folder / name, float32_target=False)
-                    exported[name] = {}
+                    written.add(name)
                 block = (blocks or {}).get(name) or kind.default_k(module)
                 runner = SpeculativeSimple(found[SPEC], target, threads, n_ctx, drafter, block,
                                            kind.llamacpp_spec_type)
@@ -339,7 +340,6 @@ def start_llamacpp_runs(runs: dict[str, Any], prompts: Sequence[str], bin_dir: s
                                  "block_size": block, "spec_draft_n_max": block - 1}
             rows.append((row, runner))
             pairs.append([alone, row])
-    runners = dict(rows)
     info: dict[str, Any] = {**binary_info(found, bin_dir, threads, n_ctx, folder, prompts),
                             "rows": {row: str(runner.target) for row, runner in rows}, "pairs": pairs,
                             "drafters": drafters, "no_drafter": no_drafter}
@@ -351,4 +351,4 @@ def start_llamacpp_runs(runs: dict[str, Any], prompts: Sequence[str], bin_dir: s
                                          differs)
     if own is None or float32:
         info["target"] = str(folder / TARGET_GGUF)
-    return binary_methods(first, prompts, list(runners.items())), info
+    return binary_methods(first, prompts, rows), info
