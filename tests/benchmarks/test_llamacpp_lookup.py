@@ -20,7 +20,14 @@ from lightning_bpd.benchmarks.llamacpp_pass_cost import BENCH, pass_costs, pass_
 from lightning_bpd.benchmarks.llamacpp_speculative import ALONE
 from lightning_bpd.tasks.lm.datastore import save_datastore
 from lightning_bpd.tasks.lm.lookup_cache import read_lookup_cache
-from tests.benchmarks.test_llamacpp_speculative import FAKE_SPEC, bench_runs, saved_run, stand_ins
+from tests.benchmarks.test_llamacpp_speculative import (  # noqa: F401 - dflash_run: a fixture
+    FAKE_SPEC,
+    bench_llamacpp,
+    bench_runs,
+    dflash_run,
+    saved_run,
+    stand_ins,
+)
 from tests.llamacpp_build import llamacpp_binaries
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -124,6 +131,19 @@ def test_bench_runs_llama_lookup_with_a_retrieval_runs_datastore(retrieval_run, 
     rows = {r["row"]: r for r in result["tables"]["1"]}
     assert rows[drafted]["proposer"] == "llama.cpp + lookup cache of the retrieval datastore (target.gguf)"
     assert "0 of 3 rows differ from llama.cpp alone" in capsys.readouterr().out
+
+
+def test_a_drafters_bench_records_llama_cpps_pass_cost(dflash_run, tmp_path):  # noqa: F811 - the imported fixture
+    """``bench --ckpt`` on a DFlash run: the cost of llama.cpp's passes of 1 to the drafter's block."""
+    from tests.tasks.lm.tiny_lm import PROMPTS
+
+    ckpt, module = dflash_run
+    fake = stand_ins(tmp_path / "bin", module, PROMPTS, 4, corrupt=-1)
+    write_fake(fake / BENCH, FAKE_BENCH)
+    record = bench_llamacpp(ckpt, fake, 4, "--batch-sizes", "1", "--gguf", str(tmp_path / "gguf"))["llamacpp"]
+    block = module.drafter.config.block_size
+    assert list(record["pass_cost"]) == ["target.gguf"]
+    assert record["pass_cost"]["target.gguf"]["pass_ms"] == {str(n): 10.0 + 4 * (n - 1) for n in range(1, block + 1)}
 
 
 def test_a_build_without_llama_lookup_is_one_line(retrieval_run, tmp_path):
