@@ -311,7 +311,7 @@ def start_llamacpp_runs(runs: dict[str, Any], prompts: Sequence[str], bin_dir: s
     drafters: dict[str, Any] = {}
     no_drafter: dict[str, str] = {}
     pairs: list[list[str]] = []
-    exported: dict[str, dict[str, Any]] = {}  # a retrieval run's lookup cache, written once for every target
+    exported: dict[str, dict[str, Any]] = {}  # a datastore's lookup cache, written once for every run and target
     written: set[str] = set()  # the runs whose drafter.gguf is written (once for every target)
     for alone, target in targets:
         rows.append((alone, SpeculativeSimple(found[SPEC], target, threads, n_ctx)))
@@ -320,8 +320,8 @@ def start_llamacpp_runs(runs: dict[str, Any], prompts: Sequence[str], bin_dir: s
             if name in (datastores or {}):
                 datastore, depth = datastores[name]  # type: ignore[index]
                 runner, drafters[row] = lookup_row(bin_dir, module, target, threads, n_ctx, datastore, depth,
-                                                   folder / name, exported.get(name))
-                exported[name] = drafters[row]
+                                                   folder / name, exported.get(datastore))
+                exported[datastore] = drafters[row]
                 drafters[row] = {**drafters[row], "run": name}
             elif kind is None or kind.llamacpp_spec_type is None:
                 no_drafter[name] = ("heads, or a proposer of the base alone: llama.cpp runs drafters and retrieval "

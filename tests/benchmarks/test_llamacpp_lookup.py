@@ -113,11 +113,14 @@ def test_bench_runs_llama_lookup_with_a_retrieval_runs_datastore(retrieval_run, 
     (fake / "book.json").write_text(json.dumps({**book, "cache": str(gguf / "r" / "lookup-cache.bin")}))
     write_fake(fake / LOOKUP, FAKE_LOOKUP)
     write_fake(fake / BENCH, FAKE_BENCH)
-    result = bench_runs({"r": f"{base}@retrieval:{store}:4:3"}, base.parent / "prompts.jsonl",
-                        f"generate,llamacpp:{fake}", n, "--batch-sizes", "1", "--llamacpp-threads", "1", "--gguf",
-                        str(gguf))
+    result = bench_runs({"r": f"{base}@retrieval:{store}:4:3", "s": f"{base}@retrieval:{store}:2:2"},
+                        base.parent / "prompts.jsonl", f"generate,llamacpp:{fake}", n, "--batch-sizes", "1",
+                        "--llamacpp-threads", "1", "--gguf", str(gguf))
     drafted = f"{ALONE}+r"
-    assert result["methods"][-2:] == [ALONE, drafted]
+    assert result["methods"][-3:] == [ALONE, drafted, f"{ALONE}+s"]
+    other = result["llamacpp"]["drafters"][f"{ALONE}+s"]  # the same datastore: exported once
+    assert other["lookup_cache"] == str(gguf / "r" / "lookup-cache.bin") and other["spec_draft_n_max"] == 2
+    assert not (gguf / "s").exists()
     one = result["batch_sizes"]["1"]
     assert one[ALONE]["differs_from_hf_generate"] == 0 and one[drafted]["differs_from_hf_generate"] == 0
     assert one[drafted]["mean_accepted_block_size"] > 1.0 and one[drafted]["timed_by"] == "its own clock"
@@ -125,12 +128,13 @@ def test_bench_runs_llama_lookup_with_a_retrieval_runs_datastore(retrieval_run, 
     lookup = record["drafters"][drafted]
     assert lookup["run"] == "r" and lookup["spec_draft_n_max"] == 3 and lookup["greedy_weight"] == 1
     assert read_lookup_cache(lookup["lookup_cache"]) and lookup["datastore"] == str(store)
-    assert record["pairs"] == [[ALONE, drafted]] and record["f32+r_vs_alone"]["differs_from_llamacpp_f32"] == 0
+    assert record["pairs"] == [[ALONE, drafted], [ALONE, f"{ALONE}+s"]]
+    assert record["f32+r_vs_alone"]["differs_from_llamacpp_f32"] == 0
     cost = record["pass_cost"]["target.gguf"]
     assert list(cost["pass_ms"]) == ["1", "2", "3", "4"] and cost["over_one_token"]["4"] == 2.2
     rows = {r["row"]: r for r in result["tables"]["1"]}
     assert rows[drafted]["proposer"] == "llama.cpp + lookup cache of the retrieval datastore (target.gguf)"
-    assert "0 of 3 rows differ from llama.cpp alone" in capsys.readouterr().out
+    assert capsys.readouterr().out.count("0 of 3 rows differ from llama.cpp alone") == 2
 
 
 def test_a_drafters_bench_records_llama_cpps_pass_cost(dflash_run, tmp_path):  # noqa: F811 - the imported fixture
