@@ -196,7 +196,7 @@ def pass_cost_info(bin_dir: str | Path, ggufs: Sequence[str | Path], threads: in
                    module: Any, prompts: Sequence[str], repetitions: int = 3) -> dict[str, Any]:
     """The record's ``pass_cost``: on each GGUF of ``ggufs``, a pass of 1 to ``block`` tokens after a median
     prompt's tokens (:func:`~lightning_bpd.benchmarks.llamacpp_pass_cost.pass_costs`); why not, where the build has
-    no ``llama-bench``."""
+    no ``llama-bench`` (``skipped``) or it failed (``failed``: the bench's rows still run)."""
     try:
         binary = binaries(bin_dir, (BENCH,))[BENCH]
     except BuildError as err:
@@ -204,8 +204,11 @@ def pass_cost_info(bin_dir: str | Path, ggufs: Sequence[str | Path], threads: in
     lengths = sorted(len(module.tokenizer(p)["input_ids"]) for p in prompts)
     depth = lengths[len(lengths) // 2] if lengths else 0
     sizes = list(range(1, max(2, block) + 1))
-    return {Path(gguf).name: pass_record(pass_costs(binary, gguf, threads, sizes, depth, repetitions), depth, threads,
-                                         repetitions) for gguf in dict.fromkeys(str(g) for g in ggufs)}
+    try:
+        return {Path(gguf).name: pass_record(pass_costs(binary, gguf, threads, sizes, depth, repetitions), depth,
+                                             threads, repetitions) for gguf in dict.fromkeys(str(g) for g in ggufs)}
+    except RuntimeError as err:
+        return {"failed": str(err)}
 
 
 def lookup_row(bin_dir: str | Path, module: Any, target: Path, threads: int, n_ctx: int, datastore: str,

@@ -148,6 +148,10 @@ def test_a_drafters_bench_records_llama_cpps_pass_cost(dflash_run, tmp_path):  #
     block = module.drafter.config.block_size
     assert list(record["pass_cost"]) == ["target.gguf"]
     assert record["pass_cost"]["target.gguf"]["pass_ms"] == {str(n): 10.0 + 4 * (n - 1) for n in range(1, block + 1)}
+    write_fake(fake / BENCH, "#!{python}\nimport sys\nsys.stderr.write('out of memory\\n')\nsys.exit(3)\n")
+    result = bench_llamacpp(ckpt, fake, 4, "--batch-sizes", "1", "--gguf", str(tmp_path / "gguf"))
+    assert result["llamacpp"]["pass_cost"] == {"failed": "llama-bench failed on target.gguf (exit 3): out of memory"}
+    assert result["batch_sizes"]["1"][ALONE]["differs_from_hf_generate"] == 0  # the rows ran all the same
 
 
 def test_a_build_without_llama_lookup_is_one_line(retrieval_run, tmp_path):
