@@ -211,16 +211,11 @@ def pass_cost_info(bin_dir: str | Path, ggufs: Sequence[str | Path], threads: in
         return {"failed": str(err)}
 
 
-def lookup_row(bin_dir: str | Path, module: Any, target: Path, threads: int, n_ctx: int, datastore: str,
-               depth: int, folder: Path, exported: dict[str, Any] | None = None) -> tuple[Lookup, dict[str, Any]]:
-    """``llama-lookup`` on ``target`` drafting chains of up to ``depth`` tokens from the retrieval datastore file
-    ``datastore`` (exported as ``folder/lookup-cache.bin``, unless ``exported`` is that export's record already), and
-    its record."""
-    from lightning_bpd.tasks.lm.lookup_cache import export_lookup_cache
-
+def lookup_row(bin_dir: str | Path, target: Path, threads: int, n_ctx: int, exported: dict[str, Any], depth: int
+               ) -> tuple[Lookup, dict[str, Any]]:
+    """``llama-lookup`` on ``target`` drafting chains of up to ``depth`` tokens from a datastore's lookup cache
+    (``exported``: :func:`~lightning_bpd.tasks.lm.lookup_cache.export_lookup_cache`'s record), and its record."""
     binary = binaries(bin_dir, (LOOKUP,))[LOOKUP]
-    if exported is None:
-        exported = export_lookup_cache(datastore, folder / "lookup-cache.bin", tokenizer=module.tokenizer)
     return Lookup(binary, target, threads, n_ctx, exported["lookup_cache"], depth), {
         **exported, "binary": str(binary), "spec_draft_n_max": depth,
         "proposer": "lookup cache of the retrieval datastore"}
@@ -290,12 +285,14 @@ def start_llamacpp_runs(runs: dict[str, Any], prompts: Sequence[str], bin_dir: s
     on each such target, for each run whose kind llama.cpp runs (its ``llamacpp_spec_type``), the run's drafter
     (``folder/NAME/drafter.gguf``), drafting ``blocks[NAME] - 1`` tokens per step (default: the drafter's block):
     ``<alone>+NAME``; each retrieval run of ``datastores`` (name -> its datastore file and tree depth) gets
-    ``llama-lookup`` drafting chains of up to that depth from the datastore's lookup cache (:func:`lookup_row`):
+    ``llama-lookup`` drafting chains of up to that depth from the datastore's lookup cache (:func:`lookup_row`; one export
+    of each datastore):
     ``<alone>+NAME`` too. The methods and the record (``rows``: each row's GGUF, ``pairs``: (alone, drafted) rows,
     ``drafters``: each drafted row's run, drafter and block, ``no_drafter``: why a run has none, ``pass_cost``: a pass
     of n tokens on each target); ValueError (one line) when the binaries are missing, a GGUF cannot be written or
     llama.cpp tokenizes a prompt of the float32 target otherwise."""
     from lightning_bpd.drafters.common.llamacpp import DRAFTER_GGUF, TARGET_GGUF, target_gguf, write_llamacpp
+    from lightning_bpd.tasks.lm.lookup_cache import export_lookup_cache
 
     found = binaries(bin_dir, (SPEC, TOKENIZE))
     first = next(iter(runs.values()))
@@ -322,10 +319,11 @@ def start_llamacpp_runs(runs: dict[str, Any], prompts: Sequence[str], bin_dir: s
             kind, row = kind_of(module), f"{alone}+{name}"
             if name in (datastores or {}):
                 datastore, depth = datastores[name]  # type: ignore[index]
-                runner, drafters[row] = lookup_row(bin_dir, module, target, threads, n_ctx, datastore, depth,
-                                                   folder / name, exported.get(datastore))
-                exported[datastore] = drafters[row]
-                drafters[row] = {**drafters[row], "run": name}
+                if datastore not in exported:
+                    exported[datastore] = export_lookup_cache(datastore, folder / name / "lookup-cache.bin",
+                                                              tokenizer=module.tokenizer)
+                runner, drafters[row] = lookup_row(bin_dir, target, threads, n_ctx, exported[datastore], depth)
+                drafters[row]["run"] = name
             elif kind is None or kind.llamacpp_spec_type is None:
                 no_drafter[name] = ("heads, or a proposer of the base alone: llama.cpp runs drafters and retrieval "
                                     "datastores only" if kind is None else

@@ -39,10 +39,13 @@ class Lookup(SpeculativeSimple):
 
     def call(self, prompt_file: Path, max_new: int) -> tuple[bytes, str]:
         """One run on a fresh copy of the cache (``llama-lookup`` writes its cache back when it ends)."""
-        copy = prompt_file.parent / "lookup-cache.bin"
-        shutil.copyfile(self.drafter, copy)
+        shutil.copyfile(self.drafter, run_copy(prompt_file))
         return super().call(prompt_file, max_new)
 
     def args(self, prompt_file: str | Path, max_new: int) -> list[str]:
-        return [*super().args(prompt_file, max_new), "--lookup-cache-dynamic",
-                str(Path(prompt_file).parent / "lookup-cache.bin")]
+        return [*super().args(prompt_file, max_new), "--lookup-cache-dynamic", str(run_copy(prompt_file))]
+
+
+def run_copy(prompt_file: str | Path) -> Path:
+    """Where a run's copy of the cache goes: beside its prompt file, in the run's own temporary folder."""
+    return Path(prompt_file).parent / "lookup-cache.bin"

@@ -67,23 +67,23 @@ def repeat_kv(x: Tensor, groups: int) -> Tensor:
 
 
 def attend_as(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, groups: int, scaling: float, sdpa: bool,
-              softmax64: bool, pack: bool = False) -> Tensor:
+              wide: bool) -> Tensor:
     """Queries (B, H, T, Dh) over keys and values (B, Hkv, S, Dh) under ``mask`` (B, 1, T, S) -> (B, T, H * Dh), as
     transformers' ``sdpa_attention_forward`` (one query: packed onto the key heads) or ``eager_attention_forward``
-    (its softmax in float32, or float64 with ``softmax64``) computes it, in the dtype they come in. With ``pack``,
-    sdpa's T > 1 queries are packed onto the key heads too ((B, Hkv, groups * T, Dh), each row's mask repeated for its
-    heads) instead of the keys and values repeated for the query heads: the same rows attended, no copy of the cache
-    per query head (transformers repeats them)."""
+    (its softmax in float32) computes it, in the dtype they come in. ``wide`` (float64 inputs, :func:`attend`):
+    eager's softmax in float64, and sdpa's T > 1 queries packed onto the key heads too ((B, Hkv, groups * T, Dh), each
+    row's mask repeated for its heads) instead of the keys and values repeated for the query heads: the same rows
+    attended, no copy of the cache per query head (transformers repeats them)."""
     b, heads, t, dh = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
     if not sdpa:
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)
         scores = torch.matmul(q, k.transpose(2, 3)) * scaling + mask
-        softmax_dtype = torch.float64 if softmax64 else torch.float32
+        softmax_dtype = torch.float64 if wide else torch.float32
         out = torch.matmul(F.softmax(scores, dim=-1, dtype=softmax_dtype).to(q.dtype), v)
         return out.transpose(1, 2).reshape(b, t, -1)
     if groups > 1 and t == 1:
         q = q.reshape(b, heads // groups, groups, dh)  # the mask (B, 1, 1, S) is every head's
-    elif groups > 1 and pack:
+    elif groups > 1 and wide:
         q = q.reshape(b, heads // groups, groups * t, dh)  # row g * T + j: query j of the key head's g-th query head
         mask = mask.expand(mask.shape[0], mask.shape[1], t, mask.shape[3]).repeat(1, 1, groups, 1)  # (B, 1, G*T, S)
     elif groups > 1:
@@ -99,7 +99,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, groups: int, scaling: 
     depend on how many queries and masked keys come with it, and the verify pass rounds as the greedy step does."""
     if wide:
         m = mask.double() if mask.is_floating_point() else mask
-        return attend_as(q.double(), k.double(), v.double(), m, groups, scaling, sdpa, True, True).to(q.dtype)
+        return attend_as(q.double(), k.double(), v.double(), m, groups, scaling, sdpa, True).to(q.dtype)
     return attend_as(q, k, v, mask, groups, scaling, sdpa, False)
 
 
