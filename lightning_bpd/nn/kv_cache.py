@@ -59,6 +59,7 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, S, H, Dh)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, S, H, Dh)
         self._lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
+        self._no_index = torch.zeros(0, dtype=torch.long, device=device)  # write_place's rows and slots for a slice
         self.bounds: tuple[int, int] | None = (0, 0)  # host-side (min, max) of lengths; None: unknown
         self.static = False  # fixed shapes: every slot read, lengths only changed in place
         self.tokens: Tensor | None = None  # (B, capacity) decoder inputs by position, for models that read them
@@ -153,8 +154,7 @@ class KVCache:
         when every row holds as many positions and the new ones are one slice, else -1; the rows (B, 1) and slots
         (B, T) to index otherwise)."""
         if self.ring is None and not self.static and self.bounds is not None and self.bounds[0] == self.bounds[1]:
-            empty = positions.new_zeros(0)
-            return self.prefix + self.bounds[0], empty, empty
+            return self.prefix + self.bounds[0], self._no_index, self._no_index
         rows = torch.arange(positions.shape[0], device=positions.device)[:, None]  # (B, 1)
         return -1, rows, positions % self.ring if self.ring else positions + self.prefix
 
