@@ -40,8 +40,12 @@ def pass_costs(binary: str | Path, gguf: str | Path, threads: int, sizes: Sequen
     costs = {}
     for line in done.stdout.splitlines():
         if line.startswith("{"):
-            entry = json.loads(line)
-            costs[int(entry["n_prompt"])] = float(entry["avg_ns"]) / 1e6
+            try:
+                entry = json.loads(line)
+                costs[int(entry["n_prompt"])] = float(entry["avg_ns"]) / 1e6
+            except (ValueError, KeyError, TypeError) as err:  # a JSON error is a ValueError
+                raise RuntimeError(f"{BENCH} wrote a line this reader cannot parse ({type(err).__name__}: "
+                                   f"{str(err)[:100]}): {line[:120]}") from None
     if set(costs) != set(sizes):
         raise RuntimeError(f"{BENCH} reported passes of {sorted(costs)} tokens, not {sorted(set(sizes))}")
     return costs

@@ -39,6 +39,8 @@ args = sys.argv[1:]
 if b"--fail" in open(args[args.index("-m") + 1], "rb").read():
     sys.stderr.write("error: failed to load model\n")
     sys.exit(1)
+if b"--garble" in open(args[args.index("-m") + 1], "rb").read():
+    print('{"n_prompt": 1, "avg_ns": 10')
 for n in args[args.index("-p") + 1].split(","):
     n = int(n)
     print(json.dumps({"n_prompt": n, "n_gen": 0, "n_depth": int(args[args.index("-d") + 1]),
@@ -82,6 +84,9 @@ def test_pass_costs_are_read_from_llama_bench(tmp_path):
     (tmp_path / "bad.gguf").write_text("--fail")
     with pytest.raises(RuntimeError, match="llama-bench failed on bad.gguf .exit 1.: error: failed to load model"):
         pass_costs(tmp_path / BENCH, tmp_path / "bad.gguf", 1, [1, 2], depth=0)
+    (tmp_path / "garbled.gguf").write_text("--garble")
+    with pytest.raises(RuntimeError, match="llama-bench wrote a line this reader cannot parse .JSONDecodeError"):
+        pass_costs(tmp_path / BENCH, tmp_path / "garbled.gguf", 1, [1, 2], depth=0)
     with pytest.raises(ValueError, match="pass sizes >= 1"):
         pass_costs(tmp_path / BENCH, tmp_path / "m.gguf", 1, [0, 2], depth=0)
 

@@ -41,6 +41,18 @@ def cache(tmp_path, monkeypatch) -> Path:
     return tmp_path / "xdg" / "lightning_bpd" / "gguf"
 
 
+def write_bert_gguf(path: Path) -> Path:
+    """A complete GGUF of an architecture transformers cannot dequantize (``bert``)."""
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 2).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def one_line(err: pytest.ExceptionInfo) -> str:
     text = str(err.value)
     assert "\n" not in text and "Traceback" not in text
@@ -87,18 +99,26 @@ def test_bad_files_are_one_line(tiny, cache, tmp_path):
     with pytest.raises(ValueError, match="no such file") as err:
         resolve_pretrained(tmp_path / "missing.gguf")
     one_line(err)
-    other = tmp_path / "bert.gguf"
-    writer = gguf.GGUFWriter(str(other), "bert")
-    writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", torch.zeros(4, 2).numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    other = write_bert_gguf(tmp_path / "bert.gguf")
     with pytest.raises(ValueError, match=r"cannot dequantize a GGUF of architecture 'bert' \(it can: .*llama") as err:
         resolve_pretrained(other)
     one_line(err)
     assert not cache.exists() or not any(cache.iterdir())  # no folder, no partial one
+
+
+def test_fit_on_a_gguf_transformers_cannot_read_says_so_once(tmp_path, cache, capsys):
+    from lightning_bpd.commands.cli import CONF_DIR
+    from tests.tasks.lm.tiny_lm import write_corpus
+
+    other = write_bert_gguf(tmp_path / "bert.gguf")
+    with pytest.raises(SystemExit) as err:
+        main(["fit", "--config", str(CONF_DIR / "lm" / "frozen_heads.yaml"), f"--model.init_args.pretrained={other}",
+              f"--data.init_args.root={write_corpus(tmp_path / 'data')}", f"--run_dir={tmp_path / 'run'}",
+              "--trainer.logger=false"])
+    assert str(err.value.code).startswith(f"error: {other}: transformers cannot dequantize a GGUF of architecture")
+    tried = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dequantizing")]
+    assert len(tried) == 1  # not once per dataloader Lightning's string of the data module builds
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_missing_extra_names_it(tiny, cache, monkeypatch):

@@ -104,6 +104,13 @@ class LMDataModule(pl.LightningDataModule):
         self.texts: dict[str, SplitTexts] = {}
         self.datasets: dict[str, PackedDataset] = {}
         self.train_windows: list[int] | None = None  # train on these windows only (a feature store's)
+        self.tokenizer_error: str | None = None  # why the tokenizer failed to load: said again, not tried again
+
+    def __str__(self) -> str:
+        """The folder, tokenizer and window length. Lightning's own string builds every dataloader: the whole data
+        tokenized to print a line (jsonargparse prints it for a link it skips), and a failed tokenizer tried once per
+        loader."""
+        return f"{type(self).__name__}(root={self.root}, tokenizer_path={self.tokenizer_path}, seq_len={self.seq_len})"
 
     # ---- files and tokenizer ---------------------------------------------------------------------------------
     @cached_property
@@ -125,11 +132,17 @@ class LMDataModule(pl.LightningDataModule):
         from lightning_bpd.hf.gguf_target import resolve_pretrained
         from lightning_bpd.hf.prompts import load_tokenizer
 
-        path = resolve_pretrained(os.fspath(self.tokenizer_path).removeprefix(HF_PREFIX))  # a .gguf: its folder
-        if not os.path.isdir(path):
-            raise ValueError(f"data.tokenizer_path: {path} is not a directory (a local checkpoint with its tokenizer) "
-                             "nor a .gguf file")
-        return load_tokenizer(path)
+        if self.tokenizer_error is not None:
+            raise ValueError(self.tokenizer_error)
+        try:
+            path = resolve_pretrained(os.fspath(self.tokenizer_path).removeprefix(HF_PREFIX))  # a .gguf: its folder
+            if not os.path.isdir(path):
+                raise ValueError(f"data.tokenizer_path: {path} is not a directory (a local checkpoint with its "
+                                 "tokenizer) nor a .gguf file")
+            return load_tokenizer(path)
+        except ValueError as err:
+            self.tokenizer_error = str(err)
+            raise
 
     @property
     def pad_id(self) -> int:

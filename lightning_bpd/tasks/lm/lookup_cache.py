@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ __all__ = ["NGRAM_MAX", "STRICT_PERCENT", "STRICT_SAMPLES", "LookupCounts", "dra
            "lookup_counts", "read_lookup_cache", "reference_counts", "write_lookup_cache"]
 
 NGRAM_MAX = 4  # LLAMA_NGRAM_MAX: the tokens of a record's key
+INT32_MAX = 2**31 - 1  # a record's counts are int32
 STRICT_SAMPLES = (4, 3, 2, 2)  # draft_min_sample_size_strict: observations an n-gram of 1..4 tokens needs
 STRICT_PERCENT = (75, 66, 66, 66)  # draft_min_percent_strict: the share (%) its most seen next token needs
 
@@ -98,25 +100,36 @@ def reference_counts(parts: list[tuple[list[int], int]], n: int, prune: bool = T
 def write_lookup_cache(path: str | os.PathLike, tables: list[LookupCounts]) -> Path:
     """``tables`` in llama.cpp's lookup-cache format at ``path`` (a temporary file first, then renamed)."""
     out = Path(path)
+    largest = max((int(t.counts.max()) for t in tables if len(t.counts)), default=0)
+    if largest > INT32_MAX:
+        raise ValueError(f"a count of {largest:,} does not fit llama.cpp's 32-bit counts: give a smaller --greedy-weight")
     tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "wb") as f:
-        for t in tables:
-            if not len(t.keys):
-                continue
-            spans = np.diff(t.starts)  # (m,)
-            head = np.full((len(t.keys), NGRAM_MAX + 1), -1, dtype="<i4")
-            head[:, : t.n], head[:, NGRAM_MAX] = t.keys, spans
-            pairs = np.stack([t.tokens, t.counts], axis=1).astype("<i4")  # (t, 2)
-            # one buffer: each key's header, then its pairs
-            record = np.zeros(len(t.keys) * (NGRAM_MAX + 1) + 2 * len(pairs), dtype="<i4")
-            at = np.arange(len(t.keys)) * (NGRAM_MAX + 1) + 2 * t.starts[:-1]  # where each record begins
-            record[at[:, None] + np.arange(NGRAM_MAX + 1)] = head
-            pair_at = np.repeat(at + NGRAM_MAX + 1, spans) + 2 * (np.arange(len(pairs)) - np.repeat(t.starts[:-1],
-                                                                                                     spans))
-            record[pair_at[:, None] + np.arange(2)] = pairs
-            f.write(record.tobytes())
-    os.replace(tmp, out)
+    try:
+        with open(tmp, "wb") as f:
+            write_records(f, tables)
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return out
+
+
+def write_records(f: BinaryIO, tables: list[LookupCounts]) -> None:
+    """Each table's records, as :func:`write_lookup_cache` lays them out, into the open file ``f``."""
+    for t in tables:
+        if not len(t.keys):
+            continue
+        spans = np.diff(t.starts)  # (m,)
+        head = np.full((len(t.keys), NGRAM_MAX + 1), -1, dtype="<i4")
+        head[:, : t.n], head[:, NGRAM_MAX] = t.keys, spans
+        pairs = np.stack([t.tokens, t.counts], axis=1).astype("<i4")  # (t, 2)
+        # one buffer: each key's header, then its pairs
+        record = np.zeros(len(t.keys) * (NGRAM_MAX + 1) + 2 * len(pairs), dtype="<i4")
+        at = np.arange(len(t.keys)) * (NGRAM_MAX + 1) + 2 * t.starts[:-1]  # where each record begins
+        record[at[:, None] + np.arange(NGRAM_MAX + 1)] = head
+        pair_at = np.repeat(at + NGRAM_MAX + 1, spans) + 2 * (np.arange(len(pairs)) - np.repeat(t.starts[:-1], spans))
+        record[pair_at[:, None] + np.arange(2)] = pairs
+        f.write(record.tobytes())
 
 
 def read_lookup_cache(path: str | os.PathLike) -> dict[tuple[int, ...], dict[int, int]]:
@@ -146,6 +159,11 @@ def export_lookup_cache(datastore: str | os.PathLike, out: str | os.PathLike, gr
 
     if isinstance(greedy_weight, bool) or not isinstance(greedy_weight, int) or greedy_weight < 1:
         raise ValueError(f"--greedy-weight must be an integer >= 1, got {greedy_weight!r}")
+    target = Path(out)
+    if target.is_dir():
+        raise ValueError(f"--out {os.fspath(out)} is a folder: give the lookup cache's file path")
+    if target.exists() and Path(datastore).exists() and target.samefile(datastore):
+        raise ValueError(f"--out {os.fspath(out)} is the datastore itself: give another file")
     record = checked_record(datastore, tokenizer)
     tokens = record["tokens"].to(torch.int64).numpy()
     text = int(record["data"].get("text_tokens", len(tokens)))

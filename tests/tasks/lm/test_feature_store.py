@@ -6,6 +6,7 @@ and refuses a store of another target, tokenizer, data or layers in one line."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,14 @@ def test_bad_stores_are_one_line(target, data, store, tmp_path):
     other = write_checkpoint(tmp_path / "other", layers=4, seed=5)
     with pytest.raises(ValueError, match="made by another target"):
         DFlashModule(str(other), block_size=4, target_layer_ids=[0, 2], feature_store=str(store))
+    from transformers import AutoTokenizer
+
+    retok = Path(shutil.copytree(target, tmp_path / "retok"))  # the same weights, its tokenizer's pad id another
+    tok = AutoTokenizer.from_pretrained(retok)
+    tok.pad_token = tok.eos_token
+    tok.save_pretrained(retok)
+    with pytest.raises(ValueError, match="was made with another tokenizer: make a store with the target's own"):
+        DFlashModule(str(retok), block_size=4, target_layer_ids=[0, 2], feature_store=str(store))
     with pytest.raises(ValueError, match=r"holds layers \[0, 2\], not \[1\]"):
         DFlashModule(str(target), block_size=4, target_layer_ids=[0, 1], feature_store=str(store))
     with pytest.raises(ValueError, match="no feature store there"):

@@ -99,11 +99,21 @@ def test_bad_input_is_one_line(tmp_path, checkpoint, capsys):
     with pytest.raises(SystemExit, match=r"^lookup-cache: .*bad\.pt: not a readable datastore"):
         lookup_cache(["--datastore", str(tmp_path / "bad.pt"), "--out", str(tmp_path / "c.bin")])
     store = save_datastore(tmp_path / "d.pt", [5, 6, 7] * 4, tokenizer(extra=3), {"text_tokens": 12})
+    stored = store.read_bytes()
     with pytest.raises(SystemExit, match=r"^lookup-cache: --greedy-weight must be an integer >= 1"):
         lookup_cache(["--datastore", str(store), "--out", str(tmp_path / "c.bin"), "--greedy-weight", "0"])
     with pytest.raises(SystemExit, match=r"^lookup-cache: .*d\.pt: a datastore of another tokenizer"):
         lookup_cache(["--datastore", str(store), "--out", str(tmp_path / "c.bin"), "--pretrained", str(checkpoint)])
-    assert not (tmp_path / "c.bin").exists()
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(SystemExit, match=r"^lookup-cache: --out .*folder is a folder: give the lookup cache's file"):
+        lookup_cache(["--datastore", str(store), "--out", str(tmp_path / "folder")])
+    with pytest.raises(SystemExit, match=r"^lookup-cache: --out .*d\.pt is the datastore itself"):
+        lookup_cache(["--datastore", str(store), "--out", str(store)])
+    both = save_datastore(tmp_path / "both.pt", [5, 6, 7] * 6, tokenizer(extra=3), {"text_tokens": 12})
+    with pytest.raises(SystemExit, match=r"^lookup-cache: a count of 2,147,483,652 does not fit llama.cpp's 32-bit"):
+        lookup_cache(["--datastore", str(both), "--out", str(tmp_path / "c.bin"), "--greedy-weight", str(2**30)])
+    assert not (tmp_path / "c.bin").exists() and not list(tmp_path.glob("*.tmp"))
+    assert not any((tmp_path / "folder").iterdir()) and store.read_bytes() == stored
     lookup_cache(["--datastore", str(store), "--out", str(tmp_path / "c.bin")])
     assert "n-grams llama.cpp can draft from" in capsys.readouterr().out
     assert read_lookup_cache(tmp_path / "c.bin")[(5, 6)] == {7: 4}
