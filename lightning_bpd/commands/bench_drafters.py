@@ -238,7 +238,9 @@ def run(args: argparse.Namespace, prog: str = "bench") -> dict[str, Any]:
             modules[name] = base_run(path, args.device) if base_only(path, spellings.get(name)) else \
                 load_model(path, args.device)
         except (ValueError, OSError, KeyError, RuntimeError, TypeError) as err:
-            sys.exit(f"{prog}: --run {name}={path}: {load_error(err)}")
+            bare = " (or, with @greedy, @prompt-lookup or @retrieval:FILE, a .gguf or Hugging Face folder)" if \
+                isinstance(err, FileNotFoundError) and not Path(path).exists() else ""
+            sys.exit(f"{prog}: --run {name}={path}: {load_error(err)}{bare}")
     first_name, first = next(iter(modules.items()))
     from lightning_bpd.hf.causal import HFCausalBlockwise
 

@@ -71,6 +71,14 @@ def run(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
     if os.path.isdir(args.out):
         raise ValueError(f"--out {args.out}: a folder, not a file (give the datastore file's path)")
+    if os.path.exists(args.out):
+        from lightning_bpd.tasks.lm.datastore import checked_record
+
+        try:
+            checked_record(args.out)
+        except ValueError:
+            raise ValueError(f"--out {args.out}: an existing file that is not a datastore, which this would replace: "
+                             "give a new path") from None
     start = time.perf_counter()
     pretrained, tokenizer = target_tokenizer(args.pretrained)
     data = LMDataModule(args.data_root, HF_PREFIX + pretrained, val_fraction=args.val_fraction,

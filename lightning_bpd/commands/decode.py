@@ -26,6 +26,7 @@ checkpoint that forces EOS at the cap ends its capped rows with it); the default
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
@@ -147,6 +148,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("decode: --batch-size must be >= 1")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         sys.exit(f"decode: --max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.output != "-":
+        if os.path.isdir(args.output):
+            sys.exit(f"decode: --out {args.output} is a folder: give the output file's path")
+        if args.input != "-" and os.path.exists(args.input) and os.path.exists(args.output) \
+                and os.path.samefile(args.input, args.output):
+            sys.exit(f"decode: --out {args.output} is the --input file, which writing would erase: give another path")
     try:
         try:
             module = load_model(args.ckpt, args.device, base=args.base)
@@ -186,7 +193,10 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:  # a cap past the checkpoint's positions, a refused generation setting, ...
         sys.exit(f"decode: {err}")
     seconds = time.perf_counter() - start
-    out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
+    try:
+        out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
+    except OSError as err:
+        sys.exit(f"decode: --out {args.output}: {err.strerror or type(err).__name__}")
     try:
         for line in texts:
             out.write(line + "\n")

@@ -34,6 +34,7 @@ from lightning_bpd.drafters.registry import REGISTERED
 # (max_matching_ngram_size 2, prompt_lookup_num_tokens 10)
 LOOKUP_NGRAM, LOOKUP_TOKENS = 2, 10
 RETRIEVAL_NODES, RETRIEVAL_DEPTH = 8, 6  # retrieval's default tree: 9 inputs a verify pass at most
+RETRIEVAL_MAX = (1024, 256)  # the largest NODES and DEPTH retrieval takes (Sequoia's GPU trees reach 768 nodes)
 BASE_ONLY = ("prompt-lookup", "retrieval")  # proposers that read only the base: any run of it takes them
 
 PROPOSER_HELP = ("what proposes the candidates: heads (default), tree:N (the tree of N nodes from the heads' rank "
@@ -171,13 +172,24 @@ def retrieval_choice(text: str, rest: str) -> ProposerChoice:
     tree's size and the cap on a verify pass's inputs over the batch (0: none), the rest the datastore's path."""
     parts = rest.split(":")
     numbers: list[int] = []
-    while len(parts) > 1 and len(numbers) < 3 and parts[-1].strip().lstrip("-").isdigit():
+    while len(parts) > 1 and len(numbers) < 3 and is_integer(parts[-1]):
         numbers.insert(0, int(parts.pop()))
+    if len(parts) > 1 and is_integer(parts[-1]):
+        raise ValueError(f"{text}: retrieval takes at most three numbers after its file (NODES:DEPTH:INPUTS)")
     if any(n < 1 for n in numbers[:2]) or any(n < 0 for n in numbers[2:]):
         raise ValueError("retrieval's NODES and DEPTH must be >= 1, INPUTS >= 0")
-    nodes, depth, inputs = (*numbers, RETRIEVAL_NODES, RETRIEVAL_DEPTH, 0)[0], (*numbers[1:], RETRIEVAL_DEPTH)[0], (
-        *numbers[2:], 0)[0]
+    nodes = numbers[0] if numbers else RETRIEVAL_NODES
+    depth = numbers[1] if len(numbers) > 1 else RETRIEVAL_DEPTH
+    inputs = numbers[2] if len(numbers) > 2 else 0
+    if nodes > RETRIEVAL_MAX[0] or depth > RETRIEVAL_MAX[1]:
+        raise ValueError(f"retrieval's NODES {nodes} and DEPTH {depth}: at most {RETRIEVAL_MAX[0]} and "
+                         f"{RETRIEVAL_MAX[1]} (a verify pass takes NODES + 1 inputs a row)")
     return ProposerChoice(text, "retrieval", ckpt=":".join(parts), tree_size=(nodes, depth, inputs))
+
+
+def is_integer(text: str) -> bool:
+    """Whether ``text`` is an integer, signed or not (a spelling's number, not a path)."""
+    return text.strip().lstrip("-").isdigit()
 
 
 def old_tree(text: str) -> str:

@@ -147,3 +147,9 @@ def test_runs_of_another_base_bad_pairs_and_unknown_names_are_one_line(runs, che
         bench([*base, "--k", "chained=9"])
     with pytest.raises(SystemExit, match=r"--run gone=.*no checkpoint at"):
         bench([*base, "--run", f"gone={tmp_path / 'gone.ckpt'}"])
+
+
+def test_a_missing_base_of_a_base_only_run_names_what_it_takes(runs, tmp_path):
+    with pytest.raises(SystemExit, match=r"--run r=.*no checkpoint at .* \(or, with @greedy, @prompt-lookup or "
+                                         r"@retrieval:FILE, a \.gguf or Hugging Face folder\)$"):
+        bench([*new_args(runs, "medusa"), "--run", f"r={tmp_path / 'nobase'}@greedy"])

@@ -4,6 +4,7 @@ them; ``decode --proposer retrieval:FILE`` continues as greedy (a datastore of t
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
@@ -159,3 +160,27 @@ def test_greedy_adds_the_targets_own_continuations_after_their_prompts(built, ch
     want = src[0].tolist() + greedy_decode(module.model, src, N).sequences()[0]
     got = record["tokens"][data["text_tokens"] :].tolist()
     assert got[: len(want)] == want and got[len(want)] == module.tokenizer.eos_token_id
+
+
+def test_out_of_range_spellings_are_one_line():
+    for spelling, match in (("retrieval:s.pt:1:2:3:4", "at most three numbers after its file"),
+                            ("retrieval:s.pt:8:100000000", "NODES 8 and DEPTH 100000000: at most 1024 and 256"),
+                            ("retrieval:s.pt:2000", "NODES 2000 and DEPTH 6: at most 1024")):
+        with pytest.raises(argparse.ArgumentTypeError, match=match) as err:
+            proposer_arg(spelling)
+        assert "\n" not in str(err.value)
+    assert proposer_arg("retrieval:s.pt:1024:256").tree_size == (1024, 256, 0)
+
+
+def test_out_never_replaces_a_file_that_is_not_a_datastore(built, checkpoint, tmp_path):
+    common = ["--pretrained", str(checkpoint), "--data-root", str(built / "data"), "--val-fraction", "0",
+              "--test-fraction", "0"]
+    for victim in (built / "data" / "file0.py", checkpoint / "config.json"):
+        before = victim.read_bytes()
+        with pytest.raises(SystemExit, match=r"^datastore: --out .*: an existing file that is not a datastore"):
+            datastore([*common, "--out", str(victim)])
+        assert victim.read_bytes() == before
+    again = tmp_path / "again.pt"
+    again.write_bytes((built / "store.pt").read_bytes())
+    datastore([*common, "--out", str(again)])  # a datastore is made again in place
+    assert read_record(again)["tokens"].tolist() == read_record(built / "store.pt")["tokens"].tolist()

@@ -122,3 +122,17 @@ def test_a_held_out_prompt_that_spells_the_pad_token_is_left_out(heads, tmp_path
     batches = module.decode_eval_batches("val", None, 4)
     assert [s for b in batches for s in b.sources] == prompts[1:]
     assert all(int(b.src.ne(module.model.pad_id).sum(dim=1).min()) > 0 for b in batches)
+
+
+def test_decode_refuses_an_out_that_is_a_folder_or_the_input(heads, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "x = 1"}) + "\n")
+    before = prompts.read_bytes()
+    with pytest.raises(SystemExit, match=r"^decode: --out .* is a folder: give the output file's path$"):
+        main(["decode", "--ckpt", str(heads), "--input", str(prompts), "--out", str(tmp_path), "--device", "cpu"])
+    with pytest.raises(SystemExit, match=r"^decode: --out .*prompts\.jsonl is the --input file, which writing would"):
+        main(["decode", "--ckpt", str(heads), "--input", str(prompts), "--out", str(prompts), "--device", "cpu"])
+    assert prompts.read_bytes() == before
+    with pytest.raises(SystemExit, match=r"^decode: --out .*missing/out\.jsonl: No such file or directory$"):
+        main(["decode", "--ckpt", str(heads), "--input", str(prompts), "--out", str(tmp_path / "missing" / "out.jsonl"),
+              "--device", "cpu"])
