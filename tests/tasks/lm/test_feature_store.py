@@ -260,3 +260,26 @@ def test_a_store_of_edited_data_is_not_resumed(target, data, tmp_path):
     (out / "store.json").write_text(json.dumps(meta))
     make_store(target, edited, out, "--sequences", "4")
     assert (out / shard_name(1)).is_file()
+
+
+def test_an_accelerator_the_machine_lacks_writes_nothing(target, data, store, tmp_path, monkeypatch):
+    import pytorch_lightning as pl
+    from lightning_fabric.utilities.exceptions import MisconfigurationException
+
+    def no_gpu(*args: object, **kwargs: object) -> None:  # a GPU machine refuses as a CPU one does
+        raise MisconfigurationException("No supported gpu backend found!")
+
+    monkeypatch.setattr(pl, "Trainer", no_gpu)
+    for out in (tmp_path / "new", tmp_path / "deeper" / "new"):
+        with pytest.raises(SystemExit) as err:
+            make_store(target, data, out, "--accelerator", "gpu")
+        message = str(err.value)
+        assert message.startswith("store: --accelerator gpu") and "give --accelerator cpu (or auto)" in message
+        assert "\n" not in message and not out.exists()  # no half-made store.json without shards
+    assert not (tmp_path / "deeper").exists()
+    resumed = shutil.copytree(store, tmp_path / "resumed")
+    (resumed / shard_name(1)).unlink()
+    before = {p.name: p.read_bytes() for p in resumed.iterdir()}
+    with pytest.raises(SystemExit, match="give --accelerator cpu"):
+        make_store(target, data, resumed, "--accelerator", "gpu")
+    assert {p.name: p.read_bytes() for p in resumed.iterdir()} == before  # the store being resumed, as it was
