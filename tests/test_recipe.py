@@ -282,6 +282,100 @@ def test_a_stage_whose_input_vanished_is_one_line(fake, capsys):
     assert "stage base is marked done: delete runs/two/base/stage_done.json" in message
 
 
+# Two stages that can only both finish when they run at the same time: each says it started, then waits for the
+# other's word (a stage run after the other would wait in vain and fail)
+RENDEZVOUS = r"""
+import os, sys, time
+from pathlib import Path
+argv = sys.argv[1:]
+out = Path(argv[argv.index("--out") + 1])
+out.mkdir(parents=True, exist_ok=True)
+(out.parent / f"{out.name}.started").write_text(os.environ.get("OMP_NUM_THREADS", "unset"))
+other = out.parent / (argv[argv.index("--other") + 1] + ".started")
+for _ in range(400):
+    if other.exists():
+        break
+    time.sleep(0.05)
+else:
+    print("the other stage never started", flush=True)
+    sys.exit(4)
+print(f"{out.name}: first line\rprogress 50%\rprogress 100%", flush=True)
+if any(a.startswith("--fail") for a in argv):
+    sys.exit(3)
+time.sleep(0.3)
+print(f"{out.name}: done", flush=True)
+"""
+
+BESIDE = """description: two stages side by side, then one after them
+stages:
+  - name: a
+    command: store
+    args: --out {out} --other b
+  - name: b
+    command: store
+    beside: a
+    args: --out {out} --other a
+  - name: c
+    command: store
+    args: --out {out} --other a
+"""
+
+
+@pytest.fixture
+def rendezvous(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    script = tmp_path / "rendezvous.py"
+    script.write_text(RENDEZVOUS)
+    monkeypatch.setattr(rc, "PYTHON_M", [sys.executable, str(script)])
+    (tmp_path / "beside.yaml").write_text(BESIDE)
+    return tmp_path
+
+
+def test_stages_beside_each_other_run_at_the_same_time_on_a_share_of_the_cores(rendezvous, capsys, monkeypatch):
+    monkeypatch.setattr(rc.os, "cpu_count", lambda: 2)
+    assert rc.main(["beside.yaml"]) == 0
+    out = capsys.readouterr().out
+    runs = rendezvous / "runs" / "beside"
+    assert all((runs / f"{stage}/stage_done.json").is_file() for stage in "abc")
+    assert (runs / "a.started").read_text() == (runs / "b.started").read_text() == "1"  # 2 cores, 2 stages
+    assert (runs / "c.started").read_text() == "unset"  # alone: the cores are its own
+    lines = out.splitlines()
+    for stage in "ab":  # line by line after the stage's name; a progress bar's \r ends a line
+        assert f"[{stage}] {stage}: first line" in lines and f"[{stage}] progress 100%" in lines
+        assert f"[{stage}] {stage}: done" in lines
+        assert f"{stage}: first line\rprogress 50%".encode() in (runs / stage / "stage.log").read_bytes()  # as written
+    assert "c: first line" in out and "[c]" not in out
+
+
+def test_one_failing_beside_another_lets_it_finish(rendezvous, capsys):
+    with pytest.raises(SystemExit) as exc:
+        rc.main(["beside.yaml", "--set", "b.fail=1"])  # b's stand-in fails once both have started
+    assert exc.value.code == 1
+    captured = capsys.readouterr()
+    runs = rendezvous / "runs" / "beside"
+    assert (runs / "a/stage_done.json").is_file() and not (runs / "b/stage_done.json").exists()
+    assert not (runs / "c").exists()  # nothing after the failed group
+    assert "recipe: stage b failed (exit 3)" in captured.err
+    assert [line.split()[:2] for line in captured.out.splitlines() if line.startswith(("a ", "b ", "c "))] == [
+        ["a", "ran"], ["b", "failed"], ["c", "not"]]
+
+
+def test_beside_is_checked_when_the_recipe_loads(tmp_path, capsys):
+    for text, match in (
+            (BESIDE.replace("beside: a", "beside: c"), r"stage 2 .b.: beside 'c': a stage runs beside the stage just before"),
+            (BESIDE.replace("--out {out} --other a\n  - name: c", "--out {out} --other {a}\n  - name: c"),
+             "stage b reads the folder of stage a, which it runs beside"),
+            (BESIDE.replace("  - name: a\n", "  - name: a\n    beside: z\n", 1), "stage 1 .a.: beside 'z': .*.no stage.")):
+        (tmp_path / "bad.yaml").write_text(text)
+        with pytest.raises(rc.RecipeError, match=match):
+            rc.load_recipe(str(tmp_path / "bad.yaml"))
+    (tmp_path / "ok.yaml").write_text(BESIDE)
+    assert [s.beside for s in rc.load_recipe(str(tmp_path / "ok.yaml")).stages] == [None, "a", None]
+    assert rc.main([str(tmp_path / "ok.yaml"), "--dry-run", "--runs", str(tmp_path / "runs")]) == 0
+    assert "# [2/3] b (beside a): would run" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------------------------- stage configs
 
 

@@ -22,6 +22,11 @@ a user could type), writing into its own folder ``<runs>/<recipe>/<stage>/``::
 of this recipe, e.g. ``{base}/last.ckpt``; ``{runs}/{recipe}/base/last.ckpt`` is the same path). A fit,
 validate or test stage without ``--run_dir`` gets ``--run_dir {out}``; ``config:`` becomes ``--config``.
 
+``beside: <stage>`` runs a stage at the same time as the stage just before it (and as whatever that one runs beside),
+each with ``OMP_NUM_THREADS`` = the cores / the stages running (unless set): two one-thread fits on two cores. A stage
+may not read the folder of a stage it runs beside; their output comes to the terminal line by line, each line after
+``[<stage>]``, and whole to each stage's log. When one fails, the others finish.
+
 ``reuse: <recipe>/<stage>`` takes a stage of another recipe as it is defined there: it runs (or is found done)
 in that recipe's folder, and ``{<stage>}`` here names that folder. So the paper-head recipes share the base
 model and the distilled targets of ``multi30k-k8`` instead of training them again.
@@ -57,6 +62,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +100,7 @@ class Stage:
     recipe: str  # the recipe whose folder holds this stage (another one for a reused stage)
     context: dict[str, str]  # placeholder -> value (runs, recipe, out, the stage folders of its recipe)
     reused: str | None = None  # "<recipe>/<stage>" when taken from another recipe
+    beside: str | None = None  # the stage just before, which this one runs at the same time as
 
     @property
     def folder(self) -> Path:
@@ -188,9 +195,9 @@ def reused_stage(entry: dict, where: str, runs: str, recipes_dir: Path, chain: t
 
 def own_stage(entry: dict, where: str, path: Path) -> tuple[str, tuple[str, list[str]]]:
     """A stage of this recipe: ``(name, (command, args))``, ``config`` as ``--config``, ``--run_dir {out}`` added."""
-    extra = set(entry) - {"name", "command", "config", "args"}
+    extra = set(entry) - {"name", "command", "config", "args", "beside"}
     if extra:
-        raise RecipeError(f"{where}: unknown keys {sorted(extra)} (known: name, command, config, args, reuse)")
+        raise RecipeError(f"{where}: unknown keys {sorted(extra)} (known: name, command, config, args, beside, reuse)")
     local = str(entry.get("name", ""))
     command = entry.get("command")
     if command not in STAGE_COMMANDS:
@@ -226,6 +233,7 @@ def load_recipe(name: str, runs: str = "runs", recipes_dir: Path = RECIPES_DIR, 
         raise RecipeError(f"{path}: unknown keys {sorted(unknown)} (known: description, reaches, stages)")
     folders: dict[str, str] = {}
     entries: list[tuple[str, Stage | tuple[str, list[str]]]] = []  # (name, a reused stage or (command, args))
+    beside: dict[str, str] = {}  # stage -> the stage just before it, which it runs beside
     for i, entry in enumerate(data["stages"]):
         where = f"{path}: stage {i + 1}"
         if not isinstance(entry, dict):
@@ -240,11 +248,15 @@ def load_recipe(name: str, runs: str = "runs", recipes_dir: Path = RECIPES_DIR, 
             raise RecipeError(f"{where}: stage name {local!r}: letters, digits and _ only, not {', '.join(RESERVED)}")
         if local in folders:
             raise RecipeError(f"{path}: two stages are named {local!r}")
+        if isinstance(entry, dict) and entry.get("beside") is not None:
+            beside[local] = beside_of(entry, where, local, entries)
         folders[local] = folder
         entries.append((local, item))
     context = {"runs": runs, "recipe": name, **folders}
-    stages = [item if isinstance(item, Stage) else Stage(local, item[0], item[1], name, {**context, "out": folders[local]})
+    stages = [item if isinstance(item, Stage) else Stage(local, item[0], item[1], name, {**context, "out": folders[local]},
+                                                         beside=beside.get(local))
               for local, item in entries]
+    check_groups(stages, path)
     for stage in stages:
         for arg in stage.args:
             for key in PLACEHOLDER_RE.findall(arg):
@@ -252,6 +264,41 @@ def load_recipe(name: str, runs: str = "runs", recipes_dir: Path = RECIPES_DIR, 
                     raise RecipeError(f"{path}: stage {stage.name}: unknown placeholder {{{key}}} in {arg!r} "
                                       f"(known: {', '.join('{' + k + '}' for k in stage.context if k != 'out')}, {{out}})")
     return Recipe(name, path, str(data.get("description", "")), str(data.get("reaches", "")), runs, stages)
+
+
+def beside_of(entry: dict, where: str, local: str, before: list[tuple[str, Any]]) -> str:
+    """``beside: <stage>``'s stage: the one just before this one (a stage of this recipe, not a reused one)."""
+    other = str(entry["beside"])
+    if "reuse" in entry:
+        raise RecipeError(f"{where} ({local}): a reused stage runs in its own recipe's order: no 'beside'")
+    if not before or before[-1][0] != other:
+        just = f"stage {before[-1][0]!r}" if before else "no stage"
+        raise RecipeError(f"{where} ({local}): beside {other!r}: a stage runs beside the stage just before it "
+                          f"({just})")
+    return other
+
+
+def groups(stages: list[Any], of: Any = lambda s: s) -> list[list[Any]]:
+    """``stages`` (or the items ``of`` maps to a Stage) cut into the groups that run at the same time: a stage with
+    ``beside`` joins the group of the one before it."""
+    out: list[list[Any]] = []
+    for item in stages:
+        if out and of(item).beside is not None and of(out[-1][-1]).name == of(item).beside:
+            out[-1].append(item)
+        else:
+            out.append([item])
+    return out
+
+
+def check_groups(stages: list[Stage], path: Path) -> None:
+    """A stage never reads the folder of a stage it runs beside."""
+    for group in groups(stages):
+        names = {s.name for s in group}
+        for stage in group:
+            read = sorted({key for arg in stage.args for key in PLACEHOLDER_RE.findall(arg)} & (names - {stage.name}))
+            if read:
+                raise RecipeError(f"{path}: stage {stage.name} reads the folder of stage {read[0]}, which it runs beside: "
+                                  "drop 'beside' (it must wait for it)")
 
 
 def display_path(path: Path) -> str:
@@ -462,7 +509,8 @@ def shell_line(argv: list[str]) -> str:
 def print_plan(recipe: Recipe, planned: list[Planned]) -> None:
     print(f"# recipe {recipe.name} ({display_path(recipe.path)}): {recipe.description}".rstrip(": "))
     for i, p in enumerate(planned, 1):
-        where = f" (from recipe {p.stage.recipe})" if p.stage.reused else ""
+        where = f" (from recipe {p.stage.recipe})" if p.stage.reused else f" (beside {p.stage.beside})" \
+            if p.stage.beside else ""
         if p.status == "done":
             state = f"done ({p.stage.folder / DONE_FILE}), skipped"
         elif p.status == "skipped":
@@ -594,8 +642,19 @@ def tee(proc: subprocess.Popen, log: Any) -> None:
             sys.stdout.flush()
 
 
-def run_stage(p: Planned, recipe: Recipe, index: int, total: int) -> int:
-    """Run one stage's command, tee'd to its stage.log; write stage_done.json when it exits 0."""
+@dataclass
+class Running:
+    """A stage's command started: its process, its open log, and what its markers record."""
+    p: Planned
+    proc: subprocess.Popen
+    log: Any
+    line: str
+    started: str
+    t0: float
+
+
+def start_stage(p: Planned, recipe: Recipe, index: int, total: int, threads: int | None = None) -> Running:
+    """Start one stage's command (``threads``: its ``OMP_NUM_THREADS`` unless ours is set), logging to its stage.log."""
     folder = p.stage.folder
     folder.mkdir(parents=True, exist_ok=True)
     argv = p.full_argv()
@@ -604,32 +663,37 @@ def run_stage(p: Planned, recipe: Recipe, index: int, total: int) -> int:
     print(f"\n=== recipe {recipe.name}: stage {p.stage.name} [{index}/{total}]{resume}\n{line}", flush=True)
     (folder / RUNNING_FILE).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                                    "started": now(), "command": line}) + "\n")
-    started, t0, cpu0 = now(), time.perf_counter(), cpu_seconds_of_children()
+    started, t0 = now(), time.perf_counter()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    returncode = None
+    if threads is not None and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(threads)
+    log = open(folder / LOG_FILE, "ab")  # noqa: SIM115 (closed by finish_stage)
     try:
-        with open(folder / LOG_FILE, "ab") as log:
-            log.write(f"\n=== {started} recipe {recipe.name}, stage {p.stage.name}{resume}\n$ {line}\n".encode())
-            log.flush()
-            proc = subprocess.Popen([*PYTHON_M, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-            try:
-                tee(proc, log)
-                returncode = proc.wait()
-            except BaseException:
-                stop(proc)
-                raise
-    finally:
-        seconds, cpu = time.perf_counter() - t0, cpu_seconds_of_children() - cpu0
-        attempt = {"started": started, "ended": now(), "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
-                   "returncode": returncode, "resumed_from": p.resume_from, "command": line}
-        with open(folder / ATTEMPTS_FILE, "a") as f:
-            f.write(json.dumps(attempt) + "\n")
+        log.write(f"\n=== {started} recipe {recipe.name}, stage {p.stage.name}{resume}\n$ {line}\n".encode())
+        log.flush()
+        proc = subprocess.Popen([*PYTHON_M, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    except BaseException:
+        log.close()
         (folder / RUNNING_FILE).unlink(missing_ok=True)
+        raise
+    return Running(p, proc, log, line, started, t0)
+
+
+def finish_stage(run: Running, returncode: int | None, cpu: float) -> int | None:
+    """Close a stage's log, record the attempt, and write stage_done.json when it exited 0."""
+    p, folder = run.p, run.p.stage.folder
+    run.log.close()
+    seconds = time.perf_counter() - run.t0
+    attempt = {"started": run.started, "ended": now(), "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
+               "returncode": returncode, "resumed_from": p.resume_from, "command": run.line}
+    with open(folder / ATTEMPTS_FILE, "a") as f:
+        f.write(json.dumps(attempt) + "\n")
+    (folder / RUNNING_FILE).unlink(missing_ok=True)
     p.seconds, p.returncode = seconds, returncode
     if returncode == 0:
         attempts = read_attempts(folder)
         marker = {"recipe": p.stage.recipe, "stage": p.stage.name, "command": shell_line(p.argv), "argv": p.argv,
-                  "resumed_from": p.resume_from, "cwd": os.getcwd(), "started": started, "ended": attempt["ended"],
+                  "resumed_from": p.resume_from, "cwd": os.getcwd(), "started": run.started, "ended": attempt["ended"],
                   "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1), "attempts": len(attempts),
                   "seconds_all_attempts": round(sum(a.get("seconds") or 0 for a in attempts), 1),
                   "cpu_seconds_all_attempts": round(sum(a.get("cpu_seconds") or 0 for a in attempts), 1)}
@@ -640,6 +704,82 @@ def run_stage(p: Planned, recipe: Recipe, index: int, total: int) -> int:
         (folder / DONE_FILE).write_text(json.dumps(marker, indent=2) + "\n")
         p.marker = marker
     return returncode
+
+
+def run_stage(p: Planned, recipe: Recipe, index: int, total: int) -> int | None:
+    """Run one stage's command, tee'd to its stage.log; write stage_done.json when it exits 0."""
+    cpu0 = cpu_seconds_of_children()
+    run = start_stage(p, recipe, index, total)
+    returncode = None
+    try:
+        tee(run.proc, run.log)
+        returncode = run.proc.wait()
+    except BaseException:
+        stop(run.proc)
+        raise
+    finally:
+        finish_stage(run, returncode, cpu_seconds_of_children() - cpu0)
+    return returncode
+
+
+def tee_lines(run: Running, lock: threading.Lock) -> None:
+    """Copy a stage's output to its log as it comes, and to our stdout line by line after ``[<stage>]``."""
+    prefix, pending = f"[{run.p.stage.name}] ".encode(), b""
+    fd = run.proc.stdout.fileno()
+    while True:
+        chunk = os.read(fd, 65536)
+        if chunk:
+            run.log.write(chunk)
+            run.log.flush()
+            *lines, pending = re.split(rb"\r\n|\r|\n", pending + chunk)  # a progress bar's \r ends a line too
+        else:
+            lines, pending = [pending], b""
+        with lock:
+            for line in lines:
+                if line.strip():
+                    write_out(prefix + line + b"\n")
+        if not chunk:
+            return
+
+
+def write_out(data: bytes) -> None:
+    """``data`` on our stdout (binary where it has a buffer)."""
+    binary = out_stream()
+    if binary is not None:
+        binary.write(data)
+        binary.flush()
+    else:
+        sys.stdout.write(data.decode("utf-8", errors="replace"))
+        sys.stdout.flush()
+
+
+def run_beside(group: list[Planned], recipe: Recipe, index: dict[str, int], total: int) -> list[int | None]:
+    """Run the stages of ``group`` at the same time, each on its share of the cores; each is marked done when it exits
+    0, and one failing leaves the others running to their end. -> their exit codes."""
+    threads = max(1, (os.cpu_count() or 1) // len(group))
+    cpu0 = cpu_seconds_of_children()
+    runs: list[Running] = []
+    codes: list[int | None] = [None] * len(group)
+    lock = threading.Lock()
+    try:
+        for p in group:
+            runs.append(start_stage(p, recipe, index[p.stage.name], total, threads))
+        readers = [threading.Thread(target=tee_lines, args=(run, lock), daemon=True) for run in runs]
+        for reader in readers:
+            reader.start()
+        for i, run in enumerate(runs):
+            codes[i] = run.proc.wait()
+        for reader in readers:
+            reader.join()
+    except BaseException:
+        for run in runs:
+            stop(run.proc)
+        raise
+    finally:
+        cpu = (cpu_seconds_of_children() - cpu0) / max(1, len(runs))  # the group's CPU, shared out
+        for i, run in enumerate(runs):
+            finish_stage(run, codes[i], cpu)
+    return codes
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -721,17 +861,25 @@ def run(recipe: Recipe, planned: list[Planned]) -> int:
     failed: Planned | None = None
     interrupted = False
     previous = signal.signal(signal.SIGTERM, interrupt)
+    index = {p.stage.name: i for i, p in enumerate(planned, 1)}
     try:
-        for i, p in enumerate(planned, 1):
-            if p.status != "run":
-                continue
-            for path, maker in p.inputs:  # made by a stage that ran just now: it must be there
-                if not Path(path).exists():
-                    raise RecipeError(f"stage {p.stage.name} needs {path} (made by stage {maker}), which does not "
-                                      f"exist although stage {maker} finished: see {by_name[maker].stage.folder / LOG_FILE}")
-            ran.add(p.stage.name)
-            if run_stage(p, recipe, i, len(planned)) != 0:
-                failed = p
+        for group in groups(planned, lambda p: p.stage):
+            todo_now = [p for p in group if p.status == "run"]
+            for p in todo_now:
+                for path, maker in p.inputs:  # made by a stage that ran just now: it must be there
+                    if not Path(path).exists():
+                        raise RecipeError(f"stage {p.stage.name} needs {path} (made by stage {maker}), which does not "
+                                          f"exist although stage {maker} finished: see "
+                                          f"{by_name[maker].stage.folder / LOG_FILE}")
+            ran.update(p.stage.name for p in todo_now)
+            if len(todo_now) == 1:
+                codes = [run_stage(todo_now[0], recipe, index[todo_now[0].stage.name], len(planned))]
+            elif todo_now:
+                codes = run_beside(todo_now, recipe, index, len(planned))
+            else:
+                codes = []
+            failed = next((p for p, code in zip(todo_now, codes) if code != 0), None)
+            if failed is not None:
                 break
     except KeyboardInterrupt:
         interrupted = True
