@@ -376,6 +376,96 @@ def test_beside_is_checked_when_the_recipe_loads(tmp_path, capsys):
     assert "# [2/3] b (beside a): would run" in capsys.readouterr().out
 
 
+# A stage that prints --lines lines, then sleeps --sleep seconds
+SLEEPER = r"""
+import sys, time
+from pathlib import Path
+argv = sys.argv[1:]
+opt = {a.split("=")[0]: a.split("=")[1] for a in argv if "=" in a}
+Path(argv[argv.index("--out") + 1]).mkdir(parents=True, exist_ok=True)
+for i in range(int(opt.get("--lines", "1"))):
+    print(f"line {i} " + "x" * 60)
+sys.stdout.flush()
+time.sleep(float(opt.get("--sleep", "0")))
+print("done", flush=True)
+"""
+
+SLOW_BESIDE_QUICK = """description: a slow stage and a quick one beside it
+stages:
+  - name: a
+    command: store
+    args: --out {out} --sleep=30
+  - name: b
+    command: store
+    beside: a
+    args: --out {out} --sleep=0.2
+"""
+
+
+@pytest.fixture
+def sleeper(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    monkeypatch.setattr(rc, "PYTHON_M", [sys.executable, str(script)])
+    (tmp_path / "r.yaml").write_text(SLOW_BESIDE_QUICK)
+    return tmp_path
+
+
+def test_an_interrupt_keeps_what_a_stage_beside_finished_and_each_stage_its_own_time(sleeper, capsys):
+    import os
+    import signal
+    import threading
+
+    done = sleeper / "runs/r/b/stage_done.json"
+
+    def interrupt_once_b_is_done() -> None:
+        for _ in range(400):
+            if done.is_file():
+                break
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)  # the recipe's handler: as Ctrl-C
+
+    threading.Thread(target=interrupt_once_b_is_done, daemon=True).start()
+    with pytest.raises(SystemExit) as exc:
+        rc.main(["r.yaml"])
+    assert exc.value.code == 130
+    marker = json.loads(done.read_text())
+    assert marker["seconds"] < 10  # its own time, not the slow stage's
+    assert not (sleeper / "runs/r/a/stage_done.json").exists()
+    rows = json.loads((sleeper / "runs/r/summary.json").read_text())["rows"]
+    assert [(r["stage"], r["status"]) for r in rows] == [("a", "interrupted"), ("b", "ran")]
+    assert "stages beside others overlap" in capsys.readouterr().out
+
+
+def test_a_closed_stdout_never_blocks_stages_beside_each_other(sleeper, monkeypatch):
+    class Closed:
+        def write(self, data: bytes) -> None:
+            raise BrokenPipeError
+
+        def flush(self) -> None:
+            raise BrokenPipeError
+
+    monkeypatch.setattr(rc, "out_stream", lambda: Closed())
+    (sleeper / "r.yaml").write_text(SLOW_BESIDE_QUICK.replace("--sleep=30", "--lines=3000").replace(
+        "--sleep=0.2", "--lines=3000"))
+    assert rc.main(["r.yaml"]) == 0  # a child blocked on a full pipe would hang here
+    for stage in "ab":
+        assert (sleeper / f"runs/r/{stage}/stage.log").read_text().count("line ") == 3000
+
+
+def test_beside_stages_that_cannot_start_or_read_each_other_are_one_line(sleeper):
+    (sleeper / "r.yaml").write_text(SLOW_BESIDE_QUICK.replace("--sleep=30", "--sleep=0"))
+    (sleeper / "runs/r").mkdir(parents=True)
+    (sleeper / "runs/r/b").write_text("a file where the stage's folder goes")
+    message = one_line_error(["r.yaml"])
+    assert message.startswith("recipe: stage b: cannot make its folder runs/r/b")
+    assert not (sleeper / "runs/r/a/stage_done.json").exists()  # nothing of the group started
+    message = one_line_error(["r.yaml", "--set", "b.init={runs}/r/a/model.ckpt", "--dry-run"])
+    assert message == ("recipe: stage b reads runs/r/a/model.ckpt, made by stage a, which it runs beside: it cannot "
+                       "wait for it")
+
+
 # ------------------------------------------------------------------------------------------------- stage configs
 
 

@@ -481,6 +481,13 @@ def plan(recipe: Recipe, budget: float = 1.0, sets: list[str] | None = None, fro
             if last_ckpt.is_file():
                 p.resume_from = str(last_ckpt)
         planned.append(p)
+    for group in groups(planned, lambda p: p.stage):  # --set may name a path too
+        names = {p.stage.name for p in group}
+        for p in group:
+            read = [(path, maker) for path, maker in p.inputs if maker in names - {p.stage.name}]
+            if read:
+                raise RecipeError(f"stage {p.stage.name} reads {read[0][0]}, made by stage {read[0][1]}, which it runs "
+                                  "beside: it cannot wait for it")
     return planned
 
 
@@ -625,21 +632,16 @@ def out_stream() -> Any:
 
 
 def tee(proc: subprocess.Popen, log: Any) -> None:
-    """Copy the child's output to our stdout and to the log as it comes (progress bars included)."""
-    binary = out_stream()
-    fd = proc.stdout.fileno()
+    """Copy the child's output to our stdout and to the log as it comes (progress bars included); a stdout that
+    closes (``| head``) stops the copy to it, never the log's: the child is never left blocked on a full pipe."""
+    fd, shown = proc.stdout.fileno(), True
     while True:
         chunk = os.read(fd, 65536)
         if not chunk:
             break
         log.write(chunk)
         log.flush()
-        if binary is not None:
-            binary.write(chunk)
-            binary.flush()
-        else:
-            sys.stdout.write(chunk.decode("utf-8", errors="replace"))
-            sys.stdout.flush()
+        shown = shown and write_out(chunk)
 
 
 @dataclass
@@ -656,7 +658,7 @@ class Running:
 def start_stage(p: Planned, recipe: Recipe, index: int, total: int, threads: int | None = None) -> Running:
     """Start one stage's command (``threads``: its ``OMP_NUM_THREADS`` unless ours is set), logging to its stage.log."""
     folder = p.stage.folder
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(p)
     argv = p.full_argv()
     line = shell_line(argv)
     resume = f", resuming from {p.resume_from}" if p.resume_from else ""
@@ -723,8 +725,9 @@ def run_stage(p: Planned, recipe: Recipe, index: int, total: int) -> int | None:
 
 
 def tee_lines(run: Running, lock: threading.Lock) -> None:
-    """Copy a stage's output to its log as it comes, and to our stdout line by line after ``[<stage>]``."""
-    prefix, pending = f"[{run.p.stage.name}] ".encode(), b""
+    """Copy a stage's output to its log as it comes, and to our stdout line by line after ``[<stage>]`` (until our
+    stdout closes; the log takes all of it)."""
+    prefix, pending, shown = f"[{run.p.stage.name}] ".encode(), b"", True
     fd = run.proc.stdout.fileno()
     while True:
         chunk = os.read(fd, 65536)
@@ -736,50 +739,95 @@ def tee_lines(run: Running, lock: threading.Lock) -> None:
             lines, pending = [pending], b""
         with lock:
             for line in lines:
-                if line.strip():
-                    write_out(prefix + line + b"\n")
+                if shown and line.strip():
+                    shown = write_out(prefix + line + b"\n")
         if not chunk:
             return
 
 
-def write_out(data: bytes) -> None:
-    """``data`` on our stdout (binary where it has a buffer)."""
-    binary = out_stream()
-    if binary is not None:
-        binary.write(data)
-        binary.flush()
-    else:
-        sys.stdout.write(data.decode("utf-8", errors="replace"))
-        sys.stdout.flush()
+def write_out(data: bytes) -> bool:
+    """``data`` on our stdout (binary where it has a buffer) -> False once our stdout is closed."""
+    try:
+        binary = out_stream()
+        if binary is not None:
+            binary.write(data)
+            binary.flush()
+        else:
+            sys.stdout.write(data.decode("utf-8", errors="replace"))
+            sys.stdout.flush()
+    except (BrokenPipeError, ValueError):  # the reader went away (| head), or stdout was closed
+        return False
+    return True
+
+
+def follow(run: Running, lock: threading.Lock, codes: dict[str, int | None]) -> None:
+    """A stage running beside others, to its end: its output copied, its process reaped (its own CPU time), its
+    attempt and marker written as soon as it exits."""
+    code: int | None = None
+    cpu = 0.0
+    try:
+        tee_lines(run, lock)
+        try:
+            _, status, usage = os.wait4(run.proc.pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+            cpu = usage.ru_utime + usage.ru_stime
+            run.proc.returncode = code
+        except ChildProcessError:  # reaped elsewhere
+            code = run.proc.returncode
+    finally:
+        codes[run.p.stage.name] = finish_stage(run, code, cpu)
+
+
+def make_folder(p: Planned) -> None:
+    """A stage's folder, made before it starts; RecipeError (one line) where it cannot be."""
+    try:
+        p.stage.folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RecipeError(f"stage {p.stage.name}: cannot make its folder {p.stage.folder} "
+                          f"({err.strerror or type(err).__name__}): move what is there away") from None
 
 
 def run_beside(group: list[Planned], recipe: Recipe, index: dict[str, int], total: int) -> list[int | None]:
     """Run the stages of ``group`` at the same time, each on its share of the cores; each is marked done when it exits
-    0, and one failing leaves the others running to their end. -> their exit codes."""
+    0, and one failing leaves the others running to their end. -> their exit codes (None: interrupted)."""
+    for p in group:
+        make_folder(p)
     threads = max(1, (os.cpu_count() or 1) // len(group))
-    cpu0 = cpu_seconds_of_children()
-    runs: list[Running] = []
-    codes: list[int | None] = [None] * len(group)
     lock = threading.Lock()
+    codes: dict[str, int | None] = {}
+    workers: list[tuple[Running, threading.Thread]] = []
     try:
         for p in group:
-            runs.append(start_stage(p, recipe, index[p.stage.name], total, threads))
-        readers = [threading.Thread(target=tee_lines, args=(run, lock), daemon=True) for run in runs]
-        for reader in readers:
-            reader.start()
-        for i, run in enumerate(runs):
-            codes[i] = run.proc.wait()
-        for reader in readers:
-            reader.join()
+            run = start_stage(p, recipe, index[p.stage.name], total, threads)
+            worker = threading.Thread(target=follow, args=(run, lock, codes), daemon=True)
+            worker.start()
+            workers.append((run, worker))
+        for _, worker in workers:
+            while worker.is_alive():
+                worker.join(0.2)  # in slices: Ctrl-C reaches us
     except BaseException:
-        for run in runs:
-            stop(run.proc)
+        stop_all(workers)
+        for run, _ in workers:  # stopped by us: interrupted, not failed (a stage that had finished keeps its marker)
+            if codes.get(run.p.stage.name) != 0:
+                run.p.returncode = None
         raise
-    finally:
-        cpu = (cpu_seconds_of_children() - cpu0) / max(1, len(runs))  # the group's CPU, shared out
-        for i, run in enumerate(runs):
-            finish_stage(run, codes[i], cpu)
-    return codes
+    return [codes.get(p.stage.name) for p in group]
+
+
+def stop_all(workers: list[tuple[Running, threading.Thread]]) -> None:
+    """Stop the stages still running (as :func:`stop` does one), their workers reaping them."""
+    for sig, wait in ((signal.SIGINT, 60), (signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        alive = [(run, worker) for run, worker in workers if worker.is_alive()]
+        if not alive:
+            return
+        for run, _ in alive:
+            try:
+                os.kill(run.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        for _, worker in alive:
+            worker.join(max(0.0, deadline - time.monotonic()))
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -825,7 +873,7 @@ def summary_rows(planned: list[Planned], ran: set[str]) -> list[dict[str, Any]]:
         seconds = marker.get("seconds_all_attempts", marker.get("seconds")) if finished else p.seconds
         cpu = marker.get("cpu_seconds_all_attempts", marker.get("cpu_seconds")) if finished else None
         text, data = stage_metrics(p) if finished else ("", {})
-        rows.append({"stage": p.stage.name, "status": status, "minutes": None if seconds is None else seconds / 60,
+        rows.append({"stage": p.stage.name, "beside": p.stage.beside, "status": status, "minutes": None if seconds is None else seconds / 60,
                      "cpu_minutes": None if cpu is None else cpu / 60, "folder": str(p.stage.folder),
                      "summary": text, "metrics": data})
     return rows
@@ -839,7 +887,8 @@ def print_summary(recipe: Recipe, rows: list[dict[str, Any]]) -> None:
         minutes, cpu = ("-" if r[k] is None else f"{r[k]:.1f}" for k in ("minutes", "cpu_minutes"))
         print(f"{r['stage']:{width}s}  {r['status']:11s} {minutes:>7s} {cpu:>7s}  {r['summary']}")
     total, cpu = (sum(r[k] or 0 for r in rows) for k in ("minutes", "cpu_minutes"))
-    print(f"{'total':{width}s}  {'':11s} {total:7.1f} {cpu:7.1f}  (wall-clock and CPU minutes, all attempts)")
+    print(f"{'total':{width}s}  {'':11s} {total:7.1f} {cpu:7.1f}  (wall-clock and CPU minutes, all attempts"
+          f"{'; stages beside others overlap' if any(r.get('beside') for r in rows) else ''})")
     if recipe.reaches:
         print(f"(this recipe at its default budget: {recipe.reaches})")
 
