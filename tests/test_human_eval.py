@@ -238,3 +238,38 @@ def test_analyze_missing_files_and_columns(tmp_path):
     wrong = write(tmp_path / "w.csv", "id,vote\n0000,left\n")
     with pytest.raises(SystemExit, match="missing column"):
         human_eval.main(["analyze", "--responses", wrong, "--key", key, "--method1", "A"])
+
+
+def test_analyze_json_refuses_its_inputs_and_a_folder(tmp_path):
+    """--json the key, a responses file or a folder is one line, before anything is written; an earlier result is
+    replaced."""
+    key = write(tmp_path / "key.csv", KEY)
+    responses = write(tmp_path / "r.csv", "pair_id,choice\n0000,left\n")
+    base = ["analyze", "--responses", responses, "--key", key, "--method1", "A", "--bootstrap", "10"]
+    for target, message in [(key, "is the --key file"), (responses, "is a --responses file"),
+                            (str(tmp_path), "is a folder"), (str(tmp_path / "r.csv" / "out.json"), "lies under the file")]:
+        with pytest.raises(SystemExit, match=f"human-eval analyze: --json .* {message}"):
+            human_eval.main([*base, "--json", target])
+    assert Path(key).read_text() == KEY and Path(responses).read_text() == "pair_id,choice\n0000,left\n"
+    out = tmp_path / "result.json"
+    human_eval.main([*base, "--json", str(out)])
+    human_eval.main([*base, "--json", str(out)])  # an earlier result is replaced
+    assert json.loads(out.read_text())["method1"] == "A"
+
+
+def test_export_refuses_a_folder_holding_a_kit_and_a_file(tmp_path, monkeypatch):
+    """export --out a folder that holds a rater kit (its key.csv) or a file is one line, before any decoding."""
+    import lightning_bpd.checkpoints
+
+    monkeypatch.setattr(lightning_bpd.checkpoints, "load_model", lambda path, device: pytest.fail("loaded"))
+    kit = tmp_path / "he1"
+    kit.mkdir()
+    (kit / "key.csv").write_text(KEY)
+    afile = tmp_path / "afile.txt"
+    afile.write_text("keep\n")
+    for out, message in [(kit, r"already holds a rater kit \(key.csv\), which export would rewrite: give a new --out"),
+                         (afile, "is a file: give a new folder"), (afile / "kit", "lies under the file")]:
+        with pytest.raises(SystemExit, match=f"human-eval export: --out .*{message}"):
+            human_eval.main(["export", "--method1", "a.ckpt::greedy", "--method2", "b.ckpt:2:top2", "--out", str(out),
+                             "--n", "1", "--device", "cpu"])
+    assert (kit / "key.csv").read_text() == KEY and afile.read_text() == "keep\n"

@@ -50,8 +50,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
+import os
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 
@@ -312,8 +315,48 @@ def against_generate(module, peers: PeerChoice) -> bool:
     return isinstance(getattr(module, "model", None), HFSeq2SeqBlockwise) and bool(peers.names)
 
 
+def option_paths(value: object) -> list[str]:
+    """The paths an option's value may name: itself, and the parts of ``NAME=CKPT@PROPOSER`` or ``N:TEXT``."""
+    if isinstance(value, (list, tuple)):
+        return [path for item in value for path in option_paths(item)]
+    if not isinstance(value, str) or not value:
+        return []
+    named = value.partition("=")[2]
+    return [value, named, named.partition("@")[0], value.rpartition(":")[2]]
+
+
+def check_json(args: argparse.Namespace) -> None:
+    """Exit in one line, before any work, where writing ``--json`` would fail after the bench (a folder, a path under a
+    file) or destroy something: one of the command's inputs, or an existing file that is not a JSON record (an
+    earlier bench's record is replaced)."""
+    path = Path(args.json)
+    if path.is_dir():
+        sys.exit(f"bench: --json {args.json} is a folder: give the JSON file's path")
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                sys.exit(f"bench: --json {args.json} lies under the file {parent}: give another path")
+            break
+    if not path.exists():
+        return
+    for name, value in vars(args).items():
+        for other in option_paths(value) if name != "json" else []:
+            if os.path.exists(other) and os.path.samefile(other, path):
+                sys.exit(f"bench: --json {args.json} is the --{name.replace('_', '-')} file {other}, which writing "
+                         "would erase: give another path")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        record = None
+    if not isinstance(record, dict):
+        sys.exit(f"bench: --json {args.json} exists and is not a bench's JSON record, which writing would erase: give "
+                 "another path")
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
+    if args.json:
+        check_json(args)
     try:
         peers = peer_choice(args.peers)
     except ValueError as err:

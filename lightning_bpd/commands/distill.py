@@ -6,7 +6,8 @@ source lines, unchanged) and ``<out>/<prefix>.<tgt>`` (the teacher's translation
 source line, in order, plus copies of the gold validation and test files.
 
 The work is cut into shards of ``--shard-size`` lines written atomically to ``<out>/shards/``; a
-run that is killed and started again skips the finished shards. With ``--devices N`` (or under
+run that is killed and started again skips the finished shards (the settings that shape them, teacher and decoding
+options, are recorded in ``<out>/distill_plan.json`` when a run starts: a resume with others is refused). With ``--devices N`` (or under
 ``torchrun``) every rank decodes its own shards (shard i goes to rank i % N) on its own device.
 
     python -m lightning_bpd distill --ckpt runs/m30k-base/last.ckpt \\
@@ -30,6 +31,7 @@ that ``fit --data.init_args.root=<out>`` reads: ``train/`` a file per prefix (pr
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -37,7 +39,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
@@ -183,6 +185,96 @@ def merge(args: argparse.Namespace, lines: list[str], src_path: Path) -> None:
     print(f"distilled {len(lines)} lines of {src_path} into {out}", file=sys.stderr)
 
 
+PLAN = "distill_plan.json"  # what the shards are made of (the LM path's file: lightning_bpd.tasks.lm.self_distill.PLAN)
+PLAN_OPTIONS = {"data_root": "--data-root", "prefix": "--prefix", "src_lang": "--src-lang", "tgt_lang": "--tgt-lang",
+                "beam": "--beam", "alpha": "--alpha", "shard_size": "--shard-size", "ckpt": "--ckpt"}
+
+
+def check_out(out: str) -> None:
+    """Exit in one line where ``--out`` cannot be a folder: an existing file, or a path under one."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        sys.exit(f"distill: --out {out} is a file: give a folder (new, or one a distill run made)")
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                sys.exit(f"distill: --out {out} lies under the file {parent}: give a folder")
+            return
+
+
+def check_overlap(out: str, data_root: str | Path) -> None:
+    """Exit in one line where ``--out`` is the data folder, lies inside it or contains it (merging would overwrite the
+    gold files)."""
+    out_path, root = Path(out).resolve(), Path(data_root).resolve()
+    if out_path == root or root in out_path.parents or out_path in root.parents:
+        sys.exit(f"distill: --out {out} overlaps the data folder {data_root}: give a folder outside it")
+
+
+def translation_plan(args: argparse.Namespace, lines: list[str]) -> dict[str, Any]:
+    """The settings that shape a translation distillation's shards: the teacher (its path, size and modification
+    time), the corpus split (its lines' digest), the decoding options and the shard size."""
+    ckpt = Path(args.ckpt).resolve()
+    stat = ckpt.stat()
+    digest = hashlib.sha1("".join(line + "\n" for line in lines).encode("utf-8")).hexdigest()
+    return {"kind": "translation", "ckpt": str(ckpt), "ckpt_bytes": stat.st_size, "ckpt_mtime_ns": stat.st_mtime_ns,
+            "data_root": str(Path(args.data_root).resolve()), "prefix": args.prefix, "src_lang": args.src_lang,
+            "tgt_lang": args.tgt_lang, "beam": args.beam, "alpha": args.alpha if args.beam > 1 else None,
+            "shard_size": args.shard_size, "lines": len(lines), "lines_sha1": digest}
+
+
+def plan_changes(before: dict[str, Any], plan: dict[str, Any]) -> list[str]:
+    """What ``before`` (a started run's plan) was made with that ``plan`` changes, as options: ``--beam 1``, ..."""
+    changed = [f"{option} {before.get(key)}" for key, option in PLAN_OPTIONS.items()
+               if before.get(key) != plan[key] and before.get(key) is not None]  # alpha: None under --beam 1
+    if before.get("ckpt") == plan["ckpt"] and any(before.get(key) != plan[key] for key in ("ckpt_bytes",
+                                                                                              "ckpt_mtime_ns")):
+        changed.append(f"another version of --ckpt {plan['ckpt']} (its size or modification time changed since)")
+    same_split = all(before.get(key) == plan[key] for key in ("data_root", "prefix", "src_lang"))
+    if same_split and any(before.get(key) != plan[key] for key in ("lines", "lines_sha1")):
+        changed.append(f"other source lines ({before.get('lines')} then; the {plan['prefix']}.{plan['src_lang']} "
+                       "file changed since)")
+    return changed
+
+
+def written_names(args: argparse.Namespace) -> list[str]:
+    """What a translation distillation writes in ``--out``: its shards, the split's two files and the gold copies."""
+    names = ["shards", f"{args.prefix}.{args.src_lang}", f"{args.prefix}.{args.tgt_lang}"]
+    for split in args.copy:
+        try:
+            names += [path.name for path in resolve_split_files(args.data_root, split, args.src_lang, args.tgt_lang)]
+        except FileNotFoundError:
+            continue
+    return names
+
+
+def start_plan(out: Path, plan: dict[str, Any], writes: list[str]) -> None:
+    """Record ``plan`` in ``out`` (made here), or exit in one line unless a started run's plan is the same: resuming a
+    folder distilled with other settings would mix its shards with these. A folder that holds any of ``writes`` (the
+    names the run writes) without a plan is left alone (files of another kind, e.g. a recipe's stage.log, may be
+    there)."""
+    path = out / PLAN
+    if path.is_file():
+        try:
+            before = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            before = None
+        if not isinstance(before, dict) or before.get("kind") != "translation":
+            sys.exit(f"distill: {out} holds another kind of distillation ({path} is not a translation run's): give a "
+                     "new --out")
+        changed = plan_changes(before, plan)
+        if changed:
+            sys.exit(f"distill: {out} was distilled with {', '.join(changed)}: give a new --out or the same options")
+        return
+    taken = [name for name in writes if (out / name).exists()]
+    if taken:
+        sys.exit(f"distill: {out} already holds {', '.join(taken[:5])} but no {PLAN} (not a distill run's, or one "
+                 "that did not record its settings): give an empty or new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{PLAN}.tmp{os.getpid()}"  # atomic: ranks started together may read it at once
+    tmp.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def distill_superres(module, args: argparse.Namespace) -> None:
     """Greedy targets of a super-resolution base for its training faces (one process)."""
     from lightning_bpd.tasks.superres.datamodule import SuperResolutionDataModule
@@ -311,6 +403,7 @@ def main(argv: list[str] | None = None) -> None:
            1 if args.limit is None else args.limit) < 1 or args.alpha < 0:
         sys.exit("distill: --beam, --batch-size, --shard-size, --devices, --prompt-tokens, --new-tokens and --limit "
                  "must be >= 1, --alpha >= 0")
+    check_out(args.out)
     try:
         module = load_model(args.ckpt)  # fail early on a bad checkpoint, before spawning anything
     except (ValueError, FileNotFoundError) as err:
@@ -332,12 +425,14 @@ def main(argv: list[str] | None = None) -> None:
                  "that holds the lines you want")
     if args.data_root is None:
         sys.exit("distill: --data-root (the folder of the gold corpus) is required for a translation checkpoint")
+    check_overlap(args.out, args.data_root)
     try:
         src_path, _ = resolve_split_files(args.data_root, args.prefix, args.src_lang, args.tgt_lang)
         lines = [line.strip() for line in read_lines(src_path)]
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"distill: {err}")
-    (Path(args.out) / "shards").mkdir(parents=True, exist_ok=True)
+    start_plan(Path(args.out), translation_plan(args, lines), written_names(args))
+    (Path(args.out) / "shards").mkdir(exist_ok=True)
     if not run_ranks(run_rank, args, lines):
         return
     check_shards(-(-len(lines) // args.shard_size), lambda i: shard_path(Path(args.out), args.prefix, args.tgt_lang, i))

@@ -17,6 +17,7 @@ import base64
 import csv
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -294,11 +295,58 @@ def parse_method(text: str) -> tuple[str, int | None, str]:
     return ckpt, int(k_text) if k_text else None, criterion
 
 
+def under_a_file(path: Path) -> Path | None:
+    """The file that ``path`` would lie under (its nearest existing ancestor, when that is not a folder), else None."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def check_export_out(out: str) -> None:
+    """``--out`` must be a new or empty folder: a rater kit already there (its key.csv) would be rewritten under the
+    responses collected for it."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise HumanEvalError(f"--out {out} is a file: give a new folder")
+    if (parent := under_a_file(path)) is not None:
+        raise HumanEvalError(f"--out {out} lies under the file {parent}: give a new folder")
+    if path.is_dir() and any(path.iterdir()):
+        what = "a rater kit (key.csv)" if (path / "key.csv").exists() else "files"
+        raise HumanEvalError(f"--out {out} already holds {what}, which export would rewrite: give a new --out")
+
+
+def check_json_out(args: argparse.Namespace) -> None:
+    """``analyze --json`` must not be a folder, lie under a file, or be one of its inputs (the key, a responses file,
+    methods.json beside the key) or another existing file that is not a JSON record."""
+    path = Path(args.json)
+    if path.is_dir():
+        raise HumanEvalError(f"--json {args.json} is a folder: give the JSON file's path")
+    if (parent := under_a_file(path)) is not None:
+        raise HumanEvalError(f"--json {args.json} lies under the file {parent}: give another path")
+    if not path.exists():
+        return
+    inputs = [("the --key file", args.key), *(("a --responses file", r) for r in args.responses),
+              ("the methods.json beside --key", str(Path(args.key).with_name("methods.json")))]
+    for what, other in inputs:
+        if os.path.exists(other) and os.path.samefile(other, path):
+            raise HumanEvalError(f"--json {args.json} is {what} ({other}), which writing would erase: give another "
+                                 "path")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        record = None
+    if not isinstance(record, dict):
+        raise HumanEvalError(f"--json {args.json} exists and is not a JSON record, which writing would erase: give "
+                             "another path")
+
+
 def run_export(args: argparse.Namespace) -> None:
     from lightning_bpd.checkpoints import load_model
 
     if args.n < 1:
         raise HumanEvalError(f"--n must be >= 1, got {args.n}")
+    check_export_out(args.out)
     specs = [parse_method(args.method1), parse_method(args.method2)]
     names = [args.name1 or "", args.name2 or ""]
     for j, (_, k, criterion) in enumerate(specs):
@@ -366,6 +414,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.command == "export":
             run_export(args)
             return
+        if args.json and args.json != "-":
+            check_json_out(args)
         result = analyze(args.responses, args.key, args.bootstrap, args.seed, args.method1)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"human-eval {args.command}: {err}")

@@ -636,3 +636,87 @@ def test_bench_measures_the_table_where_a_checkpoint_has_none(fitted, capsys):
     assert chosen["batch"] == 2 and 0 <= chosen["nodes"] <= 6 and set(chosen["cost_per_width"]) == {"1", "2", "4", "3", "7"}
     assert report["exact+nodes6"]["equals_greedy"] and report["exact+nodes0"]["equals_greedy"]
     assert report["exact+nodes0"]["mean_accepted_block_size"] == report["exact"]["mean_accepted_block_size"]
+
+
+def copied_corpus(cli, folder: Path) -> Path:
+    """A copy of the run's data folder (a refused command must leave the copy as it was)."""
+    import shutil
+
+    shutil.copytree(cli.datamodule.data_root, folder)
+    return folder
+
+
+def test_distill_out_that_overlaps_the_data_or_is_a_file_is_one_line(fitted, tmp_path):
+    """--out the data folder, inside it or above it, a file or a path under a file: one line, nothing written."""
+    root, _, cli = fitted
+    data = copied_corpus(cli, tmp_path / "corpus")
+    before = {p.name: p.read_bytes() for p in data.iterdir()}
+    afile = tmp_path / "afile.txt"
+    afile.write_text("notes\n")
+    ckpt = str(root / "runs/b/last.ckpt")
+    for out, message in [(data, "overlaps the data folder"), (data / "sub", "overlaps the data folder"),
+                         (tmp_path, "overlaps the data folder"), (afile, "is a file: give a folder"),
+                         (afile / "sub", "lies under the file")]:
+        with pytest.raises(SystemExit, match=f"^distill: --out {out} {message}"):
+            main(["distill", "--ckpt", ckpt, "--data-root", str(data), "--out", str(out), "--prefix", "test",
+                  "--beam", "1"])
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == before  # the gold targets, and no shards/
+    assert afile.read_text() == "notes\n"
+
+
+def test_distill_refuses_to_resume_a_folder_made_with_other_settings(fitted, tmp_path):
+    """The settings that shape the shards are recorded when a run starts; resuming with others is one line (the
+    folder untouched), resuming with the same goes on."""
+    import shutil
+
+    root, _, cli = fitted
+    data = copied_corpus(cli, tmp_path / "corpus")
+    ckpt = tmp_path / "teacher.ckpt"
+    shutil.copyfile(root / "runs/b/last.ckpt", ckpt)
+    out = tmp_path / "d9"
+    args = ["distill", "--ckpt", str(ckpt), "--data-root", str(data), "--out", str(out), "--prefix", "test",
+            "--shard-size", "5", "--batch-size", "4"]
+    main([*args, "--beam", "1"])
+    plan = json.loads((out / "distill_plan.json").read_text())
+    assert plan["beam"] == 1 and plan["ckpt"] == str(ckpt.resolve()) and plan["lines"] == 12
+    made = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    other = tmp_path / "other.ckpt"
+    shutil.copyfile(ckpt, other)
+    for extra, message in [(["--beam", "4"], "--beam 1"), (["--beam", "1", "--shard-size", "6"], "--shard-size 5"),
+                           (["--beam", "1", "--ckpt", str(other)], f"--ckpt {ckpt.resolve()}")]:
+        with pytest.raises(SystemExit) as err:
+            main([*args, *extra])
+        assert str(err.value) == f"distill: {out} was distilled with {message}: give a new --out or the same options"
+    os.utime(ckpt, ns=(0, 10**18))  # the teacher trained further at the same path
+    with pytest.raises(SystemExit, match=f"was distilled with another version of --ckpt {ckpt.resolve()}"):
+        main([*args, "--beam", "1"])
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == made
+    # shards of a run that recorded nothing (another tool's folder): refused, not reused
+    old = tmp_path / "old"
+    (old / "shards").mkdir(parents=True)
+    (old / "shards/test.00000.de").write_text("stale\n")
+    with pytest.raises(SystemExit, match=f"distill: {old} already holds shards but no distill_plan.json"):
+        main([*args[:6], str(old), *args[7:], "--beam", "1"])
+    assert (old / "shards/test.00000.de").read_text() == "stale\n" and not (old / "distill_plan.json").exists()
+
+
+def test_bench_json_that_would_destroy_an_input_or_fail_late_is_one_line(fitted, tmp_path):
+    """bench --json an input (the --input file, the checkpoint), a folder, a path under a file or a file that is not
+    a JSON record: one line before any work; an earlier bench's record is replaced."""
+    root, _, _ = fitted
+    ckpt = root / "runs/b/last.ckpt"
+    src = tmp_path / "input.en"
+    src.write_text("The dog sleeps.\nA man runs.\n")
+    afile = tmp_path / "afile.txt"
+    afile.write_text("notes\n")
+    kept = {p: p.read_bytes() for p in (ckpt, src, afile)}
+    for target, message in [(src, "is the --input file"), (ckpt, "is the --ckpt file"), (tmp_path, "is a folder"),
+                            (afile / "b.json", "lies under the file"), (afile, "exists and is not a bench's JSON")]:
+        with pytest.raises(SystemExit, match=f"^bench: --json {target} {message}"):
+            main(["bench", "--ckpt", str(ckpt), "--input", str(src), "--json", str(target)])
+    assert {p: p.read_bytes() for p in kept} == kept
+    out = tmp_path / "bench.json"
+    out.write_text('{"ckpt": "an earlier bench"}\n')
+    main(["bench", "--ckpt", str(ckpt), "--input", str(src), "--criteria", "exact", "--batch-sizes", "1",
+          "--inputs", "2", "--warmup", "0", "--json", str(out)])
+    assert json.loads(out.read_text())["ckpt"] == str(ckpt)
