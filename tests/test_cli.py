@@ -246,3 +246,43 @@ def test_the_checkpoint_folder_warning_is_hidden_only_for_a_fresh_run_folder(tmp
     assert shown(run, tmp_path / "elsewhere")
     (run / "last.ckpt").write_bytes(b"")
     assert shown(run, run)  # an earlier run's files
+
+
+def test_a_fit_into_a_finished_run_is_refused_and_its_resume_still_runs(tmp_path, monkeypatch):
+    """``fit --run_dir tr`` on a folder holding a run (its last.ckpt) without resuming it would overwrite the run: one
+    line, nothing touched. Resuming from a checkpoint in that folder (as the recipe runner does) goes on; resuming
+    another run's checkpoint into it is refused too."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(RUN_DIR_ENV, "")  # restored afterwards: the fit sets it
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the CLI sets it
+    fit = ["fit", *TINY_FIT, "--trainer.logger=false"]
+    main([*fit, "--run_dir=tr"])
+    run = {p.name: p.read_bytes() for p in Path("tr").iterdir()}
+    Path("other.ckpt").write_bytes(run["last.ckpt"])
+    for extra in ([], ["--ckpt_path=other.ckpt"]):
+        with pytest.raises(SystemExit) as err:
+            main([*fit, "--run_dir=tr", *extra])
+        assert str(err.value) == ("error: --run_dir tr holds a run (last.ckpt): give --ckpt_path tr/last.ckpt to resume "
+                                  "it, or a new --run_dir")
+        assert {p.name: p.read_bytes() for p in Path("tr").iterdir()} == run
+    resumed = main([*fit, "--run_dir=tr", "--ckpt_path=tr/last.ckpt", "--trainer.max_steps=4"])
+    assert resumed.trainer.global_step == 4
+
+
+@pytest.mark.parametrize("option, message", [
+    ("--run_dir=afile.txt", "error: --run_dir afile.txt is a file, not a folder: give a new --run_dir"),
+    ("--run_dir=afile.txt/sub", ("error: --run_dir afile.txt/sub: afile.txt is a file, not a folder: give another "
+                                 "--run_dir")),
+    ("--ckpt_path=afile.txt", "error: --ckpt_path afile.txt: not a readable PyTorch checkpoint ("),
+])
+def test_a_run_dir_or_ckpt_path_that_is_no_such_thing_is_one_line(tmp_path, monkeypatch, option, message):
+    """A file as --run_dir (or above it), a text file as --ckpt_path: one line, before anything is written."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(RUN_DIR_ENV, "")  # restored afterwards: the fit sets it
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the CLI sets it
+    Path("afile.txt").write_text("notes\n")
+    with pytest.raises(SystemExit) as err:
+        main(["fit", *TINY_FIT, "--trainer.logger=false", option])
+    assert str(err.value).startswith(message) and "\n" not in str(err.value), err.value
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile.txt"]
+    assert Path("afile.txt").read_text() == "notes\n"

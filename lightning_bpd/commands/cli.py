@@ -181,6 +181,31 @@ def check_ckpt_path(ckpt_path: str | None) -> None:
         raise FileNotFoundError(f"--ckpt_path {ckpt_path} does not exist")
 
 
+def resumes_in(ckpt_path: str | None, folder: Path) -> bool:
+    """Whether ``--ckpt_path`` resumes the run in ``folder``: one of its checkpoints, or Lightning's ``last`` etc."""
+    if not ckpt_path:
+        return False
+    if ckpt_path in ("last", "best", "hpc", "registry"):
+        return True
+    return folder.resolve() in Path(ckpt_path).resolve().parents
+
+
+def check_run_dir(run_dir: str, subcommand: str | None, ckpt_path: str | None) -> None:
+    """A ``--run_dir`` that is a file, or lies under one, is one line; so is a ``fit`` into a folder that holds a run
+    (its ``last.ckpt``) without resuming it (a ``--ckpt_path`` in that folder): the new run would overwrite it. Checked
+    before anything is written."""
+    folder = Path(run_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--run_dir {run_dir} is a file, not a folder: give a new --run_dir")
+    above = next((parent for parent in folder.parents if parent.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ValueError(f"--run_dir {run_dir}: {above} is a file, not a folder: give another --run_dir")
+    last = folder / "last.ckpt"
+    if subcommand == "fit" and last.is_file() and not resumes_in(ckpt_path, folder):
+        raise ValueError(f"--run_dir {run_dir} holds a run ({last.name}): give --ckpt_path {last} to resume it, "
+                         "or a new --run_dir")
+
+
 def drop_lr_monitor_without_logger(trainer: Namespace) -> None:
     """A LearningRateMonitor fails without a logger: leave it out (with a warning) when logging is off."""
     if trainer.logger in (False, []) and trainer.callbacks:
@@ -326,7 +351,15 @@ class BPDCLI(LightningCLI):
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not ckpt_path or not Path(ckpt_path).is_file():
             return
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        try:
+            ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 (a corrupt or foreign file fails anywhere in the unpickler)
+            raise ValueError(f"--ckpt_path {ckpt_path}: not a readable PyTorch checkpoint ({type(err).__name__}): "
+                             "give a run's last.ckpt") from None
+        if not isinstance(ckpt, dict):
+            raise ValueError(  # noqa: TRY004 (a user error: one line)
+                f"--ckpt_path {ckpt_path}: not a Lightning checkpoint (a {type(ckpt).__name__}, not a dict): give a "
+                "run's last.ckpt")
         hparams = ckpt.get("hyper_parameters") or {}
         class_path = ckpt.get("lightning_bpd_class") or hparams.get("_class_path")
         if not hparams or class_path is None:
@@ -358,9 +391,10 @@ class BPDCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.run_config()
         cfg.run_dir = run_folder(cfg)
+        check_ckpt_path(cfg.get("ckpt_path"))
+        check_run_dir(cfg.run_dir, self.subcommand, cfg.get("ckpt_path"))
         os.environ[RUN_DIR_ENV] = cfg.run_dir
         wandb_in_run_folder(cfg.trainer, cfg.run_dir)
-        check_ckpt_path(cfg.get("ckpt_path"))
         drop_lr_monitor_without_logger(cfg.trainer)
         outputs_in_run_folder(cfg.trainer, cfg.run_dir)
         pretrained_tokenizer(cfg.model.init_args, cfg.data.init_args)  # first: an HF run warm-started (init_from)

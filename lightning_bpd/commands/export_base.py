@@ -26,6 +26,28 @@ from lightning_bpd.hf.pad_last import move_pad_last
 __all__ = ["export_base"]
 
 
+MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "tokenizer_config.json")
+MODEL_SUFFIXES = (".ckpt", ".safetensors", ".bin", ".gguf", ".pt")
+
+
+def check_out(out: str | Path, pretrained: str | Path | None = None) -> None:
+    """``--out`` must be a folder (new, empty, or an earlier export of ours: ``export_base.json``): not a file, not the
+    run's base (``pretrained``), not one holding a model or checkpoint that export-base did not write."""
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder: give a new --out")
+    above = next((parent for parent in folder.parents if parent.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ValueError(f"--out {out}: {above} is a file, not a folder: give another --out")
+    if pretrained is not None and folder.is_dir() and folder.resolve() == Path(pretrained).resolve():
+        raise ValueError(f"--out {out} is the base this run started from (model.pretrained): give a new --out")
+    if folder.is_dir() and not (folder / "export_base.json").is_file():
+        held = sorted(p.name for p in folder.iterdir() if p.name in MODEL_FILES or p.suffix in MODEL_SUFFIXES)
+        if held:
+            raise ValueError(f"--out {out} holds a model export-base did not write ({', '.join(held[:3])}): give a new "
+                             "--out")
+
+
 def export_base(ckpt: str | Path, out: str | Path) -> Path:
     """``save_pretrained`` of the base (and of its tokenizer) of the Hugging Face run ``ckpt`` into ``out``: a
     translation run (``HFTranslationModule``) or a language-modelling one (``LMModule``)."""
@@ -38,6 +60,7 @@ def export_base(ckpt: str | Path, out: str | Path) -> Path:
     if isinstance(module, LMModule) and module.hparams.get("pretrained") is None:
         raise ValueError(f"{ckpt}: a run of our own decoder-only base (model.init_args.own), not of a Hugging Face "
                          "one: its checkpoint is the base (load_model reads it); there is no HF directory to write")
+    check_out(out, module.hparams.get("pretrained"))
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     base = module.model.base

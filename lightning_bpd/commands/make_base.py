@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from lightning_bpd.commands.recipe import ATTEMPTS_FILE, LOG_FILE, RUNNING_FILE
 from lightning_bpd.deprecated_options import deprecated_alias
 from lightning_bpd.tasks.translation.text_files import read_lines, resolve_split_files
 
@@ -109,6 +110,33 @@ def make_base(data: str | Path, out: str | Path, vocab: int = 8000, shape: str =
     return folder
 
 
+RECIPE_FILES = (LOG_FILE, RUNNING_FILE, ATTEMPTS_FILE)  # a recipe stage's own records in its folder (the --out)
+
+
+def check_out(out: str | Path, data: str | Path | None, tokenizer_from: str | Path | None) -> None:
+    """``--out`` must be a new or empty folder (a recipe stage's records aside), not the ``--tokenizer-from`` model
+    and not in, around or at the ``--data-root``: make-base never overwrites a model, a tokenizer or a corpus."""
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder: give a new --out")
+    above = next((parent for parent in folder.parents if parent.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ValueError(f"--out {out}: {above} is a file, not a folder: give another --out")
+    where = folder.resolve()
+    if tokenizer_from is not None and where == Path(tokenizer_from).resolve():
+        raise ValueError(f"--out {out} is the --tokenizer-from model: give a new --out (it would be replaced)")
+    if data is not None:
+        root = Path(data).resolve()
+        relation = ("is" if where == root else "lies inside" if root in where.parents
+                    else "holds" if where in root.parents else None)
+        if relation:
+            raise ValueError(f"--out {out} {relation} the --data-root {data}: give an --out outside the corpus")
+    held = sorted(p.name for p in folder.iterdir() if p.name not in RECIPE_FILES) if folder.is_dir() else []
+    if held:
+        listed = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise ValueError(f"--out {out} already holds files ({listed}): give a new or empty --out")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lightning_bpd make-base", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,17 +160,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
+        if args.vocab is not None and args.vocab < 1:
+            raise ValueError(f"--vocab must be at least 1, got {args.vocab}")
+        check_out(args.out, args.data, args.tokenizer_from)
         if args.arch == "llama":
             from lightning_bpd.hf.causal_base import make_causal_base
             from lightning_bpd.tasks.lm.files import training_texts
 
-            make_causal_base(args.data, args.out, args.vocab or 8192, args.shape or "code", args.seed,
-                             args.tokenizer_from, training_texts=training_texts)
+            make_causal_base(args.data, args.out, 8192 if args.vocab is None else args.vocab, args.shape or "code",
+                             args.seed, args.tokenizer_from, training_texts=training_texts)
         else:
             if args.data is None or args.tokenizer_from is not None:
                 raise ValueError("--arch marian needs --data-root (a translation corpus) and takes no --tokenizer-from")
-            make_base(args.data, args.out, args.vocab or 8000, args.shape or "multi30k", args.seed, args.prefix,
-                      (args.src_lang, args.tgt_lang))
+            make_base(args.data, args.out, 8000 if args.vocab is None else args.vocab, args.shape or "multi30k",
+                      args.seed, args.prefix, (args.src_lang, args.tgt_lang))
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"make_base: {err}")
 

@@ -115,3 +115,32 @@ def test_a_pad_last_directory_is_left_alone_and_a_slow_tokenizer_is_one_error(tm
     (other / "tokenizer.json").unlink()
     with pytest.raises(ValueError, match="no tokenizer.json"):
         move_pad_last(other)
+
+
+def test_export_base_refuses_an_out_it_would_destroy_in_one_line(tmp_path):
+    """``--out`` that is the run's own base (model.pretrained), a folder holding a model export-base did not write,
+    an existing file (a note, the checkpoint itself) or lies under a file: one line, nothing there changed; a new
+    folder and an earlier export of ours are written."""
+    from lightning_bpd.commands.export_base import main as export_main
+
+    fit_checkpoint(tmp_path)
+    init = tmp_path / "init"
+    before = {p.name: p.read_bytes() for p in init.iterdir()}
+    other = tmp_path / "other"
+    write_checkpoint(other)
+    (tmp_path / "afile.txt").write_text("notes\n")
+    ckpt = str(tmp_path / "last.ckpt")
+    for out, says in [(init, "is the base this run started from (model.pretrained): give a new --out"),
+                      (other, "holds a model export-base did not write (config.json, "),
+                      (tmp_path / "afile.txt", "is a file, not a folder: give a new --out"),
+                      (tmp_path / "last.ckpt", "is a file, not a folder: give a new --out"),
+                      (tmp_path / "afile.txt" / "sub", "afile.txt is a file, not a folder: give another --out")]:
+        with pytest.raises(SystemExit) as exc:
+            export_main(["--ckpt", ckpt, "--out", str(out)])
+        assert str(exc.value).startswith(f"export-base: --out {out}") and says in str(exc.value), exc.value
+        assert "\n" not in str(exc.value)
+    assert {p.name: p.read_bytes() for p in init.iterdir()} == before
+    assert not (other / "export_base.json").exists() and (tmp_path / "afile.txt").read_text() == "notes\n"
+    export_main(["--ckpt", ckpt, "--out", str(tmp_path / "export")])
+    export_main(["--ckpt", ckpt, "--out", str(tmp_path / "export")])  # again into its own export: allowed
+    assert (tmp_path / "export" / "export_base.json").is_file()

@@ -89,3 +89,49 @@ def test_fit_from_scratch_then_export_base(data, init, tmp_path):
     ours = cli.model.model.base.eval().generate(**src, do_sample=False, max_new_tokens=6)
     assert torch.equal(exported.generate(**src, do_sample=False, max_new_tokens=6), ours)
     assert json.loads((out / "export_base.json").read_text())["pad_moved_last"] is None
+
+
+def test_make_base_refuses_an_out_it_would_destroy_in_one_line(data, init, tmp_path):
+    """An existing base, the --tokenizer-from model, the corpus (at, inside or around it), a folder holding files, an
+    existing file or a path under one: one line each, nothing written or replaced; a recipe stage's own records in
+    its folder (stage.log) do not count as files."""
+    snapshot = {p.name: p.read_bytes() for p in init.iterdir()}
+    corpus = sorted(str(p) for p in data.rglob("*"))
+    (tmp_path / "afile.txt").write_text("notes\n")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.md").write_text("mine\n")
+    llama = ["--arch", "llama", "--shape", "tiny", "--vocab", "300"]
+    for argv, says in [
+        ([*llama, "--data-root", str(data), "--out", str(init), "--seed", "5"], "already holds files ("),
+        ([*llama, "--tokenizer-from", str(init), "--out", str(init)], "is the --tokenizer-from model: give a new --out"),
+        ([*llama, "--data-root", str(data), "--out", str(data)], f"is the --data-root {data}: give an --out outside"),
+        ([*llama, "--data-root", str(data), "--out", str(data / "init")], "lies inside the --data-root"),
+        ([*llama, "--data-root", str(data), "--out", str(data.parent)], "holds the --data-root"),
+        ([*llama, "--data-root", str(data), "--out", str(tmp_path / "full")], "already holds files (notes.md)"),
+        ([*llama, "--data-root", str(data), "--out", str(tmp_path / "afile.txt")], "is a file, not a folder"),
+        ([*llama, "--data-root", str(data), "--out", str(tmp_path / "afile.txt" / "sub")],
+         "afile.txt is a file, not a folder: give another --out"),
+        (["--data-root", str(data), "--out", str(init)], "already holds files ("),  # marian too
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            make_main(argv)
+        message = str(exc.value)
+        assert message.startswith("make_base: --out ") and says in message and "\n" not in message, message
+    assert {p.name: p.read_bytes() for p in init.iterdir()} == snapshot
+    assert sorted(str(p) for p in data.rglob("*")) == corpus
+    assert (tmp_path / "afile.txt").read_text() == "notes\n" and not (tmp_path / "full" / "config.json").exists()
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    (stage / "stage.log").write_text("=== recipe\n")
+    make_main(["--arch", "llama", "--tokenizer-from", str(init), "--out", str(stage), "--shape", "tiny"])
+    assert (stage / "config.json").is_file()
+
+
+@pytest.mark.parametrize("vocab", ["-5", "0"])
+@pytest.mark.parametrize("arch", ["marian", "llama"])
+def test_make_base_refuses_a_vocab_below_one_in_one_line(data, tmp_path, arch, vocab):
+    """--vocab -5 overflowed in the tokenizer trainer and 0 meant the default: both one line, nothing written."""
+    with pytest.raises(SystemExit) as exc:
+        make_main(["--arch", arch, "--data-root", str(data), "--out", str(tmp_path / "x"), "--vocab", vocab])
+    assert str(exc.value) == f"make_base: --vocab must be at least 1, got {vocab}"
+    assert not (tmp_path / "x").exists()
