@@ -378,8 +378,9 @@ def test_beside_is_checked_when_the_recipe_loads(tmp_path, capsys):
 
 # A stage that prints --lines lines, then sleeps --sleep seconds
 SLEEPER = r"""
-import sys, time
+import signal, sys, time
 from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops it even where the test's SIGINT is ignored
 argv = sys.argv[1:]
 opt = {a.split("=")[0]: a.split("=")[1] for a in argv if "=" in a}
 Path(argv[argv.index("--out") + 1]).mkdir(parents=True, exist_ok=True)
@@ -433,6 +434,8 @@ def test_an_interrupt_keeps_what_a_stage_beside_finished_and_each_stage_its_own_
     marker = json.loads(done.read_text())
     assert marker["seconds"] < 10  # its own time, not the slow stage's
     assert not (sleeper / "runs/r/a/stage_done.json").exists()
+    stopped = [json.loads(line) for line in (sleeper / "runs/r/a/stage_attempts.jsonl").read_text().splitlines()]
+    assert len(stopped) == 1 and stopped[0]["returncode"] != 0  # stopped and reaped before the recipe returned
     rows = json.loads((sleeper / "runs/r/summary.json").read_text())["rows"]
     assert [(r["stage"], r["status"]) for r in rows] == [("a", "interrupted"), ("b", "ran")]
     assert "stages beside others overlap" in capsys.readouterr().out

@@ -653,6 +653,7 @@ class Running:
     line: str
     started: str
     t0: float
+    ended: threading.Event = field(default_factory=threading.Event)  # set once reaped and recorded (a stage beside)
 
 
 def start_stage(p: Planned, recipe: Recipe, index: int, total: int, threads: int | None = None) -> Running:
@@ -776,6 +777,7 @@ def follow(run: Running, lock: threading.Lock, codes: dict[str, int | None]) -> 
             code = run.proc.returncode
     finally:
         codes[run.p.stage.name] = finish_stage(run, code, cpu)
+        run.ended.set()
 
 
 def make_folder(p: Planned) -> None:
@@ -795,39 +797,38 @@ def run_beside(group: list[Planned], recipe: Recipe, index: dict[str, int], tota
     threads = max(1, (os.cpu_count() or 1) // len(group))
     lock = threading.Lock()
     codes: dict[str, int | None] = {}
-    workers: list[tuple[Running, threading.Thread]] = []
+    runs: list[Running] = []
     try:
         for p in group:
             run = start_stage(p, recipe, index[p.stage.name], total, threads)
-            worker = threading.Thread(target=follow, args=(run, lock, codes), daemon=True)
-            worker.start()
-            workers.append((run, worker))
-        for _, worker in workers:
-            while worker.is_alive():
-                worker.join(0.2)  # in slices: Ctrl-C reaches us
+            runs.append(run)
+            threading.Thread(target=follow, args=(run, lock, codes), daemon=True).start()
+        for run in runs:
+            while not run.ended.wait(0.2):  # an Event, not Thread.join: a join Ctrl-C interrupts can mark a live
+                pass                        # thread as ended (Python 3.11)
     except BaseException:
-        stop_all(workers)
-        for run, _ in workers:  # stopped by us: interrupted, not failed (a stage that had finished keeps its marker)
+        stop_all(runs)
+        for run in runs:  # stopped by us: interrupted, not failed (a stage that had finished keeps its marker)
             if codes.get(run.p.stage.name) != 0:
                 run.p.returncode = None
         raise
     return [codes.get(p.stage.name) for p in group]
 
 
-def stop_all(workers: list[tuple[Running, threading.Thread]]) -> None:
-    """Stop the stages still running (as :func:`stop` does one), their workers reaping them."""
+def stop_all(runs: list[Running]) -> None:
+    """Stop the stages still running (as :func:`stop` does one), their workers reaping and recording them."""
     for sig, wait in ((signal.SIGINT, 60), (signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-        alive = [(run, worker) for run, worker in workers if worker.is_alive()]
+        alive = [run for run in runs if not run.ended.is_set()]
         if not alive:
             return
-        for run, _ in alive:
+        for run in alive:
             try:
                 os.kill(run.proc.pid, sig)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + wait
-        for _, worker in alive:
-            worker.join(max(0.0, deadline - time.monotonic()))
+        for run in alive:
+            run.ended.wait(max(0.0, deadline - time.monotonic()))
 
 
 def stop(proc: subprocess.Popen) -> None:
