@@ -209,16 +209,22 @@ stages:
 """
 
 
+def stand_in(tmp_path: Path, monkeypatch, script: str, files: dict[str, str]) -> Path:
+    """``tmp_path`` as the working folder, holding ``files`` (name -> text), with every stage's command run as the
+    stand-in ``script`` (no Lightning): the runner's own logic, fast."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "stand_in.py"
+    path.write_text(script)
+    monkeypatch.setattr(rc, "PYTHON_M", [sys.executable, str(path)])
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
-    """A recipe of two stages whose command is a stub script (no Lightning): the runner's own logic, fast."""
-    monkeypatch.chdir(tmp_path)
-    script = tmp_path / "fake_stage.py"
-    script.write_text(FAKE)
-    monkeypatch.setattr(rc, "PYTHON_M", [sys.executable, str(script)])
-    (tmp_path / "tiny.yaml").write_text("trainer:\n  max_steps: 8\n")
-    (tmp_path / "two.yaml").write_text(TWO_STAGES)
-    return tmp_path
+    """A recipe of two stages whose command is a stub script."""
+    return stand_in(tmp_path, monkeypatch, FAKE, {"tiny.yaml": "trainer:\n  max_steps: 8\n", "two.yaml": TWO_STAGES})
 
 
 def calls(root: Path) -> list[str]:
@@ -323,13 +329,8 @@ stages:
 
 @pytest.fixture
 def rendezvous(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    script = tmp_path / "rendezvous.py"
-    script.write_text(RENDEZVOUS)
-    monkeypatch.setattr(rc, "PYTHON_M", [sys.executable, str(script)])
-    (tmp_path / "beside.yaml").write_text(BESIDE)
-    return tmp_path
+    return stand_in(tmp_path, monkeypatch, RENDEZVOUS, {"beside.yaml": BESIDE})
 
 
 def test_stages_beside_each_other_run_at_the_same_time_on_a_share_of_the_cores(rendezvous, capsys, monkeypatch):
@@ -405,12 +406,7 @@ stages:
 
 @pytest.fixture
 def sleeper(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    script = tmp_path / "sleeper.py"
-    script.write_text(SLEEPER)
-    monkeypatch.setattr(rc, "PYTHON_M", [sys.executable, str(script)])
-    (tmp_path / "r.yaml").write_text(SLOW_BESIDE_QUICK)
-    return tmp_path
+    return stand_in(tmp_path, monkeypatch, SLEEPER, {"r.yaml": SLOW_BESIDE_QUICK})
 
 
 def test_an_interrupt_keeps_what_a_stage_beside_finished_and_each_stage_its_own_time(sleeper, capsys):

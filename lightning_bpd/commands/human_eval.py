@@ -17,7 +17,6 @@ import base64
 import csv
 import io
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from lightning_bpd.commands.out_paths import file_above, is_json_record, same_file_as
 from lightning_bpd.decoding import parse_criterion
 from lightning_bpd.decoding.methods import make_method
 from lightning_bpd.decoding.protocol import resolve_k
@@ -295,21 +295,13 @@ def parse_method(text: str) -> tuple[str, int | None, str]:
     return ckpt, int(k_text) if k_text else None, criterion
 
 
-def under_a_file(path: Path) -> Path | None:
-    """The file that ``path`` would lie under (its nearest existing ancestor, when that is not a folder), else None."""
-    for parent in path.absolute().parents:
-        if parent.exists():
-            return None if parent.is_dir() else parent
-    return None
-
-
 def check_export_out(out: str) -> None:
     """``--out`` must be a new or empty folder: a rater kit already there (its key.csv) would be rewritten under the
     responses collected for it."""
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise HumanEvalError(f"--out {out} is a file: give a new folder")
-    if (parent := under_a_file(path)) is not None:
+    if (parent := file_above(path.absolute())) is not None:
         raise HumanEvalError(f"--out {out} lies under the file {parent}: give a new folder")
     if path.is_dir() and any(path.iterdir()):
         what = "a rater kit (key.csv)" if (path / "key.csv").exists() else "files"
@@ -322,21 +314,16 @@ def check_json_out(args: argparse.Namespace) -> None:
     path = Path(args.json)
     if path.is_dir():
         raise HumanEvalError(f"--json {args.json} is a folder: give the JSON file's path")
-    if (parent := under_a_file(path)) is not None:
+    if (parent := file_above(path.absolute())) is not None:
         raise HumanEvalError(f"--json {args.json} lies under the file {parent}: give another path")
     if not path.exists():
         return
     inputs = [("the --key file", args.key), *(("a --responses file", r) for r in args.responses),
               ("the methods.json beside --key", str(Path(args.key).with_name("methods.json")))]
-    for what, other in inputs:
-        if os.path.exists(other) and os.path.samefile(other, path):
-            raise HumanEvalError(f"--json {args.json} is {what} ({other}), which writing would erase: give another "
-                                 "path")
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        record = None
-    if not isinstance(record, dict):
+    if (erased := same_file_as(path, inputs)) is not None:
+        raise HumanEvalError(f"--json {args.json} is {erased[0]} ({erased[1]}), which writing would erase: give another "
+                             "path")
+    if not is_json_record(path):
         raise HumanEvalError(f"--json {args.json} exists and is not a JSON record, which writing would erase: give "
                              "another path")
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from lightning_bpd.commands.out_paths import in_the_way
 from lightning_bpd.commands.recipe import ATTEMPTS_FILE, LOG_FILE, RUNNING_FILE
 from lightning_bpd.deprecated_options import deprecated_alias
 from lightning_bpd.tasks.translation.text_files import read_lines, resolve_split_files
@@ -117,11 +118,11 @@ def check_out(out: str | Path, data: str | Path | None, tokenizer_from: str | Pa
     """``--out`` must be a new or empty folder (a recipe stage's records aside), not the ``--tokenizer-from`` model
     and not in, around or at the ``--data-root``: make-base never overwrites a model, a tokenizer or a corpus."""
     folder = Path(out)
-    if folder.exists() and not folder.is_dir():
+    blocker = in_the_way(folder)
+    if blocker == folder:
         raise ValueError(f"--out {out} is a file, not a folder: give a new --out")
-    above = next((parent for parent in folder.parents if parent.exists()), None)
-    if above is not None and not above.is_dir():
-        raise ValueError(f"--out {out}: {above} is a file, not a folder: give another --out")
+    if blocker is not None:
+        raise ValueError(f"--out {out}: {blocker} is a file, not a folder: give another --out")
     where = folder.resolve()
     if tokenizer_from is not None and where == Path(tokenizer_from).resolve():
         raise ValueError(f"--out {out} is the --tokenizer-from model: give a new --out (it would be replaced)")
